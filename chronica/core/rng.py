@@ -1,0 +1,85 @@
+"""Deterministic randomness keyed by (seed, epoch, stream), identical on every platform.
+
+chronica does not use numpy's or a framework's generators for decisions: their algorithms may
+change between releases. Everything random is derived from SplitMix64 (Steele, Lea and Flood,
+2014), a 64-bit integer mixer whose output depends only on integer arithmetic, so every rank,
+adapter and release computes the same bytes for the same key.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["Stream", "derive_key", "permutation", "uniforms"]
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MUL1 = np.uint64(0xBF58476D1CE4E5B9)
+_MUL2 = np.uint64(0x94D049BB133111EB)
+_MASK64 = (1 << 64) - 1
+
+
+class Stream:
+    """Names of the independent random streams drawn for one (seed, epoch)."""
+
+    ORDER = 1  # the epoch's sample permutation
+    JITTER = 2  # size jitter that varies step composition between epochs (pool, guided)
+    STEPS = 3  # the order of steps (pool, guided)
+
+
+@njit(cache=True)
+def _mix64(z: np.uint64) -> np.uint64:
+    z = (z ^ (z >> np.uint64(30))) * _MUL1
+    z = (z ^ (z >> np.uint64(27))) * _MUL2
+    return z ^ (z >> np.uint64(31))
+
+
+def derive_key(seed: int, epoch: int, stream: int) -> np.uint64:
+    """The 64-bit key of one stream; any integer seed is accepted (taken modulo 2**64)."""
+    key = np.uint64(seed & _MASK64)
+    for part in (epoch, stream):
+        key = _mix64(np.uint64((int(key) + int(_GOLDEN) * (part + 1)) & _MASK64))
+    return key
+
+
+@njit(cache=True)
+def _permutation_kernel(n: int, key: np.uint64) -> np.ndarray:
+    # Fisher-Yates with unbiased bounded draws (rejection of the top partial range).
+    out = np.arange(n)
+    state = key
+    top = np.uint64(0xFFFFFFFFFFFFFFFF)
+    for i in range(n - 1, 0, -1):
+        bound = np.uint64(i + 1)
+        while True:
+            state += _GOLDEN
+            r = _mix64(state)
+            v = r % bound
+            if r - v <= top - (bound - np.uint64(1)):
+                break
+        j = np.int64(v)
+        tmp = out[i]
+        out[i] = out[j]
+        out[j] = tmp
+    return out
+
+
+def permutation(n: int, key: np.uint64) -> np.ndarray:
+    """A uniformly random permutation of ``range(n)`` (int64) fixed by ``key``."""
+    if n < 0:
+        raise ValueError(f"n={n} must be >= 0")
+    return _permutation_kernel(int(n), np.uint64(key))
+
+
+@njit(cache=True)
+def _uniforms_kernel(n: int, key: np.uint64) -> np.ndarray:
+    out = np.empty(n)
+    scale = 1.0 / 9007199254740992.0  # 2**-53
+    for i in range(n):
+        r = _mix64(key + _GOLDEN * np.uint64(i + 1))
+        out[i] = np.float64(r >> np.uint64(11)) * scale
+    return out
+
+
+def uniforms(n: int, key: np.uint64) -> np.ndarray:
+    """``n`` floats uniform on [0, 1) fixed by ``key``; element i depends only on (key, i)."""
+    return _uniforms_kernel(int(n), np.uint64(key))

@@ -1,0 +1,126 @@
+"""Sample sizes: where they come from and the checks they pass once per run.
+
+A *size* is the relative amount of work one sample costs (tokens, frames, seconds of
+audio). chronica reads sizes once, validates them once and never scans the data set again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["resolve_sizes", "sizes_digest", "validate_sizes"]
+
+
+def validate_sizes(sizes: Any, *, expected_len: int | None = None, name: str = "sizes") -> np.ndarray:
+    """Return ``sizes`` as a read-only contiguous float64 vector, or raise ``ValueError``.
+
+    Guarantees: the result is one-dimensional, has ``expected_len`` entries when that is
+    given, and every entry is finite and non-negative. Integer and floating inputs are
+    accepted; booleans, strings and objects are refused.
+    """
+    try:
+        raw = np.asarray(sizes)
+    except Exception as exc:  # ragged lists and the like
+        raise ValueError(f"{name} must be a 1-D array of numbers; could not convert: {exc}") from exc
+    if raw.dtype == np.bool_ or not (
+        np.issubdtype(raw.dtype, np.integer) or np.issubdtype(raw.dtype, np.floating)
+    ):
+        raise ValueError(
+            f"{name} must hold integers or floats, got dtype {raw.dtype}; "
+            f"pass one number per sample, e.g. token counts"
+        )
+    if raw.ndim != 1:
+        raise ValueError(f"{name} must be 1-D (one size per sample), got shape {raw.shape}")
+    if expected_len is not None and raw.shape[0] != expected_len:
+        raise ValueError(
+            f"{name} has {raw.shape[0]} entries but the data set has {expected_len} samples; "
+            f"give exactly one size per sample"
+        )
+    out = np.ascontiguousarray(raw, dtype=np.float64)
+    bad = ~np.isfinite(out)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"{name}[{first}] is {raw[first]!r}; sizes must be finite (no NaN or inf)"
+        )
+    neg = out < 0
+    if neg.any():
+        first = int(np.flatnonzero(neg)[0])
+        raise ValueError(f"{name}[{first}] is {raw[first]!r}; sizes must be non-negative")
+    out.setflags(write=False)
+    return out
+
+
+def _overrides_sizeof(dataset: Any) -> bool:
+    """True when the data set's class defines ``__sizeof__(self, index)`` itself."""
+    for klass in type(dataset).__mro__:
+        if klass is object:
+            return False
+        method = vars(klass).get("__sizeof__")
+        if method is not None:
+            # A base class may mark its default ``__sizeof__`` as "no sizes here".
+            return not getattr(method, "__chronica_default__", False)
+    return False
+
+
+def resolve_sizes(dataset: Any = None, sizes: Any = None) -> np.ndarray:
+    """Find the per-sample sizes for ``dataset`` and validate them (see ``validate_sizes``).
+
+    Sources, first match wins:
+
+    1. the explicit ``sizes`` argument (array-like, one number per sample);
+    2. a ``sizes`` attribute of the data set, or a ``sizes()`` method returning one;
+    3. a ``__sizeof__(self, index)`` override on the data set's class (the upstream
+       Chronica convention), called once per index;
+    4. otherwise every sample has size 1.
+
+    The data set is only asked for ``len()`` when ``sizes`` is given; otherwise its own
+    sizes are read once here, never again.
+    """
+    n = _length(dataset) if dataset is not None else None
+    if sizes is not None:
+        return validate_sizes(sizes, expected_len=n, name="sizes")
+    if dataset is None:
+        raise ValueError("give either a dataset or sizes= (one number per sample)")
+    attr = getattr(dataset, "sizes", None)
+    if attr is not None:
+        values = attr() if callable(attr) else attr
+        return validate_sizes(values, expected_len=n, name=f"{type(dataset).__name__}.sizes")
+    if _overrides_sizeof(dataset):
+        values = _sizes_from_sizeof(dataset, n)
+        return validate_sizes(values, expected_len=n, name=f"{type(dataset).__name__}.__sizeof__")
+    return validate_sizes(np.ones(n, dtype=np.float64), expected_len=n)
+
+
+def _length(dataset: Any) -> int:
+    try:
+        n = len(dataset)
+    except TypeError as exc:
+        raise ValueError(
+            f"dataset of type {type(dataset).__name__} has no len(); chronica needs a "
+            f"map-style (random-access) data set of known length"
+        ) from exc
+    return int(n)
+
+
+def _sizes_from_sizeof(dataset: Any, n: int) -> Sequence[float]:
+    values = np.empty(n, dtype=np.float64)
+    for i in range(n):
+        try:
+            values[i] = dataset.__sizeof__(i)
+        except TypeError as exc:
+            raise ValueError(
+                f"{type(dataset).__name__}.__sizeof__ must take an index and return a number "
+                f"(e.g. `def __sizeof__(self, index): return len(self.items[index])`): {exc}"
+            ) from exc
+    return values
+
+
+def sizes_digest(sizes: np.ndarray) -> str:
+    """A short hex digest of the validated sizes: equal digests mean equal sizes, bit for bit."""
+    data = np.ascontiguousarray(sizes, dtype="<f8")
+    return hashlib.blake2b(data.tobytes(), digest_size=16).hexdigest()
