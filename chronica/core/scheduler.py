@@ -142,6 +142,12 @@ class Scheduler:
         n, w = self.num_samples, self.config.num_replicas
         return n // w if self.config.drop_last else -(-n // w)
 
+    def num_steps(self) -> int:
+        """Steps per epoch, the same on every rank."""
+        per_rank = self.samples_per_replica()
+        b = self.config.batch_size
+        return per_rank if b is None else -(-per_rank * self.config.num_replicas // b)
+
     def plan_epoch(self, epoch: int) -> EpochPlan:
         """The plan of ``epoch`` (an int >= 0)."""
         if not _is_int(epoch) or epoch < 0:
@@ -250,6 +256,8 @@ class Scheduler:
         assert b is not None
         total = order.shape[0]
         full = total // b
+        if full == 0:  # only a partial step: nothing to pool
+            return self._exact_plan(epoch, order)
         pool = order[: full * b]
         # Pack the full steps' samples into full*W local batches of equal count, then let
         # local batches of similar cost share a step.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from types import FunctionType
 from typing import Any
 
 import numpy as np
@@ -56,14 +57,17 @@ def validate_sizes(sizes: Any, *, expected_len: int | None = None, name: str = "
 
 
 def _overrides_sizeof(dataset: Any) -> bool:
-    """True when the data set's class defines ``__sizeof__(self, index)`` itself."""
+    """True when the data set's class defines ``__sizeof__(self, index)`` in Python.
+
+    Built-in and C-extension types (``list``, ``numpy.ndarray``) have their own memory-size
+    ``__sizeof__``; those are not sizes. A base class may mark its default as "no sizes here".
+    """
     for klass in type(dataset).__mro__:
-        if klass is object:
-            return False
         method = vars(klass).get("__sizeof__")
         if method is not None:
-            # A base class may mark its default ``__sizeof__`` as "no sizes here".
-            return not getattr(method, "__chronica_default__", False)
+            return isinstance(method, FunctionType) and not getattr(
+                method, "__chronica_default__", False
+            )
     return False
 
 

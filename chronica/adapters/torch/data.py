@@ -1,0 +1,262 @@
+"""Drop-in replacements for ``torch.utils.data.Dataset`` and ``DistributedSampler``.
+
+``DistributedSampler`` keeps torch's contract (``len``, padding by wrapping, ``drop_last``,
+``set_epoch``, a ``ValueError`` for a bad rank) and adds one argument that matters:
+``batch_size``, the *global* batch. With it, every step's samples are split between ranks
+so the slowest rank's predicted cost is as low as it can be. Use ``batch_size //
+num_replicas`` as the ``DataLoader``'s batch size.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch.distributed as dist
+from torch.utils.data import Dataset as _TorchDataset
+from torch.utils.data import Sampler
+
+from chronica.core import PlanStats, ScheduleConfig, Scheduler, as_cost_model, resolve_sizes
+from chronica.core.plan import EpochPlan
+
+__all__ = ["Dataset", "DistributedBatchSampler", "DistributedSampler"]
+
+logger = logging.getLogger("chronica")
+
+_STATE_VERSION = 1
+
+
+class Dataset(_TorchDataset):
+    """A ``torch.utils.data.Dataset`` whose samples can say how big they are.
+
+    Override ``__sizeof__(self, index)`` to return the relative size of sample ``index``
+    (frames, tokens, seconds); chronica calls it once per sample when a sampler is built.
+    The default makes every sample size 1. Called without an index it is Python's usual
+    ``__sizeof__``, so ``sys.getsizeof`` keeps working.
+    """
+
+    def __sizeof__(self, index: int | None = None) -> int:
+        if index is None:
+            return object.__sizeof__(self)
+        return 1
+
+    __sizeof__.__chronica_default__ = True  # type: ignore[attr-defined]
+
+
+def _resolve_world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    if num_replicas is None or rank is None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                "num_replicas and rank were not given and torch.distributed is not "
+                "initialized; call dist.init_process_group(...) first or pass both"
+            )
+        num_replicas = dist.get_world_size() if num_replicas is None else num_replicas
+        rank = dist.get_rank() if rank is None else rank
+    if not isinstance(num_replicas, int) or num_replicas < 1:
+        raise ValueError(f"num_replicas={num_replicas!r} must be an int >= 1")
+    if not isinstance(rank, int) or not 0 <= rank < num_replicas:
+        raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
+    return num_replicas, rank
+
+
+class _ScheduledSampler:
+    """What both samplers share: the scheduler, the epoch, and resumable progress."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        num_replicas: int | None,
+        rank: int | None,
+        shuffle: bool,
+        seed: int,
+        drop_last: bool,
+        batch_size: int | None,
+        kind: str,
+        sizes: Any,
+        cost: Any,
+        exact: bool,
+    ) -> None:
+        self.num_replicas, self.rank = _resolve_world(num_replicas, rank)
+        config = ScheduleConfig(
+            num_replicas=self.num_replicas,
+            batch_size=batch_size,
+            kind=kind,
+            exact=exact,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            cost=as_cost_model(cost),
+        )
+        self.scheduler = Scheduler(resolve_sizes(dataset, sizes), config)
+        self.dataset = dataset
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.batch_size = batch_size
+        self.epoch = 0
+        self._start = 0  # where the next iteration begins (samples or steps)
+        self._progress = 0  # how far the current iteration has got
+        if batch_size is None:
+            logger.warning(
+                "chronica: batch_size (the global batch) was not given, so steps cannot be "
+                "balanced; the sampler splits indices like torch's DistributedSampler"
+            )
+
+    @property
+    def num_samples(self) -> int:
+        """Samples this rank receives per epoch (torch's ``num_samples``)."""
+        return self.scheduler.samples_per_replica()
+
+    @property
+    def total_size(self) -> int:
+        return self.num_samples * self.num_replicas
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch to iterate next; call it before each epoch, as with torch."""
+        if epoch != self.epoch:
+            self._start = 0
+        self.epoch = epoch
+
+    def plan(self, epoch: int | None = None) -> EpochPlan:
+        """The whole plan (all ranks) of ``epoch``, the current one by default."""
+        return self.scheduler.plan_epoch(self.epoch if epoch is None else epoch)
+
+    def stats(self, epoch: int | None = None) -> PlanStats:
+        """Balance and padding diagnostics of ``epoch``'s plan (the current one by default)."""
+        return self.scheduler.stats(self.epoch if epoch is None else epoch)
+
+    def loss_weights(self, epoch: int | None = None) -> np.ndarray:
+        """This rank's loss weight for every step of ``epoch``: multiply the local mean loss by
+        it so the all-reduced average gradient is the mean over the step's global batch
+        (all ones while every rank has the same count)."""
+        return self.plan(epoch).loss_weights[:, self.rank]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Resumable state: the epoch and how far this rank's iteration has got."""
+        return {
+            "version": _STATE_VERSION,
+            "epoch": self.epoch,
+            "progress": self._progress,
+            "rank": self.rank,
+            "digest": self.scheduler.digest,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the next iteration resumes where the saved one stopped.
+
+        Refuses state saved under different sizes or configuration (the plans would differ).
+        """
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+            raise ValueError(f"state_dict version {state.get('version')!r} is not supported")
+        if state.get("digest") != self.scheduler.digest:
+            raise ValueError(
+                "state_dict was saved with different sizes or sampler arguments (configuration "
+                "digest differs); build the sampler exactly as when the state was saved"
+            )
+        progress = int(state["progress"])
+        if not 0 <= progress <= self._unit_count():
+            raise ValueError(f"state_dict progress={progress} is outside this epoch")
+        self.epoch = int(state["epoch"])
+        self._start = progress
+        self._progress = progress
+
+    def _begin(self) -> int:
+        start, self._start = self._start, 0
+        self._progress = start
+        return start
+
+    def _unit_count(self) -> int:
+        raise NotImplementedError
+
+
+class DistributedSampler(_ScheduledSampler, Sampler[int]):
+    """Drop-in for ``torch.utils.data.DistributedSampler`` that balances every step.
+
+    Guarantees: every rank yields ``len(self)`` indices per epoch, step after step with
+    ``batch_size // num_replicas`` per step (fewer in a trailing partial step, equally on
+    every rank); over all ranks every sample appears exactly once per epoch, except torch's
+    padding (``drop_last=False``: repeats from the start of the epoch order) or dropping
+    (``drop_last=True``). Equal arguments give identical indices in every process.
+
+    Args beyond torch's: ``batch_size`` (global batch, a multiple of ``num_replicas``;
+    without it no balancing happens), ``kind`` (``"static"`` or ``"guided"``), ``exact``
+    (``False``: pool balancing, which changes step composition), ``sizes`` (one number per
+    sample; otherwise read from the data set), ``cost`` (``"linear"``, ``"quadratic"`` or a
+    ``CostModel``).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        batch_size: int | None = None,
+        kind: str = "static",
+        sizes: Any = None,
+        cost: Any = None,
+        exact: bool = True,
+    ) -> None:
+        super().__init__(
+            dataset, num_replicas, rank, shuffle, seed, drop_last, batch_size, kind, sizes, cost, exact
+        )
+
+    def __iter__(self) -> Iterator[int]:
+        indices = self.plan().rank_indices(self.rank)
+        start = self._begin()
+        for index in indices[start:].tolist():
+            self._progress += 1
+            yield index
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def _unit_count(self) -> int:
+        return self.num_samples
+
+
+class DistributedBatchSampler(_ScheduledSampler, Sampler[list[int]]):
+    """Yields this rank's local batch (a list of indices) for every step of the epoch.
+
+    Use as ``DataLoader(dataset, batch_sampler=...)``. Same arguments and guarantees as
+    ``DistributedSampler`` except that ``batch_size`` (the global batch) is required;
+    ``len(self)`` is the number of steps, equal on every rank.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        kind: str = "static",
+        sizes: Any = None,
+        cost: Any = None,
+        exact: bool = True,
+    ) -> None:
+        if batch_size is None:
+            raise ValueError("batch_size (the global batch over all ranks) is required")
+        super().__init__(
+            dataset, num_replicas, rank, shuffle, seed, drop_last, batch_size, kind, sizes, cost, exact
+        )
+
+    def __iter__(self) -> Iterator[list[int]]:
+        plan = self.plan()
+        start = self._begin()
+        for step in range(start, plan.num_steps):
+            batch = plan.local(step, self.rank).tolist()
+            self._progress += 1
+            yield batch
+
+    def __len__(self) -> int:
+        return self.scheduler.num_steps()
+
+    def _unit_count(self) -> int:
+        return len(self)

@@ -1,0 +1,93 @@
+"""Pure numpy / Python references for the numba kernels, written for clarity, not speed."""
+
+from __future__ import annotations
+
+import numpy as np
+
+MASK = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+
+
+def mix64(z: int) -> int:
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def permutation(n: int, key: int) -> np.ndarray:
+    """Fisher-Yates driven by a SplitMix64 stream, rejecting the top partial range."""
+    out = list(range(n))
+    state = key
+    for i in range(n - 1, 0, -1):
+        bound = i + 1
+        limit = (1 << 64) - ((1 << 64) % bound)
+        while True:
+            state = (state + GOLDEN) & MASK
+            r = mix64(state)
+            if r < limit:
+                break
+        j = r % bound
+        out[i], out[j] = out[j], out[i]
+    return np.array(out, dtype=np.int64)
+
+
+def uniforms(n: int, key: int) -> np.ndarray:
+    return np.array([(mix64((key + GOLDEN * (i + 1)) & MASK) >> 11) / 2.0**53 for i in range(n)])
+
+
+def descending_order(costs: np.ndarray) -> np.ndarray:
+    """Descending by the top 32 bits of the float64 pattern; ties keep position order."""
+    keys = (~np.asarray(costs, dtype=np.float64).view(np.uint64)) >> np.uint64(32)
+    return np.argsort(keys, kind="stable")
+
+
+def lpt(costs: np.ndarray, num_ranks: int) -> list[list[int]]:
+    """Each sample, largest first, to the least-loaded rank with room (ties: lower rank)."""
+    k = len(costs) // num_ranks
+    members: list[list[int]] = [[] for _ in range(num_ranks)]
+    loads = [0.0] * num_ranks
+    for i in descending_order(costs):
+        r = min((loads[r], r) for r in range(num_ranks) if len(members[r]) < k)[1]
+        members[r].append(int(i))
+        loads[r] += costs[i]
+    return members
+
+
+def refine(costs: np.ndarray, members: list[list[int]], partners: int, bound: float) -> None:
+    """Best single trade between the heaviest rank and its lightest partners, until none helps."""
+    num_ranks = len(members)
+    loads = [float(sum(costs[m])) for m in members]
+    while True:
+        a = int(np.argmax(loads))
+        if loads[a] <= bound * (1 + 1e-9):
+            return
+        others = sorted((loads[r], r) for r in range(num_ranks) if r != a)[:partners]
+        best = (loads[a] * 1e-9, None)
+        for _, b in others:
+            gap = loads[a] - loads[b]
+            for ia in members[a]:
+                for ib in members[b]:
+                    d = costs[ia] - costs[ib]
+                    if 0 < d < gap and min(d, gap - d) > best[0]:
+                        best = (min(d, gap - d), (b, ia, ib))
+        if best[1] is None:
+            return
+        b, ia, ib = best[1]
+        members[a][members[a].index(ia)] = ib
+        members[b][members[b].index(ib)] = ia
+        d = costs[ia] - costs[ib]
+        loads[a] -= d
+        loads[b] += d
+
+
+def lower_bound(costs: np.ndarray, num_ranks: int) -> float:
+    k = len(costs) // num_ranks
+    srt = np.sort(costs)
+    return max(costs.sum() / num_ranks, srt[-1] + srt[: k - 1].sum())
+
+
+def balance_step(costs: np.ndarray, num_ranks: int, partners: int = 4) -> list[list[int]]:
+    """Reference of one step of ``balance_steps``: rank -> ascending positions."""
+    members = lpt(costs, num_ranks)
+    refine(costs, members, partners, lower_bound(costs, num_ranks))
+    return [sorted(m) for m in members]

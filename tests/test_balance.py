@@ -1,0 +1,98 @@
+import numpy as np
+import pytest
+import reference
+from hypothesis import given
+from hypothesis import strategies as st
+
+from chronica.core.balance import balance_steps, lpt_bins
+
+
+def _split(perm, starts, s, r, w):
+    k = (starts[s + 1] - starts[s]) // w
+    return perm[starts[s] + r * k : starts[s] + (r + 1) * k]
+
+
+@pytest.mark.parametrize("w,k", [(2, 3), (4, 8), (8, 32), (5, 7)])
+@pytest.mark.parametrize("dist", ["lognormal", "uniform", "heavy"])
+def test_kernel_equals_reference(w, k, dist):
+    rng = np.random.default_rng(w * 100 + k)
+    n = w * k
+    costs = {
+        "lognormal": rng.lognormal(5, 1, 3 * n),
+        "uniform": rng.uniform(1, 2, 3 * n),
+        "heavy": np.where(rng.random(3 * n) < 0.05, 1000.0, 1.0) + rng.random(3 * n),
+    }[dist]
+    starts = np.array([0, n, 2 * n, 3 * n])
+    perm, loads = balance_steps(costs, starts, w)
+    for s in range(3):
+        expect = reference.balance_step(costs[starts[s] : starts[s + 1]], w)
+        for r in range(w):
+            got = _split(perm, starts, s, r, w) - starts[s]
+            assert got.tolist() == expect[r]
+            assert loads[s, r] == pytest.approx(costs[starts[s] + got].sum())
+
+
+@given(
+    w=st.integers(1, 9),
+    ks=st.lists(st.integers(1, 12), min_size=1, max_size=4),
+    data=st.data(),
+)
+def test_every_step_is_split_into_equal_counts(w, ks, data):
+    lengths = [w * k for k in ks]
+    n = sum(lengths)
+    costs = np.array(
+        data.draw(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=n, max_size=n))
+    )
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    perm, loads = balance_steps(costs, starts, w)
+    assert np.array_equal(np.sort(perm), np.arange(n))
+    for s, k in enumerate(ks):
+        block = perm[starts[s] : starts[s + 1]]
+        assert set(block.tolist()) == set(range(starts[s], starts[s + 1]))
+        for r in range(w):
+            part = block[r * k : (r + 1) * k]
+            assert np.all(np.diff(part) > 0)
+            assert loads[s, r] == pytest.approx(costs[part].sum(), rel=1e-9, abs=1e-9)
+        # Never worse than plain LPT, never better than the bound.
+        lpt_top = max(costs[starts[s] + np.array(m)].sum() for m in reference.lpt(costs[starts[s] : starts[s + 1]], w))
+        assert loads[s].max() <= lpt_top * (1 + 1e-9) + 1e-9
+        bound = reference.lower_bound(costs[starts[s] : starts[s + 1]], w)
+        assert loads[s].max() >= bound * (1 - 1e-9) - 1e-9
+
+
+def test_equal_costs_give_torch_strided_split():
+    w, k = 4, 5
+    perm, _ = balance_steps(np.ones(w * k), np.array([0, w * k]), w)
+    for r in range(w):
+        assert perm[r * k : (r + 1) * k].tolist() == list(range(r, w * k, w))
+
+
+def test_thread_count_does_not_change_the_result():
+    rng = np.random.default_rng(1)
+    costs = rng.lognormal(5, 1, 64 * 40)
+    starts = np.arange(0, 64 * 40 + 1, 64)
+    one = balance_steps(costs, starts, 8, threads=1)
+    three = balance_steps(costs, starts, 8, threads=3)
+    np.testing.assert_array_equal(one[0], three[0])
+    np.testing.assert_array_equal(one[1], three[1])
+
+
+def test_refinement_only_starts_from_given_blocks_and_improves():
+    rng = np.random.default_rng(2)
+    costs = rng.lognormal(3, 1, 64)
+    starts = np.array([0, 64])
+    before = costs.reshape(8, 8).sum(axis=1).max()
+    perm, loads = balance_steps(costs, starts, 8, use_lpt=False)
+    assert np.array_equal(np.sort(perm), np.arange(64))
+    assert loads.max() <= before
+
+
+def test_lpt_bins_fill_equal_counts_with_lpt_order():
+    rng = np.random.default_rng(3)
+    costs = rng.lognormal(3, 1, 60)
+    members, loads = lpt_bins(costs, costs, 6)
+    expect = reference.lpt(costs, 6)
+    assert [list(m) for m in members] == expect
+    np.testing.assert_allclose(loads, [costs[m].sum() for m in members])
+    with pytest.raises(ValueError, match="bins"):
+        lpt_bins(costs, costs, 7)
