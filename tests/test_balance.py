@@ -54,7 +54,10 @@ def test_every_step_is_split_into_equal_counts(w, ks, data):
             assert np.all(np.diff(part) > 0)
             assert loads[s, r] == pytest.approx(costs[part].sum(), rel=1e-9, abs=1e-9)
         # Never worse than plain LPT, never better than the bound.
-        lpt_top = max(costs[starts[s] + np.array(m)].sum() for m in reference.lpt(costs[starts[s] : starts[s + 1]], w))
+        lpt_top = max(
+            costs[starts[s] + np.array(m)].sum()
+            for m in reference.lpt(costs[starts[s] : starts[s + 1]], w)
+        )
         assert loads[s].max() <= lpt_top * (1 + 1e-9) + 1e-9
         bound = reference.lower_bound(costs[starts[s] : starts[s + 1]], w)
         assert loads[s].max() >= bound * (1 - 1e-9) - 1e-9

@@ -143,7 +143,9 @@ def test_same_plan_in_a_fresh_process():
         here = hashlib.sha256(plan.indices.tobytes() + plan.bounds.tobytes()).hexdigest()
         there = subprocess.run(
             [sys.executable, "-c", code.format(kind=kind, exact=exact)],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
         assert here == there
 

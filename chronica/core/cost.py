@@ -37,7 +37,9 @@ class CostModel:
                     f"(cost = a + b*s + c*s**2)"
                 )
         if self.a == 0 and self.b == 0 and self.c == 0:
-            raise ValueError("cost model is identically zero; set b=1 for cost proportional to size")
+            raise ValueError(
+                "cost model is identically zero; set b=1 for cost proportional to size"
+            )
 
     @classmethod
     def linear(cls) -> CostModel:
@@ -99,5 +101,6 @@ def as_cost_model(cost: Any) -> CostModel:
     if isinstance(cost, tuple) and len(cost) == 3:
         return CostModel(*(float(x) for x in cost))
     raise ValueError(
-        f"cost={cost!r} is not understood; use 'linear', 'quadratic', a CostModel or a tuple (a, b, c)"
+        f"cost={cost!r} is not understood; use 'linear', 'quadratic', a CostModel or a "
+        f"tuple (a, b, c)"
     )

@@ -268,8 +268,9 @@ class Scheduler:
         ordered = np.concatenate([pool[bins[grouped].ravel()], order[full * b :]])
         starts = self._step_starts(total)
         costs = self.costs[ordered]
-        perm_full, loads_full = balance_steps(costs[: full * b], starts[: full + 1], w, use_lpt=False)
+        perm_full, loads_full = balance_steps(
+            costs[: full * b], starts[: full + 1], w, use_lpt=False
+        )
         perm_rest, loads_rest = balance_steps(costs[full * b :], starts[full:] - full * b, w)
         perm = np.concatenate([perm_full, perm_rest + full * b])
         return self._assemble(ordered, starts, perm, np.concatenate([loads_full, loads_rest]))
-

@@ -16,7 +16,9 @@ import numpy as np
 __all__ = ["resolve_sizes", "sizes_digest", "validate_sizes"]
 
 
-def validate_sizes(sizes: Any, *, expected_len: int | None = None, name: str = "sizes") -> np.ndarray:
+def validate_sizes(
+    sizes: Any, *, expected_len: int | None = None, name: str = "sizes"
+) -> np.ndarray:
     """Return ``sizes`` as a read-only contiguous float64 vector, or raise ``ValueError``.
 
     Guarantees: the result is one-dimensional, has ``expected_len`` entries when that is
@@ -26,7 +28,9 @@ def validate_sizes(sizes: Any, *, expected_len: int | None = None, name: str = "
     try:
         raw = np.asarray(sizes)
     except Exception as exc:  # ragged lists and the like
-        raise ValueError(f"{name} must be a 1-D array of numbers; could not convert: {exc}") from exc
+        raise ValueError(
+            f"{name} must be a 1-D array of numbers; could not convert: {exc}"
+        ) from exc
     if raw.dtype == np.bool_ or not (
         np.issubdtype(raw.dtype, np.integer) or np.issubdtype(raw.dtype, np.floating)
     ):
@@ -45,9 +49,7 @@ def validate_sizes(sizes: Any, *, expected_len: int | None = None, name: str = "
     bad = ~np.isfinite(out)
     if bad.any():
         first = int(np.flatnonzero(bad)[0])
-        raise ValueError(
-            f"{name}[{first}] is {raw[first]!r}; sizes must be finite (no NaN or inf)"
-        )
+        raise ValueError(f"{name}[{first}] is {raw[first]!r}; sizes must be finite (no NaN or inf)")
     neg = out < 0
     if neg.any():
         first = int(np.flatnonzero(neg)[0])

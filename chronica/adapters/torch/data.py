@@ -57,7 +57,9 @@ def _resolve_world(num_replicas: int | None, rank: int | None) -> tuple[int, int
     if not isinstance(num_replicas, int) or num_replicas < 1:
         raise ValueError(f"num_replicas={num_replicas!r} must be an int >= 1")
     if not isinstance(rank, int) or not 0 <= rank < num_replicas:
-        raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
+        raise ValueError(
+            f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]"
+        )
     return num_replicas, rank
 
 
@@ -202,7 +204,17 @@ class DistributedSampler(_ScheduledSampler, Sampler[int]):
         exact: bool = True,
     ) -> None:
         super().__init__(
-            dataset, num_replicas, rank, shuffle, seed, drop_last, batch_size, kind, sizes, cost, exact
+            dataset,
+            num_replicas,
+            rank,
+            shuffle,
+            seed,
+            drop_last,
+            batch_size,
+            kind,
+            sizes,
+            cost,
+            exact,
         )
 
     def __iter__(self) -> Iterator[int]:
@@ -244,7 +256,17 @@ class DistributedBatchSampler(_ScheduledSampler, Sampler[list[int]]):
         if batch_size is None:
             raise ValueError("batch_size (the global batch over all ranks) is required")
         super().__init__(
-            dataset, num_replicas, rank, shuffle, seed, drop_last, batch_size, kind, sizes, cost, exact
+            dataset,
+            num_replicas,
+            rank,
+            shuffle,
+            seed,
+            drop_last,
+            batch_size,
+            kind,
+            sizes,
+            cost,
+            exact,
         )
 
     def __iter__(self) -> Iterator[list[int]]:
