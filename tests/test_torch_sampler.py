@@ -1,0 +1,196 @@
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader
+from torch.utils.data import DistributedSampler as TorchSampler
+
+from chronica.torch.utils.data import Dataset, DistributedBatchSampler, DistributedSampler
+
+
+class Sized(Dataset):
+    def __init__(self, sizes):
+        self.sizes_ = np.asarray(sizes)
+
+    def __len__(self):
+        return len(self.sizes_)
+
+    def __getitem__(self, index):
+        return index
+
+    def __sizeof__(self, index=None):
+        return float(self.sizes_[index]) if index is not None else super().__sizeof__()
+
+
+def test_importing_chronica_does_not_import_frameworks():
+    code = (
+        "import sys, chronica, chronica.core, chronica.cli;"
+        "print(sorted({'torch', 'tensorflow', 'jax'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@given(n=st.integers(0, 40), w=st.integers(1, 6), drop_last=st.booleans())
+def test_torch_semantics_without_shuffle(n, w, drop_last):
+    for r in range(w):
+        ours = DistributedSampler(range(n), w, r, shuffle=False, drop_last=drop_last)
+        theirs = TorchSampler(range(n), w, r, shuffle=False, drop_last=drop_last)
+        assert len(ours) == len(theirs)
+        assert list(ours) == list(theirs)
+
+
+@given(n=st.integers(1, 60), w=st.integers(1, 5), k=st.integers(1, 4), drop_last=st.booleans())
+def test_torch_semantics_with_balancing_and_uniform_sizes(n, w, k, drop_last):
+    for r in range(w):
+        ours = DistributedSampler(range(n), w, r, False, drop_last=drop_last, batch_size=w * k)
+        theirs = TorchSampler(range(n), w, r, shuffle=False, drop_last=drop_last)
+        assert len(ours) == len(theirs)
+        assert list(ours) == list(theirs)
+
+
+@given(n=st.integers(1, 60), w=st.integers(1, 5), drop_last=st.booleans(), epoch=st.integers(0, 5))
+def test_shuffled_lengths_and_coverage_match_torch(n, w, drop_last, epoch):
+    sizes = np.random.default_rng(n).lognormal(3, 1, n)
+    ours = [
+        DistributedSampler(Sized(sizes), w, r, drop_last=drop_last, batch_size=2 * w)
+        for r in range(w)
+    ]
+    theirs = [TorchSampler(range(n), w, r, drop_last=drop_last) for r in range(w)]
+    for a, b in zip(ours, theirs, strict=True):
+        a.set_epoch(epoch)
+        b.set_epoch(epoch)
+    got = Counter(i for s in ours for i in s)
+    expect = Counter(i for s in theirs for i in s)
+    assert [len(s) for s in ours] == [len(s) for s in theirs]
+    assert sum(got.values()) == sum(expect.values())
+    assert sorted(got.values()) == sorted(expect.values())  # same amount of repetition
+
+
+def test_padding_wraps_when_fewer_samples_than_ranks():
+    streams = [list(DistributedSampler(range(3), 8, r, batch_size=8)) for r in range(8)]
+    assert all(len(s) == 1 for s in streams)
+    assert set(i for s in streams for i in s) == {0, 1, 2}
+
+
+@pytest.mark.parametrize("rank", [-1, 4])
+def test_bad_rank_is_a_value_error(rank):
+    with pytest.raises(ValueError, match="Invalid rank"):
+        DistributedSampler(range(10), num_replicas=4, rank=rank)
+
+
+def test_world_required_without_process_group():
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        DistributedSampler(range(10))
+
+
+def test_sizes_argument_and_bad_sizes():
+    with pytest.raises(ValueError, match="sizes has 2 entries but the data set has 3"):
+        DistributedSampler(range(3), 1, 0, sizes=[1, 2])
+    with pytest.raises(ValueError, match="multiple of num_replicas"):
+        DistributedSampler(range(30), 4, 0, batch_size=30)
+
+
+def test_sizeof_default_keeps_getsizeof_working():
+    assert sys.getsizeof(Sized([1, 2])) > 0
+
+
+def _consume(sampler, count):
+    it = iter(sampler)
+    return [next(it) for _ in range(count)]
+
+
+@pytest.mark.parametrize("kind,exact", [("static", True), ("static", False), ("guided", True)])
+def test_mid_epoch_resume_continues_exactly(kind, exact):
+    sizes = np.random.default_rng(0).lognormal(4, 1, 500)
+
+    def make():
+        return DistributedSampler(Sized(sizes), 4, 2, batch_size=32, kind=kind, exact=exact)
+
+    full = make()
+    full.set_epoch(3)
+    expected = list(full)
+    first = make()
+    first.set_epoch(3)
+    head = _consume(first, 37)
+    state = first.state_dict()
+    resumed = make()  # a restarted process builds the sampler anew
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == expected
+    # The following epoch starts from the beginning again.
+    resumed.set_epoch(4)
+    assert len(list(resumed)) == len(expected)
+
+
+def test_batch_sampler_resume_and_loader():
+    sizes = np.random.default_rng(1).lognormal(4, 1, 300)
+    batches = DistributedBatchSampler(Sized(sizes), 24, num_replicas=3, rank=1)
+    loader = DataLoader(Sized(sizes), batch_sampler=batches)
+    steps = [b.tolist() for b in loader]
+    assert len(steps) == len(batches) == batches.plan().num_steps
+    assert all(len(s) == 8 for s in steps[:-1])
+    again = DistributedBatchSampler(Sized(sizes), 24, num_replicas=3, rank=1)
+    head = _consume(again, 5)
+    state = again.state_dict()
+    fresh = DistributedBatchSampler(Sized(sizes), 24, num_replicas=3, rank=1)
+    fresh.load_state_dict(state)
+    assert head + list(fresh) == steps
+    np.testing.assert_array_equal(fresh.loss_weights(), np.ones(len(steps)))
+
+
+def test_state_from_other_configuration_is_refused():
+    a = DistributedSampler(range(100), 4, 0, batch_size=16)
+    b = DistributedSampler(range(100), 4, 0, batch_size=16, seed=1)
+    with pytest.raises(ValueError, match="digest differs"):
+        b.load_state_dict(a.state_dict())
+
+
+def test_stats_report_balance_and_padding():
+    sizes = np.random.default_rng(2).lognormal(5, 1, 2048)
+    stats = DistributedSampler(Sized(sizes), 8, 0, batch_size=256).stats()
+    assert 1.0 <= stats.load_ratio_mean < 1.001
+    assert stats.num_steps == 8 and stats.num_padded == 0
+    assert 0.0 < stats.padding_fraction < 1.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_real_gloo_job_covers_every_sample_once(tmp_path: Path, world: int):
+    port = _free_port()
+    worker = Path(__file__).with_name("dist_worker.py")
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world))
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        out = tmp_path / f"rank{rank}.json"
+        procs.append((subprocess.Popen([sys.executable, str(worker), str(out)], env=env), out))
+    for proc, _ in procs:
+        assert proc.wait(timeout=120) == 0
+    results = [json.loads(out.read_text()) for _, out in procs]
+    n = 203
+    per_rank = -(-n // world)
+    for epoch in range(2):
+        steps = [r["epochs"][epoch] for r in results]
+        assert len({len(s) for s in steps}) == 1  # equal step counts
+        for step in zip(*steps, strict=True):
+            assert len({len(b) for b in step}) == 1  # equal local batch sizes
+        seen = Counter(i for s in steps for b in s for i in b)
+        assert set(seen) == set(range(n))
+        assert sum(seen.values()) == per_rank * world  # torch's padding, nothing else
+    assert all(r["len"] == per_rank for r in results)
+    assert results[0]["epochs"][0] != results[0]["epochs"][1]
+    assert torch.distributed.is_available()
