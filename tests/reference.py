@@ -91,3 +91,42 @@ def balance_step(costs: np.ndarray, num_ranks: int, partners: int = 4) -> list[l
     members = lpt(costs, num_ranks)
     refine(costs, members, partners, lower_bound(costs, num_ranks))
     return [sorted(m) for m in members]
+
+
+def fill_slack(costs: np.ndarray, bins: list[list[list[int]]], step_tol: float = 1e-4) -> None:
+    """Reference of ``chronica.core.pool.fill_slack`` on nested lists ``bins[step][rank]``."""
+    steps, ranks = len(bins), len(bins[0])
+
+    def load(t, r):
+        return float(sum(costs[i] for i in bins[t][r]))
+
+    closed = [False] * steps
+    for _ in range(4 * steps * min(ranks, 64) + 64):
+        loads = [[load(t, r) for r in range(ranks)] for t in range(steps)]
+        ratios = [max(row) / np.mean(row) if np.mean(row) > 0 else 1.0 for row in loads]
+        open_steps = [t for t in range(steps) if not closed[t] and ratios[t] > 1 + step_tol]
+        if not open_steps:
+            return
+        s = max(open_steps, key=lambda t: (ratios[t], -t))
+        top_s, mean_s = max(loads[s]), np.mean(loads[s])
+        r = int(np.argmin(loads[s]))
+        slack = top_s - loads[s][r]
+        best = (top_s * 1e-9, None)
+        for t in range(steps):
+            if t == s:
+                continue
+            q = int(np.argmax(loads[t]))
+            runner = max([loads[t][p] for p in range(ranks) if p != q] + [0.0])
+            ceiling = ranks * (top_s * np.mean(loads[t]) - runner * mean_s) / (runner + top_s)
+            limit = min(slack, max(loads[t][q] - runner, ceiling))
+            for y in bins[t][q]:
+                for x in bins[s][r]:
+                    d = costs[y] - costs[x]
+                    if best[0] < d <= limit:
+                        best = (d, (t, q, y, x))
+        if best[1] is None:
+            closed[s] = True
+            continue
+        t, q, y, x = best[1]
+        bins[t][q][bins[t][q].index(y)] = x
+        bins[s][r][bins[s][r].index(x)] = y

@@ -4,7 +4,7 @@ import reference
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chronica.core.balance import balance_steps, lpt_bins
+from chronica.core.balance import balance_steps
 
 
 def _split(perm, starts, s, r, w):
@@ -88,14 +88,3 @@ def test_refinement_only_starts_from_given_blocks_and_improves():
     perm, loads = balance_steps(costs, starts, 8, use_lpt=False)
     assert np.array_equal(np.sort(perm), np.arange(64))
     assert loads.max() <= before
-
-
-def test_lpt_bins_fill_equal_counts_with_lpt_order():
-    rng = np.random.default_rng(3)
-    costs = rng.lognormal(3, 1, 60)
-    members, loads = lpt_bins(costs, costs, 6)
-    expect = reference.lpt(costs, 6)
-    assert [list(m) for m in members] == expect
-    np.testing.assert_allclose(loads, [costs[m].sum() for m in members])
-    with pytest.raises(ValueError, match="bins"):
-        lpt_bins(costs, costs, 7)

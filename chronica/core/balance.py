@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from numba import njit
 
-__all__ = ["DEFAULT_PARTNERS", "balance_steps", "lpt_bins"]
+__all__ = ["DEFAULT_PARTNERS", "balance_steps"]
 
 DEFAULT_PARTNERS = 4
 # Trades that gain less than this fraction of the top load are not worth an iteration.
@@ -312,20 +312,3 @@ def balance_steps(
         for job in jobs:
             job.result()
     return perm, loads
-
-
-def lpt_bins(costs: np.ndarray, keys: np.ndarray, num_bins: int) -> tuple[np.ndarray, np.ndarray]:
-    """Pack ``costs`` into ``num_bins`` bins of equal count by capacity-bounded LPT.
-
-    Samples are taken in descending ``keys`` order (``keys`` may be the costs themselves, or
-    costs with jitter), each to the lightest bin with room. Returns ``(members, loads)``:
-    ``members[b]`` are bin ``b``'s positions into ``costs`` and ``loads[b]`` their total cost.
-    """
-    if num_bins < 1 or costs.shape[0] % num_bins:
-        raise ValueError(f"{costs.shape[0]} samples do not fill {num_bins} bins equally")
-    costs = np.ascontiguousarray(costs, dtype=np.float64)
-    members = np.empty((num_bins, costs.shape[0] // num_bins), np.int64)
-    loads = np.zeros(num_bins)
-    order = _argsort_descending(np.ascontiguousarray(keys, dtype=np.float64))
-    _lpt(costs, order, members, loads)
-    return members, loads

@@ -31,9 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from chronica.core.balance import balance_steps, lpt_bins
+from chronica.core.balance import balance_steps
 from chronica.core.cost import CostModel, as_cost_model
 from chronica.core.plan import EpochPlan, PlanStats
+from chronica.core.pool import fill_slack, lpt_bins
 from chronica.core.rng import Stream, derive_key, permutation, uniforms
 from chronica.core.sizes import sizes_digest, validate_sizes
 
@@ -259,13 +260,15 @@ class Scheduler:
         if full == 0:  # only a partial step: nothing to pool
             return self._exact_plan(epoch, order)
         pool = order[: full * b]
-        # Pack the full steps' samples into full*W local batches of equal count, then let
-        # local batches of similar cost share a step.
-        bins, bin_loads = lpt_bins(self.costs[pool], self._sort_keys(epoch, pool), full * w)
+        costs = self.costs[pool]
+        bins, bin_loads = lpt_bins(costs, self._sort_keys(epoch, pool), full * w)
         by_load = np.argsort(-bin_loads, kind="stable")
         step_order = self._shuffled_steps(epoch, full)
-        grouped = by_load.reshape(full, w)[step_order].ravel()
-        ordered = np.concatenate([pool[bins[grouped].ravel()], order[full * b :]])
+        grouped = by_load.reshape(full, w)[step_order]
+        members = bins[grouped]  # (steps, W, k) positions into `pool`
+        loads = bin_loads[grouped]
+        fill_slack(costs, members, loads)
+        ordered = np.concatenate([pool[members.ravel()], order[full * b :]])
         starts = self._step_starts(total)
         costs = self.costs[ordered]
         perm_full, loads_full = balance_steps(
