@@ -53,26 +53,34 @@ def lpt(costs: np.ndarray, num_ranks: int) -> list[list[int]]:
     return members
 
 
+def _best_trade(costs, members, loads, a, candidates):
+    best = (loads[a] * 1e-9, None)
+    for b in candidates:
+        gap = loads[a] - loads[b]
+        for ia in members[a]:
+            for ib in members[b]:
+                d = costs[ia] - costs[ib]
+                if 0 < d < gap and min(d, gap - d) > best[0]:
+                    best = (min(d, gap - d), (b, ia, ib))
+    return best[1]
+
+
 def refine(costs: np.ndarray, members: list[list[int]], partners: int, bound: float) -> None:
-    """Best single trade between the heaviest rank and its lightest partners, until none helps."""
+    """Best single trade of the heaviest rank, with its lightest partners first, then with
+    anyone, until none helps."""
     num_ranks = len(members)
     loads = [float(sum(costs[m])) for m in members]
     while True:
         a = int(np.argmax(loads))
         if loads[a] <= bound * (1 + 1e-9):
             return
-        others = sorted((loads[r], r) for r in range(num_ranks) if r != a)[:partners]
-        best = (loads[a] * 1e-9, None)
-        for _, b in others:
-            gap = loads[a] - loads[b]
-            for ia in members[a]:
-                for ib in members[b]:
-                    d = costs[ia] - costs[ib]
-                    if 0 < d < gap and min(d, gap - d) > best[0]:
-                        best = (min(d, gap - d), (b, ia, ib))
-        if best[1] is None:
+        lightest = [r for _, r in sorted((loads[r], r) for r in range(num_ranks) if r != a)]
+        best = _best_trade(costs, members, loads, a, lightest[:partners])
+        if best is None and len(costs) <= 16384:
+            best = _best_trade(costs, members, loads, a, [r for r in range(num_ranks) if r != a])
+        if best is None:
             return
-        b, ia, ib = best[1]
+        b, ia, ib = best
         members[a][members[a].index(ia)] = ib
         members[b][members[b].index(ib)] = ia
         d = costs[ia] - costs[ib]

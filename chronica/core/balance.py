@@ -7,10 +7,11 @@ small as possible. The kernel runs two passes:
 1. LPT with capacities: samples in descending cost order (ties by position), each to the
    least-loaded rank that still has room (ties by lowest rank). For equal costs this is the
    strided split ``position % W`` of torch's ``DistributedSampler``.
-2. Swap refinement: while the most-loaded rank can trade one sample with one of the
-   ``partners`` least-loaded ranks so that the larger of the two new loads falls, make the
-   trade that lowers it most. Every trade strictly lowers the sorted load vector, so the pass
-   terminates, and it never ends worse than where it started.
+2. Swap refinement: while the most-loaded rank can trade one sample with another rank so
+   that the larger of the two new loads falls, make the trade that lowers it most, looking
+   first among the ``partners`` least-loaded ranks and then, for steps of at most 16384
+   samples, among all ranks. Every trade strictly lowers the sorted load vector, so the
+   pass terminates, and it never ends worse than where it started.
 
 The result is deterministic: it depends on the costs and their order only. Within a rank,
 samples keep their step order (ascending position).
@@ -27,6 +28,8 @@ from numba import njit
 __all__ = ["DEFAULT_PARTNERS", "balance_steps"]
 
 DEFAULT_PARTNERS = 4
+# Steps up to this many samples search every rank for a trade when the lightest fail.
+_WIDE_SEARCH_MAX = 16384
 # Trades that gain less than this fraction of the top load are not worth an iteration.
 _REL_TOL = 1e-9
 # Below this many samples a plan is quicker on one thread than the cost of starting more.
@@ -177,6 +180,40 @@ def _lower_bound(costs: np.ndarray, order: np.ndarray, num_ranks: int) -> float:
 
 
 @njit(cache=True)
+def _best_trade(
+    costs: np.ndarray, members: np.ndarray, loads: np.ndarray, a: int, candidates: np.ndarray
+) -> tuple[float, int, int, int]:
+    """The trade between rank ``a`` and one of ``candidates`` (lightest first, or any order)
+    that lowers the larger of the two loads most: (gain, b, i, j), ``b = -1`` if none."""
+    k = members.shape[1]
+    top = loads[a]
+    best_gain = top * _REL_TOL
+    best_b, best_i, best_j = -1, -1, -1
+    for b in candidates:
+        if b == a:
+            continue
+        gap = top - loads[b]
+        if gap * 0.5 <= best_gain:
+            continue
+        half = gap * 0.5
+        j = 0
+        for i in range(k):
+            ca = costs[members[a, i]]
+            target = ca - half
+            while j < k and costs[members[b, j]] > target:
+                j += 1
+            for jj in (j - 1, j):
+                if 0 <= jj < k:
+                    d = ca - costs[members[b, jj]]
+                    if 0.0 < d < gap:
+                        gain = min(d, gap - d)
+                        if gain > best_gain:
+                            best_gain = gain
+                            best_b, best_i, best_j = b, i, jj
+    return best_gain, best_b, best_i, best_j
+
+
+@njit(cache=True)
 def _refine(
     costs: np.ndarray,
     members: np.ndarray,
@@ -189,46 +226,30 @@ def _refine(
     if num_ranks < 2 or k == 0:
         return
     bound *= 1.0 + _REL_TOL
+    everyone = np.arange(num_ranks)
     for _ in range(max_iter):
         a = 0
         for r in range(1, num_ranks):
             if loads[r] > loads[a]:
                 a = r
-        top = loads[a]
-        if top <= bound:
+        if loads[a] <= bound:
             return
-        best_gain = top * _REL_TOL
-        best_b, best_i, best_j = -1, -1, -1
-        for b in _lightest(loads, partners, a):
-            gap = top - loads[b]
-            if gap * 0.5 <= best_gain:
-                break
-            half = gap * 0.5
-            j = 0
-            for i in range(k):
-                ca = costs[members[a, i]]
-                target = ca - half
-                while j < k and costs[members[b, j]] > target:
-                    j += 1
-                for jj in (j - 1, j):
-                    if 0 <= jj < k:
-                        d = ca - costs[members[b, jj]]
-                        if 0.0 < d < gap:
-                            gain = min(d, gap - d)
-                            if gain > best_gain:
-                                best_gain = gain
-                                best_b, best_i, best_j = b, i, jj
-        if best_b < 0:
+        _, b, i, j = _best_trade(costs, members, loads, a, _lightest(loads, partners, a))
+        if b < 0 and partners < num_ranks - 1 and num_ranks * k <= _WIDE_SEARCH_MAX:
+            # Stuck with the lightest ranks: a middle rank may still take a trade. Each wide
+            # search costs a pass over the step, so very large steps skip it.
+            _, b, i, j = _best_trade(costs, members, loads, a, everyone)
+        if b < 0:
             return
-        ia = members[a, best_i]
-        ib = members[best_b, best_j]
+        ia = members[a, i]
+        ib = members[b, j]
         d = costs[ia] - costs[ib]
-        members[a, best_i] = ib
-        members[best_b, best_j] = ia
+        members[a, i] = ib
+        members[b, j] = ia
         loads[a] -= d
-        loads[best_b] += d
+        loads[b] += d
         _sort_row_descending(costs, members[a])
-        _sort_row_descending(costs, members[best_b])
+        _sort_row_descending(costs, members[b])
 
 
 @njit(cache=True, nogil=True)
