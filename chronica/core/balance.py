@@ -132,13 +132,17 @@ def _lpt(costs: np.ndarray, order: np.ndarray, members: np.ndarray, loads: np.nd
 
 
 @njit(cache=True)
-def _sort_row_descending(costs: np.ndarray, row: np.ndarray) -> None:
+def _sort_row(costs: np.ndarray, row: np.ndarray, descending: bool) -> None:
+    """Order positions ``row`` by cost (ties: lower position first), in place."""
     # Insertion sort: rows are short and nearly sorted after one swap.
+    sign = -1.0 if descending else 1.0
     for i in range(1, row.shape[0]):
         item = row[i]
-        c = costs[item]
+        c = sign * costs[item]
         j = i - 1
-        while j >= 0 and (costs[row[j]] < c or (costs[row[j]] == c and row[j] > item)):
+        while j >= 0 and (
+            sign * costs[row[j]] > c or (sign * costs[row[j]] == c and row[j] > item)
+        ):
             row[j + 1] = row[j]
             j -= 1
         row[j + 1] = item
@@ -248,8 +252,8 @@ def _refine(
         members[b, j] = ia
         loads[a] -= d
         loads[b] += d
-        _sort_row_descending(costs, members[a])
-        _sort_row_descending(costs, members[b])
+        _sort_row(costs, members[a], True)
+        _sort_row(costs, members[b], True)
 
 
 @njit(cache=True, nogil=True)
@@ -280,7 +284,7 @@ def _balance_step_range(
                 for t in range(k):
                     members[r, t] = r * k + t
                     loads[r] += c[r * k + t]
-                _sort_row_descending(c, members[r])
+                _sort_row(c, members[r], True)
         _refine(c, members, loads, _lower_bound(c, order, num_ranks), max_iter, partners)
         for r in range(num_ranks):
             row = np.sort(members[r])

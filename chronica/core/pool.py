@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from chronica.core.balance import _argsort_descending, _lpt
+from chronica.core.balance import _argsort_descending, _lpt, _sort_row
 
 __all__ = ["fill_slack", "lpt_bins"]
 
@@ -45,18 +45,6 @@ def lpt_bins(costs: np.ndarray, keys: np.ndarray, num_bins: int) -> tuple[np.nda
     order = _argsort_descending(np.ascontiguousarray(keys, dtype=np.float64))
     _lpt(costs, order, members, loads)
     return members, loads
-
-
-@njit(cache=True)
-def _sort_row_ascending(costs: np.ndarray, row: np.ndarray) -> None:
-    for i in range(1, row.shape[0]):
-        item = row[i]
-        c = costs[item]
-        j = i - 1
-        while j >= 0 and (costs[row[j]] > c or (costs[row[j]] == c and row[j] > item)):
-            row[j + 1] = row[j]
-            j -= 1
-        row[j + 1] = item
 
 
 @njit(cache=True)
@@ -89,7 +77,7 @@ def _fill_slack_kernel(costs: np.ndarray, members: np.ndarray, loads: np.ndarray
     mean = np.empty(num_steps)
     for t in range(num_steps):
         for r in range(num_ranks):
-            _sort_row_ascending(costs, members[t, r])
+            _sort_row(costs, members[t, r], False)
         _step_summary(loads, t, top, arg, runner, mean)
     closed = np.zeros(num_steps, np.bool_)
     for _ in range(max_iter):
@@ -134,8 +122,8 @@ def _fill_slack_kernel(costs: np.ndarray, members: np.ndarray, loads: np.ndarray
         members[s, r, best_j] = y
         loads[best_t, q] -= best_d
         loads[s, r] += best_d
-        _sort_row_ascending(costs, members[best_t, q])
-        _sort_row_ascending(costs, members[s, r])
+        _sort_row(costs, members[best_t, q], False)
+        _sort_row(costs, members[s, r], False)
         _step_summary(loads, best_t, top, arg, runner, mean)
         _step_summary(loads, s, top, arg, runner, mean)
 
