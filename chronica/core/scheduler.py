@@ -118,6 +118,10 @@ class ScheduleConfig:
         return hashlib.blake2b(blob, digest_size=16).hexdigest()
 
 
+# A plan's parts: (indices, bounds, loads) as in ``EpochPlan``.
+_Parts = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
@@ -158,19 +162,19 @@ class Scheduler:
         order, num_padded, num_dropped = self._epoch_order(int(epoch))
         cfg = self.config
         if cfg.batch_size is None:
-            plan = self._strided_plan(epoch, order)
+            indices, bounds, loads = self._strided_plan(order)
         elif cfg.kind == "guided":
-            plan = self._guided_plan(epoch, order)
+            indices, bounds, loads = self._guided_plan(epoch, order)
         elif cfg.exact:
-            plan = self._exact_plan(epoch, order)
+            indices, bounds, loads = self._exact_plan(order)
         else:
-            plan = self._pool_plan(epoch, order)
+            indices, bounds, loads = self._pool_plan(epoch, order)
         plan = EpochPlan(
             epoch=int(epoch),
             num_replicas=cfg.num_replicas,
-            indices=plan[0],
-            bounds=plan[1],
-            loads=plan[2],
+            indices=indices,
+            bounds=bounds,
+            loads=loads,
             num_padded=num_padded,
             num_dropped=num_dropped,
             digest=self.digest,
@@ -202,18 +206,20 @@ class Scheduler:
     def _step_starts(self, total: int) -> np.ndarray:
         b = self.config.batch_size
         assert b is not None
-        starts = list(range(0, total, b)) + [total]
-        return np.asarray(starts if total else [0], dtype=np.int64)
+        return np.append(np.arange(0, total, b, dtype=np.int64), total)
 
     # -- kinds -----------------------------------------------------------------------------
 
-    def _assemble(self, ordered: np.ndarray, starts: np.ndarray, perm, loads):
+    def _assemble(
+        self, ordered: np.ndarray, starts: np.ndarray, perm: np.ndarray, loads: np.ndarray
+    ) -> _Parts:
+        """Plan parts from the step-ordered samples and the balancing kernel's output."""
         w = self.config.num_replicas
         k = np.diff(starts) // w
         bounds = starts[:-1, None] + k[:, None] * np.arange(w + 1)[None, :]
         return ordered[perm], bounds.astype(np.int64), loads
 
-    def _strided_plan(self, epoch: int, order: np.ndarray):
+    def _strided_plan(self, order: np.ndarray) -> _Parts:
         w = self.config.num_replicas
         steps = order.shape[0] // w
         # torch's split: rank r takes positions r, r + W, ...; one sample per rank per step.
@@ -221,7 +227,7 @@ class Scheduler:
         loads = self.costs[order].reshape(steps, w)
         return order, bounds.astype(np.int64), loads
 
-    def _exact_plan(self, epoch: int, order: np.ndarray):
+    def _exact_plan(self, order: np.ndarray) -> _Parts:
         starts = self._step_starts(order.shape[0])
         perm, loads = balance_steps(self.costs[order], starts, self.config.num_replicas)
         return self._assemble(order, starts, perm, loads)
@@ -238,7 +244,7 @@ class Scheduler:
             return np.arange(full_steps)
         return permutation(full_steps, derive_key(cfg.seed, epoch, Stream.STEPS))
 
-    def _guided_plan(self, epoch: int, order: np.ndarray):
+    def _guided_plan(self, epoch: int, order: np.ndarray) -> _Parts:
         b = self.config.batch_size
         assert b is not None
         total = order.shape[0]
@@ -251,14 +257,14 @@ class Scheduler:
         perm, loads = balance_steps(self.costs[ordered], starts, self.config.num_replicas)
         return self._assemble(ordered, starts, perm, loads)
 
-    def _pool_plan(self, epoch: int, order: np.ndarray):
+    def _pool_plan(self, epoch: int, order: np.ndarray) -> _Parts:
         cfg = self.config
         b, w = cfg.batch_size, cfg.num_replicas
         assert b is not None
         total = order.shape[0]
         full = total // b
         if full == 0:  # only a partial step: nothing to pool
-            return self._exact_plan(epoch, order)
+            return self._exact_plan(order)
         pool = order[: full * b]
         costs = self.costs[pool]
         bins, bin_loads = lpt_bins(costs, self._sort_keys(epoch, pool), full * w)
