@@ -3,8 +3,23 @@
 ``import chronica`` loads no deep-learning framework; ``chronica.torch`` loads PyTorch.
 """
 
-from chronica.core import CostModel, EpochPlan, PlanStats, ScheduleConfig, Scheduler
+from chronica.core import (
+    CostModel,
+    EpochPlan,
+    PlanStats,
+    ScheduleConfig,
+    Scheduler,
+    ShufflePolicy,
+)
 
 __version__ = "0.3.0.dev0"
 
-__all__ = ["CostModel", "EpochPlan", "PlanStats", "ScheduleConfig", "Scheduler", "__version__"]
+__all__ = [
+    "CostModel",
+    "EpochPlan",
+    "PlanStats",
+    "ScheduleConfig",
+    "Scheduler",
+    "ShufflePolicy",
+    "__version__",
+]

@@ -194,3 +194,25 @@ def test_real_gloo_job_covers_every_sample_once(tmp_path: Path, world: int):
     assert all(r["len"] == per_rank for r in results)
     assert results[0]["epochs"][0] != results[0]["epochs"][1]
     assert torch.distributed.is_available()
+
+
+def test_partitioned_sampler_stays_on_its_node(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    sizes = np.random.default_rng(3).lognormal(4, 1, 400)
+    labels = np.arange(400) % 5
+    samplers = [
+        DistributedSampler(Sized(sizes), 4, r, shuffle="local", batch_size=16, labels=labels)
+        for r in range(4)
+    ]
+    base = samplers[0].scheduler.base_partitions()
+    assert [b.shape[0] for b in base] == [200, 200]
+    for epoch in range(2):
+        for r, sampler in enumerate(samplers):
+            sampler.set_epoch(epoch)
+            assert set(sampler) <= set(base[r // 2].tolist())
+    assert samplers[0].movement(1).total_samples == 0
+    skew = samplers[0].label_skew()
+    assert 0.0 <= skew.batch_mean <= skew.batch_max <= 1.0
+    with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE=3"):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+        DistributedSampler(range(8), 4, 0, shuffle="local")

@@ -3,19 +3,28 @@
 Imports numpy and numba only; no I/O, no deep-learning framework, no transport.
 """
 
+from chronica.core.accounting import LabelSkew, Movement, label_skew, movement
 from chronica.core.cost import CostModel, as_cost_model
 from chronica.core.plan import EpochPlan, PlanStats
 from chronica.core.scheduler import KINDS, ScheduleConfig, Scheduler
+from chronica.core.shuffle import POLICIES, ShufflePolicy, as_shuffle_policy
 from chronica.core.sizes import resolve_sizes, sizes_digest, validate_sizes
 
 __all__ = [
     "KINDS",
+    "POLICIES",
     "CostModel",
     "EpochPlan",
+    "LabelSkew",
+    "Movement",
     "PlanStats",
     "ScheduleConfig",
     "Scheduler",
+    "ShufflePolicy",
     "as_cost_model",
+    "as_shuffle_policy",
+    "label_skew",
+    "movement",
     "resolve_sizes",
     "sizes_digest",
     "validate_sizes",

@@ -25,6 +25,9 @@ class Stream:
     ORDER = 1  # the epoch's sample permutation
     JITTER = 2  # size jitter that varies step composition between epochs (pool, guided)
     STEPS = 3  # the order of steps (pool, guided)
+    PARTITION = 4  # the fixed pre-shuffle that base partitions are cut from
+    EXCHANGE = 5  # which samples of each partition are exchanged (partial)
+    DEAL = 6  # where exchanged samples go (partial)
 
 
 @njit(cache=True)
@@ -34,10 +37,11 @@ def _mix64(z: np.uint64) -> np.uint64:
     return z ^ (z >> np.uint64(31))
 
 
-def derive_key(seed: int, epoch: int, stream: int) -> np.uint64:
-    """The 64-bit key of one stream; any integer seed is accepted (taken modulo 2**64)."""
+def derive_key(seed: int, epoch: int, stream: int, *more: int) -> np.uint64:
+    """The 64-bit key of one stream (``more`` tells apart sub-streams, e.g. one per
+    partition); any integer seed is accepted (taken modulo 2**64)."""
     key = np.uint64(seed & _MASK64)
-    for part in (epoch, stream):
+    for part in (epoch, stream, *more):
         key = _mix64(np.uint64((int(key) + int(_GOLDEN) * (part + 1)) & _MASK64))
     return key
 

@@ -20,12 +20,19 @@ bytes locally. Kinds:
 
 In pool and guided modes the order of steps is shuffled from the seed. A trailing partial
 step (``len % batch_size``) always stays last and keeps equal counts per rank.
+
+The shuffle policy (``chronica.core.shuffle``) decides each *owner*'s samples for the epoch
+(an owner is a node when ``groups`` are given, else a rank; with a non-partitioned policy and
+no groups there is one owner, everyone). Every step, each owner contributes ``ranks × B/W``
+of its samples and the kind decides which, and how they are split between its ranks; a rank
+never receives a sample of another owner's partition.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,9 +40,11 @@ import numpy as np
 
 from chronica.core.balance import balance_steps
 from chronica.core.cost import CostModel, as_cost_model
+from chronica.core.partition import Owners, base_partitions, epoch_partitions
 from chronica.core.plan import EpochPlan, PlanStats
 from chronica.core.pool import fill_slack, lpt_bins
 from chronica.core.rng import Stream, derive_key, permutation, uniforms
+from chronica.core.shuffle import as_shuffle_policy, epoch_order
 from chronica.core.sizes import sizes_digest, validate_sizes
 
 __all__ = ["KINDS", "ScheduleConfig", "Scheduler"]
@@ -56,11 +65,12 @@ class ScheduleConfig:
     batch_size: int | None = None
     kind: str = "static"
     exact: bool = True
-    shuffle: bool = True
+    shuffle: Any = True
     seed: int = 0
     drop_last: bool = False
     cost: CostModel = field(default_factory=CostModel.linear)
     jitter: float = 0.1
+    groups: tuple[Any, ...] | None = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.num_replicas) or self.num_replicas < 1:
@@ -91,7 +101,11 @@ class ScheduleConfig:
             )
         if not _is_int(self.seed):
             raise ValueError(f"seed={self.seed!r} must be an int")
-        for name in ("exact", "shuffle", "drop_last"):
+        object.__setattr__(self, "shuffle", as_shuffle_policy(self.shuffle))
+        if self.groups is not None:
+            object.__setattr__(self, "groups", tuple(self.groups))
+            Owners.of(self.groups, self.num_replicas)  # validates the length
+        for name in ("exact", "drop_last"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
         if not isinstance(self.cost, CostModel):
@@ -107,7 +121,8 @@ class ScheduleConfig:
             "batch_size": self.batch_size,
             "kind": self.kind,
             "exact": self.exact,
-            "shuffle": self.shuffle,
+            "shuffle": self.shuffle.to_tuple(),
+            "groups": None if self.groups is None else [str(g) for g in self.groups],
             "seed": int(self.seed),
             "drop_last": self.drop_last,
             "cost": self.cost.to_tuple(),
@@ -128,14 +143,56 @@ def _is_int(value: Any) -> bool:
 
 class Scheduler:
     """Plans epochs for ``sizes`` under ``config``. Plans depend only on (sizes, config,
-    epoch): equal inputs give byte-identical plans on every rank, process and restart.
-    The most recent plan is cached."""
+    labels, partitions, epoch): equal inputs give byte-identical plans on every rank,
+    process and restart. The most recent plan is cached.
 
-    def __init__(self, sizes: Any, config: ScheduleConfig) -> None:
+    ``labels`` (one class per sample) are needed by ``shuffle="stratified"``; ``partitions``
+    (one index list per node, e.g. what is on each node's disk) replace the built partitions
+    of ``local``/``partial`` policies.
+    """
+
+    def __init__(
+        self,
+        sizes: Any,
+        config: ScheduleConfig,
+        *,
+        labels: Any = None,
+        partitions: Sequence[Any] | None = None,
+    ) -> None:
         self.sizes = validate_sizes(sizes)
         self.config = config
         self.costs = config.cost(self.sizes)
-        self.digest = config.digest(sizes_digest(self.sizes))
+        policy = config.shuffle
+        # Nodes (or ranks, without groups) hold data; only partitioned policies tie samples
+        # to them. Otherwise any rank may read any sample: one owner, every rank.
+        self.nodes = Owners.of(config.groups, config.num_replicas)
+        self.owners = (
+            self.nodes
+            if policy.partitioned
+            else Owners.of([0] * config.num_replicas, config.num_replicas)
+        )
+        self.labels = None if labels is None else _validate_labels(labels, self.num_samples)
+        if policy.kind == "stratified" and self.labels is None:
+            raise ValueError("shuffle='stratified' needs labels= (one class label per sample)")
+        if partitions is not None and not policy.partitioned:
+            raise ValueError(
+                f"partitions= only applies to shuffle='local' or 'partial', not {policy.kind!r}"
+            )
+        self._base = None
+        if policy.partitioned:
+            self._base = base_partitions(
+                policy,
+                self.num_samples,
+                self.owners,
+                self.samples_per_replica(),
+                config.seed,
+                partitions,
+            )
+        extra = [sizes_digest(self.sizes)]
+        for data in (self.labels, *(partitions or ())):
+            if data is not None:
+                extra.append(hashlib.blake2b(np.asarray(data).tobytes(), digest_size=8).hexdigest())
+        self.digest = config.digest("/".join(extra))
         self._cached: EpochPlan | None = None
 
     @property
@@ -149,9 +206,14 @@ class Scheduler:
 
     def num_steps(self) -> int:
         """Steps per epoch, the same on every rank."""
-        per_rank = self.samples_per_replica()
+        return len(self._step_counts())
+
+    def _step_counts(self) -> list[int]:
+        """Samples per rank at each step: ``B / W`` per full step, then the remainder."""
+        m = self.samples_per_replica()
         b = self.config.batch_size
-        return per_rank if b is None else -(-per_rank * self.config.num_replicas // b)
+        k = 1 if b is None else b // self.config.num_replicas
+        return [k] * (m // k) + ([m % k] if m % k else [])
 
     def plan_epoch(self, epoch: int) -> EpochPlan:
         """The plan of ``epoch`` (an int >= 0)."""
@@ -159,19 +221,31 @@ class Scheduler:
             raise ValueError(f"epoch={epoch!r} must be an int >= 0")
         if self._cached is not None and self._cached.epoch == epoch:
             return self._cached
-        order, num_padded, num_dropped = self._epoch_order(int(epoch))
+        epoch = int(epoch)
         cfg = self.config
-        if cfg.batch_size is None:
-            indices, bounds, loads = self._strided_plan(order)
-        elif cfg.kind == "guided":
-            indices, bounds, loads = self._guided_plan(epoch, order)
-        elif cfg.exact:
-            indices, bounds, loads = self._exact_plan(order)
+        w, m = cfg.num_replicas, self.samples_per_replica()
+        counts = self._step_counts()
+        streams, num_padded, num_dropped = self._owner_streams(epoch)
+        step_order = self._shuffled_steps(epoch, m // counts[0] if counts else 0)
+        parts = [
+            self._split(epoch, owner, stream, ranks.shape[0], counts, step_order)
+            for owner, (ranks, stream) in enumerate(zip(self.owners.ranks, streams, strict=True))
+        ]
+        if self.owners.count == 1:
+            indices, loads = parts[0]
         else:
-            indices, bounds, loads = self._pool_plan(epoch, order)
+            matrix = np.empty((w, m), dtype=np.int64)
+            loads = np.empty((len(counts), w))
+            for ranks, (step_major, owner_loads) in zip(self.owners.ranks, parts, strict=True):
+                matrix[ranks] = _rank_major(step_major, ranks.shape[0], counts)
+                loads[:, ranks] = owner_loads
+            indices = _step_major(matrix, counts)
+        per_step = np.asarray(counts, dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(per_step * w)[:-1]]).astype(np.int64)
+        bounds = starts[:, None] + per_step[:, None] * np.arange(w + 1)[None, :]
         plan = EpochPlan(
-            epoch=int(epoch),
-            num_replicas=cfg.num_replicas,
+            epoch=epoch,
+            num_replicas=w,
             indices=indices,
             bounds=bounds,
             loads=loads,
@@ -188,98 +262,130 @@ class Scheduler:
         """Balance and padding diagnostics of ``epoch``'s plan."""
         return self.plan_epoch(epoch).stats(self.sizes, self.costs)
 
+    def node_samples(self, epoch: int) -> list[np.ndarray]:
+        """The samples every node (every rank, without ``groups``) trains on in ``epoch``."""
+        plan = self.plan_epoch(epoch)
+        per_rank = [plan.rank_indices(r) for r in range(self.config.num_replicas)]
+        return [np.concatenate([per_rank[r] for r in ranks]) for ranks in self.nodes.ranks]
+
+    def base_partitions(self) -> list[np.ndarray] | None:
+        """Every node's fixed partition under ``local``/``partial``, else ``None``."""
+        return None if self._base is None else self._base[0]
+
     # -- epoch order ---------------------------------------------------------------------
 
-    def _epoch_order(self, epoch: int) -> tuple[np.ndarray, int, int]:
-        """The epoch's permutation, padded or truncated to ``W * samples_per_replica``."""
-        cfg, n = self.config, self.num_samples
-        if cfg.shuffle:
-            order = permutation(n, derive_key(cfg.seed, epoch, Stream.ORDER))
-        else:
-            order = np.arange(n, dtype=np.int64)
-        total = self.samples_per_replica() * cfg.num_replicas
-        if total <= n:
-            return order[:total], 0, n - total
-        pad = total - n
-        return np.concatenate([order, np.resize(order, pad)]), pad, 0
-
-    def _step_starts(self, total: int) -> np.ndarray:
-        b = self.config.batch_size
-        assert b is not None
-        return np.append(np.arange(0, total, b, dtype=np.int64), total)
-
-    # -- kinds -----------------------------------------------------------------------------
-
-    def _assemble(
-        self, ordered: np.ndarray, starts: np.ndarray, perm: np.ndarray, loads: np.ndarray
-    ) -> _Parts:
-        """Plan parts from the step-ordered samples and the balancing kernel's output."""
-        w = self.config.num_replicas
-        k = np.diff(starts) // w
-        bounds = starts[:-1, None] + k[:, None] * np.arange(w + 1)[None, :]
-        return ordered[perm], bounds.astype(np.int64), loads
-
-    def _strided_plan(self, order: np.ndarray) -> _Parts:
-        w = self.config.num_replicas
-        steps = order.shape[0] // w
-        # torch's split: rank r takes positions r, r + W, ...; one sample per rank per step.
-        bounds = np.arange(steps)[:, None] * w + np.arange(w + 1)[None, :]
-        loads = self.costs[order].reshape(steps, w)
-        return order, bounds.astype(np.int64), loads
-
-    def _exact_plan(self, order: np.ndarray) -> _Parts:
-        starts = self._step_starts(order.shape[0])
-        perm, loads = balance_steps(self.costs[order], starts, self.config.num_replicas)
-        return self._assemble(order, starts, perm, loads)
-
-    def _sort_keys(self, epoch: int, order: np.ndarray) -> np.ndarray:
-        """Costs with seeded multiplicative jitter, so similar samples mix between epochs."""
+    def _owner_streams(self, epoch: int) -> tuple[list[np.ndarray], int, int]:
+        """Every owner's samples for the epoch in order, ``ranks × m`` each."""
         cfg = self.config
-        noise = uniforms(order.shape[0], derive_key(cfg.seed, epoch, Stream.JITTER))
-        return self.costs[order] * (1.0 + cfg.jitter * noise)
+        if self._base is not None:
+            base, padded, dropped = self._base
+            return epoch_partitions(cfg.shuffle, base, cfg.seed, epoch), padded, dropped
+        order = epoch_order(cfg.shuffle, self.num_samples, cfg.seed, epoch, self.labels)
+        total = self.samples_per_replica() * cfg.num_replicas
+        if total <= order.shape[0]:
+            order, padded, dropped = order[:total], 0, order.shape[0] - total
+        else:
+            padded, dropped = total - order.shape[0], 0
+            order = np.concatenate([order, np.resize(order, padded)])
+        return [order], padded, dropped
 
     def _shuffled_steps(self, epoch: int, full_steps: int) -> np.ndarray:
+        """The order of full steps for pool and guided, the same for every owner."""
         cfg = self.config
-        if not cfg.shuffle:
+        if not cfg.shuffle.shuffles:
             return np.arange(full_steps)
         return permutation(full_steps, derive_key(cfg.seed, epoch, Stream.STEPS))
 
-    def _guided_plan(self, epoch: int, order: np.ndarray) -> _Parts:
-        b = self.config.batch_size
-        assert b is not None
-        total = order.shape[0]
-        by_size = order[np.argsort(-self._sort_keys(epoch, order), kind="stable")]
-        full = total // b
-        step_order = self._shuffled_steps(epoch, full)
-        blocks = by_size[: full * b].reshape(full, b)[step_order].ravel()
-        ordered = np.concatenate([blocks, by_size[full * b :]])
-        starts = self._step_starts(total)
-        perm, loads = balance_steps(self.costs[ordered], starts, self.config.num_replicas)
-        return self._assemble(ordered, starts, perm, loads)
+    # -- one owner's split -------------------------------------------------------------------
 
-    def _pool_plan(self, epoch: int, order: np.ndarray) -> _Parts:
+    def _split(
+        self,
+        epoch: int,
+        owner: int,
+        stream: np.ndarray,
+        ranks: int,
+        counts: list[int],
+        step_order: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The owner's samples step after step (``ranks × k`` per step, rank after rank) and
+        their per-rank loads, shape ``(steps, ranks)``."""
         cfg = self.config
-        b, w = cfg.batch_size, cfg.num_replicas
-        assert b is not None
-        total = order.shape[0]
-        full = total // b
-        if full == 0:  # only a partial step: nothing to pool
-            return self._exact_plan(order)
-        pool = order[: full * b]
+        if cfg.batch_size is None:
+            # torch's split: rank r takes positions r, r + W, ...; one sample per step.
+            return stream, self.costs[stream].reshape(-1, ranks)
+        k = counts[0] if counts else 1
+        full = sum(1 for c in counts if c == k)
+        if cfg.kind == "guided":
+            stream = self._grouped_by_size(epoch, owner, stream, ranks * k, full, step_order)
+        elif not cfg.exact and full:
+            return self._pooled(epoch, owner, stream, ranks, counts, step_order)
+        starts = np.concatenate([[0], np.cumsum(np.asarray(counts, dtype=np.int64) * ranks)])
+        perm, loads = balance_steps(self.costs[stream], starts, ranks)
+        return stream[perm], loads
+
+    def _sort_keys(self, epoch: int, owner: int, samples: np.ndarray) -> np.ndarray:
+        """Costs with seeded multiplicative jitter, so similar samples mix between epochs."""
+        cfg = self.config
+        noise = uniforms(samples.shape[0], derive_key(cfg.seed, epoch, Stream.JITTER, owner))
+        return self.costs[samples] * (1.0 + cfg.jitter * noise)
+
+    def _grouped_by_size(self, epoch, owner, stream, per_step, full, step_order) -> np.ndarray:
+        by_size = stream[np.argsort(-self._sort_keys(epoch, owner, stream), kind="stable")]
+        blocks = by_size[: full * per_step].reshape(full, per_step)[step_order].ravel()
+        return np.concatenate([blocks, by_size[full * per_step :]])
+
+    def _pooled(self, epoch, owner, stream, ranks, counts, step_order):
+        # Pack the full steps' samples into full*ranks local batches of equal count, let
+        # local batches of similar cost share a step (heaviest first, then the common step
+        # order, so heavy steps line up across owners), move work into under-filled ranks.
+        k = counts[0]
+        full = sum(1 for c in counts if c == k)
+        pool = stream[: full * ranks * k]
         costs = self.costs[pool]
-        bins, bin_loads = lpt_bins(costs, self._sort_keys(epoch, pool), full * w)
-        by_load = np.argsort(-bin_loads, kind="stable")
-        step_order = self._shuffled_steps(epoch, full)
-        grouped = by_load.reshape(full, w)[step_order]
-        members = bins[grouped]  # (steps, W, k) positions into `pool`
-        loads = bin_loads[grouped]
+        bins, bin_loads = lpt_bins(costs, self._sort_keys(epoch, owner, pool), full * ranks)
+        grouped = np.argsort(-bin_loads, kind="stable").reshape(full, ranks)[step_order]
+        members, loads = bins[grouped], bin_loads[grouped]
         fill_slack(costs, members, loads)
-        ordered = np.concatenate([pool[members.ravel()], order[full * b :]])
-        starts = self._step_starts(total)
+        ordered = np.concatenate([pool[members.ravel()], stream[full * ranks * k :]])
+        starts = np.concatenate([[0], np.cumsum(np.asarray(counts, dtype=np.int64) * ranks)])
         costs = self.costs[ordered]
-        perm_full, loads_full = balance_steps(
-            costs[: full * b], starts[: full + 1], w, use_lpt=False
+        head, head_loads = balance_steps(
+            costs[: starts[full]], starts[: full + 1], ranks, use_lpt=False
         )
-        perm_rest, loads_rest = balance_steps(costs[full * b :], starts[full:] - full * b, w)
-        perm = np.concatenate([perm_full, perm_rest + full * b])
-        return self._assemble(ordered, starts, perm, np.concatenate([loads_full, loads_rest]))
+        tail, tail_loads = balance_steps(costs[starts[full] :], starts[full:] - starts[full], ranks)
+        perm = np.concatenate([head, tail + starts[full]])
+        return ordered[perm], np.concatenate([head_loads, tail_loads])
+
+
+def _rank_major(step_major: np.ndarray, ranks: int, counts: list[int]) -> np.ndarray:
+    """From steps of ``ranks × k`` (rank after rank within a step) to one row per rank."""
+    out = np.empty((ranks, sum(counts)), dtype=np.int64)
+    pos = col = 0
+    for k in sorted(set(counts), reverse=True):
+        steps = counts.count(k)
+        block = step_major[pos : pos + steps * ranks * k].reshape(steps, ranks, k)
+        out[:, col : col + steps * k] = block.transpose(1, 0, 2).reshape(ranks, steps * k)
+        pos += steps * ranks * k
+        col += steps * k
+    return out
+
+
+def _step_major(matrix: np.ndarray, counts: list[int]) -> np.ndarray:
+    """The inverse of ``_rank_major`` for all ranks: steps after steps, ranks within."""
+    ranks = matrix.shape[0]
+    parts, col = [], 0
+    for k in sorted(set(counts), reverse=True):
+        steps = counts.count(k)
+        block = matrix[:, col : col + steps * k].reshape(ranks, steps, k)
+        parts.append(block.transpose(1, 0, 2).ravel())
+        col += steps * k
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+
+def _validate_labels(labels: Any, n: int) -> np.ndarray:
+    values = np.asarray(labels)
+    if values.ndim != 1 or values.shape[0] != n:
+        raise ValueError(
+            f"labels must be 1-D with one label per sample ({n}), got shape {values.shape}"
+        )
+    return values

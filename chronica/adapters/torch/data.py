@@ -10,7 +10,8 @@ num_replicas`` as the ``DataLoader``'s batch size.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,18 @@ import torch.distributed as dist
 from torch.utils.data import Dataset as _TorchDataset
 from torch.utils.data import Sampler
 
-from chronica.core import PlanStats, ScheduleConfig, Scheduler, as_cost_model, resolve_sizes
+from chronica.core import (
+    LabelSkew,
+    Movement,
+    PlanStats,
+    ScheduleConfig,
+    Scheduler,
+    as_cost_model,
+    as_shuffle_policy,
+    label_skew,
+    movement,
+    resolve_sizes,
+)
 from chronica.core.plan import EpochPlan
 
 __all__ = ["Dataset", "DistributedBatchSampler", "DistributedSampler"]
@@ -63,6 +75,20 @@ def _resolve_world(num_replicas: int | None, rank: int | None) -> tuple[int, int
     return num_replicas, rank
 
 
+def _groups_from_environment(num_replicas: int) -> list[int] | None:
+    """Nodes of ``LOCAL_WORLD_SIZE`` consecutive ranks (torchrun's layout), if it is set."""
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if not local:
+        return None
+    size = int(local)
+    if size < 1 or num_replicas % size:
+        raise ValueError(
+            f"LOCAL_WORLD_SIZE={local} does not divide the world size {num_replicas}; "
+            f"pass groups= (the node id of every rank)"
+        )
+    return [r // size for r in range(num_replicas)]
+
+
 class _ScheduledSampler:
     """What both samplers share: the scheduler, the epoch, and resumable progress."""
 
@@ -71,7 +97,7 @@ class _ScheduledSampler:
         dataset: Any,
         num_replicas: int | None,
         rank: int | None,
-        shuffle: bool,
+        shuffle: Any,
         seed: int,
         drop_last: bool,
         batch_size: int | None,
@@ -79,19 +105,28 @@ class _ScheduledSampler:
         sizes: Any,
         cost: Any,
         exact: bool,
+        groups: Sequence[Any] | None,
+        labels: Any,
+        partitions: Sequence[Any] | None,
     ) -> None:
         self.num_replicas, self.rank = _resolve_world(num_replicas, rank)
+        policy = as_shuffle_policy(shuffle)
+        if groups is None and policy.partitioned:
+            groups = _groups_from_environment(self.num_replicas)
         config = ScheduleConfig(
             num_replicas=self.num_replicas,
             batch_size=batch_size,
             kind=kind,
             exact=exact,
-            shuffle=shuffle,
+            shuffle=policy,
             seed=seed,
             drop_last=drop_last,
             cost=as_cost_model(cost),
+            groups=groups,
         )
-        self.scheduler = Scheduler(resolve_sizes(dataset, sizes), config)
+        self.scheduler = Scheduler(
+            resolve_sizes(dataset, sizes), config, labels=labels, partitions=partitions
+        )
         self.dataset = dataset
         self.shuffle = shuffle
         self.seed = seed
@@ -134,6 +169,19 @@ class _ScheduledSampler:
         it so the all-reduced average gradient is the mean over the step's global batch
         (all ones while every rank has the same count)."""
         return self.plan(epoch).loss_weights[:, self.rank]
+
+    def movement(self, epoch: int | None = None, sample_bytes: Any = None) -> Movement:
+        """Samples (and bytes, given ``sample_bytes`` per sample) each node fetches for
+        ``epoch``; see ``chronica.core.accounting`` for what a node holds."""
+        return movement(self.scheduler, self.epoch if epoch is None else epoch, sample_bytes)
+
+    def label_skew(self, epoch: int | None = None, labels: Any = None) -> LabelSkew:
+        """Jensen–Shannon divergence of batch and node label frequencies from the data
+        set's, for ``epoch``; ``labels`` default to those given to the sampler."""
+        labels = self.scheduler.labels if labels is None else labels
+        if labels is None:
+            raise ValueError("label_skew needs labels= (one class label per sample)")
+        return label_skew(self.scheduler, self.epoch if epoch is None else epoch, labels)
 
     def state_dict(self) -> dict[str, Any]:
         """Resumable state: the epoch and how far this rank's iteration has got."""
@@ -186,7 +234,11 @@ class DistributedSampler(_ScheduledSampler, Sampler[int]):
     without it no balancing happens), ``kind`` (``"static"`` or ``"guided"``), ``exact``
     (``False``: pool balancing, which changes step composition), ``sizes`` (one number per
     sample; otherwise read from the data set), ``cost`` (``"linear"``, ``"quadratic"`` or a
-    ``CostModel``).
+    ``CostModel``). ``shuffle`` also takes a policy name (``"global"``, ``"local"``,
+    ``"block"``, ``"stratified"``, ``"none"``) or a ``ShufflePolicy`` (e.g.
+    ``ShufflePolicy.partial(q=0.1)``); ``groups`` (node id per rank, default from
+    ``LOCAL_WORLD_SIZE`` for partitioned policies), ``partitions`` (index list per node) and
+    ``labels`` (for ``stratified`` and ``label_skew``) go with them.
     """
 
     def __init__(
@@ -194,7 +246,7 @@ class DistributedSampler(_ScheduledSampler, Sampler[int]):
         dataset: Any,
         num_replicas: int | None = None,
         rank: int | None = None,
-        shuffle: bool = True,
+        shuffle: Any = True,
         seed: int = 0,
         drop_last: bool = False,
         batch_size: int | None = None,
@@ -202,6 +254,9 @@ class DistributedSampler(_ScheduledSampler, Sampler[int]):
         sizes: Any = None,
         cost: Any = None,
         exact: bool = True,
+        groups: Sequence[Any] | None = None,
+        labels: Any = None,
+        partitions: Sequence[Any] | None = None,
     ) -> None:
         super().__init__(
             dataset,
@@ -215,6 +270,9 @@ class DistributedSampler(_ScheduledSampler, Sampler[int]):
             sizes,
             cost,
             exact,
+            groups,
+            labels,
+            partitions,
         )
 
     def __iter__(self) -> Iterator[int]:
@@ -245,13 +303,16 @@ class DistributedBatchSampler(_ScheduledSampler, Sampler[list[int]]):
         batch_size: int,
         num_replicas: int | None = None,
         rank: int | None = None,
-        shuffle: bool = True,
+        shuffle: Any = True,
         seed: int = 0,
         drop_last: bool = False,
         kind: str = "static",
         sizes: Any = None,
         cost: Any = None,
         exact: bool = True,
+        groups: Sequence[Any] | None = None,
+        labels: Any = None,
+        partitions: Sequence[Any] | None = None,
     ) -> None:
         if batch_size is None:
             raise ValueError("batch_size (the global batch over all ranks) is required")
@@ -267,6 +328,9 @@ class DistributedBatchSampler(_ScheduledSampler, Sampler[list[int]]):
             sizes,
             cost,
             exact,
+            groups,
+            labels,
+            partitions,
         )
 
     def __iter__(self) -> Iterator[list[int]]:
