@@ -81,14 +81,14 @@ def test_every_policy_is_exactly_once_local_and_equal(
     _check(_make(n, w, k, policy, kind, groups, drop_last), epoch)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("policy", [ShufflePolicy.local(), ShufflePolicy.partial(0.2)])
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_explicit_unequal_partitions_are_fitted_and_local(drop_last):
+def test_explicit_unequal_partitions_are_fitted_and_local(drop_last, policy, kind):
     n = 103
     parts = [np.arange(0, 70), np.arange(70, 80), np.arange(80, 103)]
     groups = [0, 0, 1, 2]
-    sch = _make(
-        n, 4, 3, ShufflePolicy.local(), groups=groups, drop_last=drop_last, partitions=parts
-    )
+    sch = _make(n, 4, 3, policy, kind, groups=groups, drop_last=drop_last, partitions=parts)
     base = sch.base_partitions()
     per_rank = n // 4 if drop_last else -(-n // 4)
     assert [b.shape[0] for b in base] == [2 * per_rank, per_rank, per_rank]
