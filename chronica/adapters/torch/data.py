@@ -135,6 +135,12 @@ class _ScheduledSampler:
         self.epoch = 0
         self._start = 0  # where the next iteration begins (samples or steps)
         self._progress = 0  # how far the current iteration has got
+        if policy.partitioned and exact and batch_size and self.scheduler.owners.sizes().max() == 1:
+            logger.warning(
+                "chronica: with shuffle=%r and one rank per node, exact mode cannot balance "
+                "(each rank trains its own partition in its own order); pass exact=False",
+                policy.kind,
+            )
         if batch_size is None:
             logger.warning(
                 "chronica: batch_size (the global batch) was not given, so steps cannot be "
