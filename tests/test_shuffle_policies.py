@@ -166,3 +166,14 @@ def test_local_policy_balances_within_nodes_and_pool_across_steps():
     assert pool.stats(1).load_ratio_mean < exact.stats(1).load_ratio_mean
     assert exact.stats(1).load_ratio_mean < 1.2
     assert unbalanced.base_partitions() is not None
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: f"{p.kind}-{p.partition}-{p.q}")
+def test_every_policy_is_deterministic_and_reshuffles(policy):
+    groups = [0, 0, 1, 1]
+    a = _make(400, 4, 4, policy, ("static", False), groups)
+    b = _make(400, 4, 4, policy, ("static", False), groups)
+    for epoch in (0, 3):
+        assert a.plan_epoch(epoch).indices.tobytes() == b.plan_epoch(epoch).indices.tobytes()
+    if policy.shuffles:
+        assert a.plan_epoch(0).indices.tobytes() != a.plan_epoch(1).indices.tobytes()
