@@ -21,7 +21,7 @@ from pathlib import Path
 __all__ = ["BENCHMARKS", "main"]
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("balance", "planning")
+BENCHMARKS = ("balance", "planning", "movement", "quality")
 
 
 def _prepare_imports() -> None:
