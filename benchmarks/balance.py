@@ -17,13 +17,11 @@ Targets checked (and printed, never tuned away):
   * chronica pool and guided are at least as good as upstream Chronica and FlatFlow, mean
     and worst (medians), on every case.
 
-Run alone: ``PYTHONPATH=. python benchmarks/balance.py [--quick] [--data-dir DIR]``.
+Run alone: ``PYTHONPATH=. python benchmarks/run_all.py --only balance [--quick]``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -319,22 +317,3 @@ def format_table(result: dict) -> str:
             pad = "" if m["padding"] is None else f"  pad {m['padding']:.3f}"
             lines.append(f"  {label:44s} mean {m['mean']:.5f}  worst {m['worst']:.5f}{pad}")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark alone, print the table and the targets, write nothing."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repeats")
-    parser.add_argument("--data-dir", type=Path, default=None, help="real lengths files")
-    parser.add_argument("--json", type=Path, default=None, help="also write the result here")
-    args = parser.parse_args(argv)
-    result = run(args.quick, args.data_dir)
-    print(format_table(result))
-    print("\n".join(check_targets(result)))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -18,13 +18,11 @@ The balance part compares the per-step max/mean rank cost of partitioned data se
 (``local``, one node of 4 ranks or one node per rank) with the unpartitioned ``global``
 policy on the same sizes, in exact mode and in pool mode (``exact=False``).
 
-Run alone: ``PYTHONPATH=. python benchmarks/movement.py [--quick]``.
+Run alone: ``PYTHONPATH=. python benchmarks/run_all.py --only movement [--quick]``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 
 import numpy as np
@@ -184,20 +182,3 @@ def format_table(result: dict) -> str:
     for row in bal["rows"]:
         lines.append(f"  {row['label']:36s} mean {row['mean']:.5f}  worst {row['worst']:.5f}")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark alone and print the tables."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="N=16384, W in {4, 16}")
-    parser.add_argument("--json", type=argparse.FileType("w"), default=None)
-    args = parser.parse_args(argv)
-    result = run(args.quick)
-    print(format_table(result))
-    if args.json:
-        json.dump(result, args.json, indent=1)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

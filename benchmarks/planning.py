@@ -12,16 +12,13 @@ compiles the numba kernels. Rows:
 * torch's ``DistributedSampler``: ``list(sampler)`` for one rank after ``set_epoch(e)``
   (torch draws the whole permutation, then slices out the rank's share).
 
-Run alone: ``PYTHONPATH=. python benchmarks/planning.py [--quick]``.
+Run alone: ``PYTHONPATH=. python benchmarks/run_all.py --only planning [--quick]``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 from common import LengthOnly, lognormal_sizes, machine_info
@@ -142,20 +139,3 @@ def format_table(result: dict) -> str:
             f"{row['ratio_to_argsort']:6.2f}x argsort{extra}"
         )
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark alone and print the table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="N=1,000,000 instead of 10M")
-    parser.add_argument("--json", type=Path, default=None, help="also write the result here")
-    args = parser.parse_args(argv)
-    result = run(args.quick)
-    print(format_table(result))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

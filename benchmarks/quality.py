@@ -14,13 +14,11 @@ Every epoch's plan is checked to cover every training sample exactly once (a fai
 raises). Reported: test accuracy after the last epoch, mean ± std over seeds, and the label
 skew of the global batches and of the ranks' epoch shares (``chronica.core.label_skew``).
 
-Run alone: ``PYTHONPATH=. python benchmarks/quality.py [--quick]``.
+Run alone: ``PYTHONPATH=. python benchmarks/run_all.py --only quality [--quick]``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 
 import numpy as np
@@ -164,20 +162,3 @@ def format_table(result: dict) -> str:
             f"skew batch {row['batch_skew']:.4f} rank {row['node_skew']:.4f}"
         )
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark alone and print the table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 seeds, 6 epochs")
-    parser.add_argument("--json", type=argparse.FileType("w"), default=None)
-    args = parser.parse_args(argv)
-    result = run(args.quick)
-    print(format_table(result))
-    if args.json:
-        json.dump(result, args.json, indent=1)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
