@@ -329,12 +329,28 @@ class Scheduler:
         noise = uniforms(samples.shape[0], derive_key(cfg.seed, epoch, Stream.JITTER, owner))
         return self.costs[samples] * (1.0 + cfg.jitter * noise)
 
-    def _grouped_by_size(self, epoch, owner, stream, per_step, full, step_order) -> np.ndarray:
+    def _grouped_by_size(
+        self,
+        epoch: int,
+        owner: int,
+        stream: np.ndarray,
+        per_step: int,
+        full: int,
+        step_order: np.ndarray,
+    ) -> np.ndarray:
         by_size = stream[np.argsort(-self._sort_keys(epoch, owner, stream), kind="stable")]
         blocks = by_size[: full * per_step].reshape(full, per_step)[step_order].ravel()
         return np.concatenate([blocks, by_size[full * per_step :]])
 
-    def _pooled(self, epoch, owner, stream, ranks, counts, step_order):
+    def _pooled(
+        self,
+        epoch: int,
+        owner: int,
+        stream: np.ndarray,
+        ranks: int,
+        counts: list[int],
+        step_order: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
         # Pack the full steps' samples into full*ranks local batches of equal count, let
         # local batches of similar cost share a step (heaviest first, then the common step
         # order, so heavy steps line up across owners), move work into under-filled ranks.
