@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["resolve_sizes", "sizes_digest", "validate_sizes"]
+__all__ = ["defines_sizeof", "resolve_sizes", "sizes_digest", "validate_sizes"]
 
 
 def validate_sizes(
@@ -58,7 +58,7 @@ def validate_sizes(
     return out
 
 
-def _overrides_sizeof(dataset: Any) -> bool:
+def defines_sizeof(dataset: Any) -> bool:
     """True when the data set's class defines ``__sizeof__(self, index)`` in Python.
 
     Built-in and C-extension types (``list``, ``numpy.ndarray``) have their own memory-size
@@ -96,7 +96,7 @@ def resolve_sizes(dataset: Any = None, sizes: Any = None) -> np.ndarray:
     if attr is not None:
         values = attr() if callable(attr) else attr
         return validate_sizes(values, expected_len=n, name=f"{type(dataset).__name__}.sizes")
-    if _overrides_sizeof(dataset):
+    if defines_sizeof(dataset):
         values = _sizes_from_sizeof(dataset, n)
         return validate_sizes(values, expected_len=n, name=f"{type(dataset).__name__}.__sizeof__")
     return validate_sizes(np.ones(n, dtype=np.float64), expected_len=n)
