@@ -184,11 +184,7 @@ class ScheduledIterator(Iterator[dict[str, Any]]):
         self._lengths = np.fromiter(
             (_sample_length(source[i]) for i in range(n)), dtype=np.int64, count=n
         )
-        if (
-            sizes is None
-            and getattr(source, "sizes", None) is None
-            and not defines_sizeof(source)
-        ):
+        if sizes is None and getattr(source, "sizes", None) is None and not defines_sizeof(source):
             sizes = self._lengths  # default cost proxy: the sequence length
         config = ScheduleConfig(
             num_replicas=self.num_replicas,

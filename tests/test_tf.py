@@ -1,0 +1,284 @@
+"""chronica.tf.schedule: parity with the core plan and the torch sampler, coverage, padding,
+sizes read once, input errors, and two real TensorFlow worker processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+tf = pytest.importorskip("tensorflow")
+
+import chronica.tf  # noqa: E402
+from chronica.core import ScheduleConfig, Scheduler, as_cost_model, as_shuffle_policy  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_dataset(lengths: np.ndarray) -> tf.data.Dataset:
+    """Examples {"idx": sample index, "tok": variable-length int32 tokens idx*1000 + j}."""
+    n = len(lengths)
+    values = np.concatenate(
+        [i * 1000 + np.arange(n_i, dtype=np.int32) for i, n_i in enumerate(lengths)]
+        or [np.empty(0, np.int32)]
+    )
+    tokens = tf.RaggedTensor.from_row_lengths(values.astype(np.int32), lengths.astype(np.int64))
+    ds = tf.data.Dataset.from_tensor_slices({"idx": tf.range(n, dtype=tf.int64), "tok": tokens})
+    return ds.map(lambda e: {"idx": e["idx"], "tok": e["tok"]})
+
+
+def lengths_of(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(1, 40, size=n)
+
+
+def core_plan(sizes, world, batch, *, shuffle=True, seed=0, drop_last=False, kind="static"):
+    cfg = ScheduleConfig(
+        num_replicas=world,
+        batch_size=batch,
+        kind=kind,
+        exact=True,
+        shuffle=as_shuffle_policy(shuffle),
+        seed=seed,
+        drop_last=drop_last,
+        cost=as_cost_model(None),
+        groups=None,
+    )
+    return Scheduler(sizes, cfg, labels=None, partitions=None)
+
+
+def tf_steps(ds: tf.data.Dataset, key: str = "idx") -> list[list[int]]:
+    return [b[key].numpy().tolist() for b in ds]
+
+
+@pytest.mark.parametrize(
+    "n,world,batch,shuffle,drop_last,seed",
+    [(61, 2, 8, True, False, 0), (61, 3, 12, True, True, 5), (40, 4, 8, False, False, 1)],
+)
+def test_parity_with_core_plan_and_torch_sampler(n, world, batch, shuffle, drop_last, seed):
+    torch_data = pytest.importorskip("chronica.torch.utils.data")
+    lengths = lengths_of(n, seed)
+    ds = make_dataset(lengths)
+    sch = core_plan(lengths, world, batch, shuffle=shuffle, seed=seed, drop_last=drop_last)
+    first, epochs = 1, 2
+    for rank in range(world):
+        transform = chronica.tf.schedule(
+            lengths,
+            global_batch_size=batch,
+            num_replicas=world,
+            rank=rank,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            epochs=epochs,
+            epoch=first,
+        )
+        got = tf_steps(ds.apply(transform))
+        sampler = torch_data.DistributedBatchSampler(
+            list(range(n)),
+            batch_size=batch,
+            num_replicas=world,
+            rank=rank,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            sizes=lengths,
+        )
+        want_core, want_torch = [], []
+        for e in range(first, first + epochs):
+            plan = sch.plan_epoch(e)
+            want_core += [plan.local(s, rank).tolist() for s in range(plan.num_steps)]
+            sampler.set_epoch(e)
+            want_torch += [list(b) for b in sampler]
+        assert got == want_core == want_torch
+
+
+def test_exactly_once_coverage_and_equal_steps():
+    n, world, batch = 96, 4, 16
+    lengths = lengths_of(n, 3)
+    ds = make_dataset(lengths)
+    per_rank = []
+    for rank in range(world):
+        t = chronica.tf.schedule(
+            lengths, global_batch_size=batch, num_replicas=world, rank=rank, epochs=2
+        )
+        per_rank.append(list(ds.apply(t)))
+    assert len({len(x) for x in per_rank}) == 1
+    steps_per_epoch = len(per_rank[0]) // 2
+    for e in range(2):
+        seen = []
+        for batches in per_rank:
+            for b in batches[e * steps_per_epoch : (e + 1) * steps_per_epoch]:
+                assert b["idx"].shape[0] == batch // world
+                assert float(b["loss_weight"]) == pytest.approx(1.0)
+                seen += b["idx"].numpy().tolist()
+        assert sorted(seen) == list(range(n))
+
+
+def test_input_context_serves_its_replicas_interleaved():
+    lengths = lengths_of(30, 2)
+    ctx = tf.distribute.InputContext(
+        num_input_pipelines=2, input_pipeline_id=1, num_replicas_in_sync=4
+    )
+    t = chronica.tf.schedule(lengths, global_batch_size=8, input_context=ctx)
+    assert t.ranks == [2, 3] and t.num_replicas == 4
+    got = tf_steps(make_dataset(lengths).apply(t))
+    plan = core_plan(lengths, 4, 8).plan_epoch(0)
+    want = [plan.local(s, r).tolist() for s in range(plan.num_steps) for r in (2, 3)]
+    assert got == want
+
+
+def test_padding_mask_and_ragged_output():
+    lengths = lengths_of(23, 4)
+    ds = make_dataset(lengths)
+    t = chronica.tf.schedule(lengths, global_batch_size=6, num_replicas=2, rank=0)
+    for b in ds.apply(t):
+        idx = b["idx"].numpy()
+        tok, mask, length = b["tok"].numpy(), b["tok_mask"].numpy(), b["tok_length"].numpy()
+        assert tok.shape == mask.shape and tok.shape[1] == lengths[idx].max()
+        np.testing.assert_array_equal(length, lengths[idx])
+        for row, i in enumerate(idx):
+            np.testing.assert_array_equal(mask[row], np.arange(tok.shape[1]) < lengths[i])
+            np.testing.assert_array_equal(tok[row, : lengths[i]], i * 1000 + np.arange(lengths[i]))
+            assert not tok[row, lengths[i] :].any()
+    ragged = chronica.tf.schedule(
+        lengths, global_batch_size=6, num_replicas=2, rank=1, padded=False
+    )
+    b = next(iter(ds.apply(ragged)))
+    assert isinstance(b["tok"], tf.RaggedTensor) and "tok_mask" not in b
+    np.testing.assert_array_equal(b["tok"].row_lengths().numpy(), lengths[b["idx"].numpy()])
+
+
+def test_single_tensor_examples_become_feature_x():
+    ds = tf.data.Dataset.range(10)
+    t = chronica.tf.schedule(np.ones(10), global_batch_size=2, num_replicas=1, rank=0)
+    seen = sorted(v for b in ds.apply(t) for v in b["x"].numpy().tolist())
+    assert seen == list(range(10))
+
+
+def test_size_fn_called_once_per_example():
+    lengths = lengths_of(29, 5)
+    # Unknown cardinality (filter) is counted in the single pass.
+    ds = make_dataset(lengths).filter(lambda e: True)
+    calls = []
+
+    def size_fn(example):
+        calls.append(int(example["idx"]))
+        return len(example["tok"])
+
+    t = chronica.tf.schedule(size_fn=size_fn, global_batch_size=4, num_replicas=2, rank=0, epochs=3)
+    out = ds.apply(t)
+    for _ in range(2):
+        assert len(tf_steps(out)) > 0
+    ds.apply(t)  # the same data set again: cached
+    assert sorted(calls) == list(range(29))
+    np.testing.assert_array_equal(t.sizes, lengths)
+
+
+def test_bad_inputs_raise_clear_errors():
+    lengths = lengths_of(10)
+    ds = make_dataset(lengths)
+    kw = {"global_batch_size": 4, "num_replicas": 2, "rank": 0}
+    with pytest.raises(ValueError, match="neither"):
+        chronica.tf.schedule(**kw)
+    with pytest.raises(ValueError, match="both"):
+        chronica.tf.schedule(lengths, size_fn=len, **kw)
+    with pytest.raises(ValueError, match="multiple"):
+        chronica.tf.schedule(lengths, global_batch_size=5, num_replicas=2, rank=0)
+    with pytest.raises(ValueError, match="global_batch_size"):
+        chronica.tf.schedule(lengths, global_batch_size=0, num_replicas=2, rank=0)
+    with pytest.raises(ValueError, match="input_context"):
+        chronica.tf.schedule(lengths, global_batch_size=4)
+    with pytest.raises(ValueError, match="rank"):
+        chronica.tf.schedule(lengths, global_batch_size=4, num_replicas=2, rank=2)
+    with pytest.raises(ValueError, match="infinite"):
+        ds.repeat().apply(chronica.tf.schedule(lengths, **kw))
+    with pytest.raises(ValueError, match="10 samples"):
+        ds.apply(chronica.tf.schedule(lengths[:9], **kw))
+    with pytest.raises(TypeError, match="dict"):
+        tf.data.Dataset.from_tensor_slices((np.arange(10), np.arange(10))).apply(
+            chronica.tf.schedule(lengths, **kw)
+        )
+
+
+def test_import_chronica_loads_no_tensorflow_and_adapter_no_torch():
+    # (tensorflow itself may import jax when it is installed, so only torch is checked)
+    code = (
+        "import sys, chronica; assert 'tensorflow' not in sys.modules; "
+        "import chronica.tf; assert 'torch' not in sys.modules"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_multiworker_processes_cover_every_sample_once(tmp_path):
+    """Two TF processes, MultiWorkerMirroredStrategy over 127.0.0.1, one replica each."""
+    ports = ",".join(str(_free_port()) for _ in range(2))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("TF_CONFIG", None)
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "tests" / "tf_worker.py"),
+                "multiworker",
+                str(r),
+                ports,
+                str(tmp_path / f"w{r}.json"),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for r in range(2)
+    ]
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=60)
+            assert p.returncode == 0, out.decode()[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    reports = [json.loads((tmp_path / f"w{r}.json").read_text()) for r in range(2)]
+    n, batch, epochs = 53, 8, 2
+    sch = core_plan(np.random.default_rng(7).integers(1, 30, size=n), 2, batch)
+    assert len(reports[0]["steps"]) == len(reports[1]["steps"])
+    steps = len(reports[0]["steps"]) // epochs
+    for e in range(epochs):
+        plan = sch.plan_epoch(e)
+        assert plan.num_steps == steps
+        seen = []
+        for r, rep in enumerate(reports):
+            mine = rep["steps"][e * steps : (e + 1) * steps]
+            assert mine == [plan.local(s, r).tolist() for s in range(steps)]
+            seen += [i for b in mine for i in b]
+        # drop_last=False pads 53 samples to 54 (one repeat, as torch does); all others once.
+        assert set(seen) == set(range(n)) and len(seen) == n + plan.num_padded
+    # The all-reduced per-step counts agree with what both workers consumed.
+    total = sum(len(b) for rep in reports for b in rep["steps"])
+    assert reports[0]["reduced_total"] == reports[1]["reduced_total"] == total
+
+
+def test_tf_multiworker_example_runs():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "tf_multiworker.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "epoch 1: mean loss" in out.stdout and "tf multiworker: done" in out.stdout
