@@ -315,11 +315,11 @@ class Scheduler:
             return stream, self.costs[stream].reshape(-1, ranks)
         k = counts[0] if counts else 1
         full = sum(1 for c in counts if c == k)
+        starts = np.concatenate([[0], np.cumsum(np.asarray(counts, dtype=np.int64) * ranks)])
         if cfg.kind == "guided":
             stream = self._grouped_by_size(epoch, owner, stream, ranks * k, full, step_order)
         elif not cfg.exact and full:
-            return self._pooled(epoch, owner, stream, ranks, counts, step_order)
-        starts = np.concatenate([[0], np.cumsum(np.asarray(counts, dtype=np.int64) * ranks)])
+            return self._pooled(epoch, owner, stream, ranks, starts, full, step_order)
         perm, loads = balance_steps(self.costs[stream], starts, ranks)
         return stream[perm], loads
 
@@ -348,22 +348,20 @@ class Scheduler:
         owner: int,
         stream: np.ndarray,
         ranks: int,
-        counts: list[int],
+        starts: np.ndarray,
+        full: int,
         step_order: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray]:
         # Pack the full steps' samples into full*ranks local batches of equal count, let
         # local batches of similar cost share a step (heaviest first, then the common step
         # order, so heavy steps line up across owners), move work into under-filled ranks.
-        k = counts[0]
-        full = sum(1 for c in counts if c == k)
-        pool = stream[: full * ranks * k]
+        pool = stream[: starts[full]]
         costs = self.costs[pool]
         bins, bin_loads = lpt_bins(costs, self._sort_keys(epoch, owner, pool), full * ranks)
         grouped = np.argsort(-bin_loads, kind="stable").reshape(full, ranks)[step_order]
         members, loads = bins[grouped], bin_loads[grouped]
         fill_slack(costs, members, loads)
-        ordered = np.concatenate([pool[members.ravel()], stream[full * ranks * k :]])
-        starts = np.concatenate([[0], np.cumsum(np.asarray(counts, dtype=np.int64) * ranks)])
+        ordered = np.concatenate([pool[members.ravel()], stream[starts[full] :]])
         costs = self.costs[ordered]
         head, head_loads = balance_steps(
             costs[: starts[full]], starts[: full + 1], ranks, use_lpt=False

@@ -27,8 +27,6 @@ from chronica.core import (
     EpochPlan,
     ScheduleConfig,
     Scheduler,
-    as_cost_model,
-    as_shuffle_policy,
     resolve_sizes,
 )
 from chronica.core.sizes import defines_sizeof
@@ -191,13 +189,12 @@ class ScheduledIterator(Iterator[dict[str, Any]]):
             batch_size=global_batch_size,
             kind=kind,
             exact=exact,
-            shuffle=as_shuffle_policy(shuffle),
+            shuffle=shuffle,
             seed=seed,
             drop_last=drop_last,
-            cost=as_cost_model(cost),
-            groups=None,
+            cost=cost,
         )
-        self.scheduler = Scheduler(resolve_sizes(source, sizes), config, labels=None)
+        self.scheduler = Scheduler(resolve_sizes(source, sizes), config)
         max_length = int(self._lengths.max(initial=0))
         self.bucket_boundaries: tuple[int, ...] = (
             _default_boundaries(max_length)

@@ -23,8 +23,6 @@ import tensorflow as tf
 from chronica.core import (
     ScheduleConfig,
     Scheduler,
-    as_cost_model,
-    as_shuffle_policy,
     validate_sizes,
 )
 from chronica.core.plan import EpochPlan
@@ -205,11 +203,10 @@ class Schedule:
             batch_size=self.global_batch_size,
             kind=kind,
             exact=exact,
-            shuffle=as_shuffle_policy(shuffle),
+            shuffle=shuffle,
             seed=seed,
             drop_last=drop_last,
-            cost=as_cost_model(cost),
-            groups=None,
+            cost=cost,
         )
         self._given_sizes = sizes
         self._size_fn = size_fn

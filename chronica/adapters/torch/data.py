@@ -25,7 +25,6 @@ from chronica.core import (
     PlanStats,
     ScheduleConfig,
     Scheduler,
-    as_cost_model,
     as_shuffle_policy,
     label_skew,
     movement,
@@ -121,7 +120,7 @@ class _ScheduledSampler:
             shuffle=policy,
             seed=seed,
             drop_last=drop_last,
-            cost=as_cost_model(cost),
+            cost=cost,
             groups=groups,
         )
         self.scheduler = Scheduler(
