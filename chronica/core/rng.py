@@ -28,6 +28,7 @@ class Stream:
     PARTITION = 4  # the fixed pre-shuffle that base partitions are cut from
     EXCHANGE = 5  # which samples of each partition are exchanged (partial)
     DEAL = 6  # where exchanged samples go (partial)
+    SPEED = 7  # emulated rank speeds of drifting heterogeneity profiles
 
 
 @njit(cache=True)
