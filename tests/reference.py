@@ -41,43 +41,56 @@ def descending_order(costs: np.ndarray) -> np.ndarray:
     return np.argsort(keys, kind="stable")
 
 
-def lpt(costs: np.ndarray, num_ranks: int) -> list[list[int]]:
-    """Each sample, largest first, to the least-loaded rank with room (ties: lower rank)."""
-    k = len(costs) // num_ranks
+def _speeds(num_ranks, caps, alpha, beta, n):
+    caps = [n // num_ranks] * num_ranks if caps is None else [int(c) for c in caps]
+    alpha = [0.0] * num_ranks if alpha is None else [float(a) for a in alpha]
+    beta = [1.0] * num_ranks if beta is None else [float(b) for b in beta]
+    return caps, alpha, beta
+
+
+def lpt(costs, num_ranks, caps=None, alpha=None, beta=None) -> list[list[int]]:
+    """Each sample, largest first, to the rank with room whose predicted time
+    ``alpha + beta·load`` is lowest (ties: lower rank); equal counts by default."""
+    caps, alpha, beta = _speeds(num_ranks, caps, alpha, beta, len(costs))
     members: list[list[int]] = [[] for _ in range(num_ranks)]
     loads = [0.0] * num_ranks
     for i in descending_order(costs):
-        r = min((loads[r], r) for r in range(num_ranks) if len(members[r]) < k)[1]
+        room = [r for r in range(num_ranks) if len(members[r]) < caps[r]]
+        r = min((alpha[r] + beta[r] * loads[r], r) for r in room)[1]
         members[r].append(int(i))
         loads[r] += costs[i]
     return members
 
 
-def _best_trade(costs, members, loads, a, candidates):
-    best = (loads[a] * 1e-9, None)
+def _best_trade(costs, members, times, beta, a, candidates):
+    best = (times[a] * 1e-9, None)
     for b in candidates:
-        gap = loads[a] - loads[b]
+        gap = times[a] - times[b]
         for ia in members[a]:
             for ib in members[b]:
                 d = costs[ia] - costs[ib]
-                if 0 < d < gap and min(d, gap - d) > best[0]:
-                    best = (min(d, gap - d), (b, ia, ib))
+                gain = min(beta[a] * d, gap - beta[b] * d)
+                if 0 < d and beta[b] * d < gap and gain > best[0]:
+                    best = (gain, (b, ia, ib))
     return best[1]
 
 
-def refine(costs: np.ndarray, members: list[list[int]], partners: int, bound: float) -> None:
-    """Best single trade of the heaviest rank, with its lightest partners first, then with
-    anyone, until none helps."""
+def refine(costs, members, partners, bound, alpha=None, beta=None) -> None:
+    """Best single trade of the rank with the top predicted time, with its lightest partners
+    first, then with anyone, until none helps."""
     num_ranks = len(members)
+    _, alpha, beta = _speeds(num_ranks, [0] * num_ranks, alpha, beta, 0)
     loads = [float(sum(costs[m])) for m in members]
     while True:
-        a = int(np.argmax(loads))
-        if loads[a] <= bound * (1 + 1e-9):
+        times = [alpha[r] + beta[r] * loads[r] for r in range(num_ranks)]
+        a = int(np.argmax(times))
+        if times[a] <= bound * (1 + 1e-9):
             return
-        lightest = [r for _, r in sorted((loads[r], r) for r in range(num_ranks) if r != a)]
-        best = _best_trade(costs, members, loads, a, lightest[:partners])
+        others = [r for r in range(num_ranks) if r != a and members[r]]
+        lightest = [r for _, r in sorted((times[r], r) for r in others)]
+        best = _best_trade(costs, members, times, beta, a, lightest[:partners])
         if best is None and len(costs) <= 16384:
-            best = _best_trade(costs, members, loads, a, [r for r in range(num_ranks) if r != a])
+            best = _best_trade(costs, members, times, beta, a, others)
         if best is None:
             return
         b, ia, ib = best
@@ -88,16 +101,24 @@ def refine(costs: np.ndarray, members: list[list[int]], partners: int, bound: fl
         loads[b] += d
 
 
-def lower_bound(costs: np.ndarray, num_ranks: int) -> float:
-    k = len(costs) // num_ranks
+def lower_bound(costs, num_ranks, caps=None, alpha=None, beta=None) -> float:
+    """max(all ranks finishing together, the best rank holding the largest sample plus its
+    caps - 1 smallest)."""
+    caps, alpha, beta = _speeds(num_ranks, caps, alpha, beta, len(costs))
     srt = np.sort(costs)
-    return max(costs.sum() / num_ranks, srt[-1] + srt[: k - 1].sum())
+    busy = [r for r in range(num_ranks) if caps[r] > 0]
+    together = (costs.sum() + sum(alpha[r] / beta[r] for r in busy)) / sum(
+        1 / beta[r] for r in busy
+    )
+    heaviest = min(alpha[r] + beta[r] * (srt[-1] + srt[: caps[r] - 1].sum()) for r in busy)
+    return max(together, heaviest)
 
 
-def balance_step(costs: np.ndarray, num_ranks: int, partners: int = 4) -> list[list[int]]:
+def balance_step(costs, num_ranks, partners=4, caps=None, alpha=None, beta=None):
     """Reference of one step of ``balance_steps``: rank -> ascending positions."""
-    members = lpt(costs, num_ranks)
-    refine(costs, members, partners, lower_bound(costs, num_ranks))
+    members = lpt(costs, num_ranks, caps, alpha, beta)
+    bound = lower_bound(costs, num_ranks, caps, alpha, beta)
+    refine(costs, members, partners, bound, alpha, beta)
     return [sorted(m) for m in members]
 
 

@@ -88,3 +88,45 @@ def test_refinement_only_starts_from_given_blocks_and_improves():
     perm, loads = balance_steps(costs, starts, 8, use_lpt=False)
     assert np.array_equal(np.sort(perm), np.arange(64))
     assert loads.max() <= before
+
+
+@pytest.mark.parametrize("w", [2, 4, 7])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_speed_aware_kernel_with_unequal_counts_equals_reference(w, seed):
+    rng = np.random.default_rng(seed * 10 + w)
+    caps = rng.integers(0, 9, size=(3, w))
+    caps[:, 0] += 1  # every step has at least one sample
+    alpha = rng.uniform(0, 50, w)
+    beta = rng.uniform(0.2, 3, w)
+    lengths = caps.sum(axis=1)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    costs = rng.lognormal(4, 1, starts[-1])
+    perm, loads = balance_steps(costs, starts, w, counts=caps, alpha=alpha, beta=beta)
+    assert np.array_equal(np.sort(perm), np.arange(starts[-1]))
+    for s in range(3):
+        step = costs[starts[s] : starts[s + 1]]
+        expect = reference.balance_step(step, w, 4, caps[s], alpha, beta)
+        offsets = np.concatenate([[0], np.cumsum(caps[s])]) + starts[s]
+        for r in range(w):
+            got = perm[offsets[r] : offsets[r + 1]] - starts[s]
+            assert got.tolist() == expect[r]
+            assert loads[s, r] == pytest.approx(step[got].sum())
+
+
+def test_slow_ranks_get_lighter_samples_and_times_even_out():
+    rng = np.random.default_rng(3)
+    w, k, steps = 4, 32, 20
+    costs = rng.lognormal(5, 1, w * k * steps)
+    starts = np.arange(0, costs.shape[0] + 1, w * k)
+    beta = np.array([1.0, 1.0, 2.0, 1.0])  # rank 2 takes twice as long per unit of cost
+    _, plain = balance_steps(costs, starts, w)
+    _, aware = balance_steps(costs, starts, w, beta=beta)
+    plain_times, aware_times = plain * beta, aware * beta
+    assert (aware[:, 2] < aware[:, [0, 1, 3]].min(axis=1)).all()
+    assert (aware_times.max(axis=1) <= plain_times.max(axis=1) * (1 + 1e-9)).all()
+    assert np.median(aware_times.max(axis=1) / aware_times.min(axis=1)) < 1.05
+
+
+def test_counts_must_add_up_to_each_step():
+    with pytest.raises(ValueError, match="add up"):
+        balance_steps(np.ones(8), np.array([0, 8]), 2, counts=np.array([[3, 4]]))

@@ -88,47 +88,77 @@ def _argsort_descending(values: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True)
-def _lpt(costs: np.ndarray, order: np.ndarray, members: np.ndarray, loads: np.ndarray) -> None:
-    """Fill ``members[r]`` (positions, descending cost) and ``loads`` by capacity-bounded LPT.
+def _sift_down(
+    heap_time: np.ndarray, heap_rank: np.ndarray, size: int, pos: int, time: float, rank: int
+) -> None:
+    """Place (time, rank) at ``pos`` of a min-heap of ``size`` entries (ties: lower rank)."""
+    while True:
+        child = 2 * pos + 1
+        if child >= size:
+            break
+        right = child + 1
+        if right < size and (
+            heap_time[right] < heap_time[child]
+            or (heap_time[right] == heap_time[child] and heap_rank[right] < heap_rank[child])
+        ):
+            child = right
+        if heap_time[child] < time or (heap_time[child] == time and heap_rank[child] < rank):
+            heap_time[pos] = heap_time[child]
+            heap_rank[pos] = heap_rank[child]
+            pos = child
+        else:
+            break
+    heap_time[pos] = time
+    heap_rank[pos] = rank
 
-    A binary heap holds (load, rank) of the ranks with room left, lightest first, ties by rank.
-    """
-    num_ranks, k = members.shape
-    heap_load = np.zeros(num_ranks)
-    heap_rank = np.arange(num_ranks)
+
+@njit(cache=True)
+def _lpt(
+    costs: np.ndarray,
+    order: np.ndarray,
+    members: np.ndarray,
+    caps: np.ndarray,
+    alpha: np.ndarray,
+    beta: np.ndarray,
+    loads: np.ndarray,
+) -> None:
+    """Fill ``members[r, :caps[r]]`` (positions, descending cost) and ``loads`` by
+    capacity-bounded LPT: each sample to the rank whose predicted time ``alpha + beta·load``
+    is lowest among those with room. A binary heap holds (time, rank), ties by rank."""
+    num_ranks = members.shape[0]
+    heap_time = np.empty(num_ranks)
+    heap_rank = np.empty(num_ranks, np.int64)
     counts = np.zeros(num_ranks, np.int64)
     loads[:] = 0.0
-    size = num_ranks
+    size = 0
+    for r in range(num_ranks):
+        if caps[r] == 0:
+            continue
+        # Sift up: ranks arrive in increasing order, so equal times never move up.
+        pos = size
+        size += 1
+        while pos > 0:
+            parent = (pos - 1) // 2
+            if heap_time[parent] > alpha[r]:
+                heap_time[pos] = heap_time[parent]
+                heap_rank[pos] = heap_rank[parent]
+                pos = parent
+            else:
+                break
+        heap_time[pos] = alpha[r]
+        heap_rank[pos] = r
     for t in range(order.shape[0]):
         i = order[t]
         r = heap_rank[0]
         members[r, counts[r]] = i
         counts[r] += 1
-        load = heap_load[0] + costs[i]
-        loads[r] = load
-        if counts[r] == k:
+        loads[r] += costs[i]
+        time = alpha[r] + beta[r] * loads[r]
+        if counts[r] == caps[r]:
             size -= 1
-            load = heap_load[size]
+            time = heap_time[size]
             r = heap_rank[size]
-        pos = 0
-        while True:
-            child = 2 * pos + 1
-            if child >= size:
-                break
-            right = child + 1
-            if right < size and (
-                heap_load[right] < heap_load[child]
-                or (heap_load[right] == heap_load[child] and heap_rank[right] < heap_rank[child])
-            ):
-                child = right
-            if heap_load[child] < load or (heap_load[child] == load and heap_rank[child] < r):
-                heap_load[pos] = heap_load[child]
-                heap_rank[pos] = heap_rank[child]
-                pos = child
-            else:
-                break
-        heap_load[pos] = load
-        heap_rank[pos] = r
+        _sift_down(heap_time, heap_rank, size, 0, time, r)
 
 
 @njit(cache=True)
@@ -149,17 +179,18 @@ def _sort_row(costs: np.ndarray, row: np.ndarray, descending: bool) -> None:
 
 
 @njit(cache=True)
-def _lightest(loads: np.ndarray, count: int, exclude: int) -> np.ndarray:
-    """Up to ``count`` ranks other than ``exclude``, lightest first (ties: lower rank)."""
+def _lightest(times: np.ndarray, caps: np.ndarray, count: int, exclude: int) -> np.ndarray:
+    """Up to ``count`` ranks with samples, other than ``exclude``, lightest first (ties:
+    lower rank)."""
     picked = np.full(count, -1, np.int64)
     filled = 0
-    for r in range(loads.shape[0]):
-        if r == exclude:
+    for r in range(times.shape[0]):
+        if r == exclude or caps[r] == 0:
             continue
         pos = filled if filled < count else count
         while pos > 0 and (
-            loads[r] < loads[picked[pos - 1]]
-            or (loads[r] == loads[picked[pos - 1]] and r < picked[pos - 1])
+            times[r] < times[picked[pos - 1]]
+            or (times[r] == times[picked[pos - 1]] and r < picked[pos - 1])
         ):
             if pos < count:
                 picked[pos] = picked[pos - 1]
@@ -172,45 +203,70 @@ def _lightest(loads: np.ndarray, count: int, exclude: int) -> np.ndarray:
 
 
 @njit(cache=True)
-def _lower_bound(costs: np.ndarray, order: np.ndarray, num_ranks: int) -> float:
-    """No equal-count split has a top load below this: the mean load, or the largest sample
-    plus the ``k - 1`` smallest ones (``order`` sorts ``costs`` descending)."""
+def _lower_bound(
+    costs: np.ndarray, order: np.ndarray, caps: np.ndarray, alpha: np.ndarray, beta: np.ndarray
+) -> float:
+    """No split with these counts has a top time below this bound: the time at which every
+    rank, loaded in proportion to its speed, would finish together; or the best time of a
+    rank holding the largest sample plus its ``caps - 1`` smallest ones (``order`` sorts
+    ``costs`` descending)."""
     n = costs.shape[0]
-    k = n // num_ranks
-    heaviest = costs[order[0]]
-    for t in range(n - k + 1, n):
-        heaviest += costs[order[t]]
-    return max(costs.sum() / num_ranks, heaviest)
+    inverse_speed = 0.0
+    offset = 0.0
+    for r in range(caps.shape[0]):
+        if caps[r] > 0:
+            inverse_speed += 1.0 / beta[r]
+            offset += alpha[r] / beta[r]
+    together = (costs.sum() + offset) / inverse_speed
+    heaviest = np.inf
+    last_cap, last_load = -1, 0.0
+    for r in range(caps.shape[0]):
+        if caps[r] == 0:
+            continue
+        if caps[r] != last_cap:
+            last_cap = caps[r]
+            last_load = costs[order[0]]
+            for t in range(n - last_cap + 1, n):
+                last_load += costs[order[t]]
+        heaviest = min(heaviest, alpha[r] + beta[r] * last_load)
+    return max(together, heaviest)
 
 
 @njit(cache=True)
 def _best_trade(
-    costs: np.ndarray, members: np.ndarray, loads: np.ndarray, a: int, candidates: np.ndarray
+    costs: np.ndarray,
+    members: np.ndarray,
+    caps: np.ndarray,
+    times: np.ndarray,
+    beta: np.ndarray,
+    a: int,
+    candidates: np.ndarray,
 ) -> tuple[float, int, int, int]:
     """The trade between rank ``a`` and one of ``candidates`` (lightest first, or any order)
-    that lowers the larger of the two loads most: (gain, b, i, j), ``b = -1`` if none."""
-    k = members.shape[1]
-    top = loads[a]
+    that lowers the larger of the two predicted times most: (gain, b, i, j), ``b = -1`` if
+    none. Giving a sample ``d`` cheaper than it takes moves ``a`` by ``-beta[a]·d`` and ``b``
+    by ``+beta[b]·d``; the best ``d`` makes them meet."""
+    top = times[a]
     best_gain = top * _REL_TOL
     best_b, best_i, best_j = -1, -1, -1
     for b in candidates:
         if b == a:
             continue
-        gap = top - loads[b]
-        if gap * 0.5 <= best_gain:
+        gap = top - times[b]
+        meet = gap / (beta[a] + beta[b])
+        if beta[a] * meet <= best_gain:
             continue
-        half = gap * 0.5
         j = 0
-        for i in range(k):
+        for i in range(caps[a]):
             ca = costs[members[a, i]]
-            target = ca - half
-            while j < k and costs[members[b, j]] > target:
+            target = ca - meet
+            while j < caps[b] and costs[members[b, j]] > target:
                 j += 1
             for jj in (j - 1, j):
-                if 0 <= jj < k:
+                if 0 <= jj < caps[b]:
                     d = ca - costs[members[b, jj]]
-                    if 0.0 < d < gap:
-                        gain = min(d, gap - d)
+                    if 0.0 < d and beta[b] * d < gap:
+                        gain = min(beta[a] * d, gap - beta[b] * d)
                         if gain > best_gain:
                             best_gain = gain
                             best_b, best_i, best_j = b, i, jj
@@ -221,28 +277,33 @@ def _best_trade(
 def _refine(
     costs: np.ndarray,
     members: np.ndarray,
+    caps: np.ndarray,
+    alpha: np.ndarray,
+    beta: np.ndarray,
     loads: np.ndarray,
     bound: float,
     max_iter: int,
     partners: int,
 ) -> None:
-    num_ranks, k = members.shape
-    if num_ranks < 2 or k == 0:
+    num_ranks = members.shape[0]
+    if num_ranks < 2 or costs.shape[0] == 0:
         return
     bound *= 1.0 + _REL_TOL
+    times = alpha + beta * loads
     everyone = np.arange(num_ranks)
     for _ in range(max_iter):
         a = 0
         for r in range(1, num_ranks):
-            if loads[r] > loads[a]:
+            if times[r] > times[a]:
                 a = r
-        if loads[a] <= bound:
+        if times[a] <= bound:
             return
-        _, b, i, j = _best_trade(costs, members, loads, a, _lightest(loads, partners, a))
-        if b < 0 and partners < num_ranks - 1 and num_ranks * k <= _WIDE_SEARCH_MAX:
+        lightest = _lightest(times, caps, partners, a)
+        _, b, i, j = _best_trade(costs, members, caps, times, beta, a, lightest)
+        if b < 0 and partners < num_ranks - 1 and costs.shape[0] <= _WIDE_SEARCH_MAX:
             # Stuck with the lightest ranks: a middle rank may still take a trade. Each wide
             # search costs a pass over the step, so very large steps skip it.
-            _, b, i, j = _best_trade(costs, members, loads, a, everyone)
+            _, b, i, j = _best_trade(costs, members, caps, times, beta, a, everyone)
         if b < 0:
             return
         ia = members[a, i]
@@ -252,15 +313,19 @@ def _refine(
         members[b, j] = ia
         loads[a] -= d
         loads[b] += d
-        _sort_row(costs, members[a], True)
-        _sort_row(costs, members[b], True)
+        times[a] = alpha[a] + beta[a] * loads[a]
+        times[b] = alpha[b] + beta[b] * loads[b]
+        _sort_row(costs, members[a, : caps[a]], True)
+        _sort_row(costs, members[b, : caps[b]], True)
 
 
 @njit(cache=True, nogil=True)
 def _balance_step_range(
     costs: np.ndarray,
     step_starts: np.ndarray,
-    num_ranks: int,
+    caps: np.ndarray,
+    alpha: np.ndarray,
+    beta: np.ndarray,
     use_lpt: bool,
     partners: int,
     first: int,
@@ -268,30 +333,36 @@ def _balance_step_range(
     perm_out: np.ndarray,
     loads_out: np.ndarray,
 ) -> None:
+    num_ranks = caps.shape[1]
     max_iter = 8 * num_ranks + 64
     for s in range(first, stop):
         p0 = step_starts[s]
         n = step_starts[s + 1] - p0
-        k = n // num_ranks
+        step_caps = caps[s]
         c = costs[p0 : p0 + n]
-        members = np.empty((num_ranks, k), np.int64)
+        members = np.empty((num_ranks, max(step_caps.max(), 1)), np.int64)
         loads = np.zeros(num_ranks)
         order = _argsort_descending(c)
         if use_lpt:
-            _lpt(c, order, members, loads)
+            _lpt(c, order, members, step_caps, alpha, beta, loads)
         else:
+            offset = 0
             for r in range(num_ranks):
-                for t in range(k):
-                    members[r, t] = r * k + t
-                    loads[r] += c[r * k + t]
-                _sort_row(c, members[r], True)
-        _refine(c, members, loads, _lower_bound(c, order, num_ranks), max_iter, partners)
+                for t in range(step_caps[r]):
+                    members[r, t] = offset + t
+                    loads[r] += c[offset + t]
+                offset += step_caps[r]
+                _sort_row(c, members[r, : step_caps[r]], True)
+        bound = _lower_bound(c, order, step_caps, alpha, beta)
+        _refine(c, members, step_caps, alpha, beta, loads, bound, max_iter, partners)
+        offset = p0
         for r in range(num_ranks):
-            row = np.sort(members[r])
+            row = np.sort(members[r, : step_caps[r]])
             total = 0.0
-            for t in range(k):
-                perm_out[p0 + r * k + t] = p0 + row[t]
+            for t in range(step_caps[r]):
+                perm_out[offset + t] = p0 + row[t]
                 total += c[row[t]]
+            offset += step_caps[r]
             loads_out[s, r] = total
 
 
@@ -300,6 +371,9 @@ def balance_steps(
     step_starts: np.ndarray,
     num_ranks: int,
     *,
+    counts: np.ndarray | None = None,
+    alpha: np.ndarray | None = None,
+    beta: np.ndarray | None = None,
     use_lpt: bool = True,
     partners: int = DEFAULT_PARTNERS,
     threads: int | None = None,
@@ -307,10 +381,12 @@ def balance_steps(
     """Balance every step of an epoch; return ``(perm, loads)``.
 
     ``costs`` are the epoch's sample costs in step order; step ``s`` covers positions
-    ``step_starts[s]:step_starts[s+1]``, a multiple of ``num_ranks`` long. Rank ``r``'s ``k``
-    samples of step ``s`` are ``perm[start + r*k : start + (r+1)*k]`` (positions, ascending)
-    and ``loads[s, r]`` is their total cost. With ``use_lpt=False`` the starting split is the
-    given contiguous blocks (rank ``r`` owns ``start + r*k ...``) and only refinement runs.
+    ``step_starts[s]:step_starts[s+1]``. Rank ``r`` receives ``counts[s, r]`` of them
+    (default: equal counts, the step length divided by ``num_ranks``): its positions
+    (ascending) follow those of ranks ``0..r-1`` in ``perm``, and ``loads[s, r]`` is their
+    total cost. The split minimises the largest predicted time ``alpha[r] + beta[r]·load``
+    (default ``alpha = 0``, ``beta = 1``: the largest load). With ``use_lpt=False`` the
+    starting split is the given contiguous blocks and only refinement runs.
 
     Steps are independent, so large epochs are split over ``threads`` worker threads (the
     kernel releases the GIL); the result does not depend on the thread count. The threads
@@ -319,13 +395,25 @@ def balance_steps(
     costs = np.ascontiguousarray(costs, dtype=np.float64)
     step_starts = np.ascontiguousarray(step_starts, dtype=np.int64)
     num_steps = step_starts.shape[0] - 1
+    lengths = np.diff(step_starts)
+    if counts is None:
+        counts = np.repeat((lengths // num_ranks)[:, None], num_ranks, axis=1)
+    counts = np.ascontiguousarray(np.broadcast_to(counts, (num_steps, num_ranks)), np.int64)
+    if (counts < 0).any() or not np.array_equal(counts.sum(axis=1), lengths):
+        raise ValueError("counts must be >= 0 and add up to every step's length")
+    alpha = np.zeros(num_ranks) if alpha is None else np.ascontiguousarray(alpha, np.float64)
+    beta = np.ones(num_ranks) if beta is None else np.ascontiguousarray(beta, np.float64)
+    if alpha.shape != (num_ranks,) or beta.shape != (num_ranks,):
+        raise ValueError(f"alpha and beta must hold one value per rank ({num_ranks})")
+    if not (np.isfinite(alpha).all() and np.isfinite(beta).all() and (beta > 0).all()):
+        raise ValueError("alpha must be finite and beta finite and > 0")
     perm = np.empty(costs.shape[0], np.int64)
     loads = np.empty((num_steps, num_ranks))
     if threads is None:
         threads = min(os.cpu_count() or 1, 8) if costs.shape[0] >= _PARALLEL_MIN_SAMPLES else 1
     threads = max(1, min(threads, num_steps))
     cuts = [num_steps * t // threads for t in range(threads + 1)]
-    args = (costs, step_starts, num_ranks, use_lpt, partners)
+    args = (costs, step_starts, counts, alpha, beta, use_lpt, partners)
     if threads == 1:
         _balance_step_range(*args, 0, num_steps, perm, loads)
         return perm, loads

@@ -43,7 +43,8 @@ def lpt_bins(costs: np.ndarray, keys: np.ndarray, num_bins: int) -> tuple[np.nda
     members = np.empty((num_bins, costs.shape[0] // num_bins), np.int64)
     loads = np.zeros(num_bins)
     order = _argsort_descending(np.ascontiguousarray(keys, dtype=np.float64))
-    _lpt(costs, order, members, loads)
+    caps = np.full(num_bins, members.shape[1], np.int64)
+    _lpt(costs, order, members, caps, np.zeros(num_bins), np.ones(num_bins), loads)
     return members, loads
 
 
