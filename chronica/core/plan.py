@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["EpochPlan", "PlanStats"]
+__all__ = ["EpochPlan", "PlanStats", "WindowPlan"]
 
 
 @dataclass(frozen=True)
@@ -40,9 +40,7 @@ class EpochPlan:
 
     @property
     def loss_weights(self) -> np.ndarray:
-        counts = self.counts
-        totals = counts.sum(axis=1, keepdims=True)
-        return counts * self.num_replicas / np.maximum(totals, 1)
+        return _loss_weights(self.bounds, self.num_replicas)
 
     def local(self, step: int, rank: int) -> np.ndarray:
         """Rank ``rank``'s sample indices at ``step`` (a read-only view)."""
@@ -63,6 +61,54 @@ class EpochPlan:
     def stats(self, sizes: np.ndarray, costs: np.ndarray) -> PlanStats:
         """What this plan does to balance and padding, measured with the predicted ``costs``."""
         return PlanStats.of(self, sizes, costs)
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """Steps ``first_step .. first_step + num_steps - 1`` of one epoch, for every rank.
+
+    A dynamic schedule is published window by window. Same layout as ``EpochPlan``, with
+    step numbers counted from the start of the epoch: ``local(step, rank)`` for ``step`` in
+    the window. ``loss_weights[i, r] = n[i, r] · W / (samples in the step)`` makes the
+    all-reduced average gradient the mean over the step when local batches differ in size.
+    """
+
+    epoch: int
+    first_step: int
+    num_replicas: int
+    indices: np.ndarray
+    bounds: np.ndarray
+    loads: np.ndarray
+    digest: str
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.bounds.shape[0])
+
+    @property
+    def counts(self) -> np.ndarray:
+        """Samples per (step of the window, rank)."""
+        return np.diff(self.bounds, axis=1)
+
+    @property
+    def loss_weights(self) -> np.ndarray:
+        return _loss_weights(self.bounds, self.num_replicas)
+
+    def local(self, step: int, rank: int) -> np.ndarray:
+        """Rank ``rank``'s sample indices at epoch step ``step`` (a read-only view)."""
+        i = step - self.first_step
+        if not 0 <= i < self.num_steps:
+            raise ValueError(
+                f"step {step} is outside this window ({self.first_step}.."
+                f"{self.first_step + self.num_steps - 1})"
+            )
+        return self.indices[self.bounds[i, rank] : self.bounds[i, rank + 1]]
+
+
+def _loss_weights(bounds: np.ndarray, num_replicas: int) -> np.ndarray:
+    counts = np.diff(bounds, axis=1)
+    totals = counts.sum(axis=1, keepdims=True)
+    return counts * num_replicas / np.maximum(totals, 1)
 
 
 @dataclass(frozen=True)

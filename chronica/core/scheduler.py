@@ -13,6 +13,13 @@ bytes locally. Kinds:
     near-equal cost (capacity-bounded LPT over the whole epoch), then local batches of
     similar cost form a step, so heavy samples share a step with other heavy samples. This
     changes step composition: a step is no longer a uniform random batch.
+``dynamic``
+    The global batches of ``static`` exact mode, split between ranks by *measured* speed:
+    rank 0's coordinator fits every rank's time from its reports and plans window after
+    window so predicted per-rank times are equal (``chronica.core.dynamic``); with
+    ``variable_batch=True`` faster ranks also get more samples. ``plan_epoch`` returns the
+    static plan these windows re-split, which is also the fallback when no coordinator
+    answers: both contain the same samples at every step.
 ``guided``
     Samples of similar size share a step (sorted, with a little seeded jitter so steps
     differ between epochs), minimising padding; then each step is balanced. Changes step
@@ -39,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from chronica.core.balance import balance_steps
+from chronica.core.controller import ControllerOptions
 from chronica.core.cost import CostModel, as_cost_model
 from chronica.core.partition import Owners, base_partitions, epoch_partitions
 from chronica.core.plan import EpochPlan, PlanStats
@@ -49,7 +57,7 @@ from chronica.core.sizes import sizes_digest, validate_sizes
 
 __all__ = ["KINDS", "ScheduleConfig", "Scheduler"]
 
-KINDS = ("static", "guided")
+KINDS = ("static", "guided", "dynamic")
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,11 @@ class ScheduleConfig:
     ``batch_size`` is the *global* batch (all ranks together) and must be a multiple of
     ``num_replicas``; ``None`` means no per-step balancing: each rank gets torch's strided
     share of the permutation.
+
+    ``kind="dynamic"`` only: ``window`` steps are planned at a time (the controller
+    re-evaluates once per window); ``variable_batch=True`` lets local batch sizes follow
+    rank speeds, within ``[min_batch, max_batch]`` per rank (default 1 and the global
+    batch), the global batch unchanged; ``controller`` tunes the feedback loop.
     """
 
     num_replicas: int
@@ -71,6 +84,11 @@ class ScheduleConfig:
     cost: CostModel = field(default_factory=CostModel.linear)
     jitter: float = 0.1
     groups: tuple[Any, ...] | None = None
+    variable_batch: bool = False
+    window: int = 16
+    min_batch: int | None = None
+    max_batch: int | None = None
+    controller: ControllerOptions = field(default_factory=ControllerOptions)
 
     def __post_init__(self) -> None:
         if not _is_int(self.num_replicas) or self.num_replicas < 1:
@@ -87,11 +105,6 @@ class ScheduleConfig:
                     f"num_replicas={self.num_replicas}; e.g. use "
                     f"{max(1, self.batch_size // self.num_replicas) * self.num_replicas}"
                 )
-        if self.kind == "dynamic":
-            raise ValueError(
-                "kind='dynamic' needs the feedback coordinator, which this release does not "
-                "ship yet; use kind='static' (balanced by predicted cost) for now"
-            )
         if self.kind not in KINDS:
             raise ValueError(f"kind={self.kind!r} is not one of {KINDS}")
         if self.batch_size is None and (self.kind != "static" or not self.exact):
@@ -105,13 +118,47 @@ class ScheduleConfig:
         if self.groups is not None:
             object.__setattr__(self, "groups", tuple(self.groups))
             Owners.of(self.groups, self.num_replicas)  # validates the length
-        for name in ("exact", "drop_last"):
+        for name in ("exact", "drop_last", "variable_batch"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
+        self._check_dynamic()
         if not isinstance(self.cost, CostModel):
             object.__setattr__(self, "cost", as_cost_model(self.cost))
         if not (isinstance(self.jitter, (int, float)) and 0 <= self.jitter <= 1):
             raise ValueError(f"jitter={self.jitter!r} must be a number in [0, 1]")
+
+    def _check_dynamic(self) -> None:
+        if self.kind != "dynamic":
+            if self.variable_batch:
+                raise ValueError("variable_batch=True needs kind='dynamic'")
+            return
+        if self.batch_size is None:
+            raise ValueError("kind='dynamic' re-splits global batches and needs batch_size=")
+        if not self.exact:
+            raise ValueError(
+                "kind='dynamic' re-splits the exact global batches; exact=False (pool) is a "
+                "static-only mode"
+            )
+        if not _is_int(self.window) or self.window < 1:
+            raise ValueError(f"window={self.window!r} must be an int >= 1 (steps per plan)")
+        share = self.batch_size // self.num_replicas
+        low, high = self.batch_bounds()
+        if not 1 <= low <= share <= high:
+            raise ValueError(
+                f"min_batch={self.min_batch!r} and max_batch={self.max_batch!r} must satisfy "
+                f"1 <= min_batch <= {share} <= max_batch (the equal share of batch_size)"
+            )
+        if not isinstance(self.controller, ControllerOptions):
+            raise ValueError("controller= must be a chronica.core.ControllerOptions")
+
+    def batch_bounds(self) -> tuple[int, int]:
+        """``(min_batch, max_batch)`` per rank with their defaults filled in."""
+        low = 1 if self.min_batch is None else self.min_batch
+        high = self.batch_size or 1 if self.max_batch is None else self.max_batch
+        for name, value in (("min_batch", low), ("max_batch", high)):
+            if not _is_int(value):
+                raise ValueError(f"{name}={value!r} must be an int")
+        return int(low), int(high)
 
     def digest(self, sizes_hex: str) -> str:
         """A hex digest of this configuration and the sizes digest: equal digests, equal plans."""
@@ -128,6 +175,9 @@ class ScheduleConfig:
             "cost": self.cost.to_tuple(),
             "jitter": float(self.jitter),
             "sizes": sizes_hex,
+            "dynamic": [self.variable_batch, self.window, *self.batch_bounds()]
+            if self.kind == "dynamic"
+            else None,
         }
         blob = json.dumps(payload, sort_keys=True).encode()
         return hashlib.blake2b(blob, digest_size=16).hexdigest()

@@ -1,0 +1,218 @@
+"""The wire protocol between ranks and the coordinator: versioned, size-capped msgpack.
+
+Every message is a msgpack map with ``v`` (protocol version) and ``t`` (type). Index arrays
+travel as msgpack ``bin`` of little-endian int64, floats as little-endian float64; arrival
+is ``numpy.frombuffer``, never a Python list. Nothing is unpickled or evaluated. Decoding
+checks size, version, type and every field (type, range, array lengths) before anything
+uses the message, and raises ``ProtocolError`` naming what is wrong.
+
+Ranks send on a DEALER socket to the coordinator's ROUTER:
+
+``hello``   rank, world, digest (sizes + configuration)    -> ``welcome`` or ``error``
+``fetch``   rank, epoch, first (a window's first step)      -> ``plan`` or ``error``
+``report``  rank, epoch, step, load, seconds                (no answer)
+
+The coordinator publishes every planned window on its PUB socket as one ``plan`` per rank,
+under the topic ``topic(rank)``, with a sequence number that grows by one per window.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+
+__all__ = [
+    "MAX_REQUEST_BYTES",
+    "VERSION",
+    "Plan",
+    "ProtocolError",
+    "decode",
+    "encode",
+    "plan_message",
+    "topic",
+]
+
+VERSION = 1
+# Requests (hello, fetch, report) are tiny; anything bigger is refused before unpacking.
+MAX_REQUEST_BYTES = 4096
+_MAX_WORLD = 1 << 20
+_MAX_STEPS = 1 << 40
+
+
+class ProtocolError(ValueError):
+    """A message that is not a valid chronica message; the text says why."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One rank's part of one window: ``indices[offsets[i]:offsets[i+1]]`` at step
+    ``first + i``, with its loss weight and predicted load."""
+
+    seq: int
+    epoch: int
+    first: int
+    indices: np.ndarray
+    offsets: np.ndarray
+    weights: np.ndarray
+    loads: np.ndarray
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.offsets.shape[0] - 1)
+
+    def local(self, step: int) -> np.ndarray:
+        i = step - self.first
+        return self.indices[self.offsets[i] : self.offsets[i + 1]]
+
+
+def topic(rank: int) -> bytes:
+    """The PUB topic of ``rank``; fixed width so that no rank's topic prefixes another's."""
+    return b"chronica/%07d/" % rank
+
+
+def encode(kind: str, **fields: Any) -> bytes:
+    """A message of type ``kind``; numpy arrays must already be ``bytes``."""
+    return msgpack.packb({"v": VERSION, "t": kind, **fields}, use_bin_type=True)
+
+
+def plan_message(
+    seq: int,
+    epoch: int,
+    first: int,
+    indices: np.ndarray,
+    offsets: np.ndarray,
+    weights: np.ndarray,
+    loads: np.ndarray,
+) -> bytes:
+    """Encode one rank's part of a window."""
+    return encode(
+        "plan",
+        seq=int(seq),
+        epoch=int(epoch),
+        first=int(first),
+        idx=np.ascontiguousarray(indices, "<i8").tobytes(),
+        off=np.ascontiguousarray(offsets, "<i8").tobytes(),
+        w=np.ascontiguousarray(weights, "<f8").tobytes(),
+        load=np.ascontiguousarray(loads, "<f8").tobytes(),
+    )
+
+
+def _int(message: dict[str, Any], name: str, low: int, high: int) -> int:
+    value = message.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ProtocolError(f"field {name!r}={value!r} must be an int in [{low}, {high}]")
+    return value
+
+
+def _float(message: dict[str, Any], name: str) -> float:
+    value = message.get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProtocolError(f"field {name!r}={value!r} must be a number")
+    if not math.isfinite(value) or value < 0:
+        raise ProtocolError(f"field {name!r}={value!r} must be finite and >= 0")
+    return float(value)
+
+
+def _array(message: dict[str, Any], name: str, dtype: str) -> np.ndarray:
+    blob = message.get(name)
+    if not isinstance(blob, bytes) or len(blob) % 8:
+        raise ProtocolError(f"field {name!r} must be bytes of 8-byte {dtype} values")
+    return np.frombuffer(blob, dtype=dtype)
+
+
+_FIELDS = {
+    "hello": ("rank", "world", "digest"),
+    "fetch": ("rank", "epoch", "first"),
+    "report": ("rank", "epoch", "step", "load", "seconds"),
+    "welcome": ("window", "steps"),
+    "plan": ("seq", "epoch", "first", "idx", "off", "w", "load"),
+    "error": ("code", "msg"),
+}
+
+
+def decode(frame: bytes, max_bytes: int = MAX_REQUEST_BYTES) -> dict[str, Any]:
+    """Validate and decode one message; plans come back with a ``Plan`` under ``"plan"``."""
+    if not isinstance(frame, (bytes, bytearray, memoryview)):
+        raise ProtocolError("a message must be bytes")
+    if len(frame) > max_bytes:
+        raise ProtocolError(f"message of {len(frame)} bytes exceeds the limit of {max_bytes}")
+    try:
+        message = msgpack.unpackb(
+            frame,
+            raw=False,
+            strict_map_key=True,
+            max_bin_len=max_bytes,
+            max_str_len=4096,
+            max_array_len=64,
+            max_map_len=32,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises many types for malformed input
+        raise ProtocolError(f"not a msgpack message ({type(exc).__name__}: {exc})") from None
+    if not isinstance(message, dict):
+        raise ProtocolError("a message must be a msgpack map")
+    if message.get("v") != VERSION:
+        raise ProtocolError(f"protocol version {message.get('v')!r} is not {VERSION}")
+    kind = message.get("t")
+    if kind not in _FIELDS:
+        raise ProtocolError(f"message type {kind!r} is not one of {sorted(_FIELDS)}")
+    missing = [name for name in _FIELDS[kind] if name not in message]
+    if missing:
+        raise ProtocolError(f"{kind} message lacks {missing}")
+    _validate(kind, message)
+    return message
+
+
+def _validate(kind: str, message: dict[str, Any]) -> None:
+    if kind in ("hello", "fetch", "report"):
+        _int(message, "rank", 0, _MAX_WORLD - 1)
+    if kind == "hello":
+        _int(message, "world", 1, _MAX_WORLD)
+        digest = message["digest"]
+        if not isinstance(digest, str) or not 0 < len(digest) <= 128:
+            raise ProtocolError("field 'digest' must be a non-empty string")
+    elif kind == "fetch":
+        _int(message, "epoch", 0, _MAX_STEPS)
+        _int(message, "first", 0, _MAX_STEPS)
+    elif kind == "report":
+        _int(message, "epoch", 0, _MAX_STEPS)
+        _int(message, "step", 0, _MAX_STEPS)
+        _float(message, "load")
+        _float(message, "seconds")
+    elif kind == "welcome":
+        _int(message, "window", 1, _MAX_STEPS)
+        _int(message, "steps", 0, _MAX_STEPS)
+    elif kind == "error":
+        if not isinstance(message["code"], str) or not isinstance(message["msg"], str):
+            raise ProtocolError("error message fields must be strings")
+    elif kind == "plan":
+        message["plan"] = _plan(message)
+
+
+def _plan(message: dict[str, Any]) -> Plan:
+    indices = _array(message, "idx", "<i8")
+    offsets = _array(message, "off", "<i8")
+    weights = _array(message, "w", "<f8")
+    loads = _array(message, "load", "<f8")
+    steps = offsets.shape[0] - 1
+    if steps < 1 or weights.shape[0] != steps or loads.shape[0] != steps:
+        raise ProtocolError("plan arrays disagree on the number of steps")
+    if offsets[0] != 0 or offsets[-1] != indices.shape[0] or (np.diff(offsets) < 0).any():
+        raise ProtocolError("plan offsets must rise from 0 to the number of indices")
+    if indices.shape[0] and indices.min() < 0:
+        raise ProtocolError("plan indices must be >= 0")
+    if not (np.isfinite(weights).all() and np.isfinite(loads).all()):
+        raise ProtocolError("plan weights and loads must be finite")
+    return Plan(
+        seq=_int(message, "seq", 0, _MAX_STEPS),
+        epoch=_int(message, "epoch", 0, _MAX_STEPS),
+        first=_int(message, "first", 0, _MAX_STEPS),
+        indices=indices,
+        offsets=offsets,
+        weights=weights,
+        loads=loads,
+    )

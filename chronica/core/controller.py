@@ -1,0 +1,278 @@
+"""Feedback control: per-rank time models and heterogeneity-aware local batch sizes.
+
+Every rank reports its own compute time for a step (forward and backward, before the gradient
+all-reduce) together with that step's load (the predicted cost of its samples). From these,
+``RankTimeModel`` fits ``t_r = alpha_r + beta_r · load`` per rank, and ``BatchController``
+turns the fits into per-rank sample counts whose predicted times are equal:
+
+* the fit is a weighted least-squares line over the rank's recent reports, older reports
+  weighing ``memory`` times less per newer one; one Huber re-weighting pass tames outliers
+  (a step that hit a page fault or a garbage collection); a run of reports that all miss the
+  fit on the same side by far is a change of speed, and the older history is dropped;
+* ``water_fill`` finds counts ``n_r`` with ``Σ n_r`` equal to the global batch *exactly*,
+  every count within ``[low, high]``, equalising ``alpha_r + beta_r · unit · n_r``, rounded
+  by largest remainder;
+* ``BatchController`` re-evaluates every window of steps and adopts new counts only when
+  their predicted step time is lower by more than ``hysteresis``, so it does not oscillate.
+
+Everything here is deterministic: the same reports in the same order give the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["BatchController", "ControllerOptions", "RankTimeModel", "water_fill"]
+
+
+@dataclass(frozen=True)
+class ControllerOptions:
+    """Tuning of the feedback loop; the defaults suit steps of 10 ms to 10 s.
+
+    ``memory``: weight ratio of a report to the next newer one (0.9: the last ~10 reports
+    dominate). ``history``: reports kept per rank. ``hysteresis``: relative predicted gain
+    needed before counts change. ``change_run``/``change_error``: that many newest reports
+    all off the fit by more than this fraction, on the same side, mean the rank's speed
+    changed; the older reports are then forgotten. ``ridge``: pull of the fixed cost
+    ``alpha`` towards 0 while loads hardly vary (it cannot be told apart from ``beta``).
+    """
+
+    memory: float = 0.9
+    history: int = 48
+    hysteresis: float = 0.02
+    change_run: int = 3
+    change_error: float = 0.15
+    ridge: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not 0 < self.memory <= 1:
+            raise ValueError(f"memory={self.memory!r} must be in (0, 1]")
+        if not isinstance(self.history, int) or self.history < 2:
+            raise ValueError(f"history={self.history!r} must be an int >= 2")
+        if not 0 <= self.hysteresis < 1:
+            raise ValueError(f"hysteresis={self.hysteresis!r} must be in [0, 1)")
+        if not isinstance(self.change_run, int) or not 1 <= self.change_run < self.history:
+            raise ValueError(f"change_run={self.change_run!r} must be an int in [1, history)")
+        if not self.change_error > 0:
+            raise ValueError(f"change_error={self.change_error!r} must be > 0")
+        if not self.ridge >= 0:
+            raise ValueError(f"ridge={self.ridge!r} must be >= 0")
+
+
+class RankTimeModel:
+    """Per-rank ``t = alpha + beta · load`` fitted from reports, robust and forgetting.
+
+    ``params()`` returns ``(alpha, beta)`` for every rank: ``alpha >= 0``, ``beta > 0``.
+    A rank without reports borrows the median fit of the ranks with reports; with no
+    reports at all every rank is ``(0, 1)``, i.e. time equals load, which makes dynamic
+    plans equal to static ones.
+    """
+
+    def __init__(self, num_ranks: int, options: ControllerOptions | None = None) -> None:
+        self.num_ranks = int(num_ranks)
+        self.options = options or ControllerOptions()
+        size = self.options.history
+        self._loads = np.zeros((self.num_ranks, size))
+        self._times = np.zeros((self.num_ranks, size))
+        self._count = np.zeros(self.num_ranks, np.int64)  # reports kept, newest last
+        self._fit = np.zeros((self.num_ranks, 2))
+        self._fitted = np.zeros(self.num_ranks, bool)
+
+    def observe(self, rank: int, load: float, seconds: float) -> None:
+        """Add rank ``rank``'s report: ``seconds`` of compute for a step of ``load``.
+
+        Reports with a non-finite or negative value are ignored (a clock hiccup must not
+        poison the fit); the caller validates ranges of untrusted input before this.
+        """
+        if not (math.isfinite(load) and math.isfinite(seconds)) or load < 0 or seconds < 0:
+            return
+        size = self.options.history
+        n = int(self._count[rank])
+        if n == size:
+            self._loads[rank, :-1] = self._loads[rank, 1:]
+            self._times[rank, :-1] = self._times[rank, 1:]
+            n -= 1
+        self._loads[rank, n] = load
+        self._times[rank, n] = seconds
+        self._count[rank] = n + 1
+        self._refit(rank)
+
+    def params(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(alpha, beta)``, one entry per rank."""
+        alpha = self._fit[:, 0].copy()
+        beta = self._fit[:, 1].copy()
+        if not self._fitted.any():
+            return np.zeros(self.num_ranks), np.ones(self.num_ranks)
+        missing = ~self._fitted
+        alpha[missing] = np.median(alpha[self._fitted])
+        beta[missing] = np.median(beta[self._fitted])
+        return alpha, beta
+
+    def reports(self, rank: int) -> int:
+        """How many reports of ``rank`` the fit currently uses."""
+        return int(self._count[rank])
+
+    def _refit(self, rank: int) -> None:
+        opts = self.options
+        n = int(self._count[rank])
+        loads, times = self._loads[rank, :n], self._times[rank, :n]
+        weights = opts.memory ** np.arange(n - 1, -1, -1, dtype=np.float64)
+        fit = _weighted_line(loads, times, weights, opts.ridge)
+        if fit is None:
+            return
+        residual = times - (fit[0] + fit[1] * loads)
+        run = opts.change_run
+        if n > run:
+            newest = residual[-run:] / np.maximum(fit[0] + fit[1] * loads[-run:], 1e-300)
+            if np.all(newest > opts.change_error) or np.all(newest < -opts.change_error):
+                # The rank changed speed: keep only the reports since the change.
+                self._loads[rank, :run] = loads[-run:]
+                self._times[rank, :run] = times[-run:]
+                self._count[rank] = run
+                self._refit(rank)
+                return
+        scale = 1.4826 * np.median(np.abs(residual))
+        if scale > 0:
+            huber = np.minimum(1.0, 2.5 * scale / np.maximum(np.abs(residual), 1e-300))
+            fit = _weighted_line(loads, times, weights * huber, opts.ridge) or fit
+        self._fit[rank] = fit
+        self._fitted[rank] = True
+
+
+def _weighted_line(
+    loads: np.ndarray, times: np.ndarray, weights: np.ndarray, ridge: float
+) -> tuple[float, float] | None:
+    """Weighted least squares ``t = alpha + beta·load`` with ``alpha`` shrunk towards 0;
+    falls back to ``t = beta·load`` when the line would have ``alpha < 0`` or ``beta <= 0``."""
+    sw = weights.sum()
+    sl = (weights * loads).sum()
+    sll = (weights * loads * loads).sum()
+    st = (weights * times).sum()
+    slt = (weights * loads * times).sum()
+    if sll <= 0 or sw <= 0:
+        return None
+    # Relative to the total weight, the ridge outweighs the data on alpha only while the
+    # loads' spread is small; then alpha goes to 0 and beta to the mean time per load.
+    lam = ridge * sw
+    det = (sw + lam) * sll - sl * sl
+    if det > 0:
+        alpha = (st * sll - sl * slt) / det
+        beta = ((sw + lam) * slt - sl * st) / det
+        if alpha >= 0 and beta > 0:
+            return float(alpha), float(beta)
+    beta = slt / sll
+    return (0.0, float(beta)) if beta > 0 else None
+
+
+def water_fill(
+    total: int,
+    alpha: np.ndarray,
+    beta: np.ndarray,
+    unit: float,
+    low: int,
+    high: int,
+) -> np.ndarray:
+    """Integer counts ``n`` with ``n.sum() == total`` and ``low <= n <= high`` that equalise
+    the predicted times ``alpha + beta · unit · n`` as far as the bounds allow.
+
+    The real-valued solution fills every rank up to a common time level (clipped to the
+    bounds); the integer counts are its floors plus one for the ranks with the largest
+    fractional parts (ties: lower rank).
+    """
+    alpha = np.asarray(alpha, dtype=np.float64)
+    beta = np.asarray(beta, dtype=np.float64)
+    w = alpha.shape[0]
+    if not (w * low <= total <= w * high):
+        raise ValueError(
+            f"{total} samples cannot be split over {w} ranks with {low} to {high} each"
+        )
+    rate = beta * max(unit, 1e-300)
+
+    def filled(level: float) -> np.ndarray:
+        return np.clip((level - alpha) / rate, low, high)
+
+    lo = float((alpha + rate * low).min())
+    hi = float((alpha + rate * high).max())
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if filled(mid).sum() < total:
+            lo = mid
+        else:
+            hi = mid
+    return _round_to_total(filled(hi), total, low, high)
+
+
+class BatchController:
+    """Chooses every rank's local batch size for the next window of steps.
+
+    ``counts(total, alpha, beta, unit)`` returns counts for a step of ``total`` samples
+    split between this controller's ranks: the equal split until a heterogeneity-aware
+    split predicts a step time lower by more than ``options.hysteresis``; then that split,
+    kept until another one beats it by the same margin. Counts always add up to ``total``
+    and stay within ``[low, high]`` (``low`` is relaxed for short trailing steps that
+    cannot give every rank ``low`` samples).
+    """
+
+    def __init__(
+        self, num_ranks: int, low: int, high: int, options: ControllerOptions | None = None
+    ) -> None:
+        self.num_ranks = int(num_ranks)
+        self.low = int(low)
+        self.high = int(high)
+        self.options = options or ControllerOptions()
+        self._shares: np.ndarray | None = None  # the adopted counts of a full step
+        self._full = 0
+
+    def counts(self, total: int, alpha: np.ndarray, beta: np.ndarray, unit: float) -> np.ndarray:
+        w = self.num_ranks
+        if self._shares is not None and total < self._full:
+            # A short trailing step: the adopted shares, scaled down to ``total``.
+            low = min(self.low, total // w)
+            return _round_to_total(self._shares * (total / self._full), total, low, self.high)
+        if self._shares is None or total != self._full:
+            self._full = total
+            self._shares = _round_to_total(np.full(w, total / w), total, self.low, self.high)
+        candidate = water_fill(total, alpha, beta, unit, self.low, self.high)
+        now = _predicted(self._shares, alpha, beta, unit)
+        new = _predicted(candidate, alpha, beta, unit)
+        if new < now * (1.0 - self.options.hysteresis):
+            self._shares = candidate
+        return self._shares.copy()
+
+    def state_dict(self) -> dict[str, object]:
+        """The adopted counts, to restore a restarted controller."""
+        shares = None if self._shares is None else self._shares.tolist()
+        return {"shares": shares, "full": self._full}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        shares = state.get("shares")
+        self._shares = None if shares is None else np.asarray(shares, dtype=np.int64)
+        self._full = int(state.get("full", 0))  # type: ignore[arg-type]
+
+
+def _predicted(counts: np.ndarray, alpha: np.ndarray, beta: np.ndarray, unit: float) -> float:
+    return float((alpha + beta * unit * counts).max())
+
+
+def _round_to_total(real: np.ndarray, total: int, low: int, high: int) -> np.ndarray:
+    """Largest-remainder rounding of ``real`` to integers in ``[low, high]`` adding to
+    ``total``."""
+    real = np.clip(real, low, high)
+    counts = np.floor(real).astype(np.int64)
+    fraction = real - counts
+    for rank in np.argsort(-fraction, kind="stable"):
+        if counts.sum() >= total:
+            break
+        if counts[rank] < high:
+            counts[rank] += 1
+    while counts.sum() < total:  # every fraction used: spread what is left
+        counts[np.argmin(counts)] += 1
+    for rank in np.argsort(fraction, kind="stable"):
+        if counts.sum() <= total:
+            break
+        if counts[rank] > low:
+            counts[rank] -= 1
+    return counts
