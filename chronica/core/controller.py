@@ -6,7 +6,7 @@ all-reduce) together with that step's load (the predicted cost of its samples). 
 turns the fits into per-rank sample counts whose predicted times are equal:
 
 * the fit is a weighted least-squares line over the rank's recent reports, older reports
-  weighing ``memory`` times less per newer one; one Huber re-weighting pass tames outliers
+  weighing ``memory`` times less per newer one; a few Huber re-weighting passes tame outliers
   (a step that hit a page fault or a garbage collection); a run of reports that all miss the
   fit on the same side by far is a change of speed, and the older history is dropped;
 * ``water_fill`` finds counts ``n_r`` with ``Σ n_r`` equal to the global batch *exactly*,
@@ -27,6 +27,10 @@ import numpy as np
 
 __all__ = ["BatchController", "ControllerOptions", "RankTimeModel", "water_fill"]
 
+# Re-weighting passes of the robust fit: an outlier pulls the first fit, and with it the
+# residual scale, so one pass does not push it out.
+_HUBER_ROUNDS = 4
+
 
 @dataclass(frozen=True)
 class ControllerOptions:
@@ -45,7 +49,7 @@ class ControllerOptions:
     hysteresis: float = 0.02
     change_run: int = 3
     change_error: float = 0.15
-    ridge: float = 0.05
+    ridge: float = 0.01
 
     def __post_init__(self) -> None:
         if not 0 < self.memory <= 1:
@@ -123,10 +127,17 @@ class RankTimeModel:
         fit = _weighted_line(loads, times, weights, opts.ridge)
         if fit is None:
             return
-        residual = times - (fit[0] + fit[1] * loads)
+        for _ in range(_HUBER_ROUNDS):
+            residual = np.abs(times - (fit[0] + fit[1] * loads))
+            scale = 1.4826 * np.median(residual)
+            if scale <= 0:
+                break
+            huber = np.minimum(1.0, 2.5 * scale / np.maximum(residual, 1e-300))
+            fit = _weighted_line(loads, times, weights * huber, opts.ridge) or fit
         run = opts.change_run
         if n > run:
-            newest = residual[-run:] / np.maximum(fit[0] + fit[1] * loads[-run:], 1e-300)
+            predicted = fit[0] + fit[1] * loads[-run:]
+            newest = (times[-run:] - predicted) / np.maximum(predicted, 1e-300)
             if np.all(newest > opts.change_error) or np.all(newest < -opts.change_error):
                 # The rank changed speed: keep only the reports since the change.
                 self._loads[rank, :run] = loads[-run:]
@@ -134,10 +145,6 @@ class RankTimeModel:
                 self._count[rank] = run
                 self._refit(rank)
                 return
-        scale = 1.4826 * np.median(np.abs(residual))
-        if scale > 0:
-            huber = np.minimum(1.0, 2.5 * scale / np.maximum(np.abs(residual), 1e-300))
-            fit = _weighted_line(loads, times, weights * huber, opts.ridge) or fit
         self._fit[rank] = fit
         self._fitted[rank] = True
 

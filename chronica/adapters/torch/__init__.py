@@ -1,5 +1,6 @@
 """PyTorch adapter: drop-in data set and samplers (imports torch)."""
 
 from chronica.adapters.torch.data import Dataset, DistributedBatchSampler, DistributedSampler
+from chronica.adapters.torch.feedback import ComputeTimer
 
-__all__ = ["Dataset", "DistributedBatchSampler", "DistributedSampler"]
+__all__ = ["ComputeTimer", "Dataset", "DistributedBatchSampler", "DistributedSampler"]

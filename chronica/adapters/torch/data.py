@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset as _TorchDataset
 from torch.utils.data import Sampler
 
+from chronica.comm.session import DynamicSession
 from chronica.core import (
     LabelSkew,
     Movement,
@@ -88,6 +90,34 @@ def _groups_from_environment(num_replicas: int) -> list[int] | None:
     return [r // size for r in range(num_replicas)]
 
 
+def _agreement(num_replicas: int) -> Callable[[bool], bool] | None:
+    """All ranks' AND over a gloo group of their own, so that every rank takes the same
+    source (coordinator or static plan) for each window. ``None`` without a process group
+    of this world size; then each rank decides alone."""
+    if num_replicas == 1:
+        return None
+    if not (dist.is_available() and dist.is_initialized()):
+        logger.warning(
+            "chronica: kind='dynamic' without torch.distributed: ranks cannot agree to fall "
+            "back together if the coordinator fails mid-window; initialise the process "
+            "group before building the sampler"
+        )
+        return None
+    if dist.get_world_size() != num_replicas:
+        raise ValueError(
+            f"num_replicas={num_replicas} differs from the process group's world size "
+            f"{dist.get_world_size()}; kind='dynamic' needs one rank per replica"
+        )
+    group = dist.new_group(backend="gloo")
+
+    def agree(ok: bool) -> bool:
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+        return bool(flag.item())
+
+    return agree
+
+
 class _ScheduledSampler:
     """What both samplers share: the scheduler, the epoch, and resumable progress."""
 
@@ -107,6 +137,7 @@ class _ScheduledSampler:
         groups: Sequence[Any] | None,
         labels: Any,
         partitions: Sequence[Any] | None,
+        dynamic: dict[str, Any],
     ) -> None:
         self.num_replicas, self.rank = _resolve_world(num_replicas, rank)
         policy = as_shuffle_policy(shuffle)
@@ -122,6 +153,10 @@ class _ScheduledSampler:
             drop_last=drop_last,
             cost=cost,
             groups=groups,
+            variable_batch=dynamic["variable_batch"],
+            window=dynamic["window"],
+            min_batch=dynamic["min_batch"],
+            max_batch=dynamic["max_batch"],
         )
         self.scheduler = Scheduler(
             resolve_sizes(dataset, sizes), config, labels=labels, partitions=partitions
@@ -144,6 +179,16 @@ class _ScheduledSampler:
             logger.warning(
                 "chronica: batch_size (the global batch) was not given, so steps cannot be "
                 "balanced; the sampler splits indices like torch's DistributedSampler"
+            )
+        self._session: DynamicSession | None = None
+        self._weights: dict[int, float] = {}
+        if kind == "dynamic":
+            self._session = DynamicSession(
+                self.scheduler,
+                self.rank,
+                port=dynamic["port"],
+                timeout=dynamic["timeout"],
+                agree=_agreement(self.num_replicas),
             )
 
     @property
@@ -172,8 +217,35 @@ class _ScheduledSampler:
     def loss_weights(self, epoch: int | None = None) -> np.ndarray:
         """This rank's loss weight for every step of ``epoch``: multiply the local mean loss by
         it so the all-reduced average gradient is the mean over the step's global batch
-        (all ones while every rank has the same count)."""
-        return self.plan(epoch).loss_weights[:, self.rank]
+        (all ones while every rank has the same count). With ``kind="dynamic"`` the plan of
+        a step is known once the sampler has yielded it: the current epoch's steps yielded so
+        far have their weight, the others are NaN."""
+        if self._session is None:
+            return self.plan(epoch).loss_weights[:, self.rank]
+        weights = np.full(self.scheduler.num_steps(), np.nan)
+        if epoch is None or epoch == self.epoch:
+            for step, weight in self._weights.items():
+                weights[step] = weight
+        return weights
+
+    def loss_weight(self, step: int) -> float:
+        """This rank's loss weight at ``step`` of the current epoch (see ``loss_weights``)."""
+        return float(self.loss_weights()[step])
+
+    def report(self, seconds: float, step: int | None = None) -> None:
+        """Tell the dynamic scheduler this rank's own compute time for a step: forward and
+        backward, *before* waiting for the gradient all-reduce (the synchronised step time
+        is equal on all ranks and says nothing). ``step`` defaults to the step after the one
+        reported last. ``ComputeTimer`` does this automatically for a DDP model. Without
+        ``kind="dynamic"`` this does nothing."""
+        if self._session is not None:
+            self._session.report(seconds, step)
+
+    def close(self) -> None:
+        """Release the coordinator connection (and, on rank 0, stop the coordinator).
+        Idempotent; also done at interpreter exit."""
+        if self._session is not None:
+            self._session.close()
 
     def movement(self, epoch: int | None = None, sample_bytes: Any = None) -> Movement:
         """Samples (and bytes, given ``sample_bytes`` per sample) each node fetches for
@@ -222,6 +294,20 @@ class _ScheduledSampler:
         self._progress = start
         return start
 
+    def _local_batches(self, start_step: int) -> Iterator[np.ndarray]:
+        """This rank's local batch at every step from ``start_step``: from the plan, or
+        window by window from the coordinator with ``kind="dynamic"``."""
+        if self._session is None:
+            plan = self.plan()
+            for step in range(start_step, plan.num_steps):
+                yield plan.local(step, self.rank)
+            return
+        if start_step == 0:
+            self._weights = {}
+        for step, indices, weight in self._session.steps(self.epoch, start_step):
+            self._weights[step] = weight
+            yield indices
+
     def _unit_count(self) -> int:
         raise NotImplementedError
 
@@ -262,7 +348,18 @@ class DistributedSampler(_ScheduledSampler, Sampler[int]):
         groups: Sequence[Any] | None = None,
         labels: Any = None,
         partitions: Sequence[Any] | None = None,
+        variable_batch: bool = False,
+        window: int = 16,
+        min_batch: int | None = None,
+        max_batch: int | None = None,
+        port: int | None = None,
+        timeout: float = 10.0,
     ) -> None:
+        if variable_batch:
+            raise ValueError(
+                "variable_batch=True changes local batch sizes, which a DataLoader's fixed "
+                "batch_size cannot follow; use DistributedBatchSampler (batch_sampler=...)"
+            )
         super().__init__(
             dataset,
             num_replicas,
@@ -278,14 +375,32 @@ class DistributedSampler(_ScheduledSampler, Sampler[int]):
             groups,
             labels,
             partitions,
+            dict(
+                variable_batch=variable_batch,
+                window=window,
+                min_batch=min_batch,
+                max_batch=max_batch,
+                port=port,
+                timeout=timeout,
+            ),
         )
 
     def __iter__(self) -> Iterator[int]:
-        indices = self.plan().rank_indices(self.rank)
         start = self._begin()
-        for index in indices[start:].tolist():
-            self._progress += 1
-            yield index
+        if self._session is None:
+            indices = self.plan().rank_indices(self.rank)
+            for index in indices[start:].tolist():
+                self._progress += 1
+                yield index
+            return
+        # Dynamic plans keep equal counts here, so a sample position maps to its step.
+        per_step = self.batch_size // self.num_replicas  # type: ignore[operator]
+        skip = start % per_step
+        for batch in self._local_batches(start // per_step):
+            for index in batch[skip:].tolist():
+                self._progress += 1
+                yield index
+            skip = 0
 
     def __len__(self) -> int:
         return self.num_samples
@@ -318,6 +433,12 @@ class DistributedBatchSampler(_ScheduledSampler, Sampler[list[int]]):
         groups: Sequence[Any] | None = None,
         labels: Any = None,
         partitions: Sequence[Any] | None = None,
+        variable_batch: bool = False,
+        window: int = 16,
+        min_batch: int | None = None,
+        max_batch: int | None = None,
+        port: int | None = None,
+        timeout: float = 10.0,
     ) -> None:
         if batch_size is None:
             raise ValueError("batch_size (the global batch over all ranks) is required")
@@ -336,15 +457,21 @@ class DistributedBatchSampler(_ScheduledSampler, Sampler[list[int]]):
             groups,
             labels,
             partitions,
+            dict(
+                variable_batch=variable_batch,
+                window=window,
+                min_batch=min_batch,
+                max_batch=max_batch,
+                port=port,
+                timeout=timeout,
+            ),
         )
 
     def __iter__(self) -> Iterator[list[int]]:
-        plan = self.plan()
         start = self._begin()
-        for step in range(start, plan.num_steps):
-            batch = plan.local(step, self.rank).tolist()
+        for batch in self._local_batches(start):
             self._progress += 1
-            yield batch
+            yield batch.tolist()
 
     def __len__(self) -> int:
         return self.scheduler.num_steps()

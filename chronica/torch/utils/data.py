@@ -2,5 +2,6 @@
 ``DistributedBatchSampler`` (see ``chronica.adapters.torch.data``)."""
 
 from chronica.adapters.torch.data import Dataset, DistributedBatchSampler, DistributedSampler
+from chronica.adapters.torch.feedback import ComputeTimer
 
-__all__ = ["Dataset", "DistributedBatchSampler", "DistributedSampler"]
+__all__ = ["ComputeTimer", "Dataset", "DistributedBatchSampler", "DistributedSampler"]

@@ -1,0 +1,170 @@
+"""One rank's dynamic schedule: coordinator (on rank 0), client, fallback and feedback.
+
+``DynamicSession`` is what an adapter needs for ``kind="dynamic"``, whatever the framework:
+
+* rank 0 starts the ``Coordinator`` in a background thread (unless ``CHRONICA_COORDINATOR``
+  names a standalone one, ``host:port``); every rank connects a ``PlanClient``;
+* ``steps(epoch, start)`` yields ``(step, indices, loss_weight)`` for this rank, window by
+  window, from the coordinator's plan, or from the static plan when the coordinator does
+  not deliver. Both hold the same samples at every step, so coverage stays exactly-once
+  provided *all* ranks take the same source for a window: ``agree(ok) -> bool``, given by
+  the adapter, must return ``True`` only if every rank passed ``True`` (an all-reduce of
+  the minimum over the framework's own process group). Without it a rank decides alone,
+  which is safe unless the coordinator dies while it is sending a window;
+* ``report(seconds, step)`` sends this rank's own compute time for a step it yielded.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from chronica.comm.client import PlanClient
+from chronica.comm.coordinator import Coordinator, resolve_endpoint
+from chronica.core.scheduler import Scheduler
+
+__all__ = ["DynamicSession"]
+
+logger = logging.getLogger("chronica")
+
+_OPEN: weakref.WeakSet[DynamicSession] = weakref.WeakSet()
+_OPEN_LOCK = threading.Lock()
+
+
+def _close_open_sessions() -> None:
+    with _OPEN_LOCK:
+        sessions = list(_OPEN)
+    for session in sessions:
+        session.close()
+
+
+atexit.register(_close_open_sessions)
+
+
+def _external_coordinator() -> tuple[str, int] | None:
+    text = os.environ.get("CHRONICA_COORDINATOR")
+    if not text:
+        return None
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"CHRONICA_COORDINATOR={text!r} must be host:port")
+    return host, int(port)
+
+
+class DynamicSession:
+    """Rank ``rank``'s plans for ``kind="dynamic"`` (see the module docstring).
+
+    ``timeout`` bounds every wait for the coordinator (seconds). Guarantees: ``steps``
+    yields every step of the epoch from ``start`` once, in order, each with exactly this
+    rank's samples of either the dynamic or the static plan of that window (the same choice
+    on every rank when ``agree`` is given); it never waits longer than ``timeout`` per
+    window.
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        rank: int,
+        *,
+        host: str | None = None,
+        port: int | None = None,
+        timeout: float = 10.0,
+        agree: Callable[[bool], bool] | None = None,
+    ) -> None:
+        config = scheduler.config
+        if config.kind != "dynamic":
+            raise ValueError("DynamicSession needs kind='dynamic'")
+        self.scheduler = scheduler
+        self.rank = rank
+        self.window = config.window
+        self.agree = agree
+        self.coordinator: Coordinator | None = None
+        external = _external_coordinator()
+        if external is not None:
+            host, port = external
+            pub_port = port + 1
+        else:
+            host, port = resolve_endpoint(host, port)
+            pub_port = port + 1
+            if rank == 0:
+                self.coordinator = Coordinator(scheduler, host, port).start()
+                _, port, pub_port = self.coordinator.endpoint  # type: ignore[misc]
+        _, high = config.batch_bounds()
+        self.client = PlanClient(
+            rank,
+            config.num_replicas,
+            scheduler.digest,
+            host,
+            port,
+            pub_port=pub_port,
+            timeout=timeout,
+            max_plan_bytes=1024 + config.window * (16 * high + 64),
+        )
+        self._loads: dict[int, float] = {}
+        self._epoch = -1
+        self._next_report = 0
+        self.windows_dynamic = 0
+        self.windows_static = 0
+        with _OPEN_LOCK:
+            _OPEN.add(self)
+        self.client.connect()
+
+    def steps(self, epoch: int, start: int = 0) -> Iterator[tuple[int, np.ndarray, float]]:
+        """``(step, indices, loss_weight)`` of this rank for steps ``start..`` of ``epoch``."""
+        num_steps = self.scheduler.num_steps()
+        static = self.scheduler.plan_epoch(epoch)
+        if epoch != self._epoch:
+            self._epoch, self._loads = epoch, {}
+        self._next_report = start
+        k = self.window
+        for first in range(start - start % k, num_steps, k):
+            plan = self.client.plan(epoch, first)
+            use = plan is not None
+            if self.agree is not None:
+                use = self.agree(use)
+            if use:
+                self.windows_dynamic += 1
+            else:
+                self.windows_static += 1
+            stop = min(first + k, num_steps)
+            for step in range(max(first, start), stop):
+                if step == first + k // 2 and stop < num_steps:
+                    self.client.prefetch(epoch, stop)
+                if use:
+                    assert plan is not None
+                    i = step - first
+                    indices, weight, load = plan.local(step), plan.weights[i], plan.loads[i]
+                else:
+                    indices = static.local(step, self.rank)
+                    weight = static.loss_weights[step, self.rank]
+                    load = static.loads[step, self.rank]
+                self._loads[step] = float(load)
+                yield step, indices, float(weight)
+            if stop >= num_steps:
+                self.client.prefetch(epoch + 1, 0)
+
+    def report(self, seconds: float, step: int | None = None) -> None:
+        """This rank spent ``seconds`` computing ``step`` (default: the step after the one
+        reported last, starting at the first step yielded this epoch)."""
+        if step is None:
+            step = self._next_report
+        self._next_report = step + 1
+        load = self._loads.get(step)
+        if load is None:
+            return  # not a step this rank has yielded in this epoch
+        self.client.report(self._epoch, step, load, seconds)
+
+    def close(self) -> None:
+        """Close the client and, on rank 0, stop the coordinator (idempotent)."""
+        self.client.close()
+        if self.coordinator is not None:
+            self.coordinator.close()
+            self.coordinator = None
+        with _OPEN_LOCK:
+            _OPEN.discard(self)

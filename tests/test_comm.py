@@ -1,0 +1,182 @@
+"""The coordinator and its clients over real ZeroMQ sockets on loopback, in one process."""
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+from hypothesis import given
+from hypothesis import strategies as st
+
+from chronica.comm.client import CoordinatorRefused, PlanClient
+from chronica.comm.coordinator import Coordinator
+from chronica.comm.protocol import (
+    MAX_REQUEST_BYTES,
+    VERSION,
+    ProtocolError,
+    decode,
+    encode,
+    plan_message,
+)
+from chronica.core import ScheduleConfig, Scheduler
+
+
+@pytest.fixture
+def scheduler():
+    sizes = np.random.default_rng(0).lognormal(5, 1, 2000)
+    config = ScheduleConfig(
+        num_replicas=4, batch_size=64, kind="dynamic", variable_batch=True, window=4
+    )
+    return Scheduler(sizes, config)
+
+
+def _client(coordinator, scheduler, rank, digest=None, timeout=5.0):
+    host, port, pub = coordinator.endpoint
+    return PlanClient(
+        rank,
+        scheduler.config.num_replicas,
+        digest or scheduler.digest,
+        host,
+        port,
+        pub_port=pub,
+        timeout=timeout,
+    )
+
+
+def test_plans_reach_every_rank_and_partition_each_step(scheduler):
+    with Coordinator(scheduler, port=0) as coordinator:
+        clients = [_client(coordinator, scheduler, r) for r in range(4)]
+        assert all(c.connect() for c in clients)
+        static = scheduler.plan_epoch(0)
+        for first in range(0, scheduler.num_steps(), 4):
+            plans = [c.plan(0, first) for c in clients]
+            for step in range(first, first + plans[0].num_steps):
+                got = np.sort(np.concatenate([p.local(step) for p in plans]))
+                expect = np.sort(static.indices[static.bounds[step, 0] : static.bounds[step, -1]])
+                np.testing.assert_array_equal(got, expect)
+                for r, (c, p) in enumerate(zip(clients, plans, strict=True)):
+                    c.report(0, step, p.loads[step - first], p.loads[step - first] * (r + 1))
+        # Windows after the first arrive by PUB before they are asked for.
+        assert all(c.stats.published > 0 for c in clients)
+        assert sum(c.stats.fallbacks for c in clients) == 0
+        for c in clients:
+            c.close()
+
+
+def test_late_joiner_recovers_missed_plans(scheduler):
+    with Coordinator(scheduler, port=0) as coordinator:
+        early = _client(coordinator, scheduler, 0)
+        assert early.connect()
+        seen = {first: early.plan(0, first) for first in range(0, 12, 4)}
+        late = _client(coordinator, scheduler, 1)
+        assert late.connect()
+        mine = _client(coordinator, scheduler, 0)  # a restarted rank 0 asks again
+        assert mine.connect()
+        for first, plan in seen.items():
+            np.testing.assert_array_equal(mine.plan(0, first).indices, plan.indices)
+            assert late.plan(0, first) is not None
+        assert mine.stats.fetched >= 3 and mine.stats.fallbacks == 0
+        for c in (early, late, mine):
+            c.close()
+
+
+def test_mismatched_digest_and_world_are_refused_clearly(scheduler):
+    with Coordinator(scheduler, port=0) as coordinator:
+        wrong = _client(coordinator, scheduler, 0, digest="0" * 32)
+        with pytest.raises(CoordinatorRefused, match="sizes or sampler arguments"):
+            wrong.connect()
+        host, port, pub = coordinator.endpoint
+        other = PlanClient(0, 8, scheduler.digest, host, port, pub_port=pub, timeout=5)
+        with pytest.raises(CoordinatorRefused, match="world"):
+            other.connect()
+        for c in (wrong, other):
+            c.close()
+
+
+def test_bad_messages_are_rejected_and_the_coordinator_keeps_serving(scheduler):
+    with Coordinator(scheduler, port=0) as coordinator:
+        host, port, _ = coordinator.endpoint
+        raw = zmq.Context.instance().socket(zmq.DEALER)
+        raw.setsockopt(zmq.LINGER, 0)
+        raw.setsockopt(zmq.RCVTIMEO, 5000)
+        raw.connect(f"tcp://{host}:{port}")
+        bad = [
+            b"\xc1garbage",  # not msgpack
+            msgpack.packb([1, 2, 3]),  # not a map
+            msgpack.packb({"v": VERSION + 1, "t": "hello"}),  # wrong version
+            msgpack.packb({"v": VERSION, "t": "pickle"}),  # unknown type
+            encode("fetch", rank=0, epoch=0),  # missing field
+            encode("fetch", rank=99, epoch=0, first=0),  # rank outside the world
+            encode("fetch", rank=0, epoch=0, first=3),  # not a window start
+            encode("report", rank=0, epoch=0, step=0, load=float("nan"), seconds=1.0),
+            encode("report", rank=0, epoch=0, step=0, load=1.0, seconds=-1.0),
+            encode("hello", rank=True, world=4, digest="x"),  # a bool is not a rank
+        ]
+        for payload in bad:
+            raw.send(payload)
+            answer = decode(raw.recv(), 1 << 20)
+            assert answer["t"] == "error" and answer["code"] == "protocol"
+        raw.send(b"x" * (MAX_REQUEST_BYTES + 1))  # oversized: ZeroMQ drops the connection
+        assert coordinator.stats.rejected == len(bad)
+        good = _client(coordinator, scheduler, 2)
+        assert good.connect()
+        assert good.plan(0, 0) is not None
+        raw.close(0)
+        good.close()
+
+
+def test_port_in_use_is_a_clear_error(scheduler):
+    with Coordinator(scheduler, port=0) as first:
+        _, port, _ = first.endpoint
+        with pytest.raises(RuntimeError, match=f"{port}.*CHRONICA_PORT"):
+            Coordinator(scheduler, port=port).start()
+
+
+def test_unreachable_coordinator_falls_back_quickly(scheduler, caplog):
+    client = PlanClient(0, 4, scheduler.digest, "127.0.0.1", 1, timeout=0.3)
+    with caplog.at_level("WARNING", logger="chronica"):
+        assert not client.connect()
+        assert client.plan(0, 0) is None
+        assert client.plan(0, 4) is None
+    assert sum("static plan" in r.getMessage() for r in caplog.records) == 1  # warned once
+    client.close()
+
+
+def test_plan_message_round_trip():
+    payload = plan_message(
+        7, 2, 16, np.arange(10), np.array([0, 4, 10]), np.ones(2), np.array([3.0, 4.0])
+    )
+    plan = decode(payload, 1 << 20)["plan"]
+    assert (plan.seq, plan.epoch, plan.first, plan.num_steps) == (7, 2, 16, 2)
+    np.testing.assert_array_equal(plan.local(17), np.arange(4, 10))
+
+
+@pytest.mark.parametrize(
+    "fields, match",
+    [
+        (dict(off=np.array([0, 5], "<i8").tobytes()), "offsets"),
+        (dict(idx=b"\x00" * 7), "8-byte"),
+        (dict(w=np.array([np.inf], "<f8").tobytes()), "finite"),
+        (dict(idx=np.array([-1, 0, 1, 2], "<i8").tobytes()), ">= 0"),
+    ],
+)
+def test_malformed_plans_are_refused(fields, match):
+    message = dict(
+        seq=0,
+        epoch=0,
+        first=0,
+        idx=np.arange(4, dtype="<i8").tobytes(),
+        off=np.array([0, 4], "<i8").tobytes(),
+        w=np.ones(1, "<f8").tobytes(),
+        load=np.ones(1, "<f8").tobytes(),
+    )
+    message.update(fields)
+    with pytest.raises(ProtocolError, match=match):
+        decode(encode("plan", **message), 1 << 20)
+
+
+@given(st.binary(max_size=MAX_REQUEST_BYTES + 64))
+def test_decoder_never_fails_other_than_with_protocol_error(blob):
+    try:
+        decode(blob)
+    except ProtocolError:
+        pass

@@ -1,0 +1,159 @@
+"""Feedback control: time models, water-filling, hysteresis and the window planner."""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from chronica.core import ScheduleConfig, Scheduler
+from chronica.core.controller import (
+    BatchController,
+    ControllerOptions,
+    RankTimeModel,
+    water_fill,
+)
+from chronica.core.dynamic import DynamicPlanner
+from chronica.core.hetero import SpeedProfile
+
+
+def _brute_force_best(total, alpha, beta, unit, low, high):
+    """The smallest possible top predicted time over every integer split."""
+    w = len(alpha)
+    best = np.inf
+    for counts in itertools.product(range(low, high + 1), repeat=w):
+        if sum(counts) == total:
+            best = min(best, max(alpha[r] + beta[r] * unit * counts[r] for r in range(w)))
+    return best
+
+
+@given(
+    w=st.integers(2, 4),
+    data=st.data(),
+)
+def test_water_fill_is_exact_bounded_and_near_optimal(w, data):
+    low = data.draw(st.integers(0, 3))
+    high = data.draw(st.integers(max(low, 1), 9))
+    total = data.draw(st.integers(w * low, w * high))
+    alpha = np.array(data.draw(st.lists(st.floats(0, 5), min_size=w, max_size=w)))
+    beta = np.array(data.draw(st.lists(st.floats(0.1, 10), min_size=w, max_size=w)))
+    counts = water_fill(total, alpha, beta, 1.0, low, high)
+    assert counts.sum() == total
+    assert (counts >= low).all() and (counts <= high).all()
+    top = (alpha + beta * counts).max()
+    # Rounding costs at most one sample of the slowest rank over the real-valued optimum.
+    assert top <= _brute_force_best(total, alpha, beta, 1.0, low, high) + beta.max() + 1e-9
+
+
+def test_water_fill_hl8_is_speed_proportional():
+    speeds = np.array([6.0, 6.0, 4.0, 32.0])
+    counts = water_fill(128, np.zeros(4), 1 / speeds, 1.0, 1, 128)
+    assert counts.tolist() == [16, 16, 11, 85]
+    assert water_fill(128, np.zeros(4), 1 / speeds, 1.0, 20, 60).tolist() == [24, 24, 20, 60]
+    with pytest.raises(ValueError, match="cannot be split"):
+        water_fill(128, np.zeros(4), np.ones(4), 1.0, 40, 60)
+
+
+def test_time_model_recovers_line_despite_outliers_and_noise():
+    rng = np.random.default_rng(0)
+    model = RankTimeModel(2)
+    for i in range(40):
+        load = rng.uniform(100, 1000)
+        noise = 1 + 0.002 * rng.standard_normal()
+        seconds = (0.05 + 0.002 * load) * noise
+        if i % 13 == 5:
+            seconds *= 6  # a garbage collection
+        model.observe(0, load, seconds)
+    alpha, beta = model.params()
+    assert alpha[0] == pytest.approx(0.05, rel=0.3)
+    assert beta[0] == pytest.approx(0.002, rel=0.05)
+    # Rank 1 has no reports: it borrows the others' fit.
+    assert (alpha[1], beta[1]) == (alpha[0], beta[0])
+
+
+def test_time_model_forgets_after_a_change_of_speed():
+    model = RankTimeModel(1, ControllerOptions(change_run=3))
+    for _ in range(30):
+        model.observe(0, 100.0, 1.0)
+    for _ in range(3):
+        model.observe(0, 100.0, 4.0)  # four times slower from now on
+    _, beta = model.params()
+    assert beta[0] == pytest.approx(0.04, rel=1e-6)
+    assert model.reports(0) == 3
+
+
+def test_bad_reports_are_ignored():
+    model = RankTimeModel(1)
+    for bad in (float("nan"), float("inf"), -1.0):
+        model.observe(0, 1.0, bad)
+    assert model.reports(0) == 0
+    assert model.params()[1].tolist() == [1.0]
+
+
+def test_controller_keeps_counts_within_the_hysteresis_band():
+    controller = BatchController(4, 1, 128, ControllerOptions(hysteresis=0.05))
+    equal = controller.counts(128, np.zeros(4), np.ones(4), 1.0)
+    assert equal.tolist() == [32, 32, 32, 32]
+    # 3% faster: not worth a change.
+    nearly = controller.counts(128, np.zeros(4), np.array([1, 1, 1, 0.97]), 1.0)
+    assert nearly.tolist() == equal.tolist()
+    hl8 = controller.counts(128, np.zeros(4), 1 / np.array([6.0, 6, 4, 32]), 1.0)
+    assert hl8.tolist() == [16, 16, 11, 85]
+    # A trailing step of 20 samples keeps the proportions and adds up.
+    tail = controller.counts(20, np.zeros(4), 1 / np.array([6.0, 6, 4, 32]), 1.0)
+    assert tail.sum() == 20 and tail[3] == tail.max()
+
+
+@pytest.mark.parametrize("variable", [False, True])
+@pytest.mark.parametrize("groups", [None, [0, 0, 1, 1]])
+def test_planner_keeps_every_step_and_equalises_times(variable, groups):
+    sizes = np.random.default_rng(1).lognormal(5, 1, 3001)
+    config = ScheduleConfig(
+        num_replicas=4,
+        batch_size=64,
+        kind="dynamic",
+        variable_batch=variable,
+        window=5,
+        groups=groups,
+        shuffle="local" if groups else True,
+    )
+    scheduler = Scheduler(sizes, config)
+    planner = DynamicPlanner(scheduler)
+    speeds = SpeedProfile.omnilearn("HL8").speeds(0)
+    static = scheduler.plan_epoch(0)
+    ratios = []
+    for first in range(0, scheduler.num_steps(), 5):
+        plan = planner.plan_window(0, first)
+        assert planner.plan_window(0, first) is plan  # never planned twice
+        for i, step in enumerate(range(first, first + plan.num_steps)):
+            a, b = static.bounds[step, 0], static.bounds[step, -1]
+            got = np.sort(np.concatenate([plan.local(step, r) for r in range(4)]))
+            np.testing.assert_array_equal(got, np.sort(static.indices[a:b]))
+            for ranks in scheduler.owners.ranks:  # samples stay on their node
+                mine = np.concatenate([plan.local(step, int(r)) for r in ranks])
+                theirs = np.concatenate([static.local(step, int(r)) for r in ranks])
+                np.testing.assert_array_equal(np.sort(mine), np.sort(theirs))
+            if not variable:
+                assert len(set(plan.counts[i].tolist())) == 1
+            times = 0.01 + plan.loads[i] / speeds * 1e-4
+            for r in range(4):
+                planner.observe(r, step, plan.loads[i, r], times[r])
+            ratios.append(times.max() / times.min())
+    late = np.median(ratios[len(ratios) // 2 :])
+    # Equal counts cannot absorb an 8x speed gap; speed-proportional counts can.
+    assert late < (1.05 if variable and groups is None else 3.0)
+
+
+def test_planner_without_feedback_equals_the_static_split():
+    sizes = np.random.default_rng(2).lognormal(5, 1, 640)
+    config = ScheduleConfig(num_replicas=4, batch_size=64, kind="dynamic", window=3)
+    scheduler = Scheduler(sizes, config)
+    planner = DynamicPlanner(scheduler)
+    static = scheduler.plan_epoch(0)
+    plan = planner.plan_window(0, 0)
+    for step in range(3):
+        for r in range(4):
+            np.testing.assert_array_equal(plan.local(step, r), static.local(step, r))
+    with pytest.raises(ValueError, match="multiple of window"):
+        planner.plan_window(0, 1)
