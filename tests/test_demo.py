@@ -47,6 +47,16 @@ def test_quick_demo_trains_with_both_samplers_and_prints_the_table(capsys):
     assert set(_children()) <= set(before)  # no rank left behind
 
 
+def test_demo_with_an_emulated_slow_rank_runs_the_dynamic_sampler(capsys):
+    before = _children()
+    assert demo.main(["--quick", "--no-progress", "--speeds", "1,0.5", "--epochs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^dynamic\s+\d", out, re.MULTILINE), out
+    assert "rank speeds 1,0.5" in out
+    assert re.search(r"^speed-up of dynamic .*: \d+\.\d+x$", out, re.MULTILINE), out
+    assert set(_children()) <= set(before)
+
+
 def test_timeout_stops_every_rank_and_reports_it(capsys):
     before = _children()
     assert demo.main(["--quick", "--no-progress", "--timeout", "0.5"]) == 1

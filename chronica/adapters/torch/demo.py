@@ -45,8 +45,11 @@ from torch.utils.data import Dataset as TorchDataset
 from torch.utils.data import DistributedSampler as TorchDistributedSampler
 from tqdm import tqdm
 
+from chronica.adapters.torch.data import DistributedBatchSampler as ChronicaBatchSampler
 from chronica.adapters.torch.data import DistributedSampler as ChronicaDistributedSampler
+from chronica.adapters.torch.feedback import ComputeTimer
 from chronica.core.cost import CostModel
+from chronica.core.hetero import SpeedProfile
 
 __all__ = [
     "DemoConfig",
@@ -56,6 +59,7 @@ __all__ = [
     "collate_packed",
     "cost_model_for",
     "format_report",
+    "launch",
     "load_lengths",
     "main",
     "make_lengths",
@@ -63,7 +67,9 @@ __all__ = [
 
 _MODULE = "chronica.adapters.torch.demo"
 _WORKER_FLAG = "_worker"
-_SAMPLERS = ("torch", "chronica")
+_SAMPLERS = ("torch", "chronica", "dynamic")
+# Steps per dynamic plan window in the demo (short epochs need frequent re-evaluation).
+_DYNAMIC_WINDOW = 4
 
 
 # -- data -----------------------------------------------------------------------------------
@@ -272,7 +278,9 @@ class DemoConfig:
     warmup_steps: int = 3
     progress: bool = True
     collective_timeout_s: float = 120.0
-    samplers: tuple[str, ...] = field(default=_SAMPLERS)
+    samplers: tuple[str, ...] = field(default=_SAMPLERS[:2])
+    speeds: str = "constant"
+    coordinator_port: int = 0
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the option to fix."""
@@ -290,33 +298,17 @@ class DemoConfig:
                 f"{len(self.lengths)} samples are fewer than one global batch "
                 f"({self.batch_size}); raise --samples or lower --batch-size"
             )
+        unknown = sorted(set(self.samplers) - set(_SAMPLERS))
+        if unknown or not self.samplers:
+            raise ValueError(f"--samplers {unknown} must be a comma list of {_SAMPLERS}")
+        SpeedProfile.parse(self.speeds, self.world_size)  # raises naming the format
+
+    def profile(self) -> SpeedProfile:
+        """The emulated rank speeds (``--speeds``)."""
+        return SpeedProfile.parse(self.speeds, self.world_size)
 
 
 # -- one rank -------------------------------------------------------------------------------
-
-
-class _HookState:
-    """Shared with the DDP communication hook: when this rank's gradients became ready."""
-
-    def __init__(self, world: int) -> None:
-        self.world = world
-        self.ready = math.nan
-        self.ready_cpu = math.nan
-
-
-# No ``from __future__ import annotations`` in this module: DDP checks the hook's annotations
-# at runtime and refuses string ones.
-def _timed_allreduce_hook(
-    state: _HookState, bucket: dist.GradBucket
-) -> torch.futures.Future[torch.Tensor]:
-    # DDP calls the hook once a bucket's gradients are all computed, buckets in order, so the
-    # last call of a step marks the end of this rank's own compute; everything after it is
-    # waiting for the other ranks and the all-reduce itself.
-    state.ready = time.perf_counter()
-    state.ready_cpu = time.thread_time()
-    buffer = bucket.buffer().div_(state.world)
-    future = dist.all_reduce(buffer, async_op=True).get_future()
-    return future.then(lambda fut: fut.value()[0])
 
 
 def _make_sampler(
@@ -325,6 +317,20 @@ def _make_sampler(
     if name == "torch":
         return TorchDistributedSampler(
             dataset, num_replicas=config.world_size, rank=rank, shuffle=True, seed=config.seed
+        )
+    if name == "dynamic":
+        return ChronicaBatchSampler(
+            dataset,
+            config.batch_size,
+            num_replicas=config.world_size,
+            rank=rank,
+            seed=config.seed,
+            kind="dynamic",
+            variable_batch=True,
+            window=_DYNAMIC_WINDOW,
+            sizes=dataset.sizes,
+            cost=cost,
+            port=config.coordinator_port,
         )
     sampler = ChronicaDistributedSampler(
         dataset,
@@ -348,6 +354,8 @@ def _heaviest_local_batch(runs: list["_Training"]) -> list[int]:
     best: list[int] = []
     best_tokens = -1
     for run in runs:
+        if run.name == "dynamic":
+            continue  # its plans come from feedback; the static runs cover the same batches
         local = run.config.batch_size // run.config.world_size
         for epoch in range(run.config.epochs):
             run.sampler.set_epoch(epoch)
@@ -390,44 +398,55 @@ class _Training:
             dataset.vocab, dataset.classes, config.dim, config.hidden, config.cost == "quadratic"
         )
         self.ddp = DistributedDataParallel(model)
-        self.hook = _HookState(config.world_size)
-        self.ddp.register_comm_hook(self.hook, _timed_allreduce_hook)
         self.optimizer = torch.optim.Adam(self.ddp.parameters(), lr=config.lr)
         self.sampler = _make_sampler(name, dataset, config, rank, self.cost)
         self.sizes = dataset.sizes
-        self.loader = DataLoader(
-            dataset,
-            batch_size=config.batch_size // config.world_size,
-            sampler=self.sampler,
-            collate_fn=collate_packed,
+        self.profile = config.profile()
+        self.global_step = 0
+        self.timer = ComputeTimer(
+            self.ddp,
+            self.sampler if name == "dynamic" else None,
+            slowdown=lambda: float(self.profile.slowdown(self.global_step)[rank]),
         )
+        if name == "dynamic":
+            self.loader = DataLoader(dataset, batch_sampler=self.sampler, collate_fn=collate_packed)
+        else:
+            self.loader = DataLoader(
+                dataset,
+                batch_size=config.batch_size // config.world_size,
+                sampler=self.sampler,
+                collate_fn=collate_packed,
+            )
         self.steps = len(self.loader)
         self.compute = np.zeros((config.epochs, self.steps))
         self.predicted = np.zeros((config.epochs, self.steps))
         self.compute_cpu = np.zeros((config.epochs, self.steps))
+        self.native = np.zeros((config.epochs, self.steps))
         self.epoch_times: list[float] = []
         self.totals = torch.zeros(3, dtype=torch.float64)  # last epoch: loss sum, correct, count
 
     def run_epoch(self, epoch: int, bar: Any) -> None:
         """Train one epoch; record per-step compute time, predicted load and epoch time."""
-        ddp, hook = self.ddp, self.hook
+        ddp, timer = self.ddp, self.timer
         self.sampler.set_epoch(epoch)
         bar.set_description_str(f"{self.name:>8} epoch {epoch + 1}/{self.config.epochs}")
         dist.barrier()
         start_epoch = time.perf_counter()
         for step, (tokens, segments, lengths, labels) in enumerate(self.loader):
-            hook.ready = math.nan
-            start_cpu = time.thread_time()
-            start = time.perf_counter()
+            timer.seconds = math.nan
             logits = ddp(tokens, segments, lengths)
             loss = F.cross_entropy(logits, labels)
+            if self.name == "dynamic":  # unequal local batches: weight to the global mean
+                loss = loss * self.sampler.loss_weight(step)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
-            if math.isnan(hook.ready):
+            if math.isnan(timer.seconds):
                 raise RuntimeError("the DDP communication hook did not run in this step")
-            self.compute[epoch, step] = hook.ready - start
-            self.compute_cpu[epoch, step] = hook.ready_cpu - start_cpu
+            self.global_step += 1
+            self.compute[epoch, step] = timer.seconds
+            self.native[epoch, step] = timer.native_seconds
+            self.compute_cpu[epoch, step] = timer.cpu_seconds
             self.predicted[epoch, step] = float(self.cost(lengths.numpy()).sum())
             if epoch == self.config.epochs - 1:
                 correct = float((logits.argmax(1) == labels).sum())
@@ -444,16 +463,24 @@ class _Training:
         world = self.config.world_size
         dist.all_reduce(self.totals)
         local = torch.from_numpy(
-            np.stack([self.compute.ravel(), self.predicted.ravel(), self.compute_cpu.ravel()])
+            np.stack(
+                [
+                    self.compute.ravel(),
+                    self.predicted.ravel(),
+                    self.compute_cpu.ravel(),
+                    self.native.ravel(),
+                ]
+            )
         )
         gathered = [torch.empty_like(local) for _ in range(world)]
         dist.all_gather(gathered, local)
-        both = torch.stack(gathered).numpy()  # (rank, {compute, predicted, cpu}, epoch*step)
+        both = torch.stack(gathered).numpy()  # (rank, {compute, predicted, cpu, native}, step)
         record: dict[str, Any] = {
             "steps_per_epoch": self.steps,
             "compute": both[:, 0].T.tolist(),  # (epoch*step, rank)
             "predicted": both[:, 1].T.tolist(),
             "compute_cpu": both[:, 2].T.tolist(),
+            "compute_native": both[:, 3].T.tolist(),
             "epoch_times": self.epoch_times,
             "loss": float(self.totals[0] / self.totals[2]),
             "accuracy": float(self.totals[1] / self.totals[2]),
@@ -481,7 +508,11 @@ def _train_all(dataset: PackedTokens, config: DemoConfig, rank: int) -> dict[str
         for epoch in range(config.epochs):
             for run in runs if epoch % 2 == 0 else runs[::-1]:
                 run.run_epoch(epoch, bar)
-    return {run.name: run.record() for run in runs}
+    records = {run.name: run.record() for run in runs}
+    for run in runs:
+        if run.name == "dynamic":
+            run.sampler.close()
+    return records
 
 
 def _watch_parent() -> None:
@@ -539,6 +570,21 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _free_port_pair() -> int:
+    """A port whose successor is free too (the coordinator publishes on port + 1)."""
+    for _ in range(100):
+        port = _free_port()
+        if port >= 65535:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise DemoError("no pair of free ports on 127.0.0.1 for the coordinator")
+
+
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
     for proc in procs:
         if proc.poll() is None:
@@ -551,7 +597,7 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
             proc.wait()
 
 
-def _launch(config: DemoConfig, timeout_s: float) -> dict[str, Any]:
+def launch(config: DemoConfig, timeout_s: float) -> dict[str, Any]:
     """Run the ranks as subprocesses and return rank 0's results; never leaves a rank behind."""
     package_root = str(Path(__file__).resolve().parents[3])
     with tempfile.TemporaryDirectory(prefix="chronica-demo-") as tmp:
@@ -559,6 +605,8 @@ def _launch(config: DemoConfig, timeout_s: float) -> dict[str, Any]:
         result_path = Path(tmp) / "result.json"
         payload = asdict(config)
         payload["samplers"] = list(config.samplers)
+        if "dynamic" in config.samplers and not config.coordinator_port:
+            payload["coordinator_port"] = _free_port_pair()
         config_path.write_text(json.dumps(payload))
         env = dict(os.environ)
         env.update(
@@ -619,7 +667,7 @@ def format_report(config: DemoConfig, results: dict[str, Any], elapsed_s: float)
         f"chronica demo: {world} processes (torch.distributed, gloo, 1 thread each), "
         f"{len(lengths)} samples, global batch {b} ({b // world} per rank), "
         f"{first['steps_per_epoch']} steps x {config.epochs} epochs, kind={config.kind}, "
-        f"cost={config.cost}",
+        f"cost={config.cost}, rank speeds {config.speeds}",
         f"token lengths: {config.lengths_source}; mean {lengths.mean():.0f}, max {lengths.max()}",
         "",
         f"{'':10}{'per-step max/mean rank load':^30}",
@@ -633,7 +681,8 @@ def format_report(config: DemoConfig, results: dict[str, Any], elapsed_s: float)
         compute = np.asarray(record["compute"])
         measured = _ratios(compute)
         predicted = _ratios(np.asarray(record["predicted"]))
-        share = float(np.sum(record["compute_cpu"]) / max(compute.sum(), 1e-12))
+        native = float(np.sum(record["compute_native"]))
+        share = float(np.sum(record["compute_cpu"]) / max(native, 1e-12))
         lowest_share = min(lowest_share, share)
         epoch_time[name] = float(np.mean(record["epoch_times"]))
         lines.append(
@@ -643,12 +692,13 @@ def format_report(config: DemoConfig, results: dict[str, Any], elapsed_s: float)
             f"{share:10.0%}"
         )
     lines.append("")
-    if "torch" in epoch_time and "chronica" in epoch_time:
-        speedup = epoch_time["torch"] / epoch_time["chronica"]
-        lines.append(
-            f"speed-up (torch epoch time / chronica epoch time, measured in this run): "
-            f"{speedup:.2f}x"
-        )
+    for name in ("chronica", "dynamic"):
+        if "torch" in epoch_time and name in epoch_time:
+            speedup = epoch_time["torch"] / epoch_time[name]
+            lines.append(
+                f"speed-up of {name} (torch epoch time / {name} epoch time, measured in this "
+                f"run): {speedup:.2f}x"
+            )
     chronica = results.get("chronica", {})
     if "bound_mean" in chronica:
         lines.append(
@@ -657,8 +707,9 @@ def format_report(config: DemoConfig, results: dict[str, Any], elapsed_s: float)
             f"(a step cannot beat its largest sample)"
         )
     lines.append(
-        f"measured load = each rank's own forward+backward time per step; epoch time = rank 0 "
-        f"wall clock, mean of {config.epochs}; cpu share = CPU time / wall time while computing"
+        f"measured load = each rank's own forward+backward time per step (times its emulated "
+        f"slowdown); epoch time = rank 0 wall clock, mean of {config.epochs}; cpu share = CPU "
+        f"time / wall time while computing; dynamic = kind='dynamic', variable_batch=True"
     )
     if lowest_share < 0.9:
         lines.append(
@@ -696,6 +747,18 @@ def _parse(argv: list[str] | None) -> tuple[DemoConfig, float]:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--world-size", type=int, default=2, help="processes (default 2)")
+    parser.add_argument(
+        "--speeds",
+        default="constant",
+        help="emulated rank speeds: constant, HL2..HL8 (4 ranks), '1,1,0.5', "
+        "'straggler:RANK@STEP*FACTOR' (default constant)",
+    )
+    parser.add_argument(
+        "--samplers",
+        default=None,
+        help="comma list of torch, chronica, dynamic (default torch,chronica; with --speeds "
+        "also dynamic)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny configuration (tests)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
@@ -725,6 +788,10 @@ def _parse(argv: list[str] | None) -> tuple[DemoConfig, float]:
         hidden=64 if quick else 512,
         warmup_steps=1 if quick else 3,
         progress=not args.no_progress,
+        speeds=args.speeds,
+        samplers=tuple(args.samplers.split(","))
+        if args.samplers
+        else _SAMPLERS[:2] + (("dynamic",) if args.speeds != "constant" else ()),
     )
     try:
         config.validate()
@@ -742,13 +809,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chronica demo: {exc}", file=sys.stderr)
         return 2
     print(
-        f"chronica demo: starting {config.world_size} processes; each trains twice (torch's "
-        f"sampler, chronica's), alternating epochs",
+        f"chronica demo: starting {config.world_size} processes; each trains once per sampler "
+        f"({', '.join(config.samplers)}), alternating epochs",
         file=sys.stderr,
         flush=True,
     )
     try:
-        results = _launch(config, timeout_s)
+        results = launch(config, timeout_s)
     except DemoError as exc:
         print(f"chronica demo: {exc}", file=sys.stderr)
         return 1

@@ -27,7 +27,8 @@ class ComputeTimer:
     Registers a forward pre-hook and a DDP communication hook (an all-reduce averaging the
     gradients exactly like DDP's default one), so the model must not have another comm hook;
     with your own hook, time the step yourself and call ``sampler.report(seconds)``.
-    ``seconds`` holds the last step's measurement. With gradient accumulation the time runs
+    ``seconds`` holds the last step's measurement (``native_seconds`` before any emulated
+    slowdown, ``cpu_seconds`` its thread CPU time). With gradient accumulation the time runs
     from the first forward after the last report to the synchronising backward.
 
     ``slowdown`` (tests, benchmarks, the demo) returns this rank's emulated slowdown factor
@@ -48,7 +49,10 @@ class ComputeTimer:
         self.sampler = sampler
         self.slowdown = slowdown
         self.seconds = math.nan
+        self.native_seconds = math.nan
+        self.cpu_seconds = math.nan
         self._started: float | None = None
+        self._started_cpu = 0.0
         self._group = model.process_group
         self._world = dist.get_world_size(self._group)
         model.register_forward_pre_hook(self._start)
@@ -57,11 +61,14 @@ class ComputeTimer:
     def _start(self, module: Any, inputs: Any) -> None:
         if self._started is None:
             self._started = time.perf_counter()
+            self._started_cpu = time.thread_time()
 
     def _stop(self) -> None:
         if self._started is None:
             return
         elapsed = time.perf_counter() - self._started
+        self.native_seconds = elapsed
+        self.cpu_seconds = time.thread_time() - self._started_cpu
         factor = 1.0 if self.slowdown is None else float(self.slowdown())
         if factor > 1.0:
             time.sleep(elapsed * (factor - 1.0))
