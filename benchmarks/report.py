@@ -7,6 +7,7 @@ rerunning anything: ``python benchmarks/report.py`` (reads ``benchmarks/results/
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 from pathlib import Path
 
@@ -467,9 +468,15 @@ def _quality_section(result: dict, img: str) -> list[str]:
     return out
 
 
-def render(results: dict[str, dict], docs_dir: Path, img_dir: Path | None = None) -> Path:
+def render(
+    results: dict[str, dict],
+    docs_dir: Path,
+    img_dir: Path | None = None,
+    sections: tuple[str, ...] = (),
+) -> Path:
     """Write the plots and ``benchmarks.md`` into ``docs_dir`` (plots into ``img_dir``,
-    default ``docs_dir/img``); returns the page's path."""
+    default ``docs_dir/img``); returns the page's path. ``sections`` name benchmark modules
+    whose ``render_markdown(result, img_dir)`` writes their own part, appended in order."""
     docs_dir = Path(docs_dir)
     img_dir = docs_dir / "img" if img_dir is None else Path(img_dir)
     img_dir.mkdir(parents=True, exist_ok=True)
@@ -531,6 +538,10 @@ def render(results: dict[str, dict], docs_dir: Path, img_dir: Path | None = None
     if "quality" in results:
         _plot_quality(results["quality"], img_dir / "quality.png")
         lines += _quality_section(results["quality"], img)
+    for name in sections:
+        if name in results:
+            module = importlib.import_module(name)
+            lines += [module.render_markdown(results[name], img_dir)]
     page = docs_dir / "benchmarks.md"
     page.write_text("\n".join(lines))
     return page
@@ -545,7 +556,9 @@ def main(argv: list[str] | None = None) -> int:
     results = load_results(args.results_dir)
     if not results:
         raise SystemExit(f"no JSON results in {args.results_dir}; run benchmarks/run_all.py")
-    print(render(results, args.docs_dir))
+    from run_all import SECTIONS
+
+    print(render(results, args.docs_dir, sections=SECTIONS))
     return 0
 
 

@@ -3,9 +3,11 @@
     PYTHONPATH=. python benchmarks/run_all.py            # full mode (several minutes)
     PYTHONPATH=. python benchmarks/run_all.py --quick    # under 5 minutes on 2 cores
 
-Each benchmark module exposes ``run(quick) -> dict``; its result goes to
-``benchmarks/results/<name>.json``. The page and its plots are then rebuilt from every JSON
-file in that folder (so ``--only planning`` keeps the last balance results on the page).
+Each benchmark module exposes ``run(quick) -> dict`` and ``format_table(result)``; its result
+goes to ``benchmarks/results/<name>.json`` (with the mode and the machine added). The page
+and its plots are then rebuilt from every JSON file in that folder (so ``--only planning``
+keeps the last balance results on the page). Modules in ``SECTIONS`` also write their own
+section of the page with ``render_markdown(result, img_dir)``.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["BENCHMARKS", "main"]
+__all__ = ["BENCHMARKS", "SECTIONS", "main"]
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("balance", "planning", "movement", "quality")
+# Modules that render their own section of the page, in page order.
+SECTIONS = ("dynamic", "hetero_run")
+BENCHMARKS = ("balance", "planning", "movement", "quality", *SECTIONS)
 
 
 def _prepare_imports() -> None:
@@ -54,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _prepare_imports()
     report = importlib.import_module("report")
+    common = importlib.import_module("common")
 
     args.results_dir.mkdir(parents=True, exist_ok=True)
     failed = False
@@ -65,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
             result = module.run(args.quick, data_dir=args.data_dir)
         else:
             result = module.run(args.quick)
+        result.setdefault("mode", "quick" if args.quick else "full")
+        result.setdefault("machine", common.machine_info())
         print(module.format_table(result))
         if name == "balance":
             lines = module.check_targets(result)
@@ -76,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp.replace(path)
         print(f"-> {path} ({time.perf_counter() - started:.0f} s)", flush=True)
 
-    page = report.render(report.load_results(args.results_dir), args.docs_dir)
+    page = report.render(report.load_results(args.results_dir), args.docs_dir, sections=SECTIONS)
     print(f"-> {page}")
     if failed:
         print("some balance targets FAIL (see above and the Targets section of the page)")
