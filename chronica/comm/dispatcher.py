@@ -1,0 +1,376 @@
+"""The gradient dispatcher: threads that issue partitions in order under credit, a Chrome-trace
+timeline, the knobs (arguments or ``CHRONICA_*`` environment variables) and an auto-tuner.
+
+Framework-free: an adapter passes in ``start(partition) -> handle`` (begin an asynchronous
+all-reduce of that partition's bytes) and ``wait(partition, handle)`` (block until it is done
+and the result is written back). Two threads run per dispatcher: one *issues* partitions in the
+order of its ``GradientQueue`` (so collectives are issued from one thread, in one sequence,
+on every rank), the other *waits* for them in issue order, returns their credit and calls
+``on_complete(partition)``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from chronica.core.priority import GradientQueue
+
+__all__ = ["AutoTuner", "Dispatcher", "SchedulingOptions", "StepStats", "Timeline"]
+
+log = logging.getLogger("chronica")
+
+ORDERS = ("priority", "fifo")
+_SUFFIX = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def _parse_bytes(name: str, value: Any) -> int:
+    if isinstance(value, str):
+        text = value.strip().lower().removesuffix("ib").removesuffix("b")
+        unit = text[-1:] if text[-1:] in _SUFFIX else ""
+        try:
+            value = int(float(text[: len(text) - len(unit)]) * _SUFFIX[unit])
+        except ValueError:
+            raise ValueError(
+                f"{name}={value!r} is not a byte count (e.g. 1048576 or 1MiB)"
+            ) from None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{name}={value!r} must be a positive number of bytes")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class SchedulingOptions:
+    """Knobs of gradient-priority scheduling; ``resolve`` fills unset ones from the environment.
+
+    ``partition_bytes`` cuts large tensors and fuses small ones (``CHRONICA_PARTITION_BYTES``);
+    ``credit_bytes`` bounds bytes in flight (``CHRONICA_CREDIT_BYTES``); ``order`` is
+    ``"priority"`` (ByteScheduler) or ``"fifo"`` (backward order, still crossing the
+    iteration barrier); ``auto_tune`` searches partition and credit online from measured step
+    time (``CHRONICA_AUTOTUNE=1``); ``timeline`` is a Chrome-trace path (``CHRONICA_TIMELINE``;
+    ``{rank}`` in it is replaced, else ``.rank<r>`` is inserted before the suffix when there
+    is more than one rank).
+    """
+
+    partition_bytes: int = 1 << 20
+    credit_bytes: int = 4 << 20
+    order: str = "priority"
+    auto_tune: bool = False
+    timeline: str | None = None
+
+    def __post_init__(self) -> None:
+        _parse_bytes("partition_bytes", self.partition_bytes)
+        _parse_bytes("credit_bytes", self.credit_bytes)
+        if self.order not in ORDERS:
+            raise ValueError(f"order={self.order!r} must be one of {ORDERS}")
+
+    @classmethod
+    def resolve(
+        cls,
+        partition_bytes: int | str | None = None,
+        credit_bytes: int | str | None = None,
+        order: str | None = None,
+        auto_tune: bool | None = None,
+        timeline: str | None = None,
+    ) -> SchedulingOptions:
+        """Arguments win; unset ones come from ``CHRONICA_*`` variables, then the defaults."""
+        env = os.environ
+        default = cls()
+        part = partition_bytes or env.get("CHRONICA_PARTITION_BYTES") or default.partition_bytes
+        credit = credit_bytes or env.get("CHRONICA_CREDIT_BYTES") or default.credit_bytes
+        if auto_tune is None:
+            auto_tune = env.get("CHRONICA_AUTOTUNE", "0").lower() in ("1", "true", "yes")
+        return cls(
+            partition_bytes=_parse_bytes("partition_bytes", part),
+            credit_bytes=_parse_bytes("credit_bytes", credit),
+            order=order or default.order,
+            auto_tune=bool(auto_tune),
+            timeline=timeline or env.get("CHRONICA_TIMELINE") or None,
+        )
+
+    def with_knobs(self, partition_bytes: int, credit_bytes: int) -> SchedulingOptions:
+        return replace(self, partition_bytes=int(partition_bytes), credit_bytes=int(credit_bytes))
+
+
+def timeline_path(path: str, rank: int, world: int) -> str:
+    """The per-rank file name for a timeline ``path`` (see ``SchedulingOptions``)."""
+    if "{rank}" in path:
+        return path.replace("{rank}", str(rank))
+    if world <= 1:
+        return path
+    root, dot, ext = path.rpartition(".")
+    return f"{root}.rank{rank}.{ext}" if dot and "/" not in ext else f"{path}.rank{rank}"
+
+
+class Timeline:
+    """A Chrome-trace (JSON array format) file of complete ("X") events, loadable by
+    chrome://tracing and Perfetto. Complete JSON once ``close`` ran; until then it is the
+    array format's accepted unterminated form. Thread-safe."""
+
+    def __init__(self, path: str, pid: int = 0) -> None:
+        self._file = open(path, "w")
+        self._pid = pid
+        self._lock = threading.Lock()
+        self._first = True
+        self._t0 = time.perf_counter()
+        self._wall0_us = time.time() * 1e6
+        self._file.write("[\n")
+        meta = {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"rank {pid}"}}
+        self._write(meta)
+
+    def _write(self, event: dict) -> None:
+        text = json.dumps(event, separators=(",", ":"))
+        with self._lock:
+            if self._file.closed:
+                return
+            self._file.write(text if self._first else ",\n" + text)
+            self._first = False
+
+    def span(self, name: str, tid: str, start: float, end: float, **args: Any) -> None:
+        """One span from ``start`` to ``end`` (``time.perf_counter`` seconds) on row ``tid``."""
+        ts = self._wall0_us + (start - self._t0) * 1e6
+        self._write(
+            {
+                "name": name,
+                "ph": "X",
+                "pid": self._pid,
+                "tid": tid,
+                "ts": round(ts, 3),
+                "dur": round(max(0.0, end - start) * 1e6, 3),
+                "args": args,
+            }
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._file.closed:
+                self._file.write("\n]\n")
+                self._file.close()
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one step's communication looked like on this rank.
+
+    ``tensor_ready``: seconds from the first gradient ready to each tensor's (NaN if never);
+    ``bytes_per_second``: bytes reduced over the time at least one partition was in flight.
+    """
+
+    tensor_ready: np.ndarray
+    bytes_per_second: float
+
+
+class Dispatcher:
+    """Issues one ``GradientQueue`` per step through ``start``/``wait`` on two threads.
+
+    Guarantees: partitions are started in the queue's order, from one thread; ``on_complete``
+    runs once per partition, in start order, after its ``wait`` returned; ``wait_all`` returns
+    after every partition of the current step completed and re-raises the first error of a
+    dispatcher thread. ``ready`` is cheap and may be called from any thread.
+    """
+
+    def __init__(
+        self,
+        start: Callable[[int], Any],
+        wait: Callable[[int, Any], None],
+        on_complete: Callable[[int], None],
+        timeline: Timeline | None = None,
+    ) -> None:
+        self._start, self._wait, self._on_complete = start, wait, on_complete
+        self._timeline = timeline
+        self._names: list[str] | None = None
+        self.issued: list[int] = []
+        self.max_in_flight = 0
+        self._cond = threading.Condition()
+        self._flight: deque[tuple[int, Any, float]] = deque()
+        self._queue: GradientQueue | None = None
+        self._remaining = 0
+        self._error: BaseException | None = None
+        self._closed = False
+        self._ready_at: np.ndarray = np.zeros(0)
+        self._part_ready: dict[int, float] = {}
+        self._busy: list[tuple[float, float, int]] = []
+        self._threads = [
+            threading.Thread(target=self._guard(self._issue_loop), name="chronica-issue"),
+            threading.Thread(target=self._guard(self._complete_loop), name="chronica-complete"),
+        ]
+        for thread in self._threads:
+            thread.daemon = True
+            thread.start()
+
+    def begin(self, queue: GradientQueue, names: list[str] | None = None) -> None:
+        """Start a step with ``queue`` (reset); the previous step must have completed.
+
+        ``names`` label the partitions on the timeline."""
+        with self._cond:
+            self._raise_if_failed()
+            if self._remaining:
+                raise RuntimeError("begin() while the previous step is still in flight")
+            queue.reset()
+            self._queue = queue
+            self._names = names
+            self.issued = []
+            self._remaining = queue.layout.num_partitions
+            self._ready_at = np.full(queue.layout.num_tensors, np.nan)
+            self._part_ready.clear()
+            self._busy = []
+
+    def ready(self, tensor: int) -> None:
+        """``tensor``'s gradient is final for this step."""
+        now = time.perf_counter()
+        with self._cond:
+            self._ready_at[tensor] = now
+            for p in self._queue.mark_ready(tensor):
+                self._part_ready[p] = now
+            self._cond.notify_all()
+
+    def wait_all(self) -> None:
+        """Block until every partition of the current step has completed."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._remaining == 0 or self._error is not None)
+            self._raise_if_failed()
+
+    @property
+    def failed(self) -> bool:
+        """True once a dispatcher thread failed (``wait_all`` re-raises its error)."""
+        return self._error is not None
+
+    def stats(self) -> StepStats:
+        """Statistics of the current (or last completed) step."""
+        with self._cond:
+            ready = (
+                self._ready_at - np.nanmin(self._ready_at)
+                if self._ready_at.size
+                else self._ready_at
+            )
+            busy = sorted(self._busy)
+        covered, end, total = 0.0, -np.inf, 0
+        for a, b, nbytes in busy:
+            covered += max(0.0, b - max(a, end))
+            end = max(end, b)
+            total += nbytes
+        rate = total / covered if covered > 0 else float("inf")
+        return StepStats(tensor_ready=ready, bytes_per_second=rate)
+
+    def close(self) -> None:
+        """Stop the threads (after the current step completed) and close the timeline."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=60)
+        if self._timeline is not None:
+            self._timeline.close()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError("gradient dispatcher failed") from self._error
+
+    def _guard(self, loop: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                loop()
+            except BaseException as exc:  # surfaced to the training thread by wait_all
+                log.exception("chronica gradient dispatcher thread failed")
+                with self._cond:
+                    self._error = exc
+                    self._cond.notify_all()
+
+        return run
+
+    def _issue_loop(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed or self._error is not None:
+                        return
+                    p = self._queue.next_dispatch() if self._queue is not None else None
+                    if p is not None:
+                        self.issued.append(p)
+                        self.max_in_flight = max(self.max_in_flight, self._queue.in_flight)
+                        break
+                    self._cond.wait()
+            issued = time.perf_counter()
+            handle = self._start(p)
+            with self._cond:
+                self._flight.append((p, handle, issued))
+                self._cond.notify_all()
+
+    def _complete_loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._flight or self._closed or self._error)
+                if not self._flight:
+                    return
+                p, handle, issued = self._flight.popleft()
+            self._wait(p, handle)
+            done = time.perf_counter()
+            nbytes = int(self._queue.layout.part_bytes[p])
+            with self._cond:
+                self._queue.complete(p)
+                self._busy.append((issued, done, nbytes))
+                ready = self._part_ready.get(p, issued)
+                self._cond.notify_all()
+            if self._timeline is not None:
+                name = self._names[p] if self._names else f"partition {p}"
+                self._timeline.span(name, "queue", ready, issued, partition=p, bytes=nbytes)
+                self._timeline.span(name, "communication", issued, done, partition=p, bytes=nbytes)
+            self._on_complete(p)
+            with self._cond:
+                self._remaining -= 1
+                self._cond.notify_all()
+
+
+class AutoTuner:
+    """Online search of ``(partition_bytes, credit_bytes)`` from measured step times.
+
+    Tries each candidate for ``steps_per_trial`` steps, scores it by the median of all but its
+    first step (which pays for the switch), then keeps the best. ``record`` returns the knobs
+    to switch to at the step boundary where a switch is due, else ``None``; the decision is a
+    pure function of the recorded times, so feeding rank 0's times and sharing the result
+    keeps ranks in step.
+    """
+
+    def __init__(self, candidates: list[tuple[int, int]], steps_per_trial: int = 4) -> None:
+        if not candidates or steps_per_trial < 2:
+            raise ValueError("need at least one candidate and steps_per_trial >= 2")
+        self.candidates = [(int(p), int(c)) for p, c in candidates]
+        self.steps_per_trial = steps_per_trial
+        self.scores: list[float] = []
+        self._times: list[float] = []
+        self.best: tuple[int, int] | None = None
+
+    @classmethod
+    def default_grid(cls, total_bytes: int) -> AutoTuner:
+        """Partitions from 1/64 of the gradient bytes up to all of them, credit 1 or 4 of them."""
+        top = max(1 << 16, int(total_bytes))
+        sizes = sorted({max(1 << 16, top >> shift) for shift in (6, 4, 2, 0)})
+        return cls([(p, k * p) for p in sizes for k in (1, 4)])
+
+    @property
+    def current(self) -> tuple[int, int]:
+        return self.best or self.candidates[len(self.scores)]
+
+    def record(self, seconds: float) -> tuple[int, int] | None:
+        if self.best is not None:
+            return None
+        self._times.append(float(seconds))
+        if len(self._times) < self.steps_per_trial:
+            return None
+        self.scores.append(float(np.median(self._times[1:])))
+        self._times = []
+        if len(self.scores) == len(self.candidates):
+            self.best = self.candidates[int(np.argmin(self.scores))]
+            log.info(
+                "chronica auto-tune: partition, credit = %s (scores %s)", self.best, self.scores
+            )
+        return self.current

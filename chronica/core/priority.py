@@ -1,0 +1,267 @@
+"""Gradient task queue: priorities, partitions, fusion, credit and a rank-identical order.
+
+Pure decisions for gradient-priority communication scheduling (ByteScheduler): no threads,
+no clocks, no framework. The dispatcher in ``chronica.comm.dispatcher`` drives it.
+
+- **Priority** is a tensor's position in the order of first use in the forward pass
+  (position 0 is needed first). Tensors are laid out in that order.
+- **Partitions** (tasks): a tensor larger than ``partition_bytes`` is cut into nearly equal
+  slices, each a task of its own; runs of adjacent smaller tensors of one dtype are fused
+  into one task of at most ``partition_bytes``. A partition's priority is its index.
+- **Credit**: a partition may be dispatched only while the bytes in flight are below
+  ``credit_bytes``, so in-flight bytes never exceed ``credit_bytes`` plus one partition.
+- **Dispatch order.** Collectives must be issued in the same order on every rank, but
+  gradients become ready at different moments on different ranks. So the order is not
+  decided from local timing: it is a fixed sequence, identical on every rank, and the
+  dispatcher issues its entries strictly one after the other, each once it is ready locally
+  and credit allows. The sequence is a pure function of agreed inputs:
+  ``"fifo"`` is the readiness order (backward order) and ``"priority"`` is the order in which
+  a preemptive priority scheduler (highest-priority ready partition first, credit-limited)
+  dispatches on a simulated run driven by agreed per-tensor ready times and link bandwidth
+  (see ``simulate_order``). Preemption is non-destructive: a partition that is already in
+  flight is never recalled; a higher-priority partition only overtakes those still queued.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "GradientQueue",
+    "Layout",
+    "build_layout",
+    "fifo_order",
+    "partition_ready_times",
+    "simulate_order",
+]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Partitions of a list of tensors given in priority order.
+
+    Partition ``p`` is the segments ``seg_tensor[k], [seg_start[k], seg_stop[k])`` (element
+    ranges of flattened tensors) for ``k`` in ``range(part_ptr[p], part_ptr[p + 1])``.
+    Guarantees: every element of every tensor lies in exactly one segment; segments of a
+    partition are in priority order; a partition is either one slice of one tensor or whole
+    tensors of one dtype; partition ``p`` holds no element of a tensor of lower priority than
+    any element of partition ``p + 1``.
+    """
+
+    numel: np.ndarray
+    itemsize: np.ndarray
+    seg_tensor: np.ndarray
+    seg_start: np.ndarray
+    seg_stop: np.ndarray
+    part_ptr: np.ndarray
+    part_bytes: np.ndarray
+    partition_bytes: int
+
+    @property
+    def num_tensors(self) -> int:
+        return int(self.numel.shape[0])
+
+    @property
+    def num_partitions(self) -> int:
+        return int(self.part_bytes.shape[0])
+
+    def segments(self, partition: int) -> list[tuple[int, int, int]]:
+        """``(tensor, start, stop)`` element ranges of ``partition``, in priority order."""
+        lo, hi = int(self.part_ptr[partition]), int(self.part_ptr[partition + 1])
+        return [
+            (int(self.seg_tensor[k]), int(self.seg_start[k]), int(self.seg_stop[k]))
+            for k in range(lo, hi)
+        ]
+
+
+def build_layout(
+    numel: np.ndarray,
+    itemsize: np.ndarray,
+    partition_bytes: int,
+    dtype_keys: np.ndarray | None = None,
+) -> Layout:
+    """Cut and fuse tensors (given in priority order) into partitions of ``partition_bytes``.
+
+    ``dtype_keys`` (one int per tensor) keeps tensors of different dtypes out of one fused
+    partition; by default ``itemsize`` stands in for the dtype.
+    """
+    numel = np.asarray(numel, dtype=np.int64)
+    itemsize = np.asarray(itemsize, dtype=np.int64)
+    keys = itemsize if dtype_keys is None else np.asarray(dtype_keys, dtype=np.int64)
+    if numel.ndim != 1 or itemsize.shape != numel.shape or keys.shape != numel.shape:
+        raise ValueError("numel, itemsize and dtype_keys must be 1-D arrays of one length")
+    if (numel < 0).any() or (itemsize <= 0).any():
+        raise ValueError("numel must be >= 0 and itemsize > 0 for every tensor")
+    if not isinstance(partition_bytes, (int, np.integer)) or partition_bytes <= 0:
+        raise ValueError(f"partition_bytes={partition_bytes!r} must be a positive int")
+    segs: list[tuple[int, int, int]] = []
+    ptr = [0]
+    group_bytes = 0
+    group_key = -1
+
+    def close() -> None:
+        nonlocal group_bytes
+        if len(segs) > ptr[-1]:
+            ptr.append(len(segs))
+        group_bytes = 0
+
+    for t in range(numel.shape[0]):
+        n, size, key = int(numel[t]), int(itemsize[t]), int(keys[t])
+        nbytes = n * size
+        if nbytes > partition_bytes:
+            close()
+            pieces = min(n, -(-nbytes // partition_bytes))
+            edges = (np.arange(pieces + 1, dtype=np.int64) * n // pieces).tolist()
+            for a, b in itertools.pairwise(edges):
+                segs.append((t, a, b))
+                close()
+            continue
+        if group_bytes + nbytes > partition_bytes or key != group_key:
+            close()
+        segs.append((t, 0, n))
+        group_bytes += nbytes
+        group_key = key
+    close()
+    arr = np.asarray(segs, dtype=np.int64).reshape(-1, 3)
+    part_ptr = np.asarray(ptr, dtype=np.int64)
+    seg_bytes = (arr[:, 2] - arr[:, 1]) * itemsize[arr[:, 0]] if len(arr) else np.zeros(0, np.int64)
+    part_bytes = np.add.reduceat(seg_bytes, part_ptr[:-1]) if len(arr) else np.zeros(0, np.int64)
+    return Layout(
+        numel=numel,
+        itemsize=itemsize,
+        seg_tensor=arr[:, 0].copy(),
+        seg_start=arr[:, 1].copy(),
+        seg_stop=arr[:, 2].copy(),
+        part_ptr=part_ptr,
+        part_bytes=part_bytes.astype(np.int64),
+        partition_bytes=int(partition_bytes),
+    )
+
+
+def partition_ready_times(layout: Layout, tensor_ready: np.ndarray) -> np.ndarray:
+    """When each partition is ready: the latest ready time of the tensors it holds."""
+    ready = np.asarray(tensor_ready, dtype=np.float64)[layout.seg_tensor]
+    return np.maximum.reduceat(ready, layout.part_ptr[:-1]) if len(ready) else ready
+
+
+def fifo_order(layout: Layout, tensor_ready: np.ndarray) -> np.ndarray:
+    """Partitions in the order they become ready (ties: higher priority first)."""
+    ready = partition_ready_times(layout, tensor_ready)
+    return np.lexsort((np.arange(len(ready)), ready)).astype(np.int64)
+
+
+def simulate_order(
+    layout: Layout,
+    tensor_ready: np.ndarray,
+    credit_bytes: int,
+    bytes_per_second: float,
+    latency: float = 0.0,
+) -> np.ndarray:
+    """The order in which credit-limited preemptive priority scheduling dispatches.
+
+    Simulates one backward pass: partition ``p`` becomes ready at the latest
+    ``tensor_ready`` time of its tensors (seconds); whenever bytes in flight are below
+    ``credit_bytes`` the ready partition of highest priority (lowest index) is dispatched; the
+    link carries partitions one after another at ``bytes_per_second``, each taking
+    ``latency`` more seconds. Deterministic: equal inputs give the same order on every rank.
+    """
+    if credit_bytes <= 0 or not bytes_per_second > 0 or latency < 0:
+        raise ValueError("credit_bytes and bytes_per_second must be > 0 and latency >= 0")
+    ready = partition_ready_times(layout, tensor_ready)
+    arrivals = deque(np.lexsort((np.arange(len(ready)), ready)).tolist())
+    queued: list[int] = []
+    flight: deque[tuple[float, int]] = deque()  # (completion time, bytes); completes in order
+    in_flight = 0
+    link_free = now = 0.0
+    order: list[int] = []
+    while arrivals or queued:
+        while arrivals and ready[arrivals[0]] <= now:
+            heapq.heappush(queued, arrivals.popleft())
+        while queued and in_flight < credit_bytes:
+            p = heapq.heappop(queued)
+            nbytes = int(layout.part_bytes[p])
+            link_free = max(now, link_free) + nbytes / bytes_per_second
+            flight.append((link_free + latency, nbytes))
+            in_flight += nbytes
+            order.append(p)
+        events = [ready[arrivals[0]]] if arrivals else []
+        if flight:
+            events.append(flight[0][0])
+        if not events:
+            break
+        now = max(now, min(events))
+        while flight and flight[0][0] <= now:
+            in_flight -= flight.popleft()[1]
+    return np.asarray(order, dtype=np.int64)
+
+
+class GradientQueue:
+    """Readiness and credit book-keeping for one step at a time, for a fixed dispatch order.
+
+    Guarantees: ``next_dispatch`` returns the entries of ``order`` exactly once each, in that
+    order, each only after every tensor it holds was marked ready and only while bytes in
+    flight are below ``credit_bytes`` (so they never exceed ``credit_bytes`` plus the largest
+    partition); ``complete`` returns credit. Not thread-safe: the caller holds a lock.
+    """
+
+    def __init__(self, layout: Layout, order: np.ndarray, credit_bytes: int) -> None:
+        order = np.asarray(order, dtype=np.int64)
+        if sorted(order.tolist()) != list(range(layout.num_partitions)):
+            raise ValueError("order must be a permutation of the layout's partitions")
+        if credit_bytes <= 0:
+            raise ValueError(f"credit_bytes={credit_bytes!r} must be > 0")
+        self.layout = layout
+        self.order = order
+        self.credit_bytes = int(credit_bytes)
+        self._tensor_parts = [[] for _ in range(layout.num_tensors)]
+        for p in range(layout.num_partitions):
+            for t, _, _ in layout.segments(p):
+                self._tensor_parts[t].append(p)
+        self._need = np.diff(layout.part_ptr)
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a step: no tensor ready, nothing dispatched (in-flight bytes are kept)."""
+        self._missing = self._need.copy()
+        self._tensor_done = np.zeros(self.layout.num_tensors, dtype=bool)
+        self._cursor = 0
+
+    def mark_ready(self, tensor: int) -> list[int]:
+        """Record that ``tensor``'s gradient is final; returns partitions that became ready."""
+        if self._tensor_done[tensor]:
+            raise RuntimeError(f"tensor {tensor} was marked ready twice in one step")
+        self._tensor_done[tensor] = True
+        became = []
+        for p in self._tensor_parts[tensor]:
+            self._missing[p] -= 1
+            if self._missing[p] == 0:
+                became.append(p)
+        return became
+
+    @property
+    def done_dispatching(self) -> bool:
+        """True once every partition of this step was handed out."""
+        return self._cursor == len(self.order)
+
+    def next_dispatch(self) -> int | None:
+        """The next partition of the order if it is ready and credit allows, else ``None``."""
+        if self._cursor == len(self.order) or self.in_flight >= self.credit_bytes:
+            return None
+        p = int(self.order[self._cursor])
+        if self._missing[p]:
+            return None
+        self._cursor += 1
+        self.in_flight += int(self.layout.part_bytes[p])
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        return p
+
+    def complete(self, partition: int) -> None:
+        """Return ``partition``'s bytes to the credit."""
+        self.in_flight -= int(self.layout.part_bytes[partition])

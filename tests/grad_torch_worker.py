@@ -1,0 +1,126 @@
+"""One rank of the gloo job of tests/test_grad_torch.py: scheduled versus plain training.
+
+argv: output JSON path, timeline path. Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
+For SGD (momentum, two parameter groups), Adam and AdamW (weight decay) it trains a model
+whose forward order differs from its registration order, once with ``ScheduledOptimizer``
+(small partitions and credit, rank-dependent backward delays) and once with plain
+all-reduce-average + ``optimizer.step()``, and reports both.
+"""
+
+import json
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from chronica.torch.distributed import ScheduledOptimizer
+
+STEPS = 4
+
+
+class Net(nn.Module):
+    """Registered head first, used last; a big layer cut into partitions, small ones fused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(64, 3)
+        self.big = nn.Linear(32, 64)
+        self.stem = nn.Linear(8, 32)
+        self.norm = nn.LayerNorm(32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.big(self.norm(torch.relu(self.stem(x))))))
+
+
+def make_optimizer(kind: str, model: Net) -> torch.optim.Optimizer:
+    if kind == "sgd":
+        groups = [
+            {"params": [*model.head.parameters(), *model.stem.parameters()], "lr": 0.05},
+            {"params": [*model.big.parameters(), *model.norm.parameters()], "lr": 0.01},
+        ]
+        return torch.optim.SGD(groups, lr=0.05, momentum=0.9)
+    if kind == "adam":
+        return torch.optim.Adam(model.parameters(), lr=1e-2)
+    return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+
+
+def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)
+
+
+def slow_backward(model: Net, rank: int) -> None:
+    """Make gradients ready at different moments on each rank."""
+    delay = {0: model.big, 1: model.stem}[rank % 2]
+    delay.register_full_backward_hook(lambda *args: time.sleep(0.02))
+
+
+def train(kind: str, scheduled: bool, rank: int, world: int, timeline: str | None) -> dict:
+    torch.manual_seed(0)
+    model = Net()
+    opt = make_optimizer(kind, model)
+    loss_fn = nn.CrossEntropyLoss()
+    report: dict = {"dispatch": []}
+    # SGD's learning rate halves after every step: updates still in flight when the
+    # scheduler steps must use the rate of their own step.
+    lr_schedule = torch.optim.lr_scheduler.StepLR(opt, 1, 0.5) if kind == "sgd" else None
+    if scheduled:
+        slow_backward(model, rank)
+        opt = ScheduledOptimizer(
+            model, opt, partition_bytes=2048, credit_bytes=3000, timeline=timeline
+        )
+    for step in range(STEPS):
+        x, y = batch(rank, step)
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        if scheduled and step:
+            # The forward waited for every parameter: the previous step is complete.
+            report["dispatch"].append(opt.last_dispatch)
+        loss.backward()
+        if not scheduled:
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+                p.grad.div_(world)
+        opt.step()  # scheduled: returns while gradients may still be in flight
+        if lr_schedule is not None:
+            lr_schedule.step()
+    if scheduled:
+        opt.synchronize()
+        report["dispatch"].append(opt.last_dispatch)
+        report["max_in_flight"] = opt.max_in_flight_bytes
+        report["credit"] = opt.credit_bytes
+        report["partition"] = opt.partition_bytes
+        report["partitions"] = opt.partition_shapes()
+        state = opt.state_dict()
+        opt.close()
+    else:
+        state = opt.state_dict()
+    report["params"] = {n: p.detach().flatten().tolist() for n, p in model.named_parameters()}
+    report["state"] = {
+        str(k): {n: v.flatten().tolist() for n, v in s.items() if torch.is_tensor(v)}
+        for k, s in state["state"].items()
+    }
+    report["sizes"] = {n: p.numel() for n, p in model.named_parameters()}
+    return report
+
+
+def main(out_path: str, timeline: str) -> None:
+    dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    results = {}
+    for kind in ("sgd", "adam", "adamw"):
+        results[kind] = {
+            "scheduled": train(kind, True, rank, world, timeline if kind == "adam" else None),
+            "plain": train(kind, False, rank, world, None),
+        }
+    dist.barrier()
+    dist.destroy_process_group()
+    with open(out_path, "w") as f:
+        json.dump({"rank": rank, "results": results}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
