@@ -2,8 +2,27 @@
 
 ``chronica.jax.iterator(source, global_batch_size=B)`` yields this process's balanced,
 padded, static-shape batches; see ``chronica.adapters.jax.data.ScheduledIterator``.
+
+``chronica.jax.ScheduledReducer(priority=chronica.jax.forward_order(loss, params, batch))``
+averages gradient pytrees across ``jax.distributed`` processes partition by partition, first
+layers first, under a credit of bytes in flight; see ``chronica.adapters.jax.grad``.
 """
 
 from chronica.adapters.jax.data import ScheduledIterator, iterator
+from chronica.adapters.jax.grad import (
+    PerLeaf,
+    ReducedLeaves,
+    ScheduledReducer,
+    forward_order,
+    per_leaf,
+)
 
-__all__ = ["ScheduledIterator", "iterator"]
+__all__ = [
+    "PerLeaf",
+    "ReducedLeaves",
+    "ScheduledIterator",
+    "ScheduledReducer",
+    "forward_order",
+    "iterator",
+    "per_leaf",
+]

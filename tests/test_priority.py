@@ -210,6 +210,8 @@ def test_options_from_arguments_and_environment(monkeypatch):
     assert SchedulingOptions.resolve(partition_bytes=512, credit_bytes="1k").credit_bytes == 1024
     with pytest.raises(ValueError, match="partition_bytes"):
         SchedulingOptions.resolve(partition_bytes="lots")
+    with pytest.raises(ValueError, match="credit_bytes=0"):  # not silently the environment's
+        SchedulingOptions.resolve(credit_bytes=0)
     with pytest.raises(ValueError, match="order"):
         SchedulingOptions(order="random")
     assert timeline_path("/a/t.json", 1, 2) == "/a/t.rank1.json"

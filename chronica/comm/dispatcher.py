@@ -85,8 +85,15 @@ class SchedulingOptions:
         """Arguments win; unset ones come from ``CHRONICA_*`` variables, then the defaults."""
         env = os.environ
         default = cls()
-        part = partition_bytes or env.get("CHRONICA_PARTITION_BYTES") or default.partition_bytes
-        credit = credit_bytes or env.get("CHRONICA_CREDIT_BYTES") or default.credit_bytes
+
+        def pick(value: Any, variable: str, fallback: int) -> Any:
+            # An explicit 0 must reach validation and fail, not turn into the default.
+            if value is not None:
+                return value
+            return env.get(variable) or fallback
+
+        part = pick(partition_bytes, "CHRONICA_PARTITION_BYTES", default.partition_bytes)
+        credit = pick(credit_bytes, "CHRONICA_CREDIT_BYTES", default.credit_bytes)
         if auto_tune is None:
             auto_tune = env.get("CHRONICA_AUTOTUNE", "0").lower() in ("1", "true", "yes")
         return cls(

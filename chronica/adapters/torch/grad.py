@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -264,7 +265,7 @@ class ScheduledOptimizer:
             [self._params[t].element_size() for t in self._priority], np.int64
         )
         self._dtype_key = np.array(
-            [hash(str(self._params[t].dtype)) % (1 << 31) for t in self._priority], np.int64
+            [zlib.crc32(str(self._params[t].dtype).encode()) for t in self._priority], np.int64
         )
         opts = self.options
         if opts.auto_tune:

@@ -1,0 +1,651 @@
+"""Gradient-priority communication scheduling (ByteScheduler) for multi-process JAX.
+
+In a ``jax.distributed`` job where every process computes the gradients of its own batch
+(``jax.grad`` of its local loss), ``ScheduledReducer`` replaces the cross-process mean of
+the gradient pytree (``jax.lax.pmean`` over processes)::
+
+    reducer = chronica.jax.ScheduledReducer(priority=chronica.jax.forward_order(loss, params, x))
+    grads = grad_fn(params, x)                             # this process's gradients
+    params = reducer.apply(grads, params, sgd)             # sgd(grads, params) -> params
+    # or: for paths, mean_grads in reducer.iterate(grads): ...; or reducer.reduce(grads)
+
+How the schedule is enforced. Leaves are laid out in *priority* order (order of first use in
+the forward pass: ``priority=`` paths, e.g. from ``forward_order``; unlisted leaves follow in
+tree order), cut and fused into partitions by ``chronica.core.priority.build_layout``. One
+XLA program per partition performs exactly one cross-process all-reduce of that partition's
+bytes (``psum`` under ``shard_map`` over a mesh of one device per process; gloo on CPU,
+the default CPU collectives of jax 0.10). Programs are issued from the caller's thread in
+the rank-identical order of ``simulate_order`` (``order="priority"``) or ``fifo_order``
+(``order="fifo"``: backward order, last layer first), through a ``GradientQueue``: JAX
+dispatch is asynchronous, so a partition is *in flight* from its issue until this process
+has seen it finish with ``block_until_ready``; a partition is issued only while bytes in
+flight are below ``credit_bytes``, otherwise the caller blocks on the oldest partition in
+flight, returns its credit and hands out the leaves it completed. So at most
+``credit_bytes`` plus one partition are in flight, and the caller's per-partition updates
+(``iterate``/``apply``) run while later partitions are still being reduced.
+
+Why not the ``chronica.comm.Dispatcher`` threads. They exist to issue collectives from one
+thread as per-tensor gradient hooks fire during a backward pass and to run the update on
+completion. In JAX (1) all leaves of one ``jax.grad`` come out of one program together: there
+are no per-tensor ready events, the whole step is ready when ``reduce`` is called, so every
+tensor is marked ready at once and the pure priority order is the right one; (2) issuing is
+already asynchronous (a few microseconds, XLA runs the collective), so an issuing thread
+would only add a hand-off and a lock; (3) the updates are user JAX code that belongs on the
+caller's thread (tracing caches, exceptions), and an abandoned step must finish its
+collectives deterministically before control returns. The queue's ordering and credit
+contract is the one the Dispatcher enforces; the timeline is the same ``Timeline``.
+
+What JAX does not allow. A jitted train step takes every parameter as an input and XLA
+starts a program only once all its inputs exist, so the next step's forward cannot start
+layer by layer while later layers' gradients still travel (the iteration barrier is not
+crossed; the torch shim crosses it with module pre-hooks). Likewise communication cannot
+overlap the backward pass from outside it, because the backward is one program. What is
+overlapped here is each partition's reduction with the updates of earlier partitions and
+with the issuing of later ones; early layers' parameters are final first, which lets a
+forward pass split into per-layer jitted programs start early by dataflow alone.
+
+Guarantees: the mean equals ``pmean`` of the whole pytree elementwise (bitwise for two
+processes, where every element is ``(a + b) / 2`` either way; for more processes the
+all-reduce may sum in another order); collectives are issued in the same sequence on every
+process (tree structure, shapes, dtypes, priority and rank 0's knobs are checked or agreed
+with one small collective whenever a new structure is seen); with one process nothing is
+communicated and ``reduce`` returns its argument. Not thread-safe: one step at a time.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.extend.core import Literal, jaxprs_in_params
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from chronica.comm.dispatcher import AutoTuner, SchedulingOptions, Timeline, timeline_path
+from chronica.core.priority import GradientQueue, Layout, build_layout, fifo_order, simulate_order
+
+__all__ = ["PerLeaf", "ReducedLeaves", "ScheduledReducer", "forward_order", "per_leaf"]
+
+_AXIS = "processes"
+_ORDER_CODES = {"priority": 0, "fifo": 1}
+
+Update = Callable[..., Any]
+
+
+class ReducedLeaves(NamedTuple):
+    """Leaves whose cross-process mean is complete, with their paths, in priority order."""
+
+    paths: tuple[str, ...]
+    leaves: tuple[jax.Array, ...]
+
+
+class PerLeaf(NamedTuple):
+    """An optimizer in ``ScheduledReducer.apply``'s per-leaf form (see ``per_leaf``)."""
+
+    init: Callable[[Any], Any]
+    update: Callable[[list, list, list], tuple[list, list]]
+
+
+def _path_name(path: Any) -> str:
+    if isinstance(path, str):
+        return path
+    if isinstance(path, tuple):
+        return jax.tree_util.keystr(path)
+    raise ValueError(
+        f"priority= entries must be leaf paths: strings as jax.tree_util.keystr writes them "
+        f"(e.g. \"['layer']['w']\") or key-path tuples; got {path!r}"
+    )
+
+
+def forward_order(fn: Callable[..., Any], params: Any, *args: Any, **kwargs: Any) -> list[str]:
+    """Leaf paths of ``params`` in the order ``fn(params, *args, **kwargs)`` first reads them.
+
+    Traces ``fn`` once to a jaxpr (nothing is computed) and walks its equations in program
+    order, descending into nested jaxprs (``jit``, ``cond`` branches, ``scan``, ``remat``,
+    custom derivatives); a parameter's position is the first equation that reads it.
+    Parameters the forward pass never reads follow in tree order. Paths are
+    ``jax.tree_util.keystr`` strings, ready for ``ScheduledReducer(priority=...)``.
+    """
+    if not callable(fn):
+        raise ValueError(f"fn={fn!r} must be the loss (or forward) function taking params first")
+    flat, _ = jax.tree_util.tree_flatten_with_path(params)
+    paths = [jax.tree_util.keystr(p) for p, _ in flat]
+    closed = jax.make_jaxpr(fn)(params, *args, **kwargs)
+    first: dict[int, None] = {}
+
+    def walk(jaxpr: Any, env: dict[Any, int]) -> None:
+        for eqn in jaxpr.eqns:
+            used = [
+                (k, env[v])
+                for k, v in enumerate(eqn.invars)
+                if not isinstance(v, Literal) and v in env
+            ]
+            if all(leaf in first for _, leaf in used):
+                continue
+            for sub in jaxprs_in_params(eqn.params):
+                # Call-like primitives pass their operands 1:1 (jit, scan, remat); cond
+                # prepends the branch index: align the sub-jaxpr with the trailing operands.
+                offset = len(eqn.invars) - len(sub.invars)
+                if offset >= 0:
+                    walk(sub, {sub.invars[k - offset]: leaf for k, leaf in used if k >= offset})
+            for _, leaf in used:
+                first.setdefault(leaf)
+
+    walk(closed.jaxpr, dict(zip(closed.jaxpr.invars[: len(flat)], range(len(flat)), strict=True)))
+    return [paths[i] for i in first] + [p for i, p in enumerate(paths) if i not in first]
+
+
+def per_leaf(tx: Any) -> PerLeaf:
+    """Adapt an optax ``GradientTransformation`` (anything with ``init(params)`` and
+    ``update(updates, state, params)``) to ``ScheduledReducer.apply``'s per-leaf form.
+
+    ``opt = per_leaf(optax.adam(1e-3)); state = opt.init(params)`` then
+    ``params, state = reducer.apply(grads, params, opt.update, state)``. Each leaf keeps its
+    own optax state (the state's tree has the params' tree as a prefix), so updates can run
+    partition by partition. Equal to applying ``tx`` to the whole tree for transformations
+    that treat leaves independently (sgd, momentum, adam, adamw, rmsprop, ...), not for ones
+    that couple leaves (``clip_by_global_norm``, path-dependent masks).
+    """
+    if not (callable(getattr(tx, "init", None)) and callable(getattr(tx, "update", None))):
+        raise ValueError(
+            f"tx={tx!r} is not an optax GradientTransformation (needs init and update)"
+        )
+
+    def init(params: Any) -> Any:
+        leaves, treedef = jax.tree_util.tree_flatten(params)
+        return treedef.unflatten([tx.init(leaf) for leaf in leaves])
+
+    def update(grads: list, params: list, states: list) -> tuple[list, list]:
+        new_params, new_states = [], []
+        for g, p, s in zip(grads, params, states, strict=True):
+            u, s = tx.update(g, s, p)
+            # As optax.apply_updates: the sum keeps the parameter's dtype.
+            new_params.append(jnp.asarray(p + u).astype(jnp.asarray(p).dtype))
+            new_states.append(s)
+        return new_params, new_states
+
+    return PerLeaf(init, update)
+
+
+@functools.lru_cache(maxsize=256)
+def _program(
+    mesh: Mesh, spec: tuple[tuple[int, int, int, tuple[int, ...]], ...], world: int
+) -> Callable[..., tuple[jax.Array, ...]]:
+    """The compiled reduction of one partition: ``spec`` holds, per segment, the input it
+    comes from, its element range and the shape it is handed back in."""
+
+    def reduce(*shards: jax.Array) -> tuple[jax.Array, ...]:
+        flat = [shards[i].reshape(-1)[a:b] for i, a, b, _ in spec]
+        buf = flat[0] if len(flat) == 1 else jnp.concatenate(flat)
+        # psum then divide, as jax.lax.pmean does: the same arithmetic as the plain mean.
+        mean = jax.lax.psum(buf, _AXIS) / world
+        outs, offset = [], 0
+        for _, a, b, shape in spec:
+            outs.append(mean[offset : offset + b - a].reshape(shape))
+            offset += b - a
+        return tuple(outs)
+
+    return jax.jit(
+        jax.shard_map(reduce, mesh=mesh, in_specs=PartitionSpec(_AXIS), out_specs=PartitionSpec())
+    )
+
+
+@dataclass
+class _Plan:
+    """Everything fixed for one gradient tree structure and one set of knobs."""
+
+    paths: list[str]
+    shapes: list[tuple[int, ...]]
+    priority: list[int]  # priority position -> leaf index (tree order)
+    dtypes: list[Any]  # by priority position
+    options: SchedulingOptions
+    layout: Layout | None = None
+    queue: GradientQueue | None = None
+    inputs: list[tuple[int, ...]] | None = None  # per partition: leaf indices fed in
+    outputs: list[list[tuple[int, int, bool]]] | None = None  # (leaf, start, whole leaf?)
+    programs: list[Any] | None = None
+    names: list[str] | None = None
+    parts_per_leaf: np.ndarray | None = None
+
+
+class ScheduledReducer:
+    """Cross-process mean of gradient pytrees, reduced partition by partition by priority.
+
+    ``priority``: leaf paths in order of first use in the forward pass (``forward_order``
+    derives it from the loss function); unlisted leaves follow in tree order; ``None`` is
+    tree order. ``partition_bytes``, ``credit_bytes``, ``order`` (``"priority"`` or
+    ``"fifo"``), ``auto_tune`` and ``timeline`` are ``SchedulingOptions`` knobs (arguments win
+    over ``CHRONICA_*`` variables; rank 0's values are used on every process). With one
+    process every method costs a tree flatten at most and communicates nothing.
+    """
+
+    def __init__(
+        self,
+        priority: Sequence[Any] | None = None,
+        *,
+        partition_bytes: int | str | None = None,
+        credit_bytes: int | str | None = None,
+        order: str | None = None,
+        auto_tune: bool | None = None,
+        timeline: str | None = None,
+    ) -> None:
+        for name, value in (("partition_bytes", partition_bytes), ("credit_bytes", credit_bytes)):
+            if value is not None and not value:  # resolve() would silently use the default
+                raise ValueError(f"{name}={value!r} must be a positive number of bytes or None")
+        self.options = SchedulingOptions.resolve(
+            partition_bytes, credit_bytes, order, auto_tune, timeline
+        )
+        if priority is not None and (
+            isinstance(priority, (str, bytes)) or not isinstance(priority, Sequence)
+        ):
+            raise ValueError(
+                f"priority={priority!r} must be a list of leaf paths (see forward_order) or None"
+            )
+        self._priority_names = None if priority is None else [_path_name(p) for p in priority]
+        if self._priority_names is not None:
+            dup = {p for p in self._priority_names if self._priority_names.count(p) > 1}
+            if dup:
+                raise ValueError(f"priority= lists {sorted(dup)} more than once; list each once")
+        self.world = jax.process_count()
+        self.rank = jax.process_index()
+        self._plans: dict[Any, _Plan] = {}
+        self._plan: _Plan | None = None
+        self._busy = False
+        self._issued: list[int] = []
+        self._max_in_flight = 0
+        self._tuner: AutoTuner | None = None
+        self._last_start: float | None = None
+        self._timeline: Timeline | None = None
+        if self.world > 1:
+            # One device per process is the reduction's mesh; gradients are moved to it.
+            by_process: dict[int, jax.Device] = {}
+            for d in sorted(jax.devices(), key=lambda d: d.id):
+                by_process.setdefault(d.process_index, d)
+            devices = [by_process[i] for i in range(self.world)]
+            self._device = devices[self.rank]
+            self._mesh = Mesh(np.array(devices), (_AXIS,))
+            self._sharding = NamedSharding(self._mesh, PartitionSpec(_AXIS))
+            if self.options.timeline:
+                path = timeline_path(self.options.timeline, self.rank, self.world)
+                self._timeline = Timeline(path, self.rank)
+
+    # -- public API -----------------------------------------------------------------------
+
+    def reduce(self, grads: Any) -> Any:
+        """The mean over processes of ``grads`` (this process's gradient pytree)."""
+        leaves, treedef = jax.tree_util.tree_flatten(grads)
+        if self.world == 1:
+            self._plan_for(leaves, treedef)  # validates once per structure, then a dict lookup
+            return grads
+        out: list[Any] = list(leaves)
+        for indices, reduced in self._chunks(leaves, treedef):
+            for i, leaf in zip(indices, reduced, strict=True):
+                out[i] = leaf
+        return treedef.unflatten(out)
+
+    def iterate(self, grads: Any) -> Iterator[ReducedLeaves]:
+        """Mean gradients in chunks, each as soon as its partition is reduced.
+
+        Chunks come in dispatch order and hold every leaf exactly once (one chunk with all
+        leaves when there is one process). Collectives are issued as the iterator is consumed,
+        so every process must consume it; leaving the loop early (or an exception in its
+        body) still finishes this step's collectives, so processes stay in step. A new step
+        starts only after this one.
+        """
+        leaves, treedef = jax.tree_util.tree_flatten(grads)
+        chunks = self._indexed(leaves, treedef)
+        paths = self._plan.paths
+        return (
+            ReducedLeaves(tuple(paths[i] for i in idx), tuple(arrays)) for idx, arrays in chunks
+        )
+
+    def apply(self, grads: Any, params: Any, update: Update, state: Any = None) -> Any:
+        """Update ``params`` chunk by chunk as mean gradients arrive; returns the new params.
+
+        ``update(grads, params) -> params`` (or, with ``state``, ``update(grads, params,
+        states) -> (params, states)``, returning ``(params, state)``) receives lists of leaves
+        in priority order and must treat each leaf independently (SGD, momentum, Adam, ...;
+        see ``per_leaf`` for optax); ``state`` is per leaf: its tree has ``params``' tree as
+        a prefix. The result equals ``update`` applied once to the whole mean gradient.
+        """
+        if not callable(update):
+            raise ValueError(f"update={update!r} must be a function of (grads, params[, state])")
+        g_leaves, treedef = jax.tree_util.tree_flatten(grads)
+        p_leaves, p_treedef = jax.tree_util.tree_flatten(params)
+        if p_treedef != treedef:
+            raise ValueError(
+                f"params has tree structure {p_treedef}, grads has {treedef}; pass the "
+                "parameters the gradients were taken of"
+            )
+        if state is not None:
+            try:
+                s_leaves = treedef.flatten_up_to(state)
+            except (ValueError, TypeError) as exc:
+                raise ValueError(
+                    "state must hold one optimizer state per parameter leaf (its tree has "
+                    "params' tree as a prefix), e.g. per_leaf(tx).init(params)"
+                ) from exc
+        new_p = list(p_leaves)
+        new_s = list(s_leaves) if state is not None else []
+        for idx, reduced in self._indexed(g_leaves, treedef):
+            ps = [new_p[i] for i in idx]
+            if state is None:
+                outs, states = update(list(reduced), ps), None
+            else:
+                outs, states = update(list(reduced), ps, [new_s[i] for i in idx])
+            if len(outs) != len(idx) or (states is not None and len(states) != len(idx)):
+                raise ValueError(
+                    f"update returned {len(outs)} leaves for {len(idx)}; it must return one "
+                    "new value per leaf it was given"
+                )
+            for k, i in enumerate(idx):
+                new_p[i] = outs[k]
+                if states is not None:
+                    new_s[i] = states[k]
+        if state is None:
+            return treedef.unflatten(new_p)
+        return treedef.unflatten(new_p), treedef.unflatten(new_s)
+
+    def close(self) -> None:
+        """Close the timeline (complete JSON afterwards)."""
+        if self._timeline is not None:
+            self._timeline.close()
+
+    def __enter__(self) -> ScheduledReducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def priority(self) -> list[str]:
+        """Leaf paths of the latest structure, in priority order."""
+        return [self._plan.paths[i] for i in self._plan.priority] if self._plan else []
+
+    @property
+    def last_dispatch(self) -> list[str]:
+        """Partitions of the latest step in issue order (the same on every process)."""
+        return [self._plan.names[p] for p in self._issued] if self._plan else []
+
+    @property
+    def max_in_flight_bytes(self) -> int:
+        """The most gradient bytes this process ever had in flight."""
+        return self._max_in_flight
+
+    @property
+    def credit_bytes(self) -> int:
+        """The credit in force (rank 0's, or the auto-tuner's)."""
+        return self._plan.options.credit_bytes if self._plan else self.options.credit_bytes
+
+    @property
+    def partition_bytes(self) -> int:
+        """The partition size in force (rank 0's, or the auto-tuner's)."""
+        return self._plan.options.partition_bytes if self._plan else self.options.partition_bytes
+
+    def partition_shapes(self) -> list[list[tuple[str, int, int]]]:
+        """Each partition as ``(leaf path, start, stop)`` flat element ranges, by priority."""
+        plan = self._plan
+        if plan is None or plan.layout is None:
+            return []
+        return [
+            [(plan.paths[plan.priority[t]], a, b) for t, a, b in plan.layout.segments(p)]
+            for p in range(plan.layout.num_partitions)
+        ]
+
+    # -- planning -------------------------------------------------------------------------
+
+    def _plan_for(self, leaves: list[Any], treedef: Any) -> _Plan:
+        try:
+            key = (treedef, tuple((leaf.shape, leaf.dtype) for leaf in leaves))
+        except AttributeError:
+            key = None
+        plan = self._plans.get(key) if key is not None else None
+        if plan is None:
+            plan = self._new_plan(leaves, treedef)
+            self._plans[key] = plan
+        self._plan = plan
+        return plan
+
+    def _new_plan(self, leaves: list[Any], treedef: Any) -> _Plan:
+        flat, _ = jax.tree_util.tree_flatten_with_path(treedef.unflatten(leaves))
+        paths = [jax.tree_util.keystr(p) for p, _ in flat]
+        for path, leaf in zip(paths, leaves, strict=True):
+            dtype = getattr(leaf, "dtype", None)
+            if dtype is None or not hasattr(leaf, "shape"):
+                raise ValueError(f"grads leaf {path} is a {type(leaf).__name__}; pass arrays")
+            if not jnp.issubdtype(dtype, jnp.inexact):
+                raise ValueError(
+                    f"grads leaf {path} has dtype {dtype}; gradients must be floating point "
+                    "(drop integer leaves from the tree before reducing)"
+                )
+        index = {p: i for i, p in enumerate(paths)}
+        named = self._priority_names or []
+        unknown = [p for p in named if p not in index]
+        if unknown:
+            raise ValueError(
+                f"priority= names {unknown[:3]} which are not leaves of grads (leaves are "
+                f"{paths[:4]}...); pass paths from forward_order or jax.tree_util.keystr"
+            )
+        listed = [index[p] for p in named]
+        seen = set(listed)
+        priority = listed + [i for i in range(len(paths)) if i not in seen]
+        plan = _Plan(
+            paths=paths,
+            shapes=[tuple(leaf.shape) for leaf in leaves],
+            priority=priority,
+            dtypes=[leaves[i].dtype for i in priority],
+            options=self.options,
+        )
+        if self.world == 1:
+            return plan
+        dtypes = [str(d) for d in plan.dtypes]
+        digest = hashlib.blake2b(
+            repr((str(treedef), plan.shapes, dtypes, priority)).encode(), digest_size=16
+        ).digest()
+        words = np.frombuffer(digest, dtype=np.uint32)
+        agreed = self._agree(np.concatenate([words, _words(self._knobs())]))
+        if not (agreed[:, :4] == words).all():
+            raise ValueError(
+                "grads differ across processes (tree structure, shapes, dtypes or priority=); "
+                "every process must reduce the same structure with the same priority"
+            )
+        plan.options = _from_words(self.options, agreed[0, 4:])
+        if self._tuner is None and plan.options.auto_tune:
+            numel = [int(np.prod(s)) for s in plan.shapes]
+            total = sum(n * leaves[i].dtype.itemsize for i, n in enumerate(numel))
+            self._tuner = AutoTuner.default_grid(total)
+            plan.options = plan.options.with_knobs(*self._tuner.current)
+        self._layout(plan)
+        return plan
+
+    def _knobs(self) -> SchedulingOptions:
+        if self._tuner is not None:
+            return self.options.with_knobs(*self._tuner.current)
+        return self.options
+
+    def _agree(self, words: np.ndarray) -> np.ndarray:
+        """Every process's ``words``, one row per process (one small collective)."""
+        gathered = multihost_utils.process_allgather(words.view(np.int32))
+        return np.asarray(gathered).view(np.uint32).reshape(self.world, -1)
+
+    def _layout(self, plan: _Plan) -> None:
+        opts, dtypes = plan.options, plan.dtypes
+        numel = np.array([int(np.prod(plan.shapes[i])) for i in plan.priority], np.int64)
+        itemsize = np.array([np.dtype(d).itemsize for d in dtypes], np.int64)
+        keys = np.array([zlib.crc32(str(d).encode()) for d in dtypes], np.int64)
+        layout = build_layout(numel, itemsize, opts.partition_bytes, keys)
+        if opts.order == "fifo":
+            # Backward order: the last layer's gradient would be ready first.
+            order = fifo_order(layout, np.arange(len(numel), 0, -1, dtype=np.float64))
+        else:
+            # One jax.grad program yields every leaf at once: all are ready together, so the
+            # simulated preemptive scheduler dispatches in pure priority order.
+            order = simulate_order(layout, np.zeros(len(numel)), opts.credit_bytes, 1.0)
+        plan.layout = layout
+        plan.queue = GradientQueue(layout, order, opts.credit_bytes)
+        plan.inputs, plan.outputs, plan.programs, plan.names = [], [], [], []
+        for p in range(layout.num_partitions):
+            segs = layout.segments(p)
+            leaf_ids = list(dict.fromkeys(plan.priority[t] for t, _, _ in segs))
+            spec, outs = [], []
+            for t, a, b in segs:
+                leaf = plan.priority[t]
+                whole = b - a == numel[t]
+                spec.append((leaf_ids.index(leaf), a, b, plan.shapes[leaf] if whole else (b - a,)))
+                outs.append((leaf, a, whole))
+            plan.inputs.append(tuple(leaf_ids))
+            plan.outputs.append(outs)
+            plan.programs.append(_program(self._mesh, tuple(spec), self.world))
+            label = "+".join(plan.paths[plan.priority[t]] for t, _, _ in segs)
+            if len(segs) == 1 and not outs[0][2]:
+                label += f"[{segs[0][1]}:{segs[0][2]}]"
+            plan.names.append(label)
+        counts = np.zeros(len(numel), np.int64)
+        np.add.at(counts, layout.seg_tensor, 1)
+        plan.parts_per_leaf = np.empty_like(counts)
+        plan.parts_per_leaf[plan.priority] = counts
+
+    def _maybe_retune(self) -> None:
+        """At a step boundary: feed the tuner; on a switch, take rank 0's knobs and replan."""
+        now = time.perf_counter()
+        last, self._last_start = self._last_start, now
+        if self._tuner is None or last is None:
+            return
+        knobs = self._tuner.record(now - last)
+        if knobs is None:
+            return
+        opts = self.options.with_knobs(*knobs)
+        opts = _from_words(self.options, self._agree(_words(opts))[0])
+        for plan in self._plans.values():
+            plan.options = opts
+            self._layout(plan)
+
+    # -- one step ------------------------------------------------------------------------
+
+    def _indexed(self, leaves: list[Any], treedef: Any) -> Iterator[tuple[list[int], Sequence]]:
+        if self.world == 1:
+            plan = self._plan_for(leaves, treedef)
+            return iter([(plan.priority, [leaves[i] for i in plan.priority])])
+        return self._chunks(leaves, treedef)
+
+    def _chunks(self, leaves: list[Any], treedef: Any) -> Iterator[tuple[list[int], list]]:
+        if self._busy:
+            raise RuntimeError(
+                "a previous iterate() of this reducer is unfinished; exhaust or close it first"
+            )
+        self._maybe_retune()
+        return self._run(self._plan_for(leaves, treedef), leaves)
+
+    def _run(self, plan: _Plan, leaves: list[Any]) -> Iterator[tuple[list[int], list]]:
+        self._busy = True
+        completions = self._completions(plan, leaves)
+        left = plan.parts_per_leaf.copy()
+        pieces: dict[int, list[tuple[int, jax.Array]]] = {}
+        try:
+            for p, outs in completions:
+                idx, arrays = [], []
+                for (leaf, start, whole), out in zip(plan.outputs[p], outs, strict=True):
+                    piece = out.addressable_data(0)
+                    if not whole:
+                        pieces.setdefault(leaf, []).append((start, piece))
+                    left[leaf] -= 1
+                    if left[leaf]:
+                        continue
+                    if not whole:
+                        parts = [a for _, a in sorted(pieces.pop(leaf), key=lambda s: s[0])]
+                        piece = jnp.concatenate(parts).reshape(plan.shapes[leaf])
+                    idx.append(leaf)
+                    arrays.append(piece)
+                if not idx:
+                    continue
+                try:
+                    yield idx, arrays
+                except BaseException:
+                    # Abandoned or failed mid-step: the other processes issue the rest of
+                    # this step's collectives, so this one must too.
+                    for _ in completions:
+                        pass
+                    raise
+        finally:
+            self._busy = False
+
+    def _completions(self, plan: _Plan, leaves: list[Any]) -> Iterator[tuple[int, tuple]]:
+        """Issue partitions in order under credit; yield each once seen complete."""
+        queue = plan.queue
+        queue.reset()
+        for t in range(plan.layout.num_tensors):
+            queue.mark_ready(t)
+        self._issued = []
+        ready = time.perf_counter()
+        # Placed before the first collective, so a bad leaf fails before any is issued.
+        placed = [
+            self._to_global(leaf, path) for leaf, path in zip(leaves, plan.paths, strict=True)
+        ]
+        flight: deque[tuple[int, tuple, float]] = deque()
+        while not queue.done_dispatching or flight:
+            p = queue.next_dispatch()
+            if p is not None:
+                self._max_in_flight = max(self._max_in_flight, queue.in_flight)
+                issued = time.perf_counter()
+                args = [placed[i] for i in plan.inputs[p]]
+                flight.append((p, plan.programs[p](*args), issued))
+                self._issued.append(p)
+                continue
+            p, outs, issued = flight.popleft()
+            jax.block_until_ready(outs)
+            done = time.perf_counter()
+            queue.complete(p)
+            if self._timeline is not None:
+                nbytes = int(plan.layout.part_bytes[p])
+                name = plan.names[p]
+                self._timeline.span(name, "queue", ready, issued, partition=p, bytes=nbytes)
+                self._timeline.span(name, "communication", issued, done, partition=p, bytes=nbytes)
+            yield p, outs
+
+    def _to_global(self, leaf: Any, path: str) -> jax.Array:
+        """This process's ``leaf`` as its shard of a (processes x leaf) global array."""
+        if isinstance(leaf, jax.Array):
+            if not leaf.is_fully_addressable:
+                raise ValueError(
+                    f"grads leaf {path} is a global array spanning processes; pass each "
+                    "process's local gradients (a jitted step over global arrays already "
+                    "reduces them)"
+                )
+            if leaf.sharding.device_set != {self._device}:
+                leaf = jax.device_put(leaf, self._device)
+        else:
+            leaf = jax.device_put(leaf, self._device)
+        if leaf.ndim == 0:
+            leaf = leaf.reshape(1)
+        shape = (self.world * leaf.shape[0], *leaf.shape[1:])
+        return jax.make_array_from_single_device_arrays(shape, self._sharding, [leaf])
+
+
+def _words(opts: SchedulingOptions) -> np.ndarray:
+    """The knobs that must agree, as 32-bit words (JAX without x64 has no int64 arrays)."""
+    p, c = opts.partition_bytes, opts.credit_bytes
+    return np.array(
+        [p >> 32, p & 0xFFFFFFFF, c >> 32, c & 0xFFFFFFFF]
+        + [_ORDER_CODES[opts.order], int(opts.auto_tune)],
+        np.uint32,
+    )
+
+
+def _from_words(base: SchedulingOptions, words: np.ndarray) -> SchedulingOptions:
+    w = [int(x) for x in words[:6]]
+    return replace(
+        base,
+        partition_bytes=(w[0] << 32) | w[1],
+        credit_bytes=(w[2] << 32) | w[3],
+        order={v: k for k, v in _ORDER_CODES.items()}[w[4]],
+        auto_tune=bool(w[5]),
+    )
