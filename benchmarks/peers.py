@@ -39,6 +39,15 @@ gives every rank ``ceil(N / W) mod (B / W)``.
 
 ``sorted_lpt`` and ``hf_rebalance`` take the global batches as input, so the benchmark can
 hand them the very batches chronica's exact mode balanced (a paired comparison).
+
+One peer is not a sampler but a batch-size controller, measured against chronica's
+``BatchController`` on the same step-time trace (``benchmarks/dynamic.py``):
+
+``omnilearn_batches``
+    OmniLearn's (TPDS'25) per-rank batch-size arithmetic, from its description: sizes
+    proportional to each rank's measured throughput, a relative dead-band, bounds, rounding
+    up, and a correction towards the global batch that neither keeps it exact nor re-checks
+    the bounds.
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ from common import Assignment, LengthOnly
 __all__ = [
     "flatflow",
     "hf_rebalance",
+    "omnilearn_batches",
     "per_rank_counts",
     "sorted_lpt",
     "torch_distributed",
@@ -292,3 +302,40 @@ def hf_rebalance(costs: np.ndarray, num_replicas: int, batches: Sequence[np.ndar
         bounds.append(start + cuts)
         start += batch.shape[0]
     return Assignment.build(np.concatenate(pieces), np.asarray(bounds), costs)
+
+
+# -- (f) OmniLearn's batch-size arithmetic -----------------------------------------------------
+
+
+def omnilearn_batches(
+    counts: np.ndarray,
+    seconds: np.ndarray,
+    global_batch: int,
+    low: int,
+    high: int,
+    deadband: float = 0.2,
+) -> np.ndarray:
+    """OmniLearn's new per-rank batch sizes after one evaluation period, re-implemented from
+    its description (``../shared/REFERENCES.md``), not from its code.
+
+    ``counts`` are the sizes used during the period and ``seconds`` each rank's mean measured
+    compute time per step over it. Each rank's throughput ``counts / seconds`` gives a
+    proposal ``global_batch · x_r / Σx``. A rank whose proposal is within ``deadband``
+    (relative to its current size) keeps its size; the others take the proposal rounded up
+    and clipped to ``[low, high]``. The difference between ``global_batch`` and the new total
+    is then spread over the ranks that changed, in proportion to their throughput, each share
+    rounded up, and the bounds are not checked again. Hence, as described for OmniLearn: the
+    total drifts above ``global_batch``, a negative correction can push a rank below ``low``,
+    and ranks inside the dead-band stay where they are however long the imbalance lasts.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    seconds = np.asarray(seconds, dtype=np.float64)
+    throughput = counts / seconds
+    proposal = global_batch * throughput / throughput.sum()
+    moved = np.abs(proposal - counts) > deadband * counts
+    new = counts.copy()
+    new[moved] = np.clip(np.ceil(proposal[moved]), low, high).astype(np.int64)
+    if moved.any():
+        share = throughput[moved] / throughput[moved].sum()
+        new[moved] += np.ceil((global_batch - new.sum()) * share).astype(np.int64)
+    return new

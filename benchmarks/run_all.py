@@ -24,7 +24,7 @@ __all__ = ["BENCHMARKS", "SECTIONS", "main"]
 
 HERE = Path(__file__).resolve().parent
 # Modules that render their own section of the page, in page order.
-SECTIONS = ("dynamic", "hetero_run", "adapters")
+SECTIONS = ("dynamic", "hetero_run", "adapters", "gradsched")
 BENCHMARKS = ("balance", "planning", "movement", "quality", *SECTIONS)
 
 
