@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,6 +70,19 @@ class Layout:
     @property
     def num_partitions(self) -> int:
         return int(self.part_bytes.shape[0])
+
+    def parts_per_tensor(self) -> np.ndarray:
+        """How many partitions hold a piece of each tensor (in layout order)."""
+        return np.bincount(self.seg_tensor, minlength=self.num_tensors).astype(np.int64)
+
+    def label(self, partition: int, names: Sequence[str]) -> str:
+        """A readable name for ``partition``: its tensors' ``names`` (given in layout order)
+        joined by ``+``; a slice of a larger tensor adds ``[start:stop]``."""
+        segs = self.segments(partition)
+        label = "+".join(names[t] for t, _, _ in segs)
+        if len(segs) == 1 and segs[0][2] - segs[0][1] < self.numel[segs[0][0]]:
+            label += f"[{segs[0][1]}:{segs[0][2]}]"
+        return label
 
     def segments(self, partition: int) -> list[tuple[int, int, int]]:
         """``(tensor, start, stop)`` element ranges of ``partition``, in priority order."""

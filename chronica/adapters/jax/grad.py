@@ -492,7 +492,7 @@ class ScheduledReducer:
             order = simulate_order(layout, np.zeros(len(numel)), opts.credit_bytes, 1.0)
         plan.layout = layout
         plan.queue = GradientQueue(layout, order, opts.credit_bytes)
-        plan.inputs, plan.outputs, plan.programs, plan.names = [], [], [], []
+        plan.inputs, plan.outputs, plan.programs = [], [], []
         for p in range(layout.num_partitions):
             segs = layout.segments(p)
             leaf_ids = list(dict.fromkeys(plan.priority[t] for t, _, _ in segs))
@@ -505,14 +505,10 @@ class ScheduledReducer:
             plan.inputs.append(tuple(leaf_ids))
             plan.outputs.append(outs)
             plan.programs.append(_program(self._mesh, tuple(spec), self.world))
-            label = "+".join(plan.paths[plan.priority[t]] for t, _, _ in segs)
-            if len(segs) == 1 and not outs[0][2]:
-                label += f"[{segs[0][1]}:{segs[0][2]}]"
-            plan.names.append(label)
-        counts = np.zeros(len(numel), np.int64)
-        np.add.at(counts, layout.seg_tensor, 1)
-        plan.parts_per_leaf = np.empty_like(counts)
-        plan.parts_per_leaf[plan.priority] = counts
+        names = [plan.paths[i] for i in plan.priority]
+        plan.names = [layout.label(p, names) for p in range(layout.num_partitions)]
+        plan.parts_per_leaf = np.empty(len(numel), np.int64)
+        plan.parts_per_leaf[plan.priority] = layout.parts_per_tensor()
 
     def _maybe_retune(self) -> None:
         """At a step boundary: feed the tuner; on a switch, take rank 0's knobs and replan."""

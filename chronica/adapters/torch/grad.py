@@ -293,17 +293,10 @@ class ScheduledOptimizer:
         self._queue = GradientQueue(layout, order, opts.credit_bytes)
         self._layout = layout
         self._current = opts
-        parts = np.zeros(len(self._params), dtype=np.int64)
-        np.add.at(parts, layout.seg_tensor, 1)
-        self._parts_per_param = np.empty_like(parts)
-        self._parts_per_param[self._priority] = parts
-        self._part_names = []
-        for p in range(layout.num_partitions):
-            segs = layout.segments(p)
-            label = "+".join(self._names[self._priority[t]] for t, _, _ in segs)
-            if len(segs) == 1 and segs[0][2] - segs[0][1] < layout.numel[segs[0][0]]:
-                label += f"[{segs[0][1]}:{segs[0][2]}]"
-            self._part_names.append(label)
+        self._parts_per_param = np.empty(len(self._params), dtype=np.int64)
+        self._parts_per_param[self._priority] = layout.parts_per_tensor()
+        names = [self._names[i] for i in self._priority]
+        self._part_names = [layout.label(p, names) for p in range(layout.num_partitions)]
 
     def _replan(self, knobs: tuple[int, int] | None) -> None:
         """At a step boundary: finish, then rebuild from rank 0's measurements and knobs."""

@@ -1,0 +1,575 @@
+"""Gradient-priority communication scheduling (ByteScheduler) for ``tf.distribute`` custom loops.
+
+``ScheduledAllReduce`` replaces the single all-reduce of a gradient list in a replica context
+(``strategy.run`` under ``MultiWorkerMirroredStrategy``) by one collective per partition:
+gradients are laid out in priority order (first use in the forward pass), big ones sliced and
+small adjacent ones fused (``chronica.core.priority.build_layout``), and the partitions are
+issued in a rank-identical sequence (``fifo_order`` or ``simulate_order``), each gated on the
+completion of earlier ones so that at most ``credit_bytes`` plus one partition are in flight.
+``apply_gradients`` then hands the reduced gradients to a Keras optimizer, whose per-variable
+updates depend only on their own variable's partitions.
+
+What TensorFlow (2.21, ``tf.function``) does and allows, which shapes this adapter:
+
+- **Order is the program order.** TF builds one graph per trace; a collective's instance key
+  is a call-time capture assigned in creation order, so every worker that traces the same step
+  issues the same collectives in the same order. The sequence here is a pure function of the
+  variables' shapes, dtypes, first-use order and the knobs; it is planned at trace time from a
+  static model of backward (gradients appear in reverse priority order, at a rate of one byte
+  per byte of parameters; the link is ``comm_ratio`` times slower), not measured, because the
+  graph cannot change between steps without retracing on every worker.
+- **TF serialises collectives itself.** Each launcher threads an *ordering token* resource
+  through its ``CollectiveReduceV2`` ops and automatic control dependencies chain ops on one
+  resource, so a collective starts only after the previous one *finished*: one partition in
+  flight, which is within the credit bound. The credit gates (partition ``j`` waits for every
+  partition up to the last one that would leave less than ``credit_bytes`` in flight) still
+  carry the bound where collectives are not token-ordered. Auto-tuning is not offered: new
+  knobs mean a new graph.
+- **Crossing the iteration barrier.** Inside one ``tf.function`` the executor runs an op as
+  soon as its inputs are ready, so a variable's update starts when its own partitions are
+  reduced, while later partitions are still travelling. The ``tf.function`` return is a
+  barrier (it waits for every stateful op), and so is each iteration of a ``tf.while_loop``
+  (``for _ in tf.range(n)``). Only steps unrolled in Python inside one function cross it:
+  automatic control dependencies then order a read of a variable only after that variable's
+  last write, so step ``k + 1``'s first layers run while step ``k``'s last partitions are
+  reduced. ``multi_step`` builds such a function.
+- **Priority** is recorded from the graph being traced: the order in which ops first touch
+  each variable's resource handle (``GradientTape.watched_variables()`` is sorted by variable
+  id, i.e. creation order, so it cannot be used). ``forward_order`` does the same for any
+  function; ``priority=`` takes an explicit order; in eager mode the given order is used.
+- **Timeline.** Per-partition times inside a graph come from ``tf.numpy_function`` markers,
+  built only when a timeline path is set: a stateless one when the partition's gradients are
+  ready, stateful ones before and after its collective (automatic control dependencies chain
+  stateful markers in program order, which matches the token order of the collectives).
+
+Sparse gradients (``tf.IndexedSlices``) go through the strategy's own sparse all-reduce,
+after the dense partitions. With one replica nothing is built: gradients pass through.
+"""
+
+from __future__ import annotations
+
+import atexit
+import bisect
+import logging
+import math
+import os
+import time
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from chronica.comm.dispatcher import SchedulingOptions, Timeline, timeline_path
+from chronica.core.priority import Layout, build_layout, fifo_order, simulate_order
+
+__all__ = [
+    "ScheduledAllReduce",
+    "forward_order",
+    "multi_step",
+    "pack_partitions",
+    "unpack_partitions",
+]
+
+log = logging.getLogger("chronica")
+
+# -- partitions -----------------------------------------------------------------------------
+
+
+def _pack_one(flat: Sequence[tf.Tensor], layout: Layout, partition: int) -> tf.Tensor:
+    pieces = []
+    for t, a, b in layout.segments(partition):
+        whole = a == 0 and b == int(layout.numel[t])
+        pieces.append(flat[t] if whole else flat[t][a:b])
+    return pieces[0] if len(pieces) == 1 else tf.concat(pieces, axis=0)
+
+
+def pack_partitions(tensors: Sequence[tf.Tensor], layout: Layout) -> list[tf.Tensor]:
+    """The 1-D buffer of every partition of ``layout``; ``tensors`` are in priority order."""
+    flat = [tf.reshape(t, [-1]) for t in tensors]
+    return [_pack_one(flat, layout, p) for p in range(layout.num_partitions)]
+
+
+def unpack_partitions(
+    buffers: Sequence[tf.Tensor], layout: Layout, shapes: Sequence[Sequence[int]]
+) -> list[tf.Tensor]:
+    """Inverse of ``pack_partitions``: the tensors (priority order) reshaped to ``shapes``.
+
+    Guarantee: ``unpack_partitions(pack_partitions(ts, layout), layout, shapes)`` returns
+    tensors bitwise equal to ``ts`` (only slicing, concatenation and reshapes are involved).
+    """
+    pieces: list[list[tf.Tensor]] = [[] for _ in range(layout.num_tensors)]
+    for p, buf in enumerate(buffers):
+        segs = layout.segments(p)
+        parts = [buf] if len(segs) == 1 else tf.split(buf, [b - a for _, a, b in segs])
+        for (t, _, _), part in zip(segs, parts, strict=True):
+            pieces[t].append(part)
+    return [
+        tf.reshape(ps[0] if len(ps) == 1 else tf.concat(ps, axis=0), shape)
+        for ps, shape in zip(pieces, shapes, strict=True)
+    ]
+
+
+# -- priority from a traced graph -------------------------------------------------------------
+
+
+def _variable_name(variable: Any) -> str:
+    return getattr(variable, "path", None) or variable.name
+
+
+def _resource_handles(variable: Any) -> list[Any]:
+    """Resource handles of ``variable`` on this worker (every local component if mirrored)."""
+    # Keras 3 variables wrap a tf.Variable in ``.value``; a tf.Variable's ``value`` is a method.
+    inner = variable if isinstance(variable, tf.Variable) else getattr(variable, "value", None)
+    if not isinstance(inner, tf.Variable):
+        raise ValueError(
+            f"variables must be tf.Variable or Keras variables, got {type(variable).__name__}"
+        )
+    local = tf.distribute.get_strategy().experimental_local_results(inner)
+    return [component.handle for component in local]
+
+
+def _first_use(graph: Any, variables: Sequence[Any]) -> list[int]:
+    """Indices of ``variables`` in the order ops of ``graph`` first touch them (then the rest)."""
+    owner: dict[int, int] = {}
+    for i, v in enumerate(variables):
+        for handle in _resource_handles(v):
+            owner[id(handle)] = i
+    captures: dict[int, dict[int, Any]] = {}
+
+    def source(tensor: Any) -> Any:
+        while tf.is_symbolic_tensor(tensor):
+            if tensor.op.type == "Identity":
+                tensor = tensor.op.inputs[0]
+                continue
+            g = tensor.graph
+            if id(g) not in captures:
+                captures[id(g)] = {id(inner): outer for outer, inner in getattr(g, "captures", ())}
+            outer = captures[id(g)].get(id(tensor))
+            if outer is None:
+                return tensor
+            tensor = outer
+        return tensor
+
+    seen: dict[int, None] = {}
+    for op in graph.get_operations():
+        for inp in op.inputs:
+            if inp.dtype == tf.resource:
+                i = owner.get(id(source(inp)))
+                if i is not None:
+                    seen.setdefault(i)
+    return [*seen, *(i for i in range(len(variables)) if i not in seen)]
+
+
+def forward_order(fn: Callable[..., Any], *args: Any, variables: Sequence[Any]) -> list[Any]:
+    """``variables`` in the order ``fn(*args)`` first uses them; unused ones last, as given.
+
+    ``fn`` is traced (not run) with ``tf.function``; build Keras models before, so that the
+    trace creates no variables. Pass the result as ``ScheduledAllReduce(priority=...)``.
+    """
+    graph = tf.function(fn).get_concrete_function(*args).graph
+    return [variables[i] for i in _first_use(graph, list(variables))]
+
+
+def multi_step(
+    step_fn: Callable[..., Any], steps_per_execution: int, **function_kwargs: Any
+) -> Callable[..., list[Any]]:
+    """A ``tf.function`` that runs ``step_fn(*args)`` ``steps_per_execution`` times, unrolled.
+
+    Unrolled (a Python loop, not ``tf.range``) so that step ``k + 1`` reads each variable right
+    after step ``k`` wrote it rather than after all of step ``k``: with ``ScheduledAllReduce``
+    the next forward overlaps the previous reduction. Pass an iterator and call ``next`` in
+    ``step_fn``; the result is the list of the steps' outputs. Tracing time grows with
+    ``steps_per_execution``.
+    """
+    if isinstance(steps_per_execution, bool) or not isinstance(steps_per_execution, int):
+        raise ValueError(f"steps_per_execution={steps_per_execution!r} must be an int >= 1")
+    if steps_per_execution < 1:
+        raise ValueError(f"steps_per_execution={steps_per_execution!r} must be an int >= 1")
+
+    def run(*args: Any, **kwargs: Any) -> list[Any]:
+        return [step_fn(*args, **kwargs) for _ in range(steps_per_execution)]
+
+    return tf.function(run, **function_kwargs)
+
+
+# -- the reducer --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One gradient pattern's partitions and issue order (identical on every worker)."""
+
+    slots: tuple[int, ...]  # variable index of each layout tensor, in priority order
+    sparse: tuple[int, ...]  # variables reduced by the strategy's sparse path, afterwards
+    layout: Layout
+    order: tuple[int, ...]  # partition indices in issue order
+    labels: tuple[str, ...]  # per partition
+
+
+class _Sequence:
+    """Collectives issued so far in one graph: their bytes and a chain of completions.
+
+    ``done[j]`` is an op that runs once collectives ``0..j`` all completed, so waiting on it
+    bounds what is in flight regardless of the order in which collectives complete.
+    """
+
+    def __init__(self) -> None:
+        self.cum = [0]
+        self.done: list[Any] = []
+        self.max_in_flight = 0
+
+    def gate(self, credit: int, nbytes: int) -> Any | None:
+        """What the next collective (``nbytes``) waits for to keep in-flight bytes < credit."""
+        j = len(self.done)
+        i = bisect.bisect_right(self.cum, self.cum[j] - credit, 0, j) - 1
+        self.max_in_flight = max(self.max_in_flight, self.cum[j] - self.cum[i + 1] + nbytes)
+        return self.done[i] if i >= 0 else None
+
+    def gate_all(self) -> Any | None:
+        """What a collective of unknown size waits for: everything before it."""
+        return self.done[-1] if self.done else None
+
+    def push(self, nbytes: int, outputs: Sequence[tf.Tensor]) -> None:
+        self.cum.append(self.cum[-1] + nbytes)
+        self.done.append(tf.group(*outputs, *self.done[-1:]))
+
+
+def _already_reduced(grads_and_vars: Iterable[Any]) -> list[Any]:
+    return list(grads_and_vars)
+
+
+class ScheduledAllReduce:
+    """Priority-ordered, partitioned, credit-limited all-reduce of gradients in a replica context.
+
+    Call ``all_reduce(grads, variables)`` or ``apply_gradients(optimizer, grads_and_vars)``
+    inside ``strategy.run`` (in a ``tf.function`` for any overlap). Guarantees:
+
+    - the reduced gradients equal ``ReplicaContext.all_reduce(reduce_op, grads)`` elementwise
+      (bitwise when the collective sums in the same order, e.g. two workers: ``a + b``);
+      ``apply_gradients`` equals ``optimizer.apply_gradients`` after that all-reduce;
+    - every worker that traces the same step issues the same collectives in the same order
+      (``dispatch_order``), a pure function of shapes, dtypes, first-use order and knobs;
+    - in a graph, partition ``j`` starts only after every partition but the last ones holding
+      less than ``credit_bytes`` completed: at most ``credit_bytes`` plus one partition are in
+      flight, across calls in one graph too (``max_in_flight_bytes``); a sparse gradient,
+      whose size is known only at run time, is reduced alone, after the partitions;
+    - with one replica nothing is built: ``all_reduce`` returns its input and
+      ``apply_gradients`` is the optimizer's own.
+
+    The priority (first-use order) and the partitions are fixed at the first call; later
+    calls must pass the same variables. Knobs come from the arguments or ``CHRONICA_*``
+    variables (see ``SchedulingOptions``); ``comm_ratio`` is how many times longer reducing a
+    gradient byte takes than backward takes to produce it, for the static plan of
+    ``order="priority"`` (about 1 or less gives the backward order; larger values move early
+    layers ahead of queued later ones, which pays off with ``multi_step``).
+    """
+
+    def __init__(
+        self,
+        *,
+        partition_bytes: int | str | None = None,
+        credit_bytes: int | str | None = None,
+        order: str | None = None,
+        timeline: str | None = None,
+        priority: Sequence[Any] | None = None,
+        comm_ratio: float = 1.0,
+        reduce_op: tf.distribute.ReduceOp | str = tf.distribute.ReduceOp.SUM,
+        communication_options: tf.distribute.experimental.CommunicationOptions | None = None,
+    ) -> None:
+        self.options = SchedulingOptions.resolve(
+            partition_bytes, credit_bytes, order, auto_tune=False, timeline=timeline
+        )
+        if os.environ.get("CHRONICA_AUTOTUNE", "0").lower() in ("1", "true", "yes"):
+            log.warning(
+                "CHRONICA_AUTOTUNE is ignored by the TensorFlow adapter: the partitions are "
+                "fixed when the step is traced; set CHRONICA_PARTITION_BYTES/CREDIT_BYTES"
+            )
+        if (
+            isinstance(comm_ratio, bool)
+            or not isinstance(comm_ratio, (int, float))
+            or not math.isfinite(comm_ratio)
+            or comm_ratio <= 0
+        ):
+            raise ValueError(
+                f"comm_ratio={comm_ratio!r} must be a positive number (seconds to reduce a "
+                "gradient byte over seconds of backward per byte; 1.0 when unsure)"
+            )
+        if isinstance(reduce_op, str) and reduce_op.upper() in ("SUM", "MEAN"):
+            reduce_op = tf.distribute.ReduceOp(reduce_op.upper())
+        if reduce_op not in (tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN):
+            raise ValueError(f"reduce_op={reduce_op!r} must be ReduceOp.SUM or ReduceOp.MEAN")
+        if communication_options is not None and not isinstance(
+            communication_options, tf.distribute.experimental.CommunicationOptions
+        ):
+            raise ValueError(
+                "communication_options must be a "
+                "tf.distribute.experimental.CommunicationOptions or None"
+            )
+        if priority is not None and isinstance(priority, (str, bytes)):
+            raise ValueError("priority must be a sequence of variables, first used first")
+        self.comm_ratio = float(comm_ratio)
+        self.reduce_op = reduce_op
+        self.communication_options = communication_options
+        self._priority_arg = None if priority is None else list(priority)
+        self._variables: list[Any] | None = None
+        self._priority: list[int] | None = None
+        self._plans: dict[tuple[str, ...], _Plan] = {}
+        self._plan: _Plan | None = None
+        self._sequences: weakref.WeakKeyDictionary[Any, _Sequence] = weakref.WeakKeyDictionary()
+        self._last_sequence: _Sequence | None = None
+        self._timeline: Timeline | None = None
+        self._timeline_opened = False
+
+    # -- public API -----------------------------------------------------------------------
+
+    # Planning is Python over static shapes: AutoGraph converting it would only cost seconds.
+    @tf.autograph.experimental.do_not_convert
+    def all_reduce(
+        self, grads: Sequence[tf.Tensor | tf.IndexedSlices | None], variables: Sequence[Any]
+    ) -> list[tf.Tensor | tf.IndexedSlices | None]:
+        """Reduce ``grads`` (aligned with ``variables``) across replicas; ``None`` stays."""
+        grads, variables = list(grads), list(variables)
+        if len(grads) != len(variables):
+            raise ValueError(
+                f"got {len(grads)} gradients for {len(variables)} variables: pass one "
+                "gradient (or None) per variable"
+            )
+        ctx = self._replica_context()
+        if ctx is None:
+            return grads
+        self._bind(variables)
+        kinds = tuple(
+            "n" if g is None else "s" if isinstance(g, tf.IndexedSlices) else "d" for g in grads
+        )
+        plan = self._plans.get(kinds)
+        if plan is None:
+            plan = self._plans[kinds] = self._build(kinds, variables)
+        self._plan = plan
+        timeline = self._open_timeline(ctx)
+        if tf.executing_eagerly():
+            seq = _Sequence()
+        else:
+            graph = tf.compat.v1.get_default_graph()
+            seq = self._sequences.get(graph)
+            if seq is None:
+                seq = self._sequences[graph] = _Sequence()
+        self._last_sequence = seq
+        credit = self.options.credit_bytes
+        layout = plan.layout
+        flat = [tf.reshape(grads[i], [-1]) for i in plan.slots]
+        reduced: list[Any] = [None] * layout.num_partitions
+        for p in plan.order:
+            nbytes = int(layout.part_bytes[p])
+            buf = _pack_one(flat, layout, p)
+            gate = seq.gate(credit, nbytes)
+            marks: tuple[tf.Tensor, tf.Tensor] | None = None
+            if timeline is not None:
+                marks = self._mark_issue(buf, gate)
+            deps = [] if gate is None else [gate]
+            if marks is not None:
+                deps.append(marks[1])
+            if deps:
+                with tf.control_dependencies(deps):
+                    buf = tf.identity(buf)
+            out = ctx.all_reduce(self.reduce_op, buf, options=self.communication_options)
+            if marks is not None:
+                self._mark_end(timeline, plan.labels[p], p, nbytes, marks, out)
+            seq.push(nbytes, [out])
+            reduced[p] = out
+        result: list[Any] = list(grads)
+        shapes = [tuple(variables[i].shape) for i in plan.slots]
+        for i, tensor in zip(plan.slots, unpack_partitions(reduced, layout, shapes), strict=True):
+            result[i] = tensor
+        for i in plan.sparse:
+            g = grads[i]
+            gate = seq.gate_all()  # its size is known only at run time: it travels alone
+            if gate is not None:
+                with tf.control_dependencies([gate]):
+                    g = tf.IndexedSlices(tf.identity(g.values), g.indices, g.dense_shape)
+            out = ctx.all_reduce(self.reduce_op, g, options=self.communication_options)
+            seq.push(credit, [out.values, out.indices])  # what follows waits for it
+            result[i] = out
+        return result
+
+    @tf.autograph.experimental.do_not_convert
+    def apply_gradients(self, optimizer: Any, grads_and_vars: Iterable[tuple[Any, Any]]) -> Any:
+        """Reduce the gradients as ``all_reduce`` does, then apply them with ``optimizer``.
+
+        ``optimizer`` is a Keras 3 optimizer (TensorFlow backend), built beforehand under the
+        strategy's scope. Its own all-reduce is skipped for this call only; everything else
+        (weight decay, clipping, loss scaling, the iteration count) is its unchanged code, so
+        each variable's update waits only for that variable's reduced gradient.
+        """
+        pairs = list(grads_and_vars)
+        if self._replica_context() is None:
+            return optimizer.apply_gradients(pairs)
+        if not callable(getattr(optimizer, "_all_reduce_sum_gradients", None)):
+            raise ValueError(
+                f"optimizer={type(optimizer).__name__} is not a Keras 3 TensorFlow optimizer; "
+                "call all_reduce() and apply the reduced gradients without re-reducing them"
+            )
+        grads = self.all_reduce([g for g, _ in pairs], [v for _, v in pairs])
+        optimizer._all_reduce_sum_gradients = _already_reduced
+        try:
+            return optimizer.apply_gradients(zip(grads, (v for _, v in pairs), strict=True))
+        finally:
+            del optimizer._all_reduce_sum_gradients
+
+    @property
+    def credit_bytes(self) -> int:
+        return self.options.credit_bytes
+
+    @property
+    def partition_bytes(self) -> int:
+        return self.options.partition_bytes
+
+    @property
+    def priority(self) -> list[str]:
+        """Variable names, first used first (empty before the first multi-replica call)."""
+        if self._priority is None or self._variables is None:
+            return []
+        return [_variable_name(self._variables[i]) for i in self._priority]
+
+    @property
+    def dispatch_order(self) -> list[int]:
+        """Partitions of the latest plan in issue order (the same on every worker)."""
+        return list(self._plan.order) if self._plan is not None else []
+
+    @property
+    def last_dispatch(self) -> list[str]:
+        """Labels of the latest plan's partitions in issue order (the same on every worker)."""
+        return [self._plan.labels[p] for p in self._plan.order] if self._plan else []
+
+    @property
+    def layout(self) -> Layout | None:
+        """The latest plan's ``Layout`` (tensors in priority order), or ``None``."""
+        return self._plan.layout if self._plan is not None else None
+
+    @property
+    def max_in_flight_bytes(self) -> int:
+        """The most bytes the latest traced graph's gates allow in flight (0 if none)."""
+        return self._last_sequence.max_in_flight if self._last_sequence is not None else 0
+
+    def partition_shapes(self) -> list[list[tuple[str, int, int]]]:
+        """Each partition as ``(variable name, start, stop)`` element ranges, by priority."""
+        if self._plan is None:
+            return []
+        plan, names = self._plan, [_variable_name(v) for v in self._variables or []]
+        return [
+            [(names[plan.slots[t]], a, b) for t, a, b in plan.layout.segments(p)]
+            for p in range(plan.layout.num_partitions)
+        ]
+
+    def close(self) -> None:
+        """Close the timeline file (complete JSON afterwards)."""
+        if self._timeline is not None:
+            self._timeline.close()
+
+    # -- planning --------------------------------------------------------------------------
+
+    def _replica_context(self) -> tf.distribute.ReplicaContext | None:
+        """The replica context, or ``None`` when there is nothing to communicate."""
+        ctx = tf.distribute.get_replica_context()
+        if ctx is None:
+            if tf.distribute.get_strategy().num_replicas_in_sync == 1:
+                return None
+            raise ValueError(
+                "ScheduledAllReduce must be called in a replica context: inside the function "
+                "passed to strategy.run(...)"
+            )
+        return None if ctx.num_replicas_in_sync == 1 else ctx
+
+    def _bind(self, variables: list[Any]) -> None:
+        if self._variables is None:
+            self._variables = variables
+            self._priority = self._discover_priority(variables)
+            log.debug("chronica tf priority: %s", self.priority)
+        elif [id(v) for v in variables] != [id(v) for v in self._variables]:
+            raise ValueError(
+                "variables differ from those of the first call; use one ScheduledAllReduce "
+                "per list of variables"
+            )
+
+    def _discover_priority(self, variables: list[Any]) -> list[int]:
+        if self._priority_arg is not None:
+            index = {id(v): i for i, v in enumerate(variables)}
+            chosen = [index.get(id(v)) for v in self._priority_arg]
+            if None in chosen or len(set(chosen)) != len(chosen):
+                raise ValueError(
+                    "priority must list distinct variables among those being reduced, "
+                    "first used first (e.g. forward_order(...))"
+                )
+            return [*chosen, *(i for i in range(len(variables)) if i not in set(chosen))]
+        if tf.executing_eagerly():
+            return list(range(len(variables)))
+        return _first_use(tf.compat.v1.get_default_graph(), variables)
+
+    def _build(self, kinds: tuple[str, ...], variables: list[Any]) -> _Plan:
+        assert self._priority is not None
+        slots = tuple(i for i in self._priority if kinds[i] == "d")
+        sparse = tuple(i for i in self._priority if kinds[i] == "s")
+        numel = np.array([int(np.prod(variables[i].shape)) for i in slots], dtype=np.int64)
+        dtypes = [tf.as_dtype(variables[i].dtype) for i in slots]
+        itemsize = np.array([d.size for d in dtypes], dtype=np.int64)
+        keys = np.array([d.as_datatype_enum for d in dtypes], dtype=np.int64)
+        layout = build_layout(numel, itemsize, self.options.partition_bytes, keys)
+        # Backward produces gradients in reverse priority order, one byte per unit of time.
+        nbytes = (numel * itemsize).astype(np.float64)
+        ready = np.cumsum(nbytes[::-1])[::-1]
+        if self.options.order == "fifo" or layout.num_partitions == 0:
+            order = fifo_order(layout, ready)
+        else:
+            order = simulate_order(layout, ready, self.options.credit_bytes, 1 / self.comm_ratio)
+        names = [_variable_name(variables[i]) for i in slots]
+        labels = [layout.label(p, names) for p in range(layout.num_partitions)]
+        return _Plan(slots, sparse, layout, tuple(int(p) for p in order), tuple(labels))
+
+    # -- timeline markers (built only when a timeline is set) -------------------------------
+
+    def _open_timeline(self, ctx: tf.distribute.ReplicaContext) -> Timeline | None:
+        if not self._timeline_opened:
+            self._timeline_opened = True
+            if self.options.timeline:
+                resolver = getattr(tf.distribute.get_strategy(), "cluster_resolver", None)
+                rank = int(getattr(resolver, "task_id", None) or 0)
+                world = ctx.num_replicas_in_sync
+                path = timeline_path(self.options.timeline, rank, world)
+                self._timeline = Timeline(path, rank)
+                atexit.register(self._timeline.close)
+        return self._timeline
+
+    @staticmethod
+    def _now(*_: Any) -> np.float64:
+        return np.float64(time.perf_counter())
+
+    def _mark_issue(self, buf: tf.Tensor, gate: Any | None) -> tuple[tf.Tensor, tf.Tensor]:
+        """(ready, issue) times: when the partition's gradients exist, when it may start."""
+        # The ready marker is stateless so that automatic control dependencies leave it
+        # unordered (it fires when the gradients exist); the stateful issue marker consumes
+        # it, so it is neither pruned nor folded, and is chained after the previous
+        # partition's end marker in program order, as the collectives are by their token.
+        ready = tf.numpy_function(self._now, [buf[:1]], tf.float64, stateful=False)
+        with tf.control_dependencies([] if gate is None else [gate]):
+            issue = tf.numpy_function(self._now, [ready, buf[:1]], tf.float64)
+        return ready, issue
+
+    @staticmethod
+    def _mark_end(
+        timeline: Timeline,
+        label: str,
+        partition: int,
+        nbytes: int,
+        marks: tuple[tf.Tensor, tf.Tensor],
+        out: tf.Tensor,
+    ) -> None:
+        def end(t_ready: np.ndarray, t_issue: np.ndarray, _: np.ndarray) -> np.float64:
+            now = time.perf_counter()
+            args = {"partition": partition, "bytes": nbytes}
+            timeline.span(label, "queue", float(t_ready), float(t_issue), **args)
+            timeline.span(label, "communication", float(t_issue), now, **args)
+            return np.float64(now)
+
+        tf.numpy_function(end, [marks[0], marks[1], out[:1]], tf.float64)
