@@ -5,9 +5,6 @@ timeline, agreed auto-tuning; plus forward_order, the single-process path and ba
 
 import itertools
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +13,8 @@ import pytest
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
+
+from workers import base_env, free_port, run_workers  # noqa: E402
 
 import chronica.jax as cj  # noqa: E402
 
@@ -32,44 +31,25 @@ FORWARD = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grad_jax")
-    port = _free_port()
+    port = free_port()
     outs = [tmp / f"rank{r}.json" for r in range(2)]
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "JAX_PLATFORMS": "cpu",
-        "OMP_NUM_THREADS": "1",
-    }
+    env = base_env(ROOT, JAX_PLATFORMS="cpu", OMP_NUM_THREADS="1")
     for knob in ("CHRONICA_PARTITION_BYTES", "CHRONICA_CREDIT_BYTES", "CHRONICA_AUTOTUNE"):
         env.pop(knob, None)
     worker = str(ROOT / "tests" / "grad_jax_worker.py")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, worker, str(port), str(r), "2", str(out), str(tmp / "trace.json")],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r, out in enumerate(outs)
+    trace = str(tmp / "trace.json")
+    commands = [
+        [sys.executable, worker, str(port), str(rank), "2", str(out), trace]
+        for rank, out in enumerate(outs)
     ]
-    try:
-        logs = [p.communicate(timeout=180)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, log in zip(procs, logs, strict=True):
-        assert p.returncode == 0, log[-3000:]
+    run_workers(
+        commands,
+        env,
+        timeout=180,
+    )
     results = [json.loads(out.read_text()) for out in outs]
     assert sorted((r["rank"], r["world"]) for r in results) == [(0, 2), (1, 2)]
     return [r["results"] for r in sorted(results, key=lambda r: r["rank"])], tmp

@@ -10,8 +10,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +21,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 from grad_tf_worker import KNOBS, Net, make_optimizer  # noqa: E402
+from workers import base_env, free_port, run_workers  # noqa: E402
 
 import chronica.tf  # noqa: E402
 from chronica.adapters.tf.grad import pack_partitions, unpack_partitions  # noqa: E402
@@ -32,38 +31,21 @@ ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("sgd", "adam", "adamw")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grad_tf")
-    ports = ",".join(str(_free_port()) for _ in range(2))
+    ports = ",".join(str(free_port()) for _ in range(2))
     outs = [tmp / f"worker{r}.json" for r in range(2)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = base_env(ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     for name in ("TF_CONFIG", "CHRONICA_PARTITION_BYTES", "CHRONICA_CREDIT_BYTES"):
         env.pop(name, None)
     worker = str(ROOT / "tests" / "grad_tf_worker.py")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, worker, str(r), ports, str(out), str(tmp / "trace.json")],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for r, out in enumerate(outs)
-    ]
-    try:
-        logs = [p.communicate(timeout=150)[0].decode() for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, log in zip(procs, logs, strict=True):
-        assert p.returncode == 0, log[-3000:]
+    trace = str(tmp / "trace.json")
+    run_workers(
+        [[sys.executable, worker, str(r), ports, str(out), trace] for r, out in enumerate(outs)],
+        env,
+        timeout=150,
+    )
     return [json.loads(out.read_text())["results"] for out in outs], tmp
 
 

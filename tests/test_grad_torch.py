@@ -4,9 +4,6 @@ ranks, bounded bytes in flight, and a loadable timeline."""
 
 import itertools
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,46 +11,34 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from workers import base_env, free_port, run_workers  # noqa: E402
+
 from chronica.torch.distributed import ScheduledOptimizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grad_torch")
-    port = _free_port()
+    port = free_port()
     outs = [tmp / f"rank{r}.json" for r in range(2)]
-    timeline = str(tmp / "trace.json")
-    procs = []
-    for rank, out in enumerate(outs):
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "RANK": str(rank),
-            "WORLD_SIZE": "2",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": "1",
-        }
-        cmd = [sys.executable, str(ROOT / "tests" / "grad_torch_worker.py"), str(out), timeline]
-        procs.append(
-            subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        )
-    try:
-        logs = [p.communicate(timeout=120)[0].decode() for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, log in zip(procs, logs, strict=True):
-        assert p.returncode == 0, log[-3000:]
+    worker = str(ROOT / "tests" / "grad_torch_worker.py")
+    run_workers(
+        [[sys.executable, worker, str(out), str(tmp / "trace.json")] for out in outs],
+        [
+            base_env(
+                ROOT,
+                RANK=str(rank),
+                WORLD_SIZE="2",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                OMP_NUM_THREADS="1",
+            )
+            for rank in range(2)
+        ],
+        timeout=120,
+    )
     return [json.loads(out.read_text())["results"] for out in outs], tmp
 
 

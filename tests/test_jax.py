@@ -3,7 +3,6 @@ errors, and a real 2-process jax.distributed job on loopback."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,8 @@ import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
+
+from workers import base_env, free_port, run_workers  # noqa: E402
 
 import chronica.jax as cj  # noqa: E402
 from chronica.core import (  # noqa: E402
@@ -279,35 +280,16 @@ def test_import_chronica_does_not_import_jax():
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_jax_processes_cover_every_sample_once(tmp_path):
     world = 2
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
-    port = _free_port()
+    port = free_port()
     outs = [tmp_path / f"rank{i}.json" for i in range(world)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "jax_worker.py"), str(port), str(i), "2", out],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i, out in enumerate(outs)
-    ]
-    try:
-        logs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, log in zip(procs, logs, strict=True):
-        assert p.returncode == 0, log[-3000:]
+    worker = str(ROOT / "tests" / "jax_worker.py")
+    run_workers(
+        [[sys.executable, worker, str(port), str(i), "2", str(out)] for i, out in enumerate(outs)],
+        base_env(ROOT, JAX_PLATFORMS="cpu"),
+        timeout=120,
+    )
     results = [json.loads(out.read_text()) for out in outs]
     assert sorted((r["rank"], r["world"]) for r in results) == [(0, 2), (1, 2)]
     data, _ = _data(203)  # the worker's sizes: lognormal(3, 1), seed 0, 203 samples

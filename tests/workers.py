@@ -1,0 +1,55 @@
+"""Helpers for tests that start real worker processes talking over 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Mapping, Sequence
+
+__all__ = ["base_env", "free_port", "run_workers"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_workers(
+    commands: Sequence[Sequence[str]],
+    env: Mapping[str, str] | Sequence[Mapping[str, str]],
+    timeout: float,
+) -> list[str]:
+    """Start every command at once and wait for all; returns their combined outputs.
+
+    ``env`` is one environment for all or one per command. Fails the test with the tail of a
+    worker's output when it exits non-zero; kills whatever still runs when time is up, so
+    no worker outlives the test.
+    """
+    envs = [env] * len(commands) if isinstance(env, Mapping) else list(env)
+    procs = [
+        subprocess.Popen(
+            list(cmd),
+            env=dict(e),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for cmd, e in zip(commands, envs, strict=True)
+    ]
+    try:
+        logs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, log in zip(procs, logs, strict=True):
+        assert p.returncode == 0, log[-3000:]
+    return logs
+
+
+def base_env(root: os.PathLike[str] | str, **extra: str) -> dict[str, str]:
+    """This process's environment with ``root`` importable and ``extra`` set."""
+    return {**os.environ, "PYTHONPATH": str(root), **extra}
