@@ -48,14 +48,14 @@ import numpy as np
 from chronica.core.balance import balance_steps
 from chronica.core.controller import ControllerOptions
 from chronica.core.cost import CostModel, as_cost_model
-from chronica.core.partition import Owners, base_partitions, epoch_partitions
+from chronica.core.partition import Owners, _fitted, base_partitions, epoch_partitions
 from chronica.core.plan import EpochPlan, PlanStats
 from chronica.core.pool import fill_slack, lpt_bins
 from chronica.core.rng import Stream, derive_key, permutation, uniforms
 from chronica.core.shuffle import as_shuffle_policy, epoch_order
 from chronica.core.sizes import sizes_digest, validate_sizes
 
-__all__ = ["KINDS", "ScheduleConfig", "Scheduler"]
+__all__ = ["KINDS", "ScheduleConfig", "Scheduler", "per_replica", "step_counts"]
 
 KINDS = ("static", "guided", "dynamic")
 
@@ -162,7 +162,12 @@ class ScheduleConfig:
 
     def digest(self, sizes_hex: str) -> str:
         """A hex digest of this configuration and the sizes digest: equal digests, equal plans."""
-        payload = {
+        blob = json.dumps(self.describe(sizes_hex), sort_keys=True).encode()
+        return hashlib.blake2b(blob, digest_size=16).hexdigest()
+
+    def describe(self, sizes_hex: str) -> dict[str, Any]:
+        """Everything ``digest`` hashes, as JSON-ready values (``sizes_hex`` digests the data)."""
+        return {
             "version": 1,
             "num_replicas": self.num_replicas,
             "batch_size": self.batch_size,
@@ -179,8 +184,6 @@ class ScheduleConfig:
             if self.kind == "dynamic"
             else None,
         }
-        blob = json.dumps(payload, sort_keys=True).encode()
-        return hashlib.blake2b(blob, digest_size=16).hexdigest()
 
 
 # A plan's parts: (indices, bounds, loads) as in ``EpochPlan``.
@@ -189,6 +192,27 @@ _Parts = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def per_replica(num_samples: int, num_replicas: int, drop_last: bool) -> int:
+    """Samples each rank receives when ``num_samples`` are dealt to ``num_replicas`` ranks:
+    torch's ``len(DistributedSampler)``, padding up (or, with ``drop_last``, cutting down)."""
+    if drop_last:
+        return num_samples // num_replicas
+    return -(-num_samples // num_replicas)
+
+
+def step_counts(per_rank: int, batch_size: int | None, num_replicas: int) -> list[int]:
+    """Samples per rank at each step: ``batch_size / num_replicas`` per full step, then the
+    remainder of ``per_rank`` as a trailing partial step (one per step without a batch)."""
+    k = 1 if batch_size is None else batch_size // num_replicas
+    return [k] * (per_rank // k) + ([per_rank % k] if per_rank % k else [])
+
+
+def _step_starts(counts: list[int], ranks: int) -> np.ndarray:
+    """Where every step starts in a step-major stream, plus the end: ``steps + 1`` values."""
+    ends = np.cumsum(np.asarray(counts, dtype=np.int64) * ranks)
+    return np.concatenate([np.zeros(1, dtype=np.int64), ends])
 
 
 class Scheduler:
@@ -242,7 +266,9 @@ class Scheduler:
         for data in (self.labels, *(partitions or ())):
             if data is not None:
                 extra.append(hashlib.blake2b(np.asarray(data).tobytes(), digest_size=8).hexdigest())
-        self.digest = config.digest("/".join(extra))
+        # Sizes, labels and partitions, digested: what ``config.describe`` calls ``sizes``.
+        self.data_digest = "/".join(extra)
+        self.digest = config.digest(self.data_digest)
         self._cached: EpochPlan | None = None
 
     @property
@@ -251,19 +277,17 @@ class Scheduler:
 
     def samples_per_replica(self) -> int:
         """Samples each rank receives per epoch: torch's ``len(DistributedSampler)``."""
-        n, w = self.num_samples, self.config.num_replicas
-        return n // w if self.config.drop_last else -(-n // w)
+        return per_replica(self.num_samples, self.config.num_replicas, self.config.drop_last)
 
     def num_steps(self) -> int:
         """Steps per epoch, the same on every rank."""
-        return len(self._step_counts())
+        return len(self.step_counts())
 
-    def _step_counts(self) -> list[int]:
-        """Samples per rank at each step: ``B / W`` per full step, then the remainder."""
-        m = self.samples_per_replica()
-        b = self.config.batch_size
-        k = 1 if b is None else b // self.config.num_replicas
-        return [k] * (m // k) + ([m % k] if m % k else [])
+    def step_counts(self) -> list[int]:
+        """Samples per rank at each step of an epoch (equal on every rank): ``B / W`` per
+        full step, then the remainder."""
+        cfg = self.config
+        return step_counts(self.samples_per_replica(), cfg.batch_size, cfg.num_replicas)
 
     def plan_epoch(self, epoch: int) -> EpochPlan:
         """The plan of ``epoch`` (an int >= 0)."""
@@ -274,7 +298,7 @@ class Scheduler:
         epoch = int(epoch)
         cfg = self.config
         w, m = cfg.num_replicas, self.samples_per_replica()
-        counts = self._step_counts()
+        counts = self.step_counts()
         streams, num_padded, num_dropped = self._owner_streams(epoch)
         step_order = self._shuffled_steps(epoch, m // counts[0] if counts else 0)
         parts = [
@@ -290,8 +314,44 @@ class Scheduler:
                 matrix[ranks] = _rank_major(step_major, ranks.shape[0], counts)
                 loads[:, ranks] = owner_loads
             indices = _step_major(matrix, counts)
+        plan = self._assemble(epoch, counts, indices, loads, num_padded, num_dropped)
+        self._cached = plan
+        return plan
+
+    def plan_stream(self, epoch: int, stream: np.ndarray) -> EpochPlan:
+        """A plan that trains ``stream`` (distinct sample indices, in order) the way exact
+        mode trains an epoch's order, at this configuration's world and batch size.
+
+        The stream is padded by repeating from its start (``drop_last=False``) or cut at its
+        tail (``drop_last=True``) to equal per-rank counts, cut into global batches of
+        ``batch_size`` in order (a trailing partial step last), and every batch is balanced
+        between ranks by the same kernel as ``plan_epoch``. ``num_padded``/``num_dropped``
+        count what padding or cutting did to the stream. Regardless of ``kind`` and
+        ``shuffle``, the stream decides every step's samples; equal inputs give equal bytes.
+        Elastic resume plans the rest of an epoch with it (``chronica.core.elastic``).
+        """
+        cfg = self.config
+        stream = np.asarray(stream, dtype=np.int64)
+        w = cfg.num_replicas
+        m = per_replica(stream.shape[0], w, cfg.drop_last)
+        counts = step_counts(m, cfg.batch_size, w)
+        order, padded, dropped = _fitted(stream, m * w)
+        indices, loads = self._balanced(order, w, counts)
+        return self._assemble(int(epoch), counts, indices, loads, padded, dropped)
+
+    def _assemble(
+        self,
+        epoch: int,
+        counts: list[int],
+        indices: np.ndarray,
+        loads: np.ndarray,
+        num_padded: int,
+        num_dropped: int,
+    ) -> EpochPlan:
+        """The read-only plan of step-major ``indices`` with ``counts`` per rank and step."""
+        w = self.config.num_replicas
         per_step = np.asarray(counts, dtype=np.int64)
-        starts = np.concatenate([[0], np.cumsum(per_step * w)[:-1]]).astype(np.int64)
+        starts = _step_starts(counts, w)[:-1]
         bounds = starts[:, None] + per_step[:, None] * np.arange(w + 1)[None, :]
         plan = EpochPlan(
             epoch=epoch,
@@ -305,7 +365,6 @@ class Scheduler:
         )
         for array in (plan.indices, plan.bounds, plan.loads):
             array.setflags(write=False)
-        self._cached = plan
         return plan
 
     def stats(self, epoch: int) -> PlanStats:
@@ -331,12 +390,7 @@ class Scheduler:
             base, padded, dropped = self._base
             return epoch_partitions(cfg.shuffle, base, cfg.seed, epoch), padded, dropped
         order = epoch_order(cfg.shuffle, self.num_samples, cfg.seed, epoch, self.labels)
-        total = self.samples_per_replica() * cfg.num_replicas
-        if total <= order.shape[0]:
-            order, padded, dropped = order[:total], 0, order.shape[0] - total
-        else:
-            padded, dropped = total - order.shape[0], 0
-            order = np.concatenate([order, np.resize(order, padded)])
+        order, padded, dropped = _fitted(order, self.samples_per_replica() * cfg.num_replicas)
         return [order], padded, dropped
 
     def _shuffled_steps(self, epoch: int, full_steps: int) -> np.ndarray:
@@ -360,17 +414,24 @@ class Scheduler:
         """The owner's samples step after step (``ranks × k`` per step, rank after rank) and
         their per-rank loads, shape ``(steps, ranks)``."""
         cfg = self.config
-        if cfg.batch_size is None:
+        if cfg.batch_size is not None:
+            k = counts[0] if counts else 1
+            full = sum(1 for c in counts if c == k)
+            if cfg.kind == "guided":
+                stream = self._grouped_by_size(epoch, owner, stream, ranks * k, full, step_order)
+            elif not cfg.exact and full:
+                starts = _step_starts(counts, ranks)
+                return self._pooled(epoch, owner, stream, ranks, starts, full, step_order)
+        return self._balanced(stream, ranks, counts)
+
+    def _balanced(
+        self, stream: np.ndarray, ranks: int, counts: list[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Exact mode's split: consecutive steps of ``stream``, each balanced between ranks."""
+        if self.config.batch_size is None:
             # torch's split: rank r takes positions r, r + W, ...; one sample per step.
             return stream, self.costs[stream].reshape(-1, ranks)
-        k = counts[0] if counts else 1
-        full = sum(1 for c in counts if c == k)
-        starts = np.concatenate([[0], np.cumsum(np.asarray(counts, dtype=np.int64) * ranks)])
-        if cfg.kind == "guided":
-            stream = self._grouped_by_size(epoch, owner, stream, ranks * k, full, step_order)
-        elif not cfg.exact and full:
-            return self._pooled(epoch, owner, stream, ranks, starts, full, step_order)
-        perm, loads = balance_steps(self.costs[stream], starts, ranks)
+        perm, loads = balance_steps(self.costs[stream], _step_starts(counts, ranks), ranks)
         return stream[perm], loads
 
     def _sort_keys(self, epoch: int, owner: int, samples: np.ndarray) -> np.ndarray:

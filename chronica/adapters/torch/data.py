@@ -32,13 +32,26 @@ from chronica.core import (
     movement,
     resolve_sizes,
 )
+from chronica.core.elastic import (
+    Segment,
+    check_fingerprint,
+    fingerprint,
+    parse_segments,
+    resume_plan,
+)
 from chronica.core.plan import EpochPlan
 
 __all__ = ["Dataset", "DistributedBatchSampler", "DistributedSampler"]
 
 logger = logging.getLogger("chronica")
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2
+# Version 1 states (no world, step, history or fingerprint) still resume at the same world.
+_READABLE_VERSIONS = (1, 2)
+
+# An elastically resumed epoch: the worlds it ran at before (oldest first) and the plan of
+# the samples they left, which replaces the epoch's ordinary plan until ``set_epoch``.
+_Resumed = tuple[tuple[Segment, ...], EpochPlan]
 
 
 class Dataset(_TorchDataset):
@@ -169,6 +182,7 @@ class _ScheduledSampler:
         self.epoch = 0
         self._start = 0  # where the next iteration begins (samples or steps)
         self._progress = 0  # how far the current iteration has got
+        self._resumed: _Resumed | None = None
         if policy.partitioned and exact and batch_size and self.scheduler.owners.sizes().max() == 1:
             logger.warning(
                 "chronica: with shuffle=%r and one rank per node, exact mode cannot balance "
@@ -201,18 +215,26 @@ class _ScheduledSampler:
         return self.num_samples * self.num_replicas
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch to iterate next; call it before each epoch, as with torch."""
+        """Select the epoch to iterate next; call it before each epoch, as with torch.
+        Selecting the current epoch again keeps a loaded mid-epoch position."""
         if epoch != self.epoch:
             self._start = 0
+            self._progress = 0
+            self._resumed = None
         self.epoch = epoch
 
     def plan(self, epoch: int | None = None) -> EpochPlan:
-        """The whole plan (all ranks) of ``epoch``, the current one by default."""
-        return self.scheduler.plan_epoch(self.epoch if epoch is None else epoch)
+        """The whole plan (all ranks) of ``epoch``, the current one by default. After a
+        ``load_state_dict`` at another world size or batch size, the current epoch's plan is
+        that of its remaining samples (see ``load_state_dict``)."""
+        epoch = self.epoch if epoch is None else epoch
+        if self._resumed is not None and epoch == self.epoch:
+            return self._resumed[1]
+        return self.scheduler.plan_epoch(epoch)
 
     def stats(self, epoch: int | None = None) -> PlanStats:
         """Balance and padding diagnostics of ``epoch``'s plan (the current one by default)."""
-        return self.scheduler.stats(self.epoch if epoch is None else epoch)
+        return self.plan(epoch).stats(self.scheduler.sizes, self.scheduler.costs)
 
     def loss_weights(self, epoch: int | None = None) -> np.ndarray:
         """This rank's loss weight for every step of ``epoch``: multiply the local mean loss by
@@ -220,7 +242,7 @@ class _ScheduledSampler:
         (all ones while every rank has the same count). With ``kind="dynamic"`` the plan of
         a step is known once the sampler has yielded it: the current epoch's steps yielded so
         far have their weight, the others are NaN."""
-        if self._session is None:
+        if self._session is None or (self._resumed is not None and epoch in (None, self.epoch)):
             return self.plan(epoch).loss_weights[:, self.rank]
         weights = np.full(self.scheduler.num_steps(), np.nan)
         if epoch is None or epoch == self.epoch:
@@ -261,33 +283,104 @@ class _ScheduledSampler:
         return label_skew(self.scheduler, self.epoch if epoch is None else epoch, labels)
 
     def state_dict(self) -> dict[str, Any]:
-        """Resumable state: the epoch and how far this rank's iteration has got."""
+        """Resumable state, a small JSON-ready dict (see ``load_state_dict``).
+
+        ``epoch``; ``progress``: what this rank's iteration of the epoch's current plan has
+        yielded (samples for ``DistributedSampler``, batches for ``DistributedBatchSampler``;
+        a ``DataLoader`` that prefetches makes it run ahead of training); ``rank``;
+        ``digest``: the whole configuration including world and batch size. For a change of
+        world: ``num_replicas``, ``batch_size``, ``step`` (the steps of the current plan whose
+        samples were all yielded; a partly yielded step does not count), ``history`` (``[W,
+        B, step]`` of the worlds this epoch ran at before, oldest first; empty unless it was
+        resumed at another world) and ``fingerprint`` (everything else the plan depends on).
+        """
+        history = [] if self._resumed is None else [list(s) for s in self._resumed[0]]
         return {
             "version": _STATE_VERSION,
             "epoch": self.epoch,
             "progress": self._progress,
             "rank": self.rank,
             "digest": self.scheduler.digest,
+            "num_replicas": self.num_replicas,
+            "batch_size": self.batch_size,
+            "step": self._completed_steps(),
+            "history": history,
+            "fingerprint": fingerprint(self.scheduler),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: the next iteration resumes where the saved one stopped.
+        """Continue from ``state`` (any rank's ``state_dict``).
 
-        Refuses state saved under different sizes or configuration (the plans would differ).
+        Same world size and batch size: the next iteration continues exactly where the saved
+        one stopped, mid-step included, with the bytes an uninterrupted run would yield.
+
+        Another world size or global batch size (elastic resume, ``chronica.core.elastic``):
+        the steps completed at the saved world count as trained (a partly yielded step does
+        not, so its samples are planned again); the epoch's remaining samples, in the saved
+        plan's order, are planned for this world: cut into global batches of this
+        ``batch_size``, each balanced between the ranks, equal step counts on every rank,
+        padded by repeating from the remainder's start (``drop_last=False``) or cut at its
+        tail (``drop_last=True``). Over the trained steps and the remainder every sample
+        appears exactly once, apart from that padding or cutting (and padding inside the
+        trained steps). The next iteration yields this rank's part of the remainder from
+        its start; ``len(self)`` and ``plan()`` describe the remainder until ``set_epoch``
+        selects another epoch, which plans as usual at this world. Every rank computes the
+        same remainder from any rank's state. Resumed epochs may be saved and resumed at
+        yet another world.
+
+        Raises ``ValueError`` for state saved with other sizes, labels or arguments (naming
+        the fields that differ; only ``num_replicas`` and ``batch_size`` may change), and,
+        mid-epoch, for a change of world or batch size under ``kind="dynamic"`` or a
+        node-partitioned shuffle (``local``, ``partial``): those resume at the saved world,
+        or at any world from a state saved at an epoch boundary.
         """
-        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-            raise ValueError(f"state_dict version {state.get('version')!r} is not supported")
-        if state.get("digest") != self.scheduler.digest:
+        if not isinstance(state, dict) or state.get("version") not in _READABLE_VERSIONS:
+            version = state.get("version") if isinstance(state, dict) else None
+            raise ValueError(f"state_dict version {version!r} is not supported")
+        epoch, progress = state.get("epoch"), state.get("progress")
+        if not _is_count(epoch) or not _is_count(progress):
+            raise ValueError(f"state_dict epoch={epoch!r}, progress={progress!r} are invalid")
+        history = tuple(parse_segments(state.get("history", [])))
+        if state.get("digest") == self.scheduler.digest:
+            plan = resume_plan(self.scheduler, epoch, history) if history else None
+            self._resume_at(epoch, history if plan is not None else (), plan, progress)
+            return
+        if "fingerprint" not in state:
             raise ValueError(
                 "state_dict was saved with different sizes or sampler arguments (configuration "
-                "digest differs); build the sampler exactly as when the state was saved"
+                "digest differs); build the sampler exactly as when the state was saved (this "
+                "state predates elastic resume, so the world size cannot change either)"
             )
-        progress = int(state["progress"])
-        if not 0 <= progress <= self._unit_count():
-            raise ValueError(f"state_dict progress={progress} is outside this epoch")
-        self.epoch = int(state["epoch"])
-        self._start = progress
-        self._progress = progress
+        check_fingerprint(state["fingerprint"], self.scheduler)
+        saved = Segment(state.get("num_replicas"), state.get("batch_size"), state.get("step"))
+        if saved[:2] == (self.num_replicas, self.batch_size):
+            raise ValueError(
+                "state_dict was saved with different sampler arguments (configuration digest "
+                "differs in groups= or the kind='dynamic' options); build the sampler exactly "
+                "as when the state was saved"
+            )
+        segments = (*history, saved)
+        plan = resume_plan(self.scheduler, epoch, segments)
+        self._resume_at(epoch, segments if plan is not None else (), plan, 0)
+
+    def _resume_at(
+        self, epoch: int, history: tuple[Segment, ...], plan: EpochPlan | None, start: int
+    ) -> None:
+        resumed = None if plan is None else (history, plan)
+        count = self._unit_count(resumed)
+        if not 0 <= start <= count:
+            raise ValueError(f"state_dict progress={start} is outside this epoch ({count})")
+        self.epoch = int(epoch)
+        self._resumed = resumed
+        self._start = self._progress = int(start)
+
+    def _completed_steps(self) -> int:
+        """Steps of the current plan whose samples this rank has all yielded."""
+        raise NotImplementedError
+
+    def _planned(self) -> bool:
+        """Whether iteration follows ``plan()`` (else the dynamic session's windows)."""
+        return self._session is None or self._resumed is not None
 
     def _begin(self) -> int:
         start, self._start = self._start, 0
@@ -297,7 +390,7 @@ class _ScheduledSampler:
     def _local_batches(self, start_step: int) -> Iterator[np.ndarray]:
         """This rank's local batch at every step from ``start_step``: from the plan, or
         window by window from the coordinator with ``kind="dynamic"``."""
-        if self._session is None:
+        if self._planned():
             plan = self.plan()
             for step in range(start_step, plan.num_steps):
                 yield plan.local(step, self.rank)
@@ -308,8 +401,14 @@ class _ScheduledSampler:
             self._weights[step] = weight
             yield indices
 
-    def _unit_count(self) -> int:
+    def _unit_count(self, resumed: _Resumed | None) -> int:
+        """What an iteration of the current epoch yields in all, with ``resumed`` as the
+        elastic state: samples or batches."""
         raise NotImplementedError
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0
 
 
 class DistributedSampler(_ScheduledSampler, Sampler[int]):
@@ -387,7 +486,7 @@ class DistributedSampler(_ScheduledSampler, Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         start = self._begin()
-        if self._session is None:
+        if self._planned():
             indices = self.plan().rank_indices(self.rank)
             for index in indices[start:].tolist():
                 self._progress += 1
@@ -403,10 +502,21 @@ class DistributedSampler(_ScheduledSampler, Sampler[int]):
             skip = 0
 
     def __len__(self) -> int:
-        return self.num_samples
+        """Indices one iteration of the current epoch yields: torch's ``num_samples``, or
+        after an elastic load this rank's share of the epoch's remainder."""
+        return self._unit_count(self._resumed)
 
-    def _unit_count(self) -> int:
-        return self.num_samples
+    def _unit_count(self, resumed: _Resumed | None) -> int:
+        if resumed is None:
+            return self.num_samples
+        return int(resumed[1].counts[:, self.rank].sum())
+
+    def _completed_steps(self) -> int:
+        if self._resumed is not None:
+            counts = self._resumed[1].counts[:, self.rank]
+        else:
+            counts = np.asarray(self.scheduler.step_counts(), dtype=np.int64)
+        return int(np.searchsorted(np.cumsum(counts), self._progress, side="right"))
 
 
 class DistributedBatchSampler(_ScheduledSampler, Sampler[list[int]]):
@@ -474,7 +584,12 @@ class DistributedBatchSampler(_ScheduledSampler, Sampler[list[int]]):
             yield batch.tolist()
 
     def __len__(self) -> int:
-        return self.scheduler.num_steps()
+        """Batches one iteration of the current epoch yields, equal on every rank: the
+        epoch's steps, or after an elastic load the steps of its remainder."""
+        return self._unit_count(self._resumed)
 
-    def _unit_count(self) -> int:
-        return len(self)
+    def _unit_count(self, resumed: _Resumed | None) -> int:
+        return self.scheduler.num_steps() if resumed is None else resumed[1].num_steps
+
+    def _completed_steps(self) -> int:
+        return self._progress

@@ -1,0 +1,361 @@
+"""Elastic resume: a sampler state saved at W ranks continues the epoch at W' ranks."""
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chronica.core import ScheduleConfig, Scheduler
+from chronica.core.elastic import Segment, resume_plan
+from chronica.torch.utils.data import Dataset, DistributedBatchSampler, DistributedSampler
+
+MODES = [("static", True), ("static", False), ("guided", True)]
+
+
+class Sized(Dataset):
+    def __init__(self, sizes):
+        self.sizes_ = np.asarray(sizes)
+
+    def __len__(self):
+        return len(self.sizes_)
+
+    def __getitem__(self, index):
+        return index
+
+    def __sizeof__(self, index=None):
+        return float(self.sizes_[index]) if index is not None else super().__sizeof__()
+
+
+def _sizes(n):
+    return np.random.default_rng(n).lognormal(3, 1, n)
+
+
+def _batch_samplers(sizes, w, b, **kw):
+    return [
+        DistributedBatchSampler(Sized(sizes), b, num_replicas=w, rank=r, **kw) for r in range(w)
+    ]
+
+
+def _take(sampler, count):
+    it = iter(sampler)
+    return [next(it) for _ in range(count)]
+
+
+def _run(n, w, b, w2, b2, steps, epoch=1, save_rank=0, **kw):
+    """Train ``steps`` steps at (w, b), save one rank's state, finish the epoch at (w2, b2).
+    Returns (consumed samples, remainder steps per new rank, new samplers)."""
+    sizes = _sizes(n)
+    old = _batch_samplers(sizes, w, b, **kw)
+    consumed = []
+    for sampler in old:
+        sampler.set_epoch(epoch)
+        consumed += [i for batch in _take(sampler, steps) for i in batch]
+    states = [s.state_dict() for s in old]
+    new = _batch_samplers(sizes, w2, b2, **kw)
+    for sampler in new:
+        sampler.load_state_dict(states[save_rank])
+        sampler.set_epoch(epoch)  # the usual loop does this; it keeps the loaded position
+    rest = [list(s) for s in new]
+    return consumed, rest, new
+
+
+def _check_exactly_once(n, consumed, rest, plan, drop_last):
+    """Consumed and remainder are disjoint, cover the epoch (minus the new world's dropped
+    tail) and repeat only the documented padding."""
+    remainder = [i for steps in rest for batch in steps for i in batch]
+    assert not set(consumed) & set(remainder)
+    covered = set(consumed) | set(remainder)
+    assert len(covered) == n - plan.num_dropped
+    assert len(remainder) - len(set(remainder)) == plan.num_padded
+    if drop_last:
+        assert plan.num_padded == 0
+    else:
+        assert plan.num_dropped == 0 and covered == set(range(n))
+
+
+CASES = [
+    # n, w, b, w2, b2, steps, drop_last, shuffle, (kind, exact)
+    (211, 4, 16, 6, 24, 5, False, True, MODES[0]),  # W' > W
+    (211, 4, 16, 3, 12, 5, True, True, MODES[0]),  # W' < W, drop_last
+    (211, 4, 16, 2, 16, 7, False, "stratified", MODES[0]),  # same B, fewer ranks
+    (97, 3, 9, 5, 10, 4, False, False, MODES[0]),  # no shuffle, N prime
+    (97, 3, 9, 7, 7, 2, True, "block", MODES[0]),
+    (301, 5, 20, 4, 32, 6, False, True, MODES[1]),  # pool
+    (301, 5, 20, 8, 8, 3, True, True, MODES[1]),
+    (301, 4, 32, 3, 24, 4, False, True, MODES[2]),  # guided
+    (301, 4, 32, 6, 36, 9, True, True, MODES[2]),  # guided, all but the last step
+    (13, 4, 8, 6, 6, 1, False, True, MODES[0]),  # tiny: remainder smaller than the world
+]
+
+
+@pytest.mark.parametrize("n,w,b,w2,b2,steps,drop_last,shuffle,mode", CASES)
+def test_remainder_covers_the_epoch_exactly_once(n, w, b, w2, b2, steps, drop_last, shuffle, mode):
+    kind, exact = mode
+    kw = dict(drop_last=drop_last, shuffle=shuffle, kind=kind, exact=exact)
+    if shuffle == "stratified":
+        kw["labels"] = np.arange(n) % 3
+    consumed, rest, new = _run(n, w, b, w2, b2, steps, save_rank=w - 1, **kw)
+    plan = new[0].plan()
+    assert all(s.plan().indices.tobytes() == plan.indices.tobytes() for s in new)
+    _check_exactly_once(n, consumed, rest, plan, drop_last)
+    # Equal step counts, equal local batches at every step, global batch B' but the last.
+    assert len({len(r) for r in rest}) == 1
+    assert [len(s) for s in new] == [len(r) for r in rest]
+    for step in zip(*rest, strict=True):
+        assert len({len(batch) for batch in step}) == 1
+    sums = plan.counts.sum(axis=1)
+    assert np.all(sums[:-1] == b2) and (sums.size == 0 or 0 < sums[-1] <= b2)
+    np.testing.assert_array_equal(new[0].loss_weights(), np.ones(plan.num_steps))
+    # The next epoch is the ordinary one at the new world.
+    fresh = _batch_samplers(_sizes(n), w2, b2, **kw)
+    for resumed, other in zip(new, fresh, strict=True):
+        resumed.set_epoch(2)
+        other.set_epoch(2)
+        assert list(resumed) == list(other)
+        assert len(resumed) == len(other)
+
+
+def test_every_rank_state_gives_the_same_remainder():
+    n, w, b = 150, 3, 12
+    sizes = _sizes(n)
+    old = _batch_samplers(sizes, w, b)
+    for s in old:
+        _take(s, 4)
+    plans = set()
+    for state in (s.state_dict() for s in old):
+        new = DistributedBatchSampler(Sized(sizes), 10, num_replicas=5, rank=2)
+        new.load_state_dict(json.loads(json.dumps(state)))  # states are plain JSON
+        plans.add(new.plan().indices.tobytes() + new.plan().bounds.tobytes())
+    assert len(plans) == 1
+
+
+def test_exact_mode_keeps_the_global_batches_of_the_new_world():
+    # 6 steps of 16 = 96 samples trained, a multiple of B' = 24: the remainder's full global
+    # batches are those an uninterrupted (W', B') run forms at the same positions.
+    n, epoch = 400, 3
+    _, _, new = _run(n, 4, 16, 6, 24, 6, epoch=epoch)
+    fresh = Scheduler(_sizes(n), ScheduleConfig(6, 24)).plan_epoch(epoch)
+    plan = new[0].plan()
+    offset = 96 // 24
+    for s in range(plan.num_steps):
+        if (offset + s + 1) * 24 > n:  # the tail pads differently
+            break
+        ours = plan.indices[plan.bounds[s, 0] : plan.bounds[s, -1]]
+        theirs = fresh.indices[fresh.bounds[offset + s, 0] : fresh.bounds[offset + s, -1]]
+        np.testing.assert_array_equal(ours, theirs)  # same samples, same balanced split
+    assert s > 10
+
+
+def test_distributed_sampler_mid_step_save_replans_the_partial_step():
+    n, w, b = 203, 4, 16
+    sizes = _sizes(n)
+    old = [DistributedSampler(Sized(sizes), w, r, batch_size=b) for r in range(w)]
+    yielded, completed = [], []
+    for sampler in old:
+        head = _take(sampler, 4 * 3 + 2)  # three steps of 4 per rank, and 2 of the fourth
+        yielded += head
+        completed += head[:12]
+    state = old[1].state_dict()
+    assert (state["progress"], state["step"]) == (14, 3)
+    new = [DistributedSampler(Sized(sizes), 3, r, batch_size=9) for r in range(3)]
+    for sampler in new:
+        sampler.load_state_dict(state)
+    rest = [list(s) for s in new]
+    assert [len(s) for s in new] == [len(r) for r in rest]
+    plan = new[0].plan()
+    _check_exactly_once(n, completed, [[r] for r in rest], plan, False)
+    partial = set(yielded) - set(completed)  # yielded, but its step never completed
+    assert partial and partial <= {i for r in rest for i in r}
+
+
+def test_same_world_resume_is_unchanged_and_byte_identical():
+    sizes = _sizes(300)
+
+    def make():
+        return DistributedSampler(Sized(sizes), 4, 1, batch_size=32, kind="guided")
+
+    full = make()
+    full.set_epoch(2)
+    expected = list(full)
+    first = make()
+    first.set_epoch(2)
+    head = _take(first, 19)
+    resumed = make()
+    resumed.load_state_dict(first.state_dict())
+    assert len(resumed) == len(expected)
+    assert head + list(resumed) == expected
+    # A version-1 state (before elastic resume) still resumes at its own world.
+    old = {k: first.state_dict()[k] for k in ("epoch", "progress", "rank", "digest")}
+    again = make()
+    again.load_state_dict({**old, "version": 1})
+    assert head + list(again) == expected
+
+
+def test_chain_of_worlds_within_one_epoch():
+    n, epoch = 257, 4
+    sizes = _sizes(n)
+    a = _batch_samplers(sizes, 4, 16, kind="guided")
+    consumed = []
+    for s in a:
+        s.set_epoch(epoch)
+        consumed += [i for batch in _take(s, 3) for i in batch]
+    b = _batch_samplers(sizes, 2, 10, kind="guided")
+    running = []
+    for s in b:
+        s.load_state_dict(a[3].state_dict())
+        running.append(iter(s))
+        consumed += [i for _ in range(4) for i in next(running[-1])]
+    states = [s.state_dict() for s in b]
+    state = states[0]
+    assert state["history"] == [[4, 16, 3]] and state["step"] == 4
+    # Resuming the resumed epoch at its own world continues it byte for byte.
+    same = _batch_samplers(sizes, 2, 10, kind="guided")
+    for s, saved, it in zip(same, states, running, strict=True):
+        s.load_state_dict(saved)
+        assert list(s) == list(it)
+    c = _batch_samplers(sizes, 5, 15, kind="guided")
+    for s in c:
+        s.load_state_dict(state)
+    assert c[0].state_dict()["history"] == [[4, 16, 3], [2, 10, 4]]
+    rest = [list(s) for s in c]
+    _check_exactly_once(n, consumed, rest, c[0].plan(), False)
+
+
+def test_epoch_boundaries_resume_at_any_world_for_every_policy():
+    sizes = _sizes(120)
+    kw = dict(shuffle="local", groups=[0, 0, 1, 1])
+    old = _batch_samplers(sizes, 4, 8, **kw)
+    for s in old:
+        s.set_epoch(1)
+    before = old[0].state_dict()
+    for s in old:
+        list(s)
+    after = old[0].state_dict()
+    new = DistributedBatchSampler(Sized(sizes), 6, num_replicas=3, rank=0, shuffle="local")
+    new.load_state_dict(before)  # nothing trained: the ordinary epoch at the new world
+    assert list(new) == [p.tolist() for p in new.scheduler.plan_epoch(1).rank_steps(0)]
+    new.load_state_dict(after)  # finished: nothing left, then the ordinary next epoch
+    assert len(new) == 0 and list(new) == []
+    new.set_epoch(2)
+    assert len(list(new)) == new.scheduler.num_steps() > 0
+
+
+def test_set_epoch_resets_the_saved_progress():
+    sampler = DistributedSampler(range(40), 2, 0, batch_size=4)
+    list(sampler)
+    sampler.set_epoch(1)
+    state = sampler.state_dict()
+    assert (state["epoch"], state["progress"], state["step"]) == (1, 0, 0)
+    other = DistributedSampler(range(40), 2, 0, batch_size=4)
+    other.load_state_dict(state)
+    assert len(list(other)) == 20
+
+
+def _mid_epoch_state(sizes, **kw):
+    sampler = DistributedBatchSampler(Sized(sizes), 8, num_replicas=2, rank=0, **kw)
+    _take(sampler, 2)
+    return sampler.state_dict()
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(seed=1), "digest differs: seed: saved 0, now 1"),
+        (dict(sizes=np.ones(64)), "digest differs: sizes"),
+        (dict(n=65), "num_samples: saved 64, now 65"),
+        (dict(drop_last=True), "drop_last"),
+        (dict(kind="guided"), "kind"),
+    ],
+)
+def test_other_data_or_arguments_are_refused_by_name(change, match):
+    state = _mid_epoch_state(_sizes(64))
+    n = change.pop("n", 64)
+    sizes = change.pop("sizes", _sizes(n))
+    new = DistributedBatchSampler(Sized(sizes), 12, num_replicas=3, rank=0, **change)
+    with pytest.raises(ValueError, match=match):
+        new.load_state_dict(state)
+
+
+def test_partitioned_policy_refuses_a_new_world_mid_epoch():
+    state = _mid_epoch_state(_sizes(64), shuffle="local")
+    new = DistributedBatchSampler(Sized(_sizes(64)), 12, num_replicas=3, rank=0, shuffle="local")
+    with pytest.raises(ValueError, match=r"shuffle='local' cannot continue an epoch.*Resume at"):
+        new.load_state_dict(state)
+    same = DistributedBatchSampler(Sized(_sizes(64)), 8, num_replicas=2, rank=0, shuffle="local")
+    same.load_state_dict(state)  # the saved world still resumes
+    assert len(list(same)) == len(same) - 2
+
+
+def test_dynamic_refuses_a_new_world_mid_epoch():
+    # Ranks other than 0 start no coordinator; without one they use the static plan.
+    kw = dict(kind="dynamic", timeout=0.2)
+    old = DistributedBatchSampler(Sized(_sizes(64)), 8, num_replicas=2, rank=1, **kw)
+    new = DistributedBatchSampler(Sized(_sizes(64)), 12, num_replicas=3, rank=1, **kw)
+    try:
+        state = {**old.state_dict(), "progress": 2, "step": 2}
+        with pytest.raises(ValueError, match="kind='dynamic' cannot continue"):
+            new.load_state_dict(state)
+        new.load_state_dict({**state, "progress": 0, "step": 0})  # an epoch boundary
+    finally:
+        old.close()
+        new.close()
+
+
+def test_bad_state_fields_are_named():
+    state = _mid_epoch_state(_sizes(64))
+    new = DistributedBatchSampler(Sized(_sizes(64)), 12, num_replicas=3, rank=0)
+    with pytest.raises(ValueError, match="step=99 is outside"):
+        new.load_state_dict({**state, "step": 99})
+    with pytest.raises(ValueError, match=r"history entry .*batch_size=5"):
+        new.load_state_dict({**state, "history": [[3, 5, 1]]})
+    with pytest.raises(ValueError, match="version"):
+        new.load_state_dict({**state, "version": 7})
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    n=st.integers(0, 80),
+    worlds=st.lists(
+        st.tuples(st.integers(1, 5), st.integers(1, 4), st.floats(0, 1)), min_size=2, max_size=3
+    ),
+    drop_last=st.booleans(),
+    shuffle=st.sampled_from([True, False, "block"]),
+    mode=st.sampled_from(MODES),
+    epoch=st.integers(0, 3),
+)
+def test_property_exactly_once_over_a_chain_of_worlds(n, worlds, drop_last, shuffle, mode, epoch):
+    """Train a fraction of the epoch at each world in turn, then finish it at the last one."""
+    sizes = _sizes(n)
+    kw = dict(shuffle=shuffle, drop_last=drop_last, kind=mode[0], exact=mode[1])
+    w, k, _ = worlds[0]
+    plan = Scheduler(sizes, ScheduleConfig(w, w * k, **kw)).plan_epoch(epoch)
+    segments, parts = [], []
+    for (w, k, fraction), (w2, k2, _) in itertools.pairwise(worlds):
+        counts = plan.counts
+        assert np.all(counts == counts[:, :1])  # equal local batches and step counts
+        step = round(fraction * plan.num_steps)
+        parts.append(
+            plan.indices[: plan.bounds[step, 0]] if step < plan.num_steps else plan.indices
+        )
+        if step == plan.num_steps and (step or segments):  # finished: nothing is left
+            break
+        segments.append(Segment(w, w * k, step))
+        new = Scheduler(sizes, ScheduleConfig(w2, w2 * k2, **kw))
+        rest = resume_plan(new, epoch, segments)
+        again = resume_plan(new, epoch, segments)
+        assert rest is again is None or rest.indices.tobytes() == again.indices.tobytes()
+        if rest is None:  # nothing trained yet: the ordinary epoch, no history
+            assert segments == [Segment(w, w * k, 0)]
+            rest, segments = new.plan_epoch(epoch), []
+        plan = rest
+    else:
+        assert np.all(plan.counts == plan.counts[:, :1])
+        parts.append(plan.indices)
+        assert len(parts[-1]) - len(set(parts[-1].tolist())) == plan.num_padded
+    seen = [set(part.tolist()) for part in parts]
+    assert sum(len(part) for part in seen) == len(set().union(*seen))  # disjoint
+    assert len(set().union(*seen)) == n - plan.num_dropped
+    assert drop_last or plan.num_dropped == 0
