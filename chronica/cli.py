@@ -1,4 +1,4 @@
-"""The ``chronica`` command: ``chronica demo`` and ``chronica bench``.
+"""The ``chronica`` command: ``chronica demo``, ``chronica bench`` and ``chronica coordinator``.
 
 Framework imports happen inside the subcommand that needs them, so ``chronica --help``
 starts fast and works without any deep-learning framework installed.
@@ -47,6 +47,12 @@ def _run_demo(args: list[str]) -> int:
     return int(demo_main(args) or 0)
 
 
+def _run_coordinator(args: list[str]) -> int:
+    from chronica.comm.standalone import main as coordinator_main
+
+    return int(coordinator_main(args) or 0)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``chronica`` console script."""
     parser = argparse.ArgumentParser(
@@ -63,9 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser(
         "bench", help="run the benchmarks and regenerate docs/benchmarks.md", add_help=False
     )
+    sub.add_parser(
+        "coordinator",
+        help="serve kind='dynamic' plans to the ranks of a multi-node job",
+        add_help=False,
+    )
     args, rest = parser.parse_known_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(name)s %(levelname)s %(message)s")
-    runners = {"demo": _run_demo, "bench": _run_bench}
+    runners = {"demo": _run_demo, "bench": _run_bench, "coordinator": _run_coordinator}
     return runners[args.command](rest)
 
 

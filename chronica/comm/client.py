@@ -8,8 +8,12 @@ a late start), ``report`` after each step, sent without waiting.
 Everything has a time-out. If the coordinator does not answer, ``plan()`` returns ``None``
 (the caller uses the static plan, which holds the same samples at every step), a warning is
 logged once, and the client keeps offering ``hello`` in the background so it re-attaches
-when the coordinator is back. A coordinator that refuses the rank (sizes or configuration
-differ) raises ``CoordinatorRefused`` at once: that is a bug in the job, not a fault.
+when the coordinator is back. A coordinator that does not know this connection (it was
+restarted) is greeted again and the pending fetches re-sent. A fetch the coordinator
+refuses falls back at once, without waiting for the time-out. A coordinator that refuses
+the rank (sizes or configuration differ) raises ``CoordinatorRefused`` at once: that is a
+bug in the job, not a fault. A failed handshake (CURVE keys that do not match) falls back
+and says why.
 
 No thread: incoming messages queue in ZeroMQ's I/O thread and are read whenever the client
 is called (once per step).
@@ -18,12 +22,24 @@ is called (once per step).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import zmq
 
-from chronica.comm.protocol import Plan, ProtocolError, decode, encode, topic
+from chronica.comm.auth import CurveClient, HandshakeMonitor
+from chronica.comm.protocol import (
+    MAX_WORLD,
+    Plan,
+    ProtocolError,
+    check_int,
+    decode,
+    encode,
+    tcp_url,
+    topic,
+)
 
 __all__ = ["ClientStats", "CoordinatorRefused", "PlanClient"]
 
@@ -35,6 +51,9 @@ _RETRY_SECONDS = 1.0
 _CONNECT_RETRY_SECONDS = 0.1
 # Waits poll in slices this long, so retries and deadlines are honoured.
 _POLL_SLICE_MS = 50
+# Beyond this a plan message is no plan (a window of 2 GiB of indices) but a mistake; below
+# the other, the coordinator's error answers (at most ~600 bytes) would not fit.
+_PLAN_BYTES = (1024, 1 << 31)
 
 
 class CoordinatorRefused(RuntimeError):
@@ -43,20 +62,25 @@ class CoordinatorRefused(RuntimeError):
 
 @dataclass
 class ClientStats:
-    """Plans received by PUB and by fetch, sequence gaps seen, windows that fell back."""
+    """Plans received by PUB and by fetch, sequence gaps seen, windows that fell back,
+    messages refused by the decoder, fetches the coordinator refused."""
 
     published: int = 0
     fetched: int = 0
     gaps: int = 0
     fallbacks: int = 0
     rejected: int = 0
+    refused_fetches: int = 0
 
 
 class PlanClient:
     """Rank ``rank``'s connection to the coordinator at ``host:port`` (PUB on ``port + 1``).
 
     ``max_plan_bytes`` caps every incoming message (ZeroMQ drops the connection of a peer
-    that sends more; msgpack never allocates beyond it).
+    that sends more; msgpack never allocates beyond it). ``curve`` (default:
+    ``CurveClient.from_env()``, none when no ``CHRONICA_CURVE_*`` variable is set) makes
+    both sockets CURVE clients. Every argument is checked here; a bad one is a
+    ``ValueError`` that names it.
     """
 
     def __init__(
@@ -71,18 +95,39 @@ class PlanClient:
         timeout: float = 10.0,
         max_plan_bytes: int = 64 << 20,
         context: zmq.Context | None = None,
+        curve: CurveClient | None = None,
     ) -> None:
-        if not timeout > 0:
-            raise ValueError(f"timeout={timeout!r} must be > 0 seconds")
+        world = check_int("world", world, 1, MAX_WORLD)
+        rank = check_int("rank", rank, 0, world - 1, f" (world={world})")
+        if not isinstance(digest, str) or not 0 < len(digest) <= 128:
+            raise ValueError("digest must be the scheduler's digest (a string of 1-128 chars)")
+        if not isinstance(host, str) or not host.strip():
+            raise ValueError(f"host={host!r} must be the coordinator's host name or address")
+        port = check_int("port", port, 1, 65535)
+        pub_port = check_int("pub_port", port + 1 if pub_port is None else pub_port, 1, 65535)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise ValueError(f"timeout={timeout!r} must be a number of seconds")
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"timeout={timeout!r} must be > 0 seconds and finite")
+        self.max_plan_bytes = check_int("max_plan_bytes", max_plan_bytes, *_PLAN_BYTES)
+        if context is not None and not isinstance(context, zmq.Context):
+            raise ValueError(f"context must be a zmq.Context, not {type(context)}")
+        if curve is not None and not isinstance(curve, CurveClient):
+            raise ValueError(f"curve must be a CurveClient, not {type(curve)}")
         self.rank, self.world, self.digest = rank, world, digest
         self.timeout = float(timeout)
-        self.max_plan_bytes = int(max_plan_bytes)
+        self.curve = curve if curve is not None else CurveClient.from_env()
         self.stats = ClientStats()
         self.window: int | None = None
         self._plans: dict[tuple[int, int], Plan] = {}
+        self._pending: set[tuple[int, int]] = set()  # fetched, not answered yet
+        self._failed: set[tuple[int, int]] = set()  # fetches the coordinator refused
         self._last_seq = -1
         self._attached = False
+        self._rejoining = False  # said hello again after the coordinator forgot us
         self._warned = False
+        self._warned_codes: set[str] = set()
+        self._handshake: str | None = None
         self._last_hello = -float("inf")
         context = context or zmq.Context.instance()
         self._dealer = context.socket(zmq.DEALER)
@@ -90,14 +135,21 @@ class PlanClient:
         for sock in (self._dealer, self._sub):
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, self.max_plan_bytes)
+            if ":" in host:
+                sock.setsockopt(zmq.IPV6, 1)
+            if self.curve is not None:
+                self.curve.apply(sock)
         # Requests are not queued for a coordinator that is not connected: they fail at once.
         self._dealer.setsockopt(zmq.IMMEDIATE, 1)
         self._sub.setsockopt(zmq.SUBSCRIBE, topic(rank))
-        self._dealer.connect(f"tcp://{host}:{port}")
-        self._sub.connect(f"tcp://{host}:{pub_port if pub_port is not None else port + 1}")
+        # Watches the handshake until the first welcome, to say why a connection fails
+        # (CURVE keys that do not match); then it goes: it costs two sockets per client.
+        self._monitor: HandshakeMonitor | None = HandshakeMonitor(self._dealer)
+        self._dealer.connect(tcp_url(host, port))
+        self._sub.connect(tcp_url(host, pub_port))
         self._poller = zmq.Poller()
-        self._poller.register(self._dealer, zmq.POLLIN)
-        self._poller.register(self._sub, zmq.POLLIN)
+        for sock in (self._dealer, self._sub, self._monitor.socket):
+            self._poller.register(sock, zmq.POLLIN)
 
     @property
     def attached(self) -> bool:
@@ -105,14 +157,18 @@ class PlanClient:
         return self._attached
 
     def connect(self, timeout: float | None = None) -> bool:
-        """Say hello and wait up to ``timeout`` for the welcome; ``False`` means fall back."""
+        """Say hello and wait up to ``timeout`` for the welcome; ``False`` means fall back
+        (at once if the handshake fails: wrong or missing CURVE keys)."""
         self._hello()
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        while not self._attached and self._wait(deadline):
+        while not self._attached and self._handshake is None and self._wait(deadline):
             if not self._attached and time.monotonic() - self._last_hello > _CONNECT_RETRY_SECONDS:
                 self._hello()
         if not self._attached:
-            self._lost("did not answer hello")
+            if self._handshake is not None:
+                self._lost(f"cannot be used ({self._handshake})")
+            else:
+                self._lost("did not answer hello")
         return self._attached
 
     def plan(self, epoch: int, first: int, timeout: float | None = None) -> Plan | None:
@@ -120,28 +176,36 @@ class PlanClient:
         key = (epoch, first)
         self._drain()
         if key not in self._plans:
-            if not self._attached:
+            if not (self._attached or self._rejoining):
                 self._maybe_reattach()
                 self.stats.fallbacks += 1
                 return None
-            self._send(encode("fetch", rank=self.rank, epoch=epoch, first=first))
+            self._failed.discard(key)
+            self._fetch(key)
             deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-            while key not in self._plans and self._attached and self._wait(deadline):
+            while (
+                key not in self._plans
+                and key not in self._failed
+                and (self._attached or self._rejoining)
+                and self._wait(deadline)
+            ):
                 pass
             if key not in self._plans:
-                if self._attached:
+                if key not in self._failed and (self._attached or self._rejoining):
                     self._lost(f"sent no plan for epoch {epoch} step {first}")
                 self.stats.fallbacks += 1
                 return None
         for old in [k for k in self._plans if k[0] < epoch - 1]:
             del self._plans[old]
+        for keys in (self._pending, self._failed):
+            keys.difference_update([k for k in keys if k[0] < epoch - 1])
         return self._plans[key]
 
     def prefetch(self, epoch: int, first: int) -> None:
         """Ask for a window without waiting (the answer is read on a later call)."""
         self._drain()
         if self._attached and (epoch, first) not in self._plans:
-            self._send(encode("fetch", rank=self.rank, epoch=epoch, first=first))
+            self._fetch((epoch, first))
 
     def report(self, epoch: int, step: int, load: float, seconds: float) -> None:
         """Send this rank's compute ``seconds`` for ``step``; never waits."""
@@ -159,6 +223,8 @@ class PlanClient:
 
     def close(self) -> None:
         """Close both sockets (idempotent)."""
+        if self._monitor is not None:
+            self._monitor.close()
         for sock in (self._dealer, self._sub):
             sock.close(0)
 
@@ -167,6 +233,10 @@ class PlanClient:
     def _hello(self) -> None:
         self._last_hello = time.monotonic()
         self._send(encode("hello", rank=self.rank, world=self.world, digest=self.digest))
+
+    def _fetch(self, key: tuple[int, int]) -> None:
+        self._pending.add(key)
+        self._send(encode("fetch", rank=self.rank, epoch=key[0], first=key[1]))
 
     def _maybe_reattach(self) -> None:
         if time.monotonic() - self._last_hello > _RETRY_SECONDS:
@@ -182,7 +252,7 @@ class PlanClient:
             self._lost(f"cannot be reached ({exc})")
 
     def _lost(self, why: str) -> None:
-        self._attached = False
+        self._attached = self._rejoining = False
         if not self._warned:
             self._warned = True
             logger.warning(
@@ -202,6 +272,9 @@ class PlanClient:
         return True
 
     def _drain(self) -> None:
+        if self._monitor is not None:
+            for why in self._monitor.failures():
+                self._handshake = why
         while True:
             try:
                 payload = self._dealer.recv(zmq.NOBLOCK)
@@ -228,14 +301,21 @@ class PlanClient:
         kind = message["t"]
         if kind == "welcome":
             self.window = message["window"]
+            self._handshake = None
             if not self._attached and self._warned:
                 logger.warning("chronica: rank %d: coordinator is back", self.rank)
                 self._warned = False
             self._attached = True
+            if self._monitor is not None:
+                self._poller.unregister(self._monitor.socket)
+                self._monitor.close()
+                self._monitor = None
+            if self._rejoining:
+                self._rejoining = False
+                for key in sorted(self._pending):
+                    self._fetch(key)
         elif kind == "error":
-            if message["code"] in ("digest", "world"):
-                raise CoordinatorRefused(message["msg"])
-            logger.warning("chronica: rank %d: coordinator error: %s", self.rank, message["msg"])
+            self._refused(message)
         elif kind == "plan":
             plan: Plan = message["plan"]
             if not fetched:
@@ -245,4 +325,32 @@ class PlanClient:
                 self._last_seq = max(self._last_seq, plan.seq)
             else:
                 self.stats.fetched += 1
-            self._plans[(plan.epoch, plan.first)] = plan
+            key = (plan.epoch, plan.first)
+            self._plans[key] = plan
+            self._pending.discard(key)
+
+    def _refused(self, message: dict[str, Any]) -> None:
+        code, text = message["code"], message["msg"]
+        if code in ("digest", "world"):
+            raise CoordinatorRefused(text)
+        if code == "hello":
+            # The coordinator does not know this connection (it restarted, or the socket
+            # reconnected): greet it again; pending fetches are re-sent on the welcome.
+            if self._attached:
+                self._attached, self._rejoining = False, True
+                self._hello()
+            return
+        if "epoch" in message:
+            key = (message["epoch"], message["first"])
+            self._pending.discard(key)
+            self._failed.add(key)
+            self.stats.refused_fetches += 1
+        if code not in self._warned_codes:
+            self._warned_codes.add(code)
+            logger.warning(
+                "chronica: rank %d: the coordinator refused a request (%s): %s; the static "
+                "plan serves the windows it cannot",
+                self.rank,
+                code,
+                text,
+            )

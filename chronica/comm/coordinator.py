@@ -12,52 +12,162 @@ A window is planned when any rank asks for it, or early, when reports reach the 
 the window before it, so ranks hold it before they need it. Malformed, oversized or
 wrong-version messages are refused with an ``error`` answer and counted; the coordinator
 keeps serving. ``close()`` stops the thread and closes both sockets; ``with`` does the same.
+
+Exposure: it binds one address (``resolve_bind``: loopback unless told otherwise, every
+interface only when asked for by name), caps every incoming frame (``zmq.MAXMSGSIZE``) and
+optionally admits only CURVE-authenticated peers (``chronica.comm.auth``). SECURITY.md
+states what that does and does not protect against.
 """
 
 from __future__ import annotations
 
+import errno
+import ipaddress
 import logging
 import os
+import socket
 import threading
 import time
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import zmq
 
-from chronica.comm.protocol import MAX_REQUEST_BYTES, ProtocolError, decode, encode, plan_message
+from chronica.comm.auth import CurveServer, HandshakeMonitor, ZapGate
+from chronica.comm.protocol import (
+    MAX_REQUEST_BYTES,
+    MAX_WORLD,
+    ProtocolError,
+    check_int,
+    decode,
+    encode,
+    plan_message,
+    tcp_url,
+)
 from chronica.comm.protocol import topic as rank_topic
 from chronica.core.dynamic import DynamicPlanner
 from chronica.core.plan import WindowPlan
 from chronica.core.scheduler import Scheduler
 
-__all__ = ["DEFAULT_PORT", "Coordinator", "CoordinatorStats", "resolve_endpoint"]
+__all__ = [
+    "DEFAULT_PORT",
+    "ENV_BIND",
+    "Coordinator",
+    "CoordinatorStats",
+    "resolve_bind",
+    "resolve_endpoint",
+    "resolve_port",
+]
 
 logger = logging.getLogger("chronica")
 
 DEFAULT_PORT = 50051
+ENV_BIND = "CHRONICA_BIND"
 _POLL_MS = 50
+_WILDCARDS = {"*": "0.0.0.0", "0.0.0.0": "0.0.0.0", "::": "::", "[::]": "::"}
+# A PUB socket receives subscriptions (a flag byte and a 17-byte topic) and, with CURVE,
+# handshake commands of about 300 bytes, which the same cap applies to.
+_MAX_SUBSCRIPTION_BYTES = 1024
+# Inbound messages queued per connection before ZeroMQ stops reading it (TCP back-pressure,
+# nothing is dropped): bounds what one peer can park in memory to this many requests.
+_ROUTER_RCVHWM = 256
+# An error answer quotes the refused input; keep it far below the ranks' string cap.
+_MAX_ERROR_TEXT = 512
+
+
+def _port(value: object, name: str) -> int:
+    hint = " (0: any free port; the coordinator also uses the next port)"
+    return check_int(name, value, 0, 65534, hint)
+
+
+def resolve_port(port: int | None = None) -> int:
+    """The coordinator's ROUTER port: ``port``, else ``CHRONICA_PORT``, else
+    ``DEFAULT_PORT``; the PUB socket uses the next one."""
+    if port is not None:
+        return _port(port, "port")
+    text = os.environ.get("CHRONICA_PORT")
+    if not text:
+        return DEFAULT_PORT
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"CHRONICA_PORT={text!r} must be a port number") from None
+    return _port(value, "CHRONICA_PORT")
 
 
 def resolve_endpoint(host: str | None = None, port: int | None = None) -> tuple[str, int]:
-    """``(host, port)`` from the arguments, else ``MASTER_ADDR`` / ``CHRONICA_PORT``, else
-    loopback and ``DEFAULT_PORT``. The PUB socket uses ``port + 1``."""
-    host = host or os.environ.get("MASTER_ADDR") or "127.0.0.1"
-    if port is None:
-        text = os.environ.get("CHRONICA_PORT")
-        try:
-            port = int(text) if text else DEFAULT_PORT
-        except ValueError:
-            raise ValueError(f"CHRONICA_PORT={text!r} must be a port number") from None
-    if not isinstance(port, int) or not 0 <= port <= 65534:
-        raise ValueError(f"port={port!r} must be an int in [0, 65534] (0: any free port)")
-    return host, port
+    """Where ranks connect: ``(host, port)`` from the arguments, else ``MASTER_ADDR`` /
+    ``CHRONICA_PORT``, else loopback and ``DEFAULT_PORT``. The PUB socket uses ``port + 1``.
+    A wildcard ``host`` (a bind-everywhere address) is not connectable: ``MASTER_ADDR`` or
+    loopback stands for it."""
+    if host is not None and (not isinstance(host, str) or not host.strip()):
+        raise ValueError(f"host={host!r} must be a host name or address")
+    master = os.environ.get("MASTER_ADDR") or "127.0.0.1"
+    host = host or master
+    if host in _WILDCARDS:
+        host = master if master not in _WILDCARDS else "127.0.0.1"
+    return host, resolve_port(port)
+
+
+def resolve_bind(host: str | None = None) -> tuple[str, str]:
+    """The numeric address the coordinator binds, and the setting it came from.
+
+    ``host`` if given, else ``CHRONICA_BIND``, else ``MASTER_ADDR``, else ``127.0.0.1``; a
+    host name is resolved (ZeroMQ binds addresses, not names). Every interface (``*``,
+    ``0.0.0.0``, ``::``) is bound only when ``host`` or ``CHRONICA_BIND`` says so: a
+    ``MASTER_ADDR`` of ``0.0.0.0`` is an error, never a silent bind to every interface.
+    """
+    candidates = (
+        ("host", host),
+        (ENV_BIND, os.environ.get(ENV_BIND) or None),
+        ("MASTER_ADDR", os.environ.get("MASTER_ADDR") or None),
+    )
+    for source, value in candidates:
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"{source}={value!r} must be a host name or address")
+        value = value.strip()
+        if value in _WILDCARDS:
+            if source == "MASTER_ADDR":
+                raise ValueError(
+                    f"MASTER_ADDR={value!r} would make the coordinator listen on every "
+                    f"interface; set MASTER_ADDR to this node's address, or {ENV_BIND}=0.0.0.0 "
+                    f"to listen everywhere on purpose (then enable CURVE: see SECURITY.md)"
+                )
+            return _WILDCARDS[value], source
+        return _numeric(value, source), source
+    return "127.0.0.1", "default"
+
+
+def _numeric(host: str, source: str) -> str:
+    literal = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        return str(ipaddress.ip_address(literal))
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(literal, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError) as exc:
+        raise ValueError(
+            f"{source}={host!r} does not resolve ({exc}); give this node's IP address"
+        ) from None
+    addresses = [info[4][0] for info in infos]
+    return next((a for a in addresses if ":" not in a), addresses[0])
 
 
 @dataclass
 class CoordinatorStats:
-    """What the coordinator did: requests served, reports taken, messages refused."""
+    """What the coordinator did: requests served, reports taken, messages refused.
+
+    ``rejected`` counts every refused message; ``refused`` splits it by the code of the
+    ``error`` answer (``protocol``, ``frames``, ``hello``, ``stale``, ``digest``, ``world``,
+    ``internal``). ``handshake_failures`` counts connections that failed the ZeroMQ or CURVE
+    handshake (they never reach the message count), ``refused_keys`` the CURVE keys the
+    allow-list turned away, ``duplicate_hellos`` a rank saying hello on a second connection.
+    """
 
     hellos: int = 0
     fetches: int = 0
@@ -66,15 +176,52 @@ class CoordinatorStats:
     published_bytes: int = 0
     published_indices: int = 0
     rejected: int = 0
+    refused: dict[str, int] = field(default_factory=dict)
+    handshake_failures: int = 0
+    refused_keys: int = 0
+    duplicate_hellos: int = 0
+
+
+class _Throttle:
+    """Warnings caused by peers: a burst in full, then at most ``rate`` per second, with a
+    count of those left out, so a hostile peer cannot flood the log."""
+
+    def __init__(self, burst: int = 10, rate: float = 0.2) -> None:
+        self.burst, self.rate = burst, rate
+        self._tokens = float(burst)
+        self._stamp = time.monotonic()
+        self._suppressed = 0
+
+    def warn(self, message: str, *args: object) -> None:
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+        self._stamp = now
+        if self._tokens < 1:
+            self._suppressed += 1
+            return
+        self._tokens -= 1
+        if self._suppressed:
+            message += " (%d similar warnings left out)"
+            args = (*args, self._suppressed)
+            self._suppressed = 0
+        logger.warning(message, *args)
 
 
 class Coordinator:
     """Serves ``kind="dynamic"`` plans of ``scheduler`` to its ranks.
 
-    Binds to ``host`` (default ``MASTER_ADDR`` or loopback; never every interface unless
-    ``host="0.0.0.0"`` is asked for) on ``port`` (ROUTER) and ``port + 1`` (PUB); ``port=0``
-    picks free ports (see ``endpoint``). A port already in use is a ``RuntimeError`` that
-    names it. ``start()`` returns at once; the thread serves until ``close()``.
+    Binds ``resolve_bind(host)`` (loopback unless ``host``, ``CHRONICA_BIND`` or
+    ``MASTER_ADDR`` names another address; every interface only when ``host`` or
+    ``CHRONICA_BIND`` is ``*``/``0.0.0.0``/``::``) on ``port`` (ROUTER) and ``port + 1``
+    (PUB); ``port=0`` picks free ports (see ``endpoint``). A port already in use is a
+    ``RuntimeError`` that names it and the fix. ``curve`` (default: ``CurveServer.from_env()``,
+    off when no ``CHRONICA_CURVE_*`` variable is set) admits only CURVE peers whose public
+    key is on its allow-list. ``start()`` returns at once; the thread serves until
+    ``close()``.
+
+    Guarantees: no input from a peer stops the thread or grows memory without bound
+    (frames are capped, the peer table is bounded, plans are kept for two epochs); a window
+    is planned at most once, so every rank that receives it receives the same plan.
     """
 
     def __init__(
@@ -84,17 +231,40 @@ class Coordinator:
         port: int | None = None,
         *,
         context: zmq.Context | None = None,
+        curve: CurveServer | None = None,
     ) -> None:
+        if not isinstance(scheduler, Scheduler):
+            raise ValueError(f"scheduler must be a chronica Scheduler, not {type(scheduler)}")
+        world = scheduler.config.num_replicas
+        if world > MAX_WORLD:
+            raise ValueError(f"num_replicas={world} exceeds the protocol's {MAX_WORLD} ranks")
+        if context is not None and not isinstance(context, zmq.Context):
+            raise ValueError(f"context must be a zmq.Context, not {type(context)}")
+        if curve is not None and not isinstance(curve, CurveServer):
+            raise ValueError(f"curve must be a CurveServer, not {type(curve)}")
         self.planner = DynamicPlanner(scheduler)
         self.scheduler = scheduler
-        self.host, self._port = resolve_endpoint(host, port)
+        self.host, self.bind_source = resolve_bind(host)
+        self._port = resolve_port(port)
+        self.curve = curve if curve is not None else CurveServer.from_env()
         self.stats = CoordinatorStats()
-        self._context = context or zmq.Context.instance()
+        self._given_context = context
+        self._context: zmq.Context | None = None
+        self._own_context = False
         self._router: zmq.Socket | None = None
         self._pub: zmq.Socket | None = None
+        self._monitors: list[HandshakeMonitor] = []
+        self._gate: ZapGate | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._seq: dict[tuple[int, int], int] = {}
+        self._newest: int | None = None  # the newest epoch planned
+        # Which rank each connection (ROUTER routing id) said hello as, oldest first.
+        self._peers: OrderedDict[bytes, int] = OrderedDict()
+        self._holder: dict[int, bytes] = {}
+        self._max_peers = 2 * world + 64
+        self._throttle = _Throttle()
+        self._traceback_logged = False
         self.endpoint: tuple[str, int, int] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -103,55 +273,126 @@ class Coordinator:
         """Bind both sockets and start serving in a daemon thread."""
         if self._thread is not None:
             raise RuntimeError("the coordinator is already running")
-        router = self._context.socket(zmq.ROUTER)
-        pub = self._context.socket(zmq.PUB)
-        for sock in (router, pub):
-            sock.setsockopt(zmq.LINGER, 0)
-        router.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
-        router.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        pub.setsockopt(zmq.SNDHWM, 100_000)
+        self._stop.clear()
         try:
-            ports = self._bind(router, pub)
+            self._open()
         except BaseException:
-            router.close(0)
-            pub.close(0)
+            self._shut()
             raise
-        self._router, self._pub = router, pub
-        self.endpoint = (self.host, *ports)
+        assert self.endpoint is not None
         self._thread = threading.Thread(
             target=self._serve, name="chronica-coordinator", daemon=True
         )
         self._thread.start()
-        logger.info("chronica: coordinator serving on %s:%d (pub %d)", self.host, *ports)
+        if self.curve is None and self.host in ("0.0.0.0", "::"):
+            logger.warning(
+                "chronica: the coordinator listens on every interface without authentication; "
+                "anyone who reaches ports %d-%d can talk to it (see SECURITY.md: CURVE)",
+                self.endpoint[1],
+                self.endpoint[2],
+            )
+        logger.info(
+            "chronica: coordinator serving on %s:%d (pub %d), bind address from %s, %s",
+            *self.endpoint,
+            self.bind_source,
+            f"CURVE on ({len(self.curve.allowed)} keys)" if self.curve else "no authentication",
+        )
         return self
 
-    def _bind(self, router: zmq.Socket, pub: zmq.Socket) -> tuple[int, int]:
-        base = f"tcp://{self.host}"
+    def _open(self) -> None:
+        if self.curve is not None:
+            # The authenticator owns the context's one ZAP endpoint, so it gets a context of
+            # its own, and it must run before the first peer can connect.
+            self._own_context = self._given_context is None
+            self._context = self._given_context or zmq.Context()
+            self._gate = ZapGate(self._context, self.curve)
+        else:
+            self._context = self._given_context or zmq.Context.instance()
+        self._router = router = self._context.socket(zmq.ROUTER)
+        self._pub = pub = self._context.socket(zmq.PUB)
+        for sock in (router, pub):
+            sock.setsockopt(zmq.LINGER, 0)
+            if ":" in self.host:
+                sock.setsockopt(zmq.IPV6, 1)
+            if self.curve is not None:
+                self.curve.apply(sock)
+            self._monitors.append(HandshakeMonitor(sock))
+        router.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
+        router.setsockopt(zmq.RCVHWM, _ROUTER_RCVHWM)
+        router.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        pub.setsockopt(zmq.MAXMSGSIZE, _MAX_SUBSCRIPTION_BYTES)
+        pub.setsockopt(zmq.SNDHWM, 100_000)
+        if self._port == 0:
+            ports = (self._bind(router, 0, "router"), self._bind(pub, 0, "pub"))
+        else:
+            ports = (
+                self._bind(router, self._port, "router"),
+                self._bind(pub, self._port + 1, "pub"),
+            )
+        self.endpoint = (self.host, *ports)
+
+    def _bind(self, sock: zmq.Socket, port: int, role: str) -> int:
+        url = tcp_url(self.host, "*" if port == 0 else port)
         try:
-            if self._port == 0:
-                return router.bind_to_random_port(base), pub.bind_to_random_port(base)
-            router.bind(f"{base}:{self._port}")
-            pub.bind(f"{base}:{self._port + 1}")
-            return self._port, self._port + 1
+            sock.bind(url)
         except zmq.ZMQError as exc:
-            raise RuntimeError(
-                f"chronica coordinator cannot bind {self.host}:{self._port}/{self._port + 1} "
-                f"({exc}); another job may be using it: pass port= or set CHRONICA_PORT to "
-                f"a free port (the next one is used for publishing)"
-            ) from exc
+            raise RuntimeError(self._bind_error(exc, port, role)) from exc
+        return int(sock.getsockopt_string(zmq.LAST_ENDPOINT).rpartition(":")[2])
+
+    def _bind_error(self, exc: zmq.ZMQError, port: int, role: str) -> str:
+        where = f"{self.host}:{port}"
+        if exc.errno == errno.EADDRINUSE:
+            what = "port" if role == "router" else f"port {port} (port + 1, for publishing) of"
+            return (
+                f"chronica coordinator cannot bind {where}: {what} {where} is already in use "
+                f"(another job, or a coordinator still running); pass port= (chronica "
+                f"coordinator --port) or set CHRONICA_PORT to a free port P with P+1 free too, "
+                f"or port 0 for any free ports"
+            )
+        if exc.errno == errno.EADDRNOTAVAIL:
+            return (
+                f"chronica coordinator cannot bind {where}: {self.host} (from "
+                f"{self.bind_source}) is not an address of this machine; set MASTER_ADDR or "
+                f"{ENV_BIND} to one of its addresses (127.0.0.1 on a single node)"
+            )
+        if exc.errno == errno.EACCES:
+            return f"chronica coordinator cannot bind {where}: ports below 1024 need privileges"
+        return f"chronica coordinator cannot bind {where} ({exc})"
+
+    @property
+    def bound(self) -> tuple[str, str]:
+        """The endpoints the ROUTER and PUB sockets are bound to, as ZeroMQ reports them."""
+        if self._router is None or self._pub is None:
+            raise RuntimeError("the coordinator is not running")
+        return (
+            self._router.getsockopt_string(zmq.LAST_ENDPOINT),
+            self._pub.getsockopt_string(zmq.LAST_ENDPOINT),
+        )
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop serving and close the sockets (idempotent)."""
+        """Stop serving, close the sockets and stop the authenticator (idempotent)."""
         if self._thread is not None:
             self._stop.set()
             self._thread.join(timeout)
             if self._thread.is_alive():
                 logger.warning("chronica: coordinator thread did not stop in %.1f s", timeout)
             self._thread = None
+        self._shut()
+
+    def _shut(self) -> None:
+        for monitor in self._monitors:
+            monitor.close()
+        self._monitors = []
         for sock in (self._router, self._pub):
             if sock is not None:
                 sock.close(0)
         self._router = self._pub = None
+        if self._gate is not None:
+            self._gate.stop()
+            self._gate = None
+        if self._context is not None and self._own_context:
+            self._context.term()
+        self._context, self._own_context = None, False
 
     def __enter__(self) -> Coordinator:
         return self.start() if self._thread is None else self
@@ -165,11 +406,14 @@ class Coordinator:
         assert self._router is not None
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
+        for monitor in self._monitors:
+            poller.register(monitor.socket, zmq.POLLIN)
         while not self._stop.is_set():
             try:
                 ready = dict(poller.poll(_POLL_MS))
             except zmq.ZMQError:
                 break
+            self._watch_handshakes()
             if self._router not in ready:
                 continue
             for _ in range(1024):  # drain, but let the stop flag be seen now and then
@@ -181,13 +425,25 @@ class Coordinator:
                     return
                 self._handle(frames)
 
+    def _watch_handshakes(self) -> None:
+        for monitor in self._monitors:
+            for why in monitor.failures():
+                self.stats.handshake_failures += 1
+                self._throttle.warn("chronica: coordinator: a connection failed: %s", why)
+        if self._gate is not None:
+            for key in self._gate.take_refused():
+                self._throttle.warn(
+                    "chronica: coordinator refused CURVE client key %s (not on the allow-list)",
+                    key.decode("ascii", "replace"),
+                )
+            self.stats.refused_keys = self._gate.refused
+
     def _handle(self, frames: list[bytes]) -> None:
         if len(frames) != 2:
-            self.stats.rejected += 1
-            if frames:
-                self._reply(frames[0], "error", code="frames", msg="expected one frame")
+            self._refuse(frames[0] if frames else None, "frames", "expected one frame")
             return
         identity, payload = frames
+        message: dict[str, Any] | None = None
         try:
             message = decode(payload)
             kind = message["t"]
@@ -196,17 +452,36 @@ class Coordinator:
             elif kind == "fetch":
                 self._fetch(identity, message)
             elif kind == "report":
-                self._report(message)
+                self._report(identity, message)
             else:
                 raise ProtocolError(f"a rank may not send {kind!r} messages")
         except ProtocolError as exc:
-            self.stats.rejected += 1
-            logger.warning("chronica: coordinator refused a message: %s", exc)
-            self._reply(identity, "error", code="protocol", msg=str(exc))
+            self._refuse(identity, exc.code, str(exc), message)
         except Exception as exc:  # a bug must not take the coordinator down with it
-            self.stats.rejected += 1
-            logger.exception("chronica: coordinator failed on a message")
-            self._reply(identity, "error", code="internal", msg=f"{type(exc).__name__}: {exc}")
+            if not self._traceback_logged:
+                # One traceback finds the bug; repeats (a peer can trigger them) are throttled.
+                logger.exception("chronica: coordinator failed on a message")
+                self._traceback_logged = True
+            self._refuse(identity, "internal", f"{type(exc).__name__}: {exc}", message)
+
+    def _refuse(
+        self,
+        identity: bytes | None,
+        code: str,
+        text: str,
+        message: dict[str, Any] | None = None,
+    ) -> None:
+        self.stats.rejected += 1
+        self.stats.refused[code] = self.stats.refused.get(code, 0) + 1
+        if code not in ("hello", "stale"):  # ordinary after restarts: not worth a warning
+            self._throttle.warn("chronica: coordinator refused a message (%s): %s", code, text)
+        if identity is None:
+            return
+        fields: dict[str, Any] = {}
+        if message is not None and message.get("t") == "fetch":
+            # The rank falls back for this window at once instead of waiting for a plan.
+            fields = {"epoch": message["epoch"], "first": message["first"]}
+        self._reply(identity, "error", code=code, msg=text[:_MAX_ERROR_TEXT], **fields)
 
     def _reply(self, identity: bytes, kind: str, **fields: Any) -> None:
         assert self._router is not None
@@ -220,40 +495,68 @@ class Coordinator:
         if rank >= world:
             raise ProtocolError(f"rank {rank} is outside this job's world of {world}")
 
+    def _peer_rank(self, identity: bytes, rank: int) -> None:
+        """Check that this connection said hello, as ``rank``."""
+        known = self._peers.get(identity)
+        if known is None:
+            raise ProtocolError(
+                "this connection has not said hello (a restarted coordinator, or a new "
+                "connection): say hello first",
+                code="hello",
+            )
+        if known != rank:
+            raise ProtocolError(f"this connection said hello as rank {known}, not rank {rank}")
+        self._peers.move_to_end(identity)
+
     def _hello(self, identity: bytes, message: dict[str, Any]) -> None:
-        self._check_rank(message["rank"])
+        rank = message["rank"]
+        self._check_rank(rank)
         world = self.scheduler.config.num_replicas
         if message["world"] != world:
-            self._reply(
-                identity,
-                "error",
+            raise ProtocolError(
+                f"rank {rank} says the world has {message['world']} ranks; the coordinator "
+                f"plans for {world}",
                 code="world",
-                msg=f"rank {message['rank']} says the world has {message['world']} ranks; "
-                f"the coordinator plans for {world}",
             )
-            return
         if message["digest"] != self.scheduler.digest:
-            self._reply(
-                identity,
-                "error",
-                code="digest",
-                msg=f"the sizes or sampler arguments of rank {message['rank']} differ from "
-                f"the coordinator's (digest {message['digest']} != {self.scheduler.digest}); "
+            raise ProtocolError(
+                f"the sizes or sampler arguments of rank {rank} differ from the "
+                f"coordinator's (digest {message['digest']} != {self.scheduler.digest}); "
                 f"build the sampler with the same data set, sizes and arguments on every rank",
+                code="digest",
             )
-            return
+        known = self._peers.get(identity)
+        if known is not None and known != rank:
+            raise ProtocolError(
+                f"this connection said hello as rank {known}; one connection speaks for one rank"
+            )
+        holder = self._holder.get(rank)
+        if holder is not None and holder != identity and holder in self._peers:
+            self.stats.duplicate_hellos += 1
+            self._throttle.warn(
+                "chronica: coordinator: rank %d said hello on a second connection (a restarted "
+                "or reconnected rank, or two processes with the same RANK)",
+                rank,
+            )
+        self._peers[identity] = rank
+        self._peers.move_to_end(identity)
+        self._holder[rank] = identity
+        while len(self._peers) > self._max_peers:
+            old, old_rank = self._peers.popitem(last=False)
+            if self._holder.get(old_rank) == old:
+                del self._holder[old_rank]
         self.stats.hellos += 1
         self._reply(
             identity, "welcome", window=self.planner.window, steps=self.scheduler.num_steps()
         )
 
     def _fetch(self, identity: bytes, message: dict[str, Any]) -> None:
-        rank = message["rank"]
+        rank, epoch, first = message["rank"], message["epoch"], message["first"]
         self._check_rank(rank)
-        epoch, first = message["epoch"], message["first"]
         steps = self.scheduler.num_steps()
         if first % self.planner.window or first >= steps:
             raise ProtocolError(f"first={first} is not a window start of an epoch of {steps} steps")
+        self._peer_rank(identity, rank)
         plan = self._ensure(epoch, first)
         self.stats.fetches += 1
         assert self._router is not None
@@ -263,36 +566,56 @@ class Coordinator:
             )
         except zmq.ZMQError:
             pass
-        self._ensure_next(epoch, first)
+        self._plan_ahead(epoch, first)
 
-    def _report(self, message: dict[str, Any]) -> None:
-        rank = message["rank"]
+    def _report(self, identity: bytes, message: dict[str, Any]) -> None:
+        rank, step = message["rank"], message["step"]
         self._check_rank(rank)
+        steps = self.scheduler.num_steps()
+        if step >= steps:
+            raise ProtocolError(f"step={step} is outside an epoch of {steps} steps")
+        self._peer_rank(identity, rank)
         self.stats.reports += 1
-        self.planner.observe(rank, message["step"], message["load"], message["seconds"])
+        self.planner.observe(rank, step, message["load"], message["seconds"])
         window = self.planner.window
-        first = message["step"] - message["step"] % window
-        if message["step"] - first >= window // 2:
-            self._ensure_next(message["epoch"], first)
+        first = step - step % window
+        if step - first >= window // 2:
+            self._plan_ahead(message["epoch"], first)
 
-    def _ensure_next(self, epoch: int, first: int) -> None:
-        """Plan (and publish) the window after ``(epoch, first)`` if not done yet."""
+    def _plan_ahead(self, epoch: int, first: int) -> None:
+        """Plan (and publish) the window after ``(epoch, first)`` if not done yet; a window
+        that cannot be planned now is left for a fetch to ask (and be told why)."""
         following = first + self.planner.window
-        if following < self.scheduler.num_steps():
-            self._ensure(epoch, following)
-        else:
-            self._ensure(epoch + 1, 0)
+        try:
+            if following < self.scheduler.num_steps():
+                self._ensure(epoch, following)
+            else:
+                self._ensure(epoch + 1, 0)
+        except ValueError:  # a refusal, or a planner failure: the fetch will hear of it
+            pass
 
     def _ensure(self, epoch: int, first: int) -> WindowPlan:
         plan = self.planner.planned(epoch, first)
         if plan is not None:
             return plan
+        newest = self._newest
+        # The planner keeps two epochs. Re-planning a dropped window could hand a rank a
+        # split other ranks did not train on, and planning two epochs ahead would drop the
+        # windows ranks are using now; both are refused (the rank uses the static plan).
+        if newest is not None and not newest - 1 <= epoch <= newest + 1:
+            raise ProtocolError(
+                f"epoch {epoch} cannot be planned while the job is at epoch {newest} (only "
+                f"epochs {max(newest - 1, 0)} to {newest + 1} are); the static plan serves it",
+                code="stale",
+            )
         plan = self.planner.plan_window(epoch, first)
         seq = self.stats.windows
         self.stats.windows += 1
         self._seq[(epoch, first)] = seq
-        for old in [k for k in self._seq if k[0] < epoch - 1]:
-            del self._seq[old]
+        if newest is None or epoch > newest:
+            self._newest = epoch
+            for old in [k for k in self._seq if k[0] < epoch - 1]:
+                del self._seq[old]
         self._publish(plan, seq)
         return plan
 

@@ -10,10 +10,20 @@ Ranks send on a DEALER socket to the coordinator's ROUTER:
 
 ``hello``   rank, world, digest (sizes + configuration)    -> ``welcome`` or ``error``
 ``fetch``   rank, epoch, first (a window's first step)      -> ``plan`` or ``error``
-``report``  rank, epoch, step, load, seconds                (no answer)
+``report``  rank, epoch, step, load, seconds                (an ``error`` only if refused)
+
+A connection must say ``hello`` before it fetches or reports. An ``error`` carries a
+``code`` (see ``ProtocolError``) and a message; one that answers a ``fetch`` also carries
+that fetch's ``epoch`` and ``first``, so the rank falls back for that window at once.
 
 The coordinator publishes every planned window on its PUB socket as one ``plan`` per rank,
 under the topic ``topic(rank)``, with a sequence number that grows by one per window.
+
+Limits (what a peer can make the decoder allocate or the planner compute with): a request
+is at most ``MAX_REQUEST_BYTES``; msgpack containers are capped (``max_map_len``,
+``max_array_len``, ``max_str_len``, ``max_bin_len``, no ext types) before anything is
+allocated; ranks and worlds are below ``MAX_WORLD``; epochs and steps at most ``MAX_STEPS``;
+a report's ``seconds`` and ``load`` are 0 or within ``REPORT_SECONDS`` / ``REPORT_LOAD``.
 """
 
 from __future__ import annotations
@@ -27,24 +37,45 @@ import numpy as np
 
 __all__ = [
     "MAX_REQUEST_BYTES",
+    "MAX_STEPS",
+    "MAX_WORLD",
+    "REPORT_LOAD",
+    "REPORT_SECONDS",
     "VERSION",
     "Plan",
     "ProtocolError",
+    "check_int",
     "decode",
     "encode",
     "plan_message",
+    "tcp_url",
     "topic",
 ]
 
 VERSION = 1
 # Requests (hello, fetch, report) are tiny; anything bigger is refused before unpacking.
 MAX_REQUEST_BYTES = 4096
-_MAX_WORLD = 1 << 20
-_MAX_STEPS = 1 << 40
+MAX_WORLD = 1 << 20
+MAX_STEPS = 1 << 40
+# A report is a measurement: nanosecond clocks, steps shorter than eleven days, loads of any
+# sane cost unit. Outside these ranges (0 aside) the time fit's arithmetic under- or
+# overflows and a single report could stall the planner, so such reports are refused.
+REPORT_SECONDS = (1e-9, 1e6)
+REPORT_LOAD = (1e-12, 1e30)
 
 
 class ProtocolError(ValueError):
-    """A message that is not a valid chronica message; the text says why."""
+    """A message that is not a valid chronica message, or a request the coordinator
+    refuses; the text says why.
+
+    ``code`` travels in the ``error`` answer: ``"protocol"`` (malformed or out of range),
+    ``"hello"`` (the connection has not said hello: the rank says it again), ``"stale"``
+    (the window is too far behind or ahead of the job to be planned consistently).
+    """
+
+    def __init__(self, message: str, code: str = "protocol") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -67,6 +98,21 @@ class Plan:
     def local(self, step: int) -> np.ndarray:
         i = step - self.first
         return self.indices[self.offsets[i] : self.offsets[i + 1]]
+
+
+def check_int(name: str, value: object, low: int, high: int, hint: str = "") -> int:
+    """``value`` if it is an int (a bool is not) in ``[low, high]``; else ``ValueError``
+    naming ``name``, with ``hint`` (how to fix it) appended."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} must be an int in [{low}, {high}]{hint}")
+    if not low <= value <= high:
+        raise ValueError(f"{name}={value!r} must be in [{low}, {high}]{hint}")
+    return int(value)
+
+
+def tcp_url(host: str, port: int | str) -> str:
+    """The ZeroMQ TCP endpoint of ``host:port``; IPv6 literals are bracketed."""
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
 def topic(rank: int) -> bytes:
@@ -108,12 +154,13 @@ def _int(message: dict[str, Any], name: str, low: int, high: int) -> int:
     return value
 
 
-def _float(message: dict[str, Any], name: str) -> float:
+def _float(message: dict[str, Any], name: str, bounds: tuple[float, float]) -> float:
     value = message.get(name)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ProtocolError(f"field {name!r}={value!r} must be a number")
-    if not math.isfinite(value) or value < 0:
-        raise ProtocolError(f"field {name!r}={value!r} must be finite and >= 0")
+    low, high = bounds
+    if not (value == 0 or (math.isfinite(value) and low <= value <= high)):
+        raise ProtocolError(f"field {name!r}={value!r} must be 0 or in [{low:g}, {high:g}]")
     return float(value)
 
 
@@ -138,8 +185,10 @@ def decode(frame: bytes, max_bytes: int = MAX_REQUEST_BYTES) -> dict[str, Any]:
     """Validate and decode one message; plans come back with a ``Plan`` under ``"plan"``."""
     if not isinstance(frame, (bytes, bytearray, memoryview)):
         raise ProtocolError("a message must be bytes")
-    if len(frame) > max_bytes:
-        raise ProtocolError(f"message of {len(frame)} bytes exceeds the limit of {max_bytes}")
+    # len() of a memoryview counts items, which need not be bytes.
+    size = frame.nbytes if isinstance(frame, memoryview) else len(frame)
+    if size > max_bytes:
+        raise ProtocolError(f"message of {size} bytes exceeds the limit of {max_bytes}")
     try:
         message = msgpack.unpackb(
             frame,
@@ -155,10 +204,11 @@ def decode(frame: bytes, max_bytes: int = MAX_REQUEST_BYTES) -> dict[str, Any]:
         raise ProtocolError(f"not a msgpack message ({type(exc).__name__}: {exc})") from None
     if not isinstance(message, dict):
         raise ProtocolError("a message must be a msgpack map")
-    if message.get("v") != VERSION:
-        raise ProtocolError(f"protocol version {message.get('v')!r} is not {VERSION}")
+    version = message.get("v")
+    if type(version) is not int or version != VERSION:  # True == 1 and 1.0 == 1 are no version
+        raise ProtocolError(f"protocol version {version!r} is not {VERSION}")
     kind = message.get("t")
-    if kind not in _FIELDS:
+    if not isinstance(kind, str) or kind not in _FIELDS:
         raise ProtocolError(f"message type {kind!r} is not one of {sorted(_FIELDS)}")
     missing = [name for name in _FIELDS[kind] if name not in message]
     if missing:
@@ -169,26 +219,29 @@ def decode(frame: bytes, max_bytes: int = MAX_REQUEST_BYTES) -> dict[str, Any]:
 
 def _validate(kind: str, message: dict[str, Any]) -> None:
     if kind in ("hello", "fetch", "report"):
-        _int(message, "rank", 0, _MAX_WORLD - 1)
+        _int(message, "rank", 0, MAX_WORLD - 1)
     if kind == "hello":
-        _int(message, "world", 1, _MAX_WORLD)
+        _int(message, "world", 1, MAX_WORLD)
         digest = message["digest"]
         if not isinstance(digest, str) or not 0 < len(digest) <= 128:
             raise ProtocolError("field 'digest' must be a non-empty string")
     elif kind == "fetch":
-        _int(message, "epoch", 0, _MAX_STEPS)
-        _int(message, "first", 0, _MAX_STEPS)
+        _int(message, "epoch", 0, MAX_STEPS)
+        _int(message, "first", 0, MAX_STEPS)
     elif kind == "report":
-        _int(message, "epoch", 0, _MAX_STEPS)
-        _int(message, "step", 0, _MAX_STEPS)
-        _float(message, "load")
-        _float(message, "seconds")
+        _int(message, "epoch", 0, MAX_STEPS)
+        _int(message, "step", 0, MAX_STEPS)
+        _float(message, "load", REPORT_LOAD)
+        _float(message, "seconds", REPORT_SECONDS)
     elif kind == "welcome":
-        _int(message, "window", 1, _MAX_STEPS)
-        _int(message, "steps", 0, _MAX_STEPS)
+        _int(message, "window", 1, MAX_STEPS)
+        _int(message, "steps", 0, MAX_STEPS)
     elif kind == "error":
         if not isinstance(message["code"], str) or not isinstance(message["msg"], str):
             raise ProtocolError("error message fields must be strings")
+        if "epoch" in message or "first" in message:
+            _int(message, "epoch", 0, MAX_STEPS)
+            _int(message, "first", 0, MAX_STEPS)
     elif kind == "plan":
         message["plan"] = _plan(message)
 
@@ -207,10 +260,12 @@ def _plan(message: dict[str, Any]) -> Plan:
         raise ProtocolError("plan indices must be >= 0")
     if not (np.isfinite(weights).all() and np.isfinite(loads).all()):
         raise ProtocolError("plan weights and loads must be finite")
+    if (weights < 0).any() or (loads < 0).any():
+        raise ProtocolError("plan weights and loads must be >= 0")
     return Plan(
-        seq=_int(message, "seq", 0, _MAX_STEPS),
-        epoch=_int(message, "epoch", 0, _MAX_STEPS),
-        first=_int(message, "first", 0, _MAX_STEPS),
+        seq=_int(message, "seq", 0, MAX_STEPS),
+        epoch=_int(message, "epoch", 0, MAX_STEPS),
+        first=_int(message, "first", 0, MAX_STEPS),
         indices=indices,
         offsets=offsets,
         weights=weights,

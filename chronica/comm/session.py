@@ -12,12 +12,18 @@
   the minimum over the framework's own process group). Without it a rank decides alone,
   which is safe unless the coordinator dies while it is sending a window;
 * ``report(seconds, step)`` sends this rank's own compute time for a step it yielded.
+
+A plan from the coordinator is checked against the static plan before use: each of its
+steps must hold only samples of the same step of the static plan, with the loss weight its
+count implies. A plan that fails (a bug, or tampering on an unauthenticated network) is
+not used; the static plan serves that window and a warning says so.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import threading
 import weakref
@@ -27,6 +33,8 @@ import numpy as np
 
 from chronica.comm.client import PlanClient
 from chronica.comm.coordinator import Coordinator, resolve_endpoint
+from chronica.comm.protocol import Plan, check_int
+from chronica.core.plan import EpochPlan
 from chronica.core.scheduler import Scheduler
 
 __all__ = ["DynamicSession"]
@@ -48,13 +56,47 @@ atexit.register(_close_open_sessions)
 
 
 def _external_coordinator() -> tuple[str, int] | None:
-    text = os.environ.get("CHRONICA_COORDINATOR")
+    text = os.environ.get("CHRONICA_COORDINATOR", "").strip()
     if not text:
         return None
     host, _, port = text.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"CHRONICA_COORDINATOR={text!r} must be host:port")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65534:
+        raise ValueError(
+            f"CHRONICA_COORDINATOR={text!r} must be host:port with a port in [1, 65534] "
+            f"(the coordinator also uses port + 1), e.g. 10.0.0.1:50051"
+        )
     return host, int(port)
+
+
+def _within(local: np.ndarray, whole: np.ndarray) -> bool:
+    """Whether ``local`` is a sub-multiset of ``whole`` (padding may repeat a sample)."""
+    if local.shape[0] == 0:
+        return True
+    if local.shape[0] > whole.shape[0]:
+        return False
+    values, counts = np.unique(local, return_counts=True)
+    have, available = np.unique(whole, return_counts=True)
+    at = np.minimum(np.searchsorted(have, values), have.shape[0] - 1)
+    return bool(((have[at] == values) & (counts <= available[at])).all())
+
+
+def _inconsistency(
+    plan: Plan, static: EpochPlan, world: int, epoch: int, first: int, stop: int
+) -> str | None:
+    """Why ``plan`` cannot be a rank's part of steps ``first..stop-1`` of ``epoch`` (another
+    window, samples not of the step, a weight its count does not imply), or ``None``."""
+    if (plan.epoch, plan.first, plan.num_steps) != (epoch, first, stop - first):
+        return f"it covers epoch {plan.epoch} steps {plan.first}+{plan.num_steps}"
+    for i, step in enumerate(range(first, stop)):
+        local = plan.local(step)
+        whole = static.indices[static.bounds[step, 0] : static.bounds[step, -1]]
+        if not _within(local, whole):
+            return f"step {step} holds samples that are not the step's"
+        weight = local.shape[0] * world / max(whole.shape[0], 1)
+        if not math.isclose(plan.weights[i], weight, rel_tol=1e-9, abs_tol=1e-12):
+            return f"step {step} has loss weight {plan.weights[i]!r}, not {weight!r}"
+    return None
 
 
 class DynamicSession:
@@ -77,9 +119,19 @@ class DynamicSession:
         timeout: float = 10.0,
         agree: Callable[[bool], bool] | None = None,
     ) -> None:
+        if not isinstance(scheduler, Scheduler):
+            raise ValueError(f"scheduler must be a chronica Scheduler, not {type(scheduler)}")
         config = scheduler.config
         if config.kind != "dynamic":
             raise ValueError("DynamicSession needs kind='dynamic'")
+        world = config.num_replicas
+        rank = check_int("rank", rank, 0, world - 1, f" (num_replicas={world})")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise ValueError(f"timeout={timeout!r} must be a number of seconds")
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"timeout={timeout!r} must be > 0 seconds and finite")
+        if agree is not None and not callable(agree):
+            raise ValueError("agree must be a function (bool -> bool), or None")
         self.scheduler = scheduler
         self.rank = rank
         self.window = config.window
@@ -90,27 +142,37 @@ class DynamicSession:
             host, port = external
             pub_port = port + 1
         else:
-            host, port = resolve_endpoint(host, port)
+            connect, port = resolve_endpoint(host, port)
             pub_port = port + 1
             if rank == 0:
                 self.coordinator = Coordinator(scheduler, host, port).start()
-                _, port, pub_port = self.coordinator.endpoint  # type: ignore[misc]
+                bound, port, pub_port = self.coordinator.endpoint  # type: ignore[misc]
+                # Rank 0 runs beside its coordinator: its bound address (or loopback, when it
+                # listens everywhere) always reaches it.
+                connect = "127.0.0.1" if bound in ("0.0.0.0", "::") else bound
+            host = connect
         _, high = config.batch_bounds()
-        self.client = PlanClient(
-            rank,
-            config.num_replicas,
-            scheduler.digest,
-            host,
-            port,
-            pub_port=pub_port,
-            timeout=timeout,
-            max_plan_bytes=1024 + config.window * (16 * high + 64),
-        )
+        try:
+            self.client = PlanClient(
+                rank,
+                world,
+                scheduler.digest,
+                host,
+                port,
+                pub_port=pub_port,
+                timeout=timeout,
+                max_plan_bytes=1024 + config.window * (16 * high + 64),
+            )
+        except BaseException:
+            if self.coordinator is not None:
+                self.coordinator.close()
+            raise
         self._loads: dict[int, float] = {}
         self._epoch = -1
         self._next_report = 0
         self.windows_dynamic = 0
         self.windows_static = 0
+        self.plans_refused = 0
         with _OPEN_LOCK:
             _OPEN.add(self)
         self.client.connect()
@@ -124,7 +186,10 @@ class DynamicSession:
         self._next_report = start
         k = self.window
         for first in range(start - start % k, num_steps, k):
+            stop = min(first + k, num_steps)
             plan = self.client.plan(epoch, first)
+            if plan is not None and not self._consistent(plan, static, epoch, first, stop):
+                plan = None
             use = plan is not None
             if self.agree is not None:
                 use = self.agree(use)
@@ -132,7 +197,6 @@ class DynamicSession:
                 self.windows_dynamic += 1
             else:
                 self.windows_static += 1
-            stop = min(first + k, num_steps)
             for step in range(max(first, start), stop):
                 if step == first + k // 2 and stop < num_steps:
                     self.client.prefetch(epoch, stop)
@@ -148,6 +212,23 @@ class DynamicSession:
                 yield step, indices, float(weight)
             if stop >= num_steps:
                 self.client.prefetch(epoch + 1, 0)
+
+    def _consistent(self, plan: Plan, static: EpochPlan, epoch: int, first: int, stop: int) -> bool:
+        world = self.scheduler.config.num_replicas
+        why = _inconsistency(plan, static, world, epoch, first, stop)
+        if why is None:
+            return True
+        self.plans_refused += 1
+        logger.warning(
+            "chronica: rank %d: the coordinator's plan for epoch %d steps %d..%d does not fit "
+            "the static plan (%s); the static plan serves the window",
+            self.rank,
+            epoch,
+            first,
+            stop - 1,
+            why,
+        )
+        return False
 
     def report(self, seconds: float, step: int | None = None) -> None:
         """This rank spent ``seconds`` computing ``step`` (default: the step after the one

@@ -4,6 +4,10 @@ It needs what every rank's sampler is built from: the sizes (a ``.npy`` file or 
 with one number per line) and the sampler's arguments. Ranks find it through
 ``CHRONICA_COORDINATOR=host:port``; a rank whose sizes or arguments differ is refused with
 an error that says so. It serves until interrupted (Ctrl-C or SIGTERM).
+
+It binds ``--host`` (else ``CHRONICA_BIND``, else ``MASTER_ADDR``, else 127.0.0.1); every
+interface only when one of them says ``0.0.0.0``. ``--make-keys DIR`` writes CURVE keys for
+``CHRONICA_CURVE_DIR`` and exits (see ``chronica.comm.auth`` and SECURITY.md).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from chronica.comm.auth import ENV_DIR, make_keys
 from chronica.comm.coordinator import Coordinator
 from chronica.core import ScheduleConfig, Scheduler
 
@@ -38,9 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="chronica coordinator",
         description="Serve kind='dynamic' plans to the ranks of a multi-node job.",
     )
-    parser.add_argument("--sizes", type=Path, required=True, help=".npy or text, one per line")
-    parser.add_argument("--world", type=int, required=True, help="number of ranks")
-    parser.add_argument("--batch-size", type=int, required=True, help="global batch")
+    parser.add_argument("--sizes", type=Path, help=".npy or text, one per line (required)")
+    parser.add_argument("--world", type=int, help="number of ranks (required)")
+    parser.add_argument("--batch-size", type=int, help="global batch (required)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--shuffle", default="global", help="shuffle policy name")
     parser.add_argument("--drop-last", action="store_true")
@@ -50,15 +55,48 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--min-batch", type=int, default=None)
     parser.add_argument("--max-batch", type=int, default=None)
     parser.add_argument(
-        "--host", default=None, help="interface to bind (default MASTER_ADDR, else 127.0.0.1)"
+        "--host",
+        default=None,
+        help="address to bind (default CHRONICA_BIND, else MASTER_ADDR, else 127.0.0.1; "
+        "0.0.0.0 for every interface)",
     )
     parser.add_argument("--port", type=int, default=None, help="default CHRONICA_PORT or 50051")
+    parser.add_argument(
+        "--make-keys",
+        type=Path,
+        metavar="DIR",
+        help=f"write CURVE server and client keys into DIR (for {ENV_DIR}) and exit",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the coordinator until SIGINT or SIGTERM."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.make_keys is not None:
+        try:
+            folder = make_keys(args.make_keys)
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise SystemExit(f"chronica coordinator: {exc}") from None
+        print(
+            f"CURVE keys in {folder}: give every rank and the coordinator {ENV_DIR}={folder} "
+            f"(the coordinator needs server.key_secret, the ranks server.key and "
+            f"client.key_secret; allowed/ lists the client keys admitted)",
+            flush=True,
+        )
+        return 0
+    required = (("--sizes", args.sizes), ("--world", args.world), ("--batch-size", args.batch_size))
+    missing = [flag for flag, value in required if value is None]
+    if missing:
+        parser.error(f"the following arguments are required: {', '.join(missing)}")
+    try:
+        return _serve(args)
+    except (ValueError, RuntimeError) as exc:  # bad arguments, a port in use: no traceback
+        raise SystemExit(f"chronica coordinator: {exc}") from None
+
+
+def _serve(args: argparse.Namespace) -> int:
     config = ScheduleConfig(
         num_replicas=args.world,
         batch_size=args.batch_size,
@@ -78,9 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     with Coordinator(scheduler, args.host, args.port) as coordinator:
         host, port, pub = coordinator.endpoint  # type: ignore[misc]
+        reach = "<this node's address>" if host in ("0.0.0.0", "::") else host
+        auth = "CURVE on" if coordinator.curve is not None else "no authentication"
         print(
-            f"chronica coordinator on {host}:{port} (pub {pub}); ranks: "
-            f"CHRONICA_COORDINATOR={host}:{port}",
+            f"chronica coordinator on {host}:{port} (pub {pub}, {auth}); ranks: "
+            f"CHRONICA_COORDINATOR={reach}:{port}",
             flush=True,
         )
         stop.wait()

@@ -1,0 +1,446 @@
+"""Security: the address the coordinator binds, a port already in use, CURVE authentication
+with real sockets on loopback, and no pickle, eval or exec anywhere in the package."""
+
+import logging
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+import tokenize
+from pathlib import Path
+from types import SimpleNamespace
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+from test_dynamic import _free_ports
+
+import chronica
+from chronica.comm import standalone
+from chronica.comm.auth import CurveClient, CurveServer, make_keys
+from chronica.comm.client import PlanClient
+from chronica.comm.coordinator import Coordinator, resolve_bind, resolve_endpoint
+from chronica.comm.session import DynamicSession
+from chronica.core import ScheduleConfig, Scheduler
+
+_ENV = ("MASTER_ADDR", "CHRONICA_BIND", "CHRONICA_PORT", "CHRONICA_COORDINATOR")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    """Each test states the environment it needs."""
+    for name in list(os.environ):
+        if name in _ENV or name.startswith("CHRONICA_CURVE_"):
+            monkeypatch.delenv(name)
+
+
+def _scheduler(world: int) -> Scheduler:
+    sizes = np.random.default_rng(0).lognormal(5, 1, 600)
+    config = ScheduleConfig(
+        num_replicas=world, batch_size=16 * world, kind="dynamic", variable_batch=True, window=4
+    )
+    return Scheduler(sizes, config)
+
+
+@pytest.fixture(scope="module")
+def scheduler():
+    return _scheduler(4)
+
+
+@pytest.fixture(scope="module")
+def keys():
+    server, good, bad = (zmq.curve_keypair() for _ in range(3))
+    return SimpleNamespace(server=server, good=good, bad=bad)
+
+
+def _wait_for(condition, seconds=3.0):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+# -- where it listens ------------------------------------------------------------------
+
+
+def test_the_default_bind_is_loopback_only(scheduler):
+    with Coordinator(scheduler, port=0) as coordinator:
+        router, pub = coordinator.bound
+        assert router.startswith("tcp://127.0.0.1:") and pub.startswith("tcp://127.0.0.1:")
+        assert coordinator.bind_source == "default"
+
+
+def test_master_addr_names_the_interface_and_names_are_resolved(scheduler, monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    with Coordinator(scheduler, port=0) as coordinator:
+        assert coordinator.bound[0].startswith("tcp://127.0.0.1:")
+        assert coordinator.bind_source == "MASTER_ADDR"
+    monkeypatch.setenv("CHRONICA_BIND", "127.0.0.1")
+    assert resolve_bind() == ("127.0.0.1", "CHRONICA_BIND")  # it wins over MASTER_ADDR
+    assert resolve_bind("::1") == ("::1", "host")
+
+
+@pytest.mark.parametrize("wildcard", ["0.0.0.0", "*", "::"])
+def test_every_interface_is_never_taken_from_master_addr(scheduler, monkeypatch, wildcard):
+    monkeypatch.setenv("MASTER_ADDR", wildcard)
+    with pytest.raises(
+        ValueError, match=r"MASTER_ADDR=.*every interface.*CHRONICA_BIND=0\.0\.0\.0"
+    ):
+        Coordinator(scheduler, port=0)
+    # Ranks never connect to a wildcard: loopback stands for it.
+    assert resolve_endpoint(wildcard, 1234) == ("127.0.0.1", 1234)
+
+
+def test_every_interface_needs_the_explicit_opt_in(scheduler, monkeypatch, caplog):
+    assert resolve_bind("0.0.0.0") == ("0.0.0.0", "host")
+    monkeypatch.setenv("CHRONICA_BIND", "*")
+    with caplog.at_level(logging.WARNING, logger="chronica"):
+        with Coordinator(scheduler, port=0) as coordinator:
+            assert coordinator.bound[0].startswith("tcp://0.0.0.0:")
+            assert coordinator.bind_source == "CHRONICA_BIND"
+    assert any("every interface without authentication" in r.getMessage() for r in caplog.records)
+
+
+def test_bind_addresses_that_cannot_work_fail_clearly(scheduler, monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "no-such-host.invalid")
+    with pytest.raises(ValueError, match=r"MASTER_ADDR='no-such-host\.invalid' does not resolve"):
+        Coordinator(scheduler, port=0)
+    coordinator = Coordinator(scheduler, "192.0.2.1", 0)  # TEST-NET-1: not this machine's
+    with pytest.raises(RuntimeError, match=r"192\.0\.2\.1 .*not an address of this machine"):
+        coordinator.start()
+
+
+def test_a_port_in_use_is_a_clear_error_naming_it(scheduler, tmp_path):
+    base = _free_ports(2)[0]
+    with socket.socket() as other:  # another program holds the port
+        other.bind(("127.0.0.1", base))
+        other.listen()
+        with pytest.raises(RuntimeError, match=f"port 127.0.0.1:{base} is already in use.*"):
+            Coordinator(scheduler, "127.0.0.1", base).start()
+        np.save(tmp_path / "sizes.npy", np.ones(64))
+        argv = ["--sizes", str(tmp_path / "sizes.npy"), "--world", "2", "--batch-size", "8"]
+        with pytest.raises(SystemExit, match=f"{base}.*CHRONICA_PORT"):
+            standalone.main([*argv, "--port", str(base)])
+    with socket.socket() as other:  # only the publishing port, base + 1, is taken
+        other.bind(("127.0.0.1", base + 1))
+        other.listen()
+        with pytest.raises(RuntimeError, match=rf"port {base + 1} \(port \+ 1, for publishing\)"):
+            Coordinator(scheduler, "127.0.0.1", base).start()
+    _wait_for(lambda: _bindable(base))  # the failed start released the port it had bound
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:  # ZeroMQ closes a listener in its I/O thread, a bit later
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+# -- CURVE -----------------------------------------------------------------------------
+
+
+def _client(coordinator, rank, curve=None, timeout=2.0):
+    host, port, pub = coordinator.endpoint
+    scheduler = coordinator.scheduler
+    world, digest = scheduler.config.num_replicas, scheduler.digest
+    return PlanClient(rank, world, digest, host, port, pub_port=pub, timeout=timeout, curve=curve)
+
+
+def test_curve_serves_listed_keys_and_refuses_everyone_else(scheduler, keys, caplog):
+    before = set(threading.enumerate())
+    curve = CurveServer(secret=keys.server[1], allowed=[keys.good[0]])
+    coordinator = Coordinator(scheduler, "127.0.0.1", 0, curve=curve).start()
+    clients = []
+    try:
+        good = CurveClient(server_public=keys.server[0], secret=keys.good[1])
+        unlisted = CurveClient(server_public=keys.server[0], secret=keys.bad[1])
+        other_server = CurveClient(server_public=keys.bad[0], secret=keys.good[1])
+        intruders = [
+            _client(coordinator, 1),  # no keys at all
+            _client(coordinator, 2, unlisted),
+            _client(coordinator, 3, other_server),
+        ]
+        clients += intruders
+        with caplog.at_level(logging.WARNING, logger="chronica"):
+            started = time.monotonic()
+            for intruder in intruders:
+                assert not intruder.connect()  # refused at the handshake: falls back at once
+                assert intruder.plan(0, 0) is None
+            assert time.monotonic() - started < 3 * 2.0
+            members = [_client(coordinator, r, good) for r in (0, 1, 2, 3)]
+            clients += members
+            assert all(c.connect() for c in members)
+            plans = [c.plan(0, 0) for c in members]
+            static = scheduler.plan_epoch(0)
+            for step in range(4):
+                got = np.sort(np.concatenate([p.local(step) for p in plans]))
+                whole = static.indices[static.bounds[step, 0] : static.bounds[step, -1]]
+                np.testing.assert_array_equal(got, np.sort(whole))
+            _wait_for(lambda: _received_by_pub(members))  # the next window, encrypted
+            _wait_for(lambda: coordinator.stats.handshake_failures >= 3)
+        for intruder in intruders:
+            intruder._drain()
+            assert intruder.stats.published == intruder.stats.fetched == 0
+            assert intruder.stats.fallbacks == 1
+        assert coordinator.stats.refused_keys >= 1 and coordinator.stats.hellos == 4
+        said = [r.getMessage() for r in caplog.records]
+        for rank in (1, 2, 3):  # each says why it falls back
+            assert any(f"rank {rank}: the coordinator cannot be used" in m for m in said)
+        assert any("rank 2" in m and "refused this peer's CURVE key" in m for m in said)
+        bad_public = keys.bad[0].decode()
+        assert any(f"refused CURVE client key {bad_public}" in m for m in said)
+        assert not any(keys.server[1].decode() in m or keys.good[1].decode() in m for m in said)
+    finally:
+        for c in clients:
+            c.close()
+        coordinator.close()
+    assert coordinator._gate is None and coordinator._context is None
+    _wait_for(lambda: not [t for t in threading.enumerate() if t not in before])
+
+
+def test_without_its_authenticator_a_curve_socket_admits_nobody(keys):
+    ctx = zmq.Context()
+    server = ctx.socket(zmq.ROUTER)
+    CurveServer(secret=keys.server[1], allowed=[keys.good[0]]).apply(server)
+    port = server.bind_to_random_port("tcp://127.0.0.1")
+    client = ctx.socket(zmq.DEALER)
+    CurveClient(server_public=keys.server[0], secret=keys.good[1]).apply(client)
+    client.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        client.send(b"hello")  # queued: the handshake can never complete
+        assert not server.poll(500)
+    finally:
+        for sock in (client, server):
+            sock.close(0)
+        ctx.term()
+
+
+def _received_by_pub(clients) -> bool:
+    for c in clients:
+        c._drain()
+    return all(c.stats.published for c in clients)
+
+
+def test_a_session_takes_its_keys_from_a_key_folder(tmp_path, monkeypatch, caplog):
+    folder = make_keys(tmp_path / "keys")
+    for name in ("server.key_secret", "client.key_secret"):
+        assert stat.S_IMODE((folder / name).stat().st_mode) == 0o600
+    with pytest.raises(ValueError, match="exists"):
+        make_keys(folder)  # never overwrites keys
+    monkeypatch.setenv("CHRONICA_CURVE_DIR", str(folder))
+    alone = DynamicSession(_scheduler(1), 0, port=0, timeout=5.0)
+    try:
+        assert alone.coordinator.curve is not None and alone.client.curve is not None
+        steps = list(alone.steps(0))
+        assert len(steps) == alone.scheduler.num_steps()
+        assert alone.windows_static == 0 and alone.windows_dynamic > 0
+    finally:
+        alone.close()
+    # A rank whose key is not on the list falls back to the static plan, and says so.
+    scheduler = _scheduler(2)
+    port = _free_ports(2)[0]
+    with Coordinator(scheduler, "127.0.0.1", port) as coordinator:
+        assert coordinator.curve is not None
+        monkeypatch.setenv("CHRONICA_CURVE_CLIENT_SECRET", zmq.curve_keypair()[1].decode())
+        monkeypatch.setenv("CHRONICA_COORDINATOR", f"127.0.0.1:{port}")
+        with caplog.at_level(logging.WARNING, logger="chronica"):
+            outsider = DynamicSession(scheduler, 1, timeout=1.0)
+            try:
+                got = [indices for _, indices, _ in outsider.steps(0)]
+            finally:
+                outsider.close()
+        static = scheduler.plan_epoch(0)
+        assert outsider.windows_dynamic == 0
+        for step, indices in enumerate(got):
+            np.testing.assert_array_equal(indices, static.local(step, 1))
+        assert any("static plan" in r.getMessage() for r in caplog.records)
+
+
+GOOD_PUBLIC, GOOD_SECRET = (k.decode() for k in zmq.curve_keypair())
+OTHER_PUBLIC = zmq.curve_keypair()[0].decode()
+
+
+@pytest.mark.parametrize(
+    "env, match",
+    [
+        ({"CHRONICA_CURVE_SERVR_SECRET": GOOD_SECRET}, "unknown variable.*SERVR_SECRET"),
+        ({"CHRONICA_CURVE_ALLOWED": GOOD_PUBLIC}, "no secret key.*CHRONICA_CURVE_SERVER_SECRET"),
+        ({"CHRONICA_CURVE_SERVER_SECRET": GOOD_SECRET[:-1]}, "SERVER_SECRET must be a 40-char"),
+        (
+            {
+                "CHRONICA_CURVE_SERVER_SECRET": GOOD_SECRET,
+                "CHRONICA_CURVE_SERVER_PUBLIC": OTHER_PUBLIC,
+            },
+            "SERVER_PUBLIC is not the public key of CHRONICA_CURVE_SERVER_SECRET",
+        ),
+        ({"CHRONICA_CURVE_SERVER_SECRET": GOOD_SECRET}, "allowed is empty"),
+        (
+            {"CHRONICA_CURVE_SERVER_SECRET": GOOD_SECRET, "CHRONICA_CURVE_ALLOWED": "nope"},
+            "CHRONICA_CURVE_ALLOWED",
+        ),
+        ({"CHRONICA_CURVE_DIR": "/no/such/folder"}, "CHRONICA_CURVE_DIR=.*not a folder"),
+    ],
+)
+def test_coordinator_key_settings_fail_early_without_showing_secrets(env, match):
+    with pytest.raises(ValueError, match=match) as error:
+        CurveServer.from_env(env)
+    assert GOOD_SECRET not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "env, match",
+    [
+        ({"CHRONICA_CURVE_CLIENT_SECRET": GOOD_SECRET}, "coordinator's public key"),
+        ({"CHRONICA_CURVE_SERVER_PUBLIC": GOOD_PUBLIC}, "rank has no secret key"),
+        (
+            {
+                "CHRONICA_CURVE_SERVER_PUBLIC": OTHER_PUBLIC,
+                "CHRONICA_CURVE_CLIENT_SECRET": GOOD_SECRET,
+                "CHRONICA_CURVE_CLIENT_PUBLIC": OTHER_PUBLIC,
+            },
+            "CLIENT_PUBLIC is not the public key of CHRONICA_CURVE_CLIENT_SECRET",
+        ),
+    ],
+)
+def test_rank_key_settings_fail_early_without_showing_secrets(env, match):
+    with pytest.raises(ValueError, match=match) as error:
+        CurveClient.from_env(env)
+    assert GOOD_SECRET not in str(error.value)
+
+
+def test_no_settings_no_curve_and_reprs_hide_secrets(keys):
+    assert CurveServer.from_env({}) is None and CurveClient.from_env({}) is None
+    server = CurveServer(secret=keys.server[1], allowed=[keys.good[0]])
+    client = CurveClient(server_public=keys.server[0], secret=keys.good[1])
+    assert server.public == keys.server[0] and client.public == keys.good[0]
+    assert keys.server[1].decode() not in repr(server)
+    assert keys.good[1].decode() not in repr(client)
+
+
+def test_a_libzmq_without_curve_is_a_clear_error(scheduler, keys, monkeypatch):
+    monkeypatch.setattr(zmq, "has", lambda capability: False)
+    with pytest.raises(RuntimeError, match="built without"):
+        CurveServer(secret=keys.server[1], allowed=[keys.good[0]])
+    monkeypatch.setenv("CHRONICA_CURVE_SERVER_SECRET", keys.server[1].decode())
+    monkeypatch.setenv("CHRONICA_CURVE_ALLOWED", keys.good[0].decode())
+    with pytest.raises(RuntimeError, match="CURVE"):
+        Coordinator(scheduler, port=0)
+
+
+# -- nothing received is ever executed -------------------------------------------------
+
+_MODULES = {"pickle", "_pickle", "cPickle", "cloudpickle", "dill", "marshal", "shelve"}
+_CALLS = {"eval", "exec", "compile", "__import__"}
+
+
+def _offences(path: Path) -> list[str]:
+    with tokenize.open(path) as source:
+        tokens = [
+            t
+            for t in tokenize.generate_tokens(source.readline)
+            if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.STRING)
+        ]
+    found = []
+    text = [t.string for t in tokens] + ["", ""]
+    for i, token in enumerate(tokens):
+        if token.type != tokenize.NAME:
+            continue
+        attribute = i > 0 and text[i - 1] == "."
+        called = text[i + 1] == "("
+        if token.string in _MODULES or (token.string in _CALLS and called and not attribute):
+            found.append(f"{path}:{token.start[0]}: {token.string}")
+        if token.string == "allow_pickle" and text[i + 1] == "=" and text[i + 2] != "False":
+            found.append(f"{path}:{token.start[0]}: allow_pickle={text[i + 2]}")
+    return found
+
+
+def test_no_pickle_eval_or_exec_in_the_package():
+    root = Path(chronica.__file__).parent
+    offences = [o for path in sorted(root.rglob("*.py")) for o in _offences(path)]
+    assert not offences, "\n".join(offences)
+
+
+def test_the_scan_would_see_them(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "import pickle\nx = eval('1')\nnp.load(f, allow_pickle=True)\n"
+        "# pickle in a comment is fine\nmodel.eval()\ns = 'exec(1)'\n"
+    )
+    assert [o.rsplit(": ", 1)[1] for o in _offences(sample)] == [
+        "pickle",
+        "eval",
+        "allow_pickle=True",
+    ]
+
+
+# -- a plan that does not fit is not used ----------------------------------------------
+
+
+@pytest.mark.parametrize("tamper", ["foreign sample", "inflated weight", "other window"])
+def test_a_tampered_plan_is_refused_and_the_static_plan_serves(monkeypatch, caplog, tamper):
+    """What a rank does with a plan a buggy coordinator, or an attacker on an
+    unauthenticated network, could deliver: check it against the static plan first."""
+    honest = Coordinator._part
+
+    def part(self, plan, rank, seq):
+        message = msgpack.unpackb(honest(self, plan, rank, seq))
+        if tamper == "foreign sample":
+            indices = np.frombuffer(message["idx"], "<i8").copy()
+            indices[0] = 10**9
+            message["idx"] = indices.tobytes()
+        elif tamper == "inflated weight":
+            message["w"] = (np.frombuffer(message["w"], "<f8") * 2).tobytes()
+        else:
+            message["first"] += 4
+        return msgpack.packb(message, use_bin_type=True)
+
+    monkeypatch.setattr(Coordinator, "_part", part)
+    scheduler = _scheduler(1)
+    with caplog.at_level(logging.WARNING, logger="chronica"):
+        session = DynamicSession(scheduler, 0, port=0, timeout=0.5)
+        try:
+            got = [(step, indices, weight) for step, indices, weight in session.steps(0)]
+        finally:
+            session.close()
+    static = scheduler.plan_epoch(0)
+    for step, indices, weight in got:
+        np.testing.assert_array_equal(indices, static.local(step, 0))
+        assert weight == static.loss_weights[step, 0]
+    assert session.windows_dynamic == 0 and session.plans_refused >= 1
+    assert any("does not fit the static plan" in r.getMessage() for r in caplog.records)
+
+
+def test_the_coordinator_command_serves_with_curve_from_a_key_folder(tmp_path):
+    folder = make_keys(tmp_path / "keys")
+    sizes = np.random.default_rng(0).lognormal(5, 1, 600)
+    np.save(tmp_path / "sizes.npy", sizes)
+    port = _free_ports(2)[0]
+    env = {k: v for k, v in os.environ.items() if k not in _ENV}
+    env["CHRONICA_CURVE_DIR"] = str(folder)
+    command = [sys.executable, "-m", "chronica.cli", "coordinator", "--sizes"]
+    command += [str(tmp_path / "sizes.npy"), "--world", "2", "--batch-size", "32"]
+    command += ["--variable-batch", "--window", "4", "--port", str(port)]
+    server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()
+        assert f"on 127.0.0.1:{port} (pub {port + 1}, CURVE on)" in line
+        assert f"CHRONICA_COORDINATOR=127.0.0.1:{port}" in line
+        scheduler = _scheduler(2)  # the same sizes and arguments as the command's
+        curve = CurveClient.from_env({"CHRONICA_CURVE_DIR": str(folder)})
+        client = PlanClient(1, 2, scheduler.digest, "127.0.0.1", port, timeout=5.0, curve=curve)
+        try:
+            assert client.connect() and client.plan(0, 0) is not None
+        finally:
+            client.close()
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
