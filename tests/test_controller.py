@@ -46,6 +46,24 @@ def test_water_fill_is_exact_bounded_and_near_optimal(w, data):
     assert top <= _brute_force_best(total, alpha, beta, 1.0, low, high) + beta.max() + 1e-9
 
 
+@given(
+    exponents=st.lists(st.integers(-30, 30), min_size=2, max_size=6),
+    low=st.integers(0, 2),
+)
+def test_water_fill_stays_exact_under_extreme_speed_ratios(exponents, low):
+    beta = 10.0 ** np.array(exponents, dtype=np.float64)
+    total = 128 + len(beta) * low
+    counts = water_fill(total, np.zeros(len(beta)), beta, 1.0, low, total)
+    assert counts.sum() == total and (counts >= low).all()
+
+
+def test_water_fill_refuses_a_degenerate_model():
+    with pytest.raises(ValueError, match="finite"):
+        water_fill(128, np.zeros(4), np.array([1.0, np.inf, 1.0, 1.0]), 1.0, 1, 128)
+    with pytest.raises(ValueError, match="finite"):
+        water_fill(128, np.array([0.0, np.nan, 0.0, 0.0]), np.ones(4), 1.0, 1, 128)
+
+
 def test_water_fill_hl8_is_speed_proportional():
     speeds = np.array([6.0, 6.0, 4.0, 32.0])
     counts = water_fill(128, np.zeros(4), 1 / speeds, 1.0, 1, 128)

@@ -197,6 +197,8 @@ def water_fill(
             f"{total} samples cannot be split over {w} ranks with {low} to {high} each"
         )
     rate = beta * max(unit, 1e-300)
+    if not (np.isfinite(alpha).all() and np.isfinite(rate).all() and (rate > 0).all()):
+        raise ValueError("alpha must be finite and beta · unit finite and > 0 for every rank")
 
     def filled(level: float) -> np.ndarray:
         return np.clip((level - alpha) / rate, low, high)
@@ -267,7 +269,8 @@ def _predicted(counts: np.ndarray, alpha: np.ndarray, beta: np.ndarray, unit: fl
 def _round_to_total(real: np.ndarray, total: int, low: int, high: int) -> np.ndarray:
     """Largest-remainder rounding of ``real`` to integers in ``[low, high]`` adding to
     ``total``."""
-    real = np.clip(real, low, high)
+    # NaN (from a degenerate time model) must not reach the integer cast below.
+    real = np.clip(np.nan_to_num(real, nan=float(low)), low, high)
     counts = np.floor(real).astype(np.int64)
     fraction = real - counts
     for rank in np.argsort(-fraction, kind="stable"):
@@ -277,9 +280,12 @@ def _round_to_total(real: np.ndarray, total: int, low: int, high: int) -> np.nda
             counts[rank] += 1
     while counts.sum() < total:  # every fraction used: spread what is left
         counts[np.argmin(counts)] += 1
-    for rank in np.argsort(fraction, kind="stable"):
-        if counts.sum() <= total:
-            break
-        if counts[rank] > low:
-            counts[rank] -= 1
+    # With extreme speed ratios the real solution can overshoot by more than one per rank:
+    # take back in passes, smallest fractions first, until the total is exact.
+    while counts.sum() > total:
+        for rank in np.argsort(fraction, kind="stable"):
+            if counts.sum() <= total:
+                break
+            if counts[rank] > low:
+                counts[rank] -= 1
     return counts
