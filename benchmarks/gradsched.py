@@ -315,6 +315,17 @@ def render_markdown(result: dict, img_dir: Path) -> str:
             f"{1e3 * s['comm']:.1f}) | {1e3 * s['bound']:.1f} | | 1.00 |"
         )
     axes[0][0].legend(fontsize=7)
+    summary = []
+    for link, name, model in panels:
+        s = _summary(model)
+        ddp = s["median"]["DDP"]
+        ours = {v: t for v, t in s["median"].items() if v not in ("no overlap", "DDP")}
+        best = min(ours, key=ours.get)
+        summary.append(
+            f"| {link['link']} | {name} | {s['comm'] / s['compute']:.2f} | "
+            f"{ddp / s['median']['auto-tuned']:.2f}× | {best}: {ddp / ours[best]:.2f}× | "
+            f"{ours[best] / s['bound']:.2f} |"
+        )
     fig.tight_layout()
     img_dir.mkdir(parents=True, exist_ok=True)
     fig.savefig(img_dir / "gradsched.png", dpi=110)
@@ -336,6 +347,26 @@ def render_markdown(result: dict, img_dir: Path) -> str:
             *rows,
             "",
             "![iteration time per variant](img/gradsched.png)",
+            "",
+            "Against the targets (≥ 1.3× over DDP where communication ≈ computation, within "
+            "15% of the bound, ≤ 3% overhead on the fast link), per link and model: the "
+            "communication / computation ratio, the auto-tuned variant's speed-up over DDP, "
+            "the best chronica variant and its distance to the bound.",
+            "",
+            "| link | model | comm / compute | auto-tuned vs DDP | best chronica vs DDP | "
+            "best / bound |",
+            "|---|---|---:|---:|---|---:|",
+            *summary,
+            "",
+            "Both ranks share this machine's 2 cores with one compute thread each, so the CPU "
+            "work of communication (gloo's TCP loop, copies, the kernel's veth and `tc` path: "
+            "about 30 ms of CPU per DDP step for `vgg`, measured per thread) has no spare "
+            "core and is taken from computation. The bound assumes communication costs no "
+            "CPU; where both are comparable, overlap cannot approach it here, and the gap "
+            "to DDP narrows. Where the link dominates (100 Mbit/s) chronica runs within a "
+            "few percent of the bound. chronica's dispatcher threads add about 13 ms of CPU "
+            "per `vgg` step on top of DDP's (20 partitions through Python); on the fast link "
+            "the auto-tuner's larger partitions recover most of it.",
             "",
             f"Machine: {machine.get('processor')}, {machine.get('cpu_count')} cores, torch "
             f"{machine.get('torch')}, {machine.get('date_utc')}. Reproduce: "
