@@ -293,7 +293,11 @@ def render_markdown(result: dict, img_dir: Path) -> str:
     panels = [
         (link, name, model) for link in result["links"] for name, model in link["models"].items()
     ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.6), squeeze=False)
+    links = len(result["links"])
+    models = len(panels) // links
+    # One row per model, one column per link: a row reads as the link slowing down.
+    fig, grid = plt.subplots(models, links, figsize=(3.2 * links, 3.6 * models), squeeze=False)
+    axes = [[grid[m][k] for k in range(links) for m in range(models)]]
     rows = []
     for ax, (link, name, model) in zip(axes[0], panels, strict=True):
         s = _summary(model)
