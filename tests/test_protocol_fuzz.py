@@ -276,9 +276,8 @@ reports = st.lists(
 )
 
 
-# Found by this test: a rank whose fit gets an extreme speed ratio makes the balancing
-# kernel's rounding miss the step's total (chronica.core.controller), so the window cannot be
-# planned. The coordinator then answers an error and the ranks use the static plan.
+# Found by this test: a rank whose fit gets an extreme speed ratio made the balancing
+# kernel's rounding miss the step's total (fixed in chronica.core.controller.water_fill).
 POISON = [(1, 0.0, 1.0), (0, 1.0, 1.0), (1, 7.398790413875484e17, 1.0)]
 
 
@@ -311,13 +310,27 @@ def test_reports_the_decoder_admits_never_give_a_wrong_plan(scheduler, feedback)
         np.testing.assert_allclose(window.loss_weights.sum(axis=1), 4.0)
 
 
-def test_feedback_that_breaks_planning_costs_one_traceback_not_the_service(scheduler, caplog):
+def test_extreme_feedback_still_gives_every_rank_its_share(scheduler):
+    with Coordinator(scheduler, "127.0.0.1", 0) as coordinator:
+        clients = _clients(coordinator, scheduler, range(scheduler.config.num_replicas))
+        assert all(c.connect() for c in clients)
+        for step, (rank, load, seconds) in enumerate(POISON):
+            clients[rank].report(0, step, load, seconds)
+        _wait_reports(coordinator, len(POISON))
+        _assert_partitions(scheduler, clients, 0, 0)
+        for c in clients:
+            c.close()
+
+
+def test_a_planning_failure_costs_one_traceback_not_the_service(scheduler, caplog, monkeypatch):
     with Coordinator(scheduler, "127.0.0.1", 0) as coordinator:
         *liars, honest = _clients(coordinator, scheduler, [0, 1, 2], timeout=5.0)
         assert all(c.connect() for c in (*liars, honest))
-        for step, (rank, load, seconds) in enumerate(POISON):
-            liars[rank].report(0, step, load, seconds)
-        _wait_reports(coordinator, len(POISON))
+
+        def broken(epoch, first):  # a planner bug, injected: no input reaches one today
+            raise ArithmeticError(f"cannot plan epoch {epoch} step {first}")
+
+        monkeypatch.setattr(coordinator.planner, "plan_window", broken)
         with caplog.at_level(logging.WARNING, logger="chronica"):
             started = time.monotonic()
             assert honest.plan(0, 0) is None  # refused at once, not after the time-out
