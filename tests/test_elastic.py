@@ -7,26 +7,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_torch_sampler import Sized
 
 from chronica.core import ScheduleConfig, Scheduler
 from chronica.core.elastic import Segment, resume_plan
-from chronica.torch.utils.data import Dataset, DistributedBatchSampler, DistributedSampler
+from chronica.torch.utils.data import DistributedBatchSampler, DistributedSampler
 
 MODES = [("static", True), ("static", False), ("guided", True)]
-
-
-class Sized(Dataset):
-    def __init__(self, sizes):
-        self.sizes_ = np.asarray(sizes)
-
-    def __len__(self):
-        return len(self.sizes_)
-
-    def __getitem__(self, index):
-        return index
-
-    def __sizeof__(self, index=None):
-        return float(self.sizes_[index]) if index is not None else super().__sizeof__()
 
 
 def _sizes(n):
