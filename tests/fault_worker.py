@@ -1,0 +1,124 @@
+"""One rank of a real gloo job with kind="dynamic" under a fault, started by test_faults.
+
+Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and CHRONICA_TEST_PORT (the coordinator's
+port; it also uses port + 1); argv: output JSON path, scenario. Two epochs; the last rank is
+emulated 4x slower in its reports. Scenarios:
+
+* "silent": the last rank stops calling ``report`` after step ``SILENT_AFTER`` of epoch 0;
+* "delay": rank 0's coordinator answers the window at step ``DELAYED_FIRST`` of epoch 0
+  ``DELAY`` seconds late (a test-only wrapper around ``Coordinator._ensure``), longer than
+  the last rank's time-out (``SHORT_TIMEOUT``) and shorter than the other ranks'.
+"""
+
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import asdict
+from datetime import timedelta
+
+import numpy as np
+import torch.distributed as dist
+
+from chronica.comm.coordinator import Coordinator
+from chronica.torch.utils.data import DistributedBatchSampler
+
+N, PER_RANK, WINDOW = 300, 8, 4
+SILENT_AFTER = 5
+DELAYED_FIRST, DELAY, SHORT_TIMEOUT, TIMEOUT = 8, 2.5, 0.5, 10.0
+
+
+def delay_window() -> None:
+    """Make this process's coordinator plan (and so answer and publish) one window late."""
+    ensure = Coordinator._ensure
+
+    def late(self, epoch, first):
+        if (epoch, first) == (0, DELAYED_FIRST) and self.planner.planned(epoch, first) is None:
+            time.sleep(DELAY)
+        return ensure(self, epoch, first)
+
+    Coordinator._ensure = late
+
+
+def main(out_path: str, scenario: str) -> None:
+    logging.basicConfig(stream=sys.stdout, level=logging.WARNING, format="%(message)s")
+    dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=60))
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if scenario == "delay" and rank == 0:
+        delay_window()
+    sizes = np.random.default_rng(0).lognormal(4, 1, N).astype(int) + 1
+    sampler = DistributedBatchSampler(
+        list(range(N)),
+        batch_size=PER_RANK * world,
+        kind="dynamic",
+        variable_batch=True,
+        window=WINDOW,
+        sizes=sizes,
+        port=int(os.environ["CHRONICA_TEST_PORT"]),
+        timeout=TIMEOUT,
+    )
+    session = sampler._session
+    if scenario == "delay" and rank == world - 1:
+        # Set after connecting, so that only the delayed window can exceed it.
+        session.client.timeout = SHORT_TIMEOUT
+    votes = []  # (own vote, agreed) per window, in order
+    agree = session.agree
+
+    def recording(ok: bool) -> bool:
+        agreed = agree(ok)
+        votes.append((ok, agreed))
+        return agreed
+
+    session.agree = recording
+    slow = 4.0 if rank == world - 1 else 1.0
+    epochs, seconds, reported = [], [], 0
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        started = time.monotonic()
+        steps = []
+        for step, batch in enumerate(sampler):
+            steps.append([int(i) for i in batch])
+            # A step's collective, as in data-parallel training: ranks move in lock-step.
+            everyone = [None] * world
+            dist.all_gather_object(everyone, len(batch))
+            silent = scenario == "silent" and rank == world - 1
+            if not (silent and (epoch > 0 or step > SILENT_AFTER)):
+                sampler.report(sizes[batch].sum() * 1e-6 * slow)
+                reported += 1 if session.client.attached else 0
+        epochs.append(steps)
+        seconds.append(time.monotonic() - started)
+    result = {
+        "rank": rank,
+        "epochs": epochs,
+        "seconds": seconds,
+        "votes": votes,
+        "dynamic_windows": session.windows_dynamic,
+        "static_windows": session.windows_static,
+        "client": asdict(session.client.stats),
+        "reported": reported,
+    }
+    sent = [None] * world
+    dist.all_gather_object(sent, reported)
+    if rank == 0:
+        coordinator = session.coordinator
+        # Reports are sent without waiting: give the last ones a moment to be taken.
+        deadline = time.monotonic() + 10
+        while coordinator.stats.reports < sum(sent) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        times = coordinator.planner.times
+        _, beta = times.params()
+        result["coordinator"] = {
+            "reports": coordinator.stats.reports,
+            "model_reports": [times.reports(r) for r in range(world)],
+            "beta": beta.tolist(),
+        }
+    dist.barrier()
+    sampler.close()
+    dist.destroy_process_group()
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
