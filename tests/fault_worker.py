@@ -72,10 +72,9 @@ def main(out_path: str, scenario: str) -> None:
 
     session.agree = recording
     slow = 4.0 if rank == world - 1 else 1.0
-    epochs, seconds, reported = [], [], 0
+    epochs, reported = [], 0
     for epoch in range(2):
         sampler.set_epoch(epoch)
-        started = time.monotonic()
         steps = []
         for step, batch in enumerate(sampler):
             steps.append([int(i) for i in batch])
@@ -87,11 +86,9 @@ def main(out_path: str, scenario: str) -> None:
                 sampler.report(sizes[batch].sum() * 1e-6 * slow)
                 reported += 1 if session.client.attached else 0
         epochs.append(steps)
-        seconds.append(time.monotonic() - started)
     result = {
         "rank": rank,
         "epochs": epochs,
-        "seconds": seconds,
         "votes": votes,
         "dynamic_windows": session.windows_dynamic,
         "static_windows": session.windows_static,

@@ -3,7 +3,6 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -11,34 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from workers import free_port, free_ports
 
 from chronica.core import ScheduleConfig, Scheduler
 
 WORKER = Path(__file__).with_name("dynamic_worker.py")
 N, PER_RANK = 300, 8
-
-
-def _free_ports(count: int) -> list[int]:
-    """``count`` consecutive free ports on loopback (the coordinator uses port and port+1)."""
-    for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count > 65535:
-            continue
-        socks = []
-        try:
-            for offset in range(count):
-                s = socket.socket()
-                s.bind(("127.0.0.1", base + offset))
-                socks.append(s)
-            return [base + offset for offset in range(count)]
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free consecutive ports")
 
 
 def _static_plan(world: int, epoch: int):
@@ -54,7 +31,7 @@ def _static_plan(world: int, epoch: int):
 
 
 def _launch(tmp_path, world, scenario, env_extra=None):
-    master, coordinator = _free_ports(1)[0], _free_ports(2)[0]
+    master, coordinator = free_port(), free_ports(2)[0]
     procs = []
     for rank in range(world):
         env = dict(
@@ -112,7 +89,7 @@ def test_dynamic_ranks_cover_every_step_once_with_exact_gradients(tmp_path, worl
 
 def test_coordinator_killed_mid_epoch_falls_back_without_losing_a_sample(tmp_path):
     world = 2
-    router = _free_ports(2)[0]
+    router = free_ports(2)[0]
     sizes = np.random.default_rng(0).lognormal(4, 1, N).astype(int) + 1
     np.save(tmp_path / "sizes.npy", sizes)
     coordinator = subprocess.Popen(

@@ -7,7 +7,7 @@ import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 
-__all__ = ["base_env", "free_port", "run_workers"]
+__all__ = ["base_env", "free_port", "free_ports", "run_workers"]
 
 
 def free_port() -> int:
@@ -15,6 +15,28 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` consecutive TCP ports on 127.0.0.1 that were free a moment ago (the
+    coordinator listens on a port and publishes on the next)."""
+    for _ in range(100):
+        base = free_port()
+        if base + count > 65536:
+            continue
+        socks = []
+        try:
+            for offset in range(1, count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", base + offset))
+            return [base + offset for offset in range(count)]
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
 
 
 def run_workers(
