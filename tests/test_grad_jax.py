@@ -3,7 +3,6 @@ against a plain pmean + update for SGD with momentum and Adam, partitions that r
 the exact mean, identical dispatch order on both processes, bounded bytes in flight, a loadable
 timeline, agreed auto-tuning; plus forward_order, the single-process path and bad arguments."""
 
-import itertools
 import json
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
+from partitions import assert_tiled, spans_by_tensor  # noqa: E402
 from workers import base_env, free_port, run_workers  # noqa: E402
 
 import chronica.jax as cj  # noqa: E402
@@ -93,14 +93,9 @@ def test_priority_is_forward_order_and_partitions_cover_every_leaf(job):
     assert rep["priority"] == FORWARD
     parts = rep["partitions"]
     assert list(dict.fromkeys(path for part in parts for path, _, _ in part)) == FORWARD
-    covered: dict[str, list[tuple[int, int]]] = {}
-    for part in parts:
-        for path, a, b in part:
-            covered.setdefault(path, []).append((a, b))
-    for path, size in rep["sizes"].items():
-        spans = sorted(covered[path])
-        assert spans[0][0] == 0 and spans[-1][1] == size
-        assert all(x[1] == y[0] for x, y in itertools.pairwise(spans))
+    covered = spans_by_tensor(parts)
+    assert set(covered) == set(rep["sizes"])
+    assert_tiled(covered, rep["sizes"])
     assert any(len(part) > 1 for part in parts)  # small leaves fused
     assert len(covered["['big']['w']"]) == 4  # 8 KiB cut into 2 KiB partitions
 

@@ -7,7 +7,6 @@ cluster: partitions reassemble, first-use order, the one-replica path and argume
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import sys
@@ -21,6 +20,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 from grad_tf_worker import KNOBS, Net, make_optimizer  # noqa: E402
+from partitions import assert_tiled, spans_by_tensor  # noqa: E402
 from workers import base_env, free_port, run_workers  # noqa: E402
 
 import chronica.tf  # noqa: E402
@@ -72,15 +72,9 @@ def test_priority_is_forward_order_and_partitions_cover_every_dense_variable(job
         "head.kernel",
         "head.bias",
     ]
-    covered: dict[str, list[tuple[int, int]]] = {}
-    for part in rep["partitions"]:
-        for name, a, b in part:
-            covered.setdefault(name, []).append((a, b))
+    covered = spans_by_tensor(rep["partitions"])
     assert set(covered) == set(rep["sizes"]) - {"embed.embeddings"}
-    for name, spans in covered.items():
-        spans.sort()
-        assert spans[0][0] == 0 and spans[-1][1] == rep["sizes"][name]
-        assert all(x[1] == y[0] for x, y in itertools.pairwise(spans))
+    assert_tiled(covered, rep["sizes"])
     assert any(len(part) > 1 for part in rep["partitions"])  # small tensors fused
     assert len(covered["big.kernel"]) > 1  # a big tensor cut
 

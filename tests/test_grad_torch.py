@@ -2,7 +2,6 @@
 plain all-reduce + optimizer.step() for SGD, Adam and AdamW, identical dispatch order on both
 ranks, bounded bytes in flight, and a loadable timeline."""
 
-import itertools
 import json
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from partitions import assert_tiled, spans_by_tensor  # noqa: E402
 from workers import base_env, free_port, run_workers  # noqa: E402
 
 from chronica.torch.distributed import ScheduledOptimizer  # noqa: E402
@@ -77,14 +77,9 @@ def test_priority_is_forward_order_and_partitions_cover_every_parameter(job):
         "head.weight",
         "head.bias",
     ]
-    covered: dict[str, list[tuple[int, int]]] = {}
-    for part in parts:
-        for name, a, b in part:
-            covered.setdefault(name, []).append((a, b))
-    for name, size in rep["sizes"].items():
-        spans = sorted(covered[name])
-        assert spans[0][0] == 0 and spans[-1][1] == size
-        assert all(x[1] == y[0] for x, y in itertools.pairwise(spans))
+    covered = spans_by_tensor(parts)
+    assert set(covered) == set(rep["sizes"])
+    assert_tiled(covered, rep["sizes"])
     assert any(len(part) > 1 for part in parts)  # small tensors fused
     assert len(covered["big.weight"]) > 1  # a big tensor cut
 
