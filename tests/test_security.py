@@ -18,7 +18,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from test_dynamic import _free_ports
+from workers import free_ports
 
 import chronica
 from chronica.comm import standalone
@@ -116,7 +116,7 @@ def test_bind_addresses_that_cannot_work_fail_clearly(scheduler, monkeypatch):
 
 
 def test_a_port_in_use_is_a_clear_error_naming_it(scheduler, tmp_path):
-    base = _free_ports(2)[0]
+    base = free_ports(2)[0]
     with socket.socket() as other:  # another program holds the port
         other.bind(("127.0.0.1", base))
         other.listen()
@@ -245,7 +245,7 @@ def test_a_session_takes_its_keys_from_a_key_folder(tmp_path, monkeypatch, caplo
         alone.close()
     # A rank whose key is not on the list falls back to the static plan, and says so.
     scheduler = _scheduler(2)
-    port = _free_ports(2)[0]
+    port = free_ports(2)[0]
     with Coordinator(scheduler, "127.0.0.1", port) as coordinator:
         assert coordinator.curve is not None
         monkeypatch.setenv("CHRONICA_CURVE_CLIENT_SECRET", zmq.curve_keypair()[1].decode())
@@ -421,7 +421,7 @@ def test_the_coordinator_command_serves_with_curve_from_a_key_folder(tmp_path):
     folder = make_keys(tmp_path / "keys")
     sizes = np.random.default_rng(0).lognormal(5, 1, 600)
     np.save(tmp_path / "sizes.npy", sizes)
-    port = _free_ports(2)[0]
+    port = free_ports(2)[0]
     env = {k: v for k, v in os.environ.items() if k not in _ENV}
     env["CHRONICA_CURVE_DIR"] = str(folder)
     command = [sys.executable, "-m", "chronica.cli", "coordinator", "--sizes"]
