@@ -1,22 +1,31 @@
 """One rank of a real gloo job with kind="dynamic" under a fault, started by test_faults.
 
-Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and CHRONICA_TEST_PORT (the coordinator's
-port; it also uses port + 1); argv: output JSON path, scenario. Two epochs; the last rank is
-emulated 4x slower in its reports. Scenarios:
+Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and CHRONICA_TEST_PORT (the port of rank
+0's coordinator; it also uses port + 1) or CHRONICA_COORDINATOR (a standalone one); argv:
+output JSON path, scenario. Two epochs; the last rank is emulated 4x slower in its reports.
+After each step's collective a rank appends its batch to ``<output>.journal`` and saves its
+sampler state to ``<output>.state`` (what a training loop checkpoints). Scenarios:
 
 * "silent": the last rank stops calling ``report`` after step ``SILENT_AFTER`` of epoch 0;
 * "delay": rank 0's coordinator answers the window at step ``DELAYED_FIRST`` of epoch 0
   ``DELAY`` seconds late (a test-only wrapper around ``Coordinator._ensure``), longer than
-  the last rank's time-out (``SHORT_TIMEOUT``) and shorter than the other ranks'.
+  the last rank's time-out (``SHORT_TIMEOUT``) and shorter than the other ranks';
+* "coordinator": the ranks use a standalone coordinator, which the test kills after step
+  ``KILL_AFTER`` of epoch 0 and starts again after step ``RESTART_AFTER``; rank 0 tells
+  the test by a file ``<CHRONICA_TEST_DIR>/<event>`` and waits for ``<event>.done``;
+* "crash": the last rank kills itself (SIGKILL) right after saving its state at step
+  ``CRASH_AFTER`` of epoch 0; "resume": every rank continues from its saved state.
 """
 
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from dataclasses import asdict
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import torch.distributed as dist
@@ -27,6 +36,8 @@ from chronica.torch.utils.data import DistributedBatchSampler
 N, PER_RANK, WINDOW = 300, 8, 4
 SILENT_AFTER = 5
 DELAYED_FIRST, DELAY, SHORT_TIMEOUT, TIMEOUT = 8, 2.5, 0.5, 10.0
+KILL_AFTER, RESTART_AFTER, RESTART_TIMEOUT, STEP_SECONDS = 5, 13, 3.0, 0.05
+CRASH_AFTER = 9
 
 
 def delay_window() -> None:
@@ -39,6 +50,24 @@ def delay_window() -> None:
         return ensure(self, epoch, first)
 
     Coordinator._ensure = late
+
+
+def tell_test(event: str) -> None:
+    """Rank 0: ask the test to act on the coordinator, and wait until it has."""
+    folder = Path(os.environ["CHRONICA_TEST_DIR"])
+    (folder / event).touch()
+    deadline = time.monotonic() + 60
+    while not (folder / f"{event}.done").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the test did not act on {event}")
+        time.sleep(0.02)
+
+
+def save(path: Path, state: dict) -> None:
+    """Replace ``path`` atomically: a crash leaves the old state or the new one."""
+    part = path.with_suffix(".part")
+    part.write_text(json.dumps(state))
+    os.replace(part, path)
 
 
 def main(out_path: str, scenario: str) -> None:
@@ -55,32 +84,51 @@ def main(out_path: str, scenario: str) -> None:
         variable_batch=True,
         window=WINDOW,
         sizes=sizes,
-        port=int(os.environ["CHRONICA_TEST_PORT"]),
-        timeout=TIMEOUT,
+        port=int(os.environ.get("CHRONICA_TEST_PORT", 0)) or None,
+        timeout=RESTART_TIMEOUT if scenario == "coordinator" else TIMEOUT,
     )
+    journal, checkpoint = Path(out_path + ".journal"), Path(out_path + ".state")
+    first_epoch, first_step = 0, 0
+    if scenario == "resume":
+        state = json.loads(checkpoint.read_text())
+        sampler.load_state_dict(state)
+        first_epoch, first_step = state["epoch"], state["progress"]
     session = sampler._session
     if scenario == "delay" and rank == world - 1:
         # Set after connecting, so that only the delayed window can exceed it.
         session.client.timeout = SHORT_TIMEOUT
-    votes = []  # (own vote, agreed) per window, in order
+    votes = []  # (own token: the plan's generation or 0, agreed) per window, in order
     agree = session.agree
 
-    def recording(ok: bool) -> bool:
-        agreed = agree(ok)
-        votes.append((ok, agreed))
+    def recording(token: int) -> bool:
+        agreed = agree(token)
+        votes.append((token, agreed))
         return agreed
 
     session.agree = recording
     slow = 4.0 if rank == world - 1 else 1.0
     epochs, reported = [], 0
-    for epoch in range(2):
-        sampler.set_epoch(epoch)
+    for epoch in range(first_epoch, 2):
+        start = first_step if epoch == first_epoch else 0
+        if start == 0:
+            sampler.set_epoch(epoch)
         steps = []
-        for step, batch in enumerate(sampler):
+        for step, batch in enumerate(sampler, start):
             steps.append([int(i) for i in batch])
             # A step's collective, as in data-parallel training: ranks move in lock-step.
             everyone = [None] * world
             dist.all_gather_object(everyone, len(batch))
+            with journal.open("a") as f:
+                f.write(json.dumps([epoch, step, steps[-1]]) + "\n")
+            save(checkpoint, sampler.state_dict())
+            if scenario == "crash" and rank == world - 1 and (epoch, step) == (0, CRASH_AFTER):
+                os.kill(os.getpid(), signal.SIGKILL)
+            if scenario == "coordinator":
+                time.sleep(STEP_SECONDS)  # compute: re-attaching takes a few steps
+            if scenario == "coordinator" and epoch == 0 and step in (KILL_AFTER, RESTART_AFTER):
+                if rank == 0:
+                    tell_test("kill" if step == KILL_AFTER else "restart")
+                dist.barrier()
             silent = scenario == "silent" and rank == world - 1
             if not (silent and (epoch > 0 or step > SILENT_AFTER)):
                 sampler.report(sizes[batch].sum() * 1e-6 * slow)
@@ -97,7 +145,7 @@ def main(out_path: str, scenario: str) -> None:
     }
     sent = [None] * world
     dist.all_gather_object(sent, reported)
-    if rank == 0:
+    if rank == 0 and session.coordinator is not None:
         coordinator = session.coordinator
         # Reports are sent without waiting: give the last ones a moment to be taken.
         deadline = time.monotonic() + 10

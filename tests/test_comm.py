@@ -1,11 +1,14 @@
 """The coordinator and its clients over real ZeroMQ sockets on loopback, in one process."""
 
+import threading
+
 import msgpack
 import numpy as np
 import pytest
 import zmq
 from hypothesis import given
 from hypothesis import strategies as st
+from workers import free_ports
 
 from chronica.comm.client import CoordinatorRefused, PlanClient
 from chronica.comm.coordinator import Coordinator
@@ -17,6 +20,7 @@ from chronica.comm.protocol import (
     encode,
     plan_message,
 )
+from chronica.comm.session import DynamicSession
 from chronica.core import ScheduleConfig, Scheduler
 
 
@@ -143,10 +147,10 @@ def test_unreachable_coordinator_falls_back_quickly(scheduler, caplog):
 
 def test_plan_message_round_trip():
     payload = plan_message(
-        7, 2, 16, np.arange(10), np.array([0, 4, 10]), np.ones(2), np.array([3.0, 4.0])
+        7, 99, 2, 16, np.arange(10), np.array([0, 4, 10]), np.ones(2), np.array([3.0, 4.0])
     )
     plan = decode(payload, 1 << 20)["plan"]
-    assert (plan.seq, plan.epoch, plan.first, plan.num_steps) == (7, 2, 16, 2)
+    assert (plan.seq, plan.gen, plan.epoch, plan.first, plan.num_steps) == (7, 99, 2, 16, 2)
     np.testing.assert_array_equal(plan.local(17), np.arange(4, 10))
 
 
@@ -157,11 +161,13 @@ def test_plan_message_round_trip():
         (dict(idx=b"\x00" * 7), "8-byte"),
         (dict(w=np.array([np.inf], "<f8").tobytes()), "finite"),
         (dict(idx=np.array([-1, 0, 1, 2], "<i8").tobytes()), ">= 0"),
+        (dict(gen=0), "'gen'"),
     ],
 )
 def test_malformed_plans_are_refused(fields, match):
     message = dict(
         seq=0,
+        gen=1,
         epoch=0,
         first=0,
         idx=np.arange(4, dtype="<i8").tobytes(),
@@ -180,3 +186,70 @@ def test_decoder_never_fails_other_than_with_protocol_error(blob):
         decode(blob)
     except ProtocolError:
         pass
+
+
+class _Vote:
+    """``agree`` for ranks that are threads of one process: each passes its token and all
+    learn whether every token was the same and positive (what the adapters compute with an
+    all-reduce over their process group)."""
+
+    def __init__(self, ranks: int) -> None:
+        self.barrier = threading.Barrier(ranks)
+        self.tokens = [0] * ranks
+
+    def agree_for(self, rank: int):
+        def agree(token: int) -> bool:
+            self.tokens[rank] = token
+            self.barrier.wait(timeout=30)
+            same = len(set(self.tokens)) == 1 and self.tokens[0] > 0
+            self.barrier.wait(timeout=30)
+            return same
+
+        return agree
+
+
+@pytest.mark.parametrize("coordinators", ["one", "two"])
+def test_ranks_use_a_window_only_if_all_hold_the_same_planning_of_it(coordinators):
+    """Two coordinators plan the same windows differently (each has its own generation, as
+    a restarted coordinator has): ranks served by different ones must not mix their plans,
+    or a step would train some samples twice and others never."""
+    sizes = np.random.default_rng(1).lognormal(5, 1, 600)
+    config = ScheduleConfig(num_replicas=2, batch_size=32, kind="dynamic", variable_batch=True)
+    scheduler = Scheduler(sizes, config)
+    port, other = free_ports(2)[0], free_ports(2)[0]
+    vote = _Vote(2)
+    with Coordinator(scheduler, "127.0.0.1", other) as second:
+        # The second coordinator hears that rank 1 is slow; the first hears nothing.
+        for step in range(scheduler.num_steps()):
+            second.planner.observe(1, step, 1.0, 3.0)
+        sessions: list[DynamicSession] = []
+        got: dict[int, list] = {}
+
+        def run(rank: int) -> None:
+            session = DynamicSession(
+                scheduler,
+                rank,
+                host="127.0.0.1",
+                port=other if rank == 1 and coordinators == "two" else port,
+                agree=vote.agree_for(rank),
+            )
+            sessions.append(session)
+            got[rank] = [(step, indices.tolist()) for step, indices, _ in session.steps(0)]
+
+        threads = [threading.Thread(target=run, args=(rank,)) for rank in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for session in sessions:
+            session.close()
+    static = scheduler.plan_epoch(0)
+    for step in range(static.num_steps):
+        both = sorted(got[0][step][1] + got[1][step][1])
+        assert both == sorted(static.indices[static.bounds[step, 0] : static.bounds[step, -1]])
+    windows = -(-static.num_steps // config.window)
+    for session in sessions:
+        if coordinators == "one":
+            assert session.windows_dynamic == windows
+        else:
+            assert session.windows_static == windows

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from chronica.comm.client import PlanClient
 from chronica.comm.coordinator import Coordinator, resolve_endpoint, resolve_port
 from chronica.comm.protocol import (
+    MAX_GENERATION,
     MAX_REQUEST_BYTES,
     MAX_STEPS,
     MAX_WORLD,
@@ -55,6 +56,7 @@ def _valid(kind):
     """One valid message of each kind, as fields."""
     plan = dict(
         seq=1,
+        gen=12345,
         epoch=0,
         first=0,
         idx=np.arange(6, dtype="<i8").tobytes(),
@@ -77,7 +79,7 @@ FIELDS = {
     "fetch": ("rank", "epoch", "first"),
     "report": ("rank", "epoch", "step", "load", "seconds"),
     "welcome": ("window", "steps"),
-    "plan": ("seq", "epoch", "first", "idx", "off", "w", "load"),
+    "plan": ("seq", "gen", "epoch", "first", "idx", "off", "w", "load"),
     "error": ("code", "msg"),
 }
 INTS = {
@@ -87,6 +89,7 @@ INTS = {
     "first": (0, MAX_STEPS),
     "step": (0, MAX_STEPS),
     "seq": (0, MAX_STEPS),
+    "gen": (1, MAX_GENERATION),
     "window": (1, MAX_STEPS),
     "steps": (0, MAX_STEPS),
 }
@@ -233,7 +236,7 @@ def test_plan_arrays_not_of_whole_8_byte_values_are_refused(name, extra):
     st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=0, max_size=4),
 )
 def test_plans_with_arbitrary_arrays_are_decoded_validly_or_refused(idx, off, w):
-    frame = plan_message(3, 0, 0, np.array(idx, np.int64), np.array(off, np.int64), w, w)
+    frame = plan_message(3, 1, 0, 0, np.array(idx, np.int64), np.array(off, np.int64), w, w)
     _decode_or_refuse(frame, PLAN_BYTES)
 
 

@@ -7,7 +7,14 @@ import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 
-__all__ = ["base_env", "free_port", "free_ports", "run_workers"]
+__all__ = [
+    "base_env",
+    "free_port",
+    "free_ports",
+    "run_workers",
+    "start_workers",
+    "wait_workers",
+]
 
 
 def free_port() -> int:
@@ -39,19 +46,13 @@ def free_ports(count: int) -> list[int]:
     raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
 
 
-def run_workers(
-    commands: Sequence[Sequence[str]],
-    env: Mapping[str, str] | Sequence[Mapping[str, str]],
-    timeout: float,
-) -> list[str]:
-    """Start every command at once and wait for all; returns their combined outputs.
-
-    ``env`` is one environment for all or one per command. Fails the test with the tail of a
-    worker's output when it exits non-zero; kills whatever still runs when time is up, so
-    no worker outlives the test.
-    """
+def start_workers(
+    commands: Sequence[Sequence[str]], env: Mapping[str, str] | Sequence[Mapping[str, str]]
+) -> list[subprocess.Popen]:
+    """Start every command at once, output captured; ``env`` is one environment for all or
+    one per command."""
     envs = [env] * len(commands) if isinstance(env, Mapping) else list(env)
-    procs = [
+    return [
         subprocess.Popen(
             list(cmd),
             env=dict(e),
@@ -61,6 +62,12 @@ def run_workers(
         )
         for cmd, e in zip(commands, envs, strict=True)
     ]
+
+
+def wait_workers(procs: Sequence[subprocess.Popen], timeout: float) -> list[str]:
+    """Wait for every worker; returns their outputs. Fails the test with the tail of a
+    worker's output when it exits non-zero; kills whatever still runs when time is up, so
+    no worker outlives the test."""
     try:
         logs = [p.communicate(timeout=timeout)[0] for p in procs]
     finally:
@@ -70,6 +77,15 @@ def run_workers(
     for p, log in zip(procs, logs, strict=True):
         assert p.returncode == 0, log[-3000:]
     return logs
+
+
+def run_workers(
+    commands: Sequence[Sequence[str]],
+    env: Mapping[str, str] | Sequence[Mapping[str, str]],
+    timeout: float,
+) -> list[str]:
+    """Start every command at once and wait for all (``start_workers``, ``wait_workers``)."""
+    return wait_workers(start_workers(commands, env), timeout)
 
 
 def base_env(root: os.PathLike[str] | str, **extra: str) -> dict[str, str]:

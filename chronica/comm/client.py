@@ -7,9 +7,11 @@ a late start), ``report`` after each step, sent without waiting.
 
 Everything has a time-out. If the coordinator does not answer, ``plan()`` returns ``None``
 (the caller uses the static plan, which holds the same samples at every step), a warning is
-logged once, and the client keeps offering ``hello`` in the background so it re-attaches
-when the coordinator is back. A coordinator that does not know this connection (it was
-restarted) is greeted again and the pending fetches re-sent. A fetch the coordinator
+logged once, and the client offers ``hello`` again at most 4 times a second, whenever it is
+called, so it re-attaches (and reports and prefetches again) as soon as the coordinator
+answers: a coordinator that was only slow, or one restarted on the same port. A
+coordinator that does not know this connection (it was restarted while the rank was not
+looking) is greeted again and the pending fetches re-sent. A fetch the coordinator
 refuses falls back at once, without waiting for the time-out. A coordinator that refuses
 the rank (sizes or configuration differ) raises ``CoordinatorRefused`` at once: that is a
 bug in the job, not a fault. A failed handshake (CURVE keys that do not match) falls back
@@ -45,8 +47,8 @@ __all__ = ["ClientStats", "CoordinatorRefused", "PlanClient"]
 
 logger = logging.getLogger("chronica")
 
-# Retry hello at most this often while the coordinator is unreachable.
-_RETRY_SECONDS = 1.0
+# Retry hello at most this often while detached (a send to no peer fails at once).
+_RETRY_SECONDS = 0.25
 # While connecting, hello is repeated this often: the first may precede the TCP connection.
 _CONNECT_RETRY_SECONDS = 0.1
 # Waits poll in slices this long, so retries and deadlines are honoured.
@@ -123,6 +125,7 @@ class PlanClient:
         self._pending: set[tuple[int, int]] = set()  # fetched, not answered yet
         self._failed: set[tuple[int, int]] = set()  # fetches the coordinator refused
         self._last_seq = -1
+        self._generation = 0  # of the last published plan: sequence numbers restart with it
         self._attached = False
         self._rejoining = False  # said hello again after the coordinator forgot us
         self._warned = False
@@ -177,7 +180,6 @@ class PlanClient:
         self._drain()
         if key not in self._plans:
             if not (self._attached or self._rejoining):
-                self._maybe_reattach()
                 self.stats.fallbacks += 1
                 return None
             self._failed.discard(key)
@@ -209,6 +211,7 @@ class PlanClient:
 
     def report(self, epoch: int, step: int, load: float, seconds: float) -> None:
         """Send this rank's compute ``seconds`` for ``step``; never waits."""
+        self._drain()
         if self._attached:
             self._send(
                 encode(
@@ -275,6 +278,8 @@ class PlanClient:
         if self._monitor is not None:
             for why in self._monitor.failures():
                 self._handshake = why
+        if not (self._attached or self._rejoining):
+            self._maybe_reattach()
         while True:
             try:
                 payload = self._dealer.recv(zmq.NOBLOCK)
@@ -320,6 +325,8 @@ class PlanClient:
             plan: Plan = message["plan"]
             if not fetched:
                 self.stats.published += 1
+                if plan.gen != self._generation:
+                    self._generation, self._last_seq = plan.gen, -1
                 if plan.seq > self._last_seq + 1 and self._last_seq >= 0:
                     self.stats.gaps += plan.seq - self._last_seq - 1
                 self._last_seq = max(self._last_seq, plan.seq)

@@ -25,6 +25,7 @@ import errno
 import ipaddress
 import logging
 import os
+import secrets
 import socket
 import threading
 import time
@@ -37,6 +38,7 @@ import zmq
 
 from chronica.comm.auth import CurveServer, HandshakeMonitor, ZapGate
 from chronica.comm.protocol import (
+    MAX_GENERATION,
     MAX_REQUEST_BYTES,
     MAX_WORLD,
     ProtocolError,
@@ -221,7 +223,9 @@ class Coordinator:
 
     Guarantees: no input from a peer stops the thread or grows memory without bound
     (frames are capped, the peer table is bounded, plans are kept for two epochs); a window
-    is planned at most once, so every rank that receives it receives the same plan.
+    is planned at most once, so every rank that receives it receives the same plan, marked
+    with this coordinator's ``generation`` (random, so a restarted coordinator's plans of the
+    same window are told apart from the first one's).
     """
 
     def __init__(
@@ -258,6 +262,9 @@ class Coordinator:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._seq: dict[tuple[int, int], int] = {}
+        # This coordinator's plans, told apart from those of one it replaces (a restart):
+        # ranks use a window only if they all hold parts of the same planning of it.
+        self.generation = secrets.randbelow(MAX_GENERATION) + 1
         self._newest: int | None = None  # the newest epoch planned
         # Which rank each connection (ROUTER routing id) said hello as, oldest first.
         self._peers: OrderedDict[bytes, int] = OrderedDict()
@@ -629,6 +636,7 @@ class Coordinator:
         offsets = np.concatenate([[0], np.cumsum(ends - starts)])
         return plan_message(
             seq,
+            self.generation,
             plan.epoch,
             plan.first_step,
             indices,

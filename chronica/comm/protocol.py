@@ -36,6 +36,7 @@ import msgpack
 import numpy as np
 
 __all__ = [
+    "MAX_GENERATION",
     "MAX_REQUEST_BYTES",
     "MAX_STEPS",
     "MAX_WORLD",
@@ -52,11 +53,14 @@ __all__ = [
     "topic",
 ]
 
-VERSION = 1
+# 2: plans carry ``gen``, the planning that made them (ranks agree on it before use).
+VERSION = 2
 # Requests (hello, fetch, report) are tiny; anything bigger is refused before unpacking.
 MAX_REQUEST_BYTES = 4096
 MAX_WORLD = 1 << 20
 MAX_STEPS = 1 << 40
+# Plan generations are positive 31-bit ints, so every framework can all-reduce them.
+MAX_GENERATION = (1 << 31) - 1
 # A report is a measurement: nanosecond clocks, steps shorter than eleven days, loads of any
 # sane cost unit. Outside these ranges (0 aside) the time fit's arithmetic under- or
 # overflows and a single report could stall the planner, so such reports are refused.
@@ -81,9 +85,13 @@ class ProtocolError(ValueError):
 @dataclass(frozen=True)
 class Plan:
     """One rank's part of one window: ``indices[offsets[i]:offsets[i+1]]`` at step
-    ``first + i``, with its loss weight and predicted load."""
+    ``first + i``, with its loss weight and predicted load. ``gen`` names the planning that
+    made it: every rank's part of a window planned once carries the same ``gen``, and a
+    restarted coordinator plans under a new one, so ranks holding parts of two different
+    plans of one window can tell before using them."""
 
     seq: int
+    gen: int
     epoch: int
     first: int
     indices: np.ndarray
@@ -127,6 +135,7 @@ def encode(kind: str, **fields: Any) -> bytes:
 
 def plan_message(
     seq: int,
+    gen: int,
     epoch: int,
     first: int,
     indices: np.ndarray,
@@ -138,6 +147,7 @@ def plan_message(
     return encode(
         "plan",
         seq=int(seq),
+        gen=int(gen),
         epoch=int(epoch),
         first=int(first),
         idx=np.ascontiguousarray(indices, "<i8").tobytes(),
@@ -176,7 +186,7 @@ _FIELDS = {
     "fetch": ("rank", "epoch", "first"),
     "report": ("rank", "epoch", "step", "load", "seconds"),
     "welcome": ("window", "steps"),
-    "plan": ("seq", "epoch", "first", "idx", "off", "w", "load"),
+    "plan": ("seq", "gen", "epoch", "first", "idx", "off", "w", "load"),
     "error": ("code", "msg"),
 }
 
@@ -264,6 +274,7 @@ def _plan(message: dict[str, Any]) -> Plan:
         raise ProtocolError("plan weights and loads must be >= 0")
     return Plan(
         seq=_int(message, "seq", 0, MAX_STEPS),
+        gen=_int(message, "gen", 1, MAX_GENERATION),
         epoch=_int(message, "epoch", 0, MAX_STEPS),
         first=_int(message, "first", 0, MAX_STEPS),
         indices=indices,

@@ -7,10 +7,13 @@
 * ``steps(epoch, start)`` yields ``(step, indices, loss_weight)`` for this rank, window by
   window, from the coordinator's plan, or from the static plan when the coordinator does
   not deliver. Both hold the same samples at every step, so coverage stays exactly-once
-  provided *all* ranks take the same source for a window: ``agree(ok) -> bool``, given by
-  the adapter, must return ``True`` only if every rank passed ``True`` (an all-reduce of
-  the minimum over the framework's own process group). Without it a rank decides alone,
-  which is safe unless the coordinator dies while it is sending a window;
+  provided *all* ranks take the same source for a window, and, for the coordinator's, parts
+  of the same planning of it (a restarted coordinator plans a window again, differently).
+  ``agree(token) -> bool``, given by the adapter, must return ``True`` only if every rank
+  passed the same ``token > 0`` (an all-reduce of the minimum and maximum over the
+  framework's own process group); a rank passes its plan's generation, or 0 to fall back.
+  Without it a rank decides alone, which is safe unless the coordinator dies while it is
+  sending a window;
 * ``report(seconds, step)`` sends this rank's own compute time for a step it yielded.
 
 A plan from the coordinator is checked against the static plan before use: each of its
@@ -117,7 +120,7 @@ class DynamicSession:
         host: str | None = None,
         port: int | None = None,
         timeout: float = 10.0,
-        agree: Callable[[bool], bool] | None = None,
+        agree: Callable[[int], bool] | None = None,
     ) -> None:
         if not isinstance(scheduler, Scheduler):
             raise ValueError(f"scheduler must be a chronica Scheduler, not {type(scheduler)}")
@@ -131,7 +134,7 @@ class DynamicSession:
         if not (math.isfinite(timeout) and timeout > 0):
             raise ValueError(f"timeout={timeout!r} must be > 0 seconds and finite")
         if agree is not None and not callable(agree):
-            raise ValueError("agree must be a function (bool -> bool), or None")
+            raise ValueError("agree must be a function (int -> bool), or None")
         self.scheduler = scheduler
         self.rank = rank
         self.window = config.window
@@ -192,7 +195,7 @@ class DynamicSession:
                 plan = None
             use = plan is not None
             if self.agree is not None:
-                use = self.agree(use)
+                use = self.agree(plan.gen if plan is not None else 0)
             if use:
                 self.windows_dynamic += 1
             else:

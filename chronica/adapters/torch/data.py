@@ -103,10 +103,11 @@ def _groups_from_environment(num_replicas: int) -> list[int] | None:
     return [r // size for r in range(num_replicas)]
 
 
-def _agreement(num_replicas: int) -> Callable[[bool], bool] | None:
-    """All ranks' AND over a gloo group of their own, so that every rank takes the same
-    source (coordinator or static plan) for each window. ``None`` without a process group
-    of this world size; then each rank decides alone."""
+def _agreement(num_replicas: int) -> Callable[[int], bool] | None:
+    """Whether all ranks hold the same positive token (a plan generation; 0 for none), over
+    a gloo group of their own, so that every rank takes the same source (the same planning
+    of the window, or the static plan) for each window. ``None`` without a process group of
+    this world size; then each rank decides alone."""
     if num_replicas == 1:
         return None
     if not (dist.is_available() and dist.is_initialized()):
@@ -123,10 +124,12 @@ def _agreement(num_replicas: int) -> Callable[[bool], bool] | None:
         )
     group = dist.new_group(backend="gloo")
 
-    def agree(ok: bool) -> bool:
-        flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
-        return bool(flag.item())
+    def agree(token: int) -> bool:
+        # One all-reduce: the minimum of (token, -token) gives the smallest and largest.
+        both = torch.tensor([token, -token], dtype=torch.int64)
+        dist.all_reduce(both, op=dist.ReduceOp.MIN, group=group)
+        low, high = int(both[0]), -int(both[1])
+        return low == high > 0
 
     return agree
 
