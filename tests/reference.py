@@ -159,3 +159,47 @@ def fill_slack(costs: np.ndarray, bins: list[list[list[int]]], step_tol: float =
         t, q, y, x = best[1]
         bins[t][q][bins[t][q].index(y)] = x
         bins[s][r][bins[s][r].index(x)] = y
+
+
+def weighted_line(loads, times, weights, ridge):
+    """``chronica.core.controller._weighted_line`` in numpy: ``(alpha, beta)`` or ``None``."""
+    sw = weights.sum()
+    sl = (weights * loads).sum()
+    sll = (weights * loads * loads).sum()
+    st = (weights * times).sum()
+    slt = (weights * loads * times).sum()
+    if sll <= 0 or sw <= 0:
+        return None
+    lam = ridge * sw
+    det = (sw + lam) * sll - sl * sl
+    if det > 0:
+        alpha = (st * sll - sl * slt) / det
+        beta = ((sw + lam) * slt - sl * st) / det
+        if alpha >= 0 and beta > 0:
+            return float(alpha), float(beta)
+    beta = slt / sll
+    return (0.0, float(beta)) if beta > 0 else None
+
+
+def robust_line(loads, times, memory, ridge, rounds):
+    """``chronica.core.controller._robust_line`` in numpy: exponentially forgetting weights,
+    then Huber re-weighting rounds; ``(alpha, beta)`` or ``None``."""
+    weights = memory ** np.arange(len(loads) - 1, -1, -1, dtype=np.float64)
+    fit = weighted_line(loads, times, weights, ridge)
+    if fit is None:
+        return None
+    for _ in range(rounds):
+        residual = np.abs(times - (fit[0] + fit[1] * loads))
+        scale = 1.4826 * np.median(residual)
+        if scale <= 0:
+            break
+        huber = np.minimum(1.0, 2.5 * scale / np.maximum(residual, 1e-300))
+        fit = weighted_line(loads, times, weights * huber, ridge) or fit
+    return fit
+
+
+def changed(loads, times, alpha, beta, error):
+    """``chronica.core.controller._changed`` in numpy."""
+    predicted = alpha + beta * loads
+    off = (times - predicted) / np.maximum(predicted, 1e-300)
+    return bool(np.all(off > error) or np.all(off < -error))

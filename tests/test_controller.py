@@ -4,6 +4,7 @@ import itertools
 
 import numpy as np
 import pytest
+import reference
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -12,6 +13,8 @@ from chronica.core.controller import (
     BatchController,
     ControllerOptions,
     RankTimeModel,
+    _changed,
+    _robust_line,
     water_fill,
 )
 from chronica.core.dynamic import DynamicPlanner
@@ -175,3 +178,27 @@ def test_planner_without_feedback_equals_the_static_split():
             np.testing.assert_array_equal(plan.local(step, r), static.local(step, r))
     with pytest.raises(ValueError, match="multiple of window"):
         planner.plan_window(0, 1)
+
+
+@given(
+    st.integers(1, 48),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([0.5, 0.9, 1.0]),
+    st.sampled_from([0.0, 0.01, 1.0]),
+)
+def test_robust_fit_kernels_match_the_numpy_reference(n, seed, memory, ridge):
+    rng = np.random.default_rng(seed)
+    loads = rng.choice([0.0, 50.0, 400.0], n) if seed % 3 == 0 else rng.uniform(0, 1000, n)
+    times = 0.05 + 0.002 * loads * rng.lognormal(0, 0.1, n)
+    times[rng.random(n) < 0.1] *= 6  # outliers
+    ok, alpha, beta = _robust_line(loads, times, memory, ridge, 4)
+    expect = reference.robust_line(loads, times, memory, ridge, 4)
+    assert ok == (expect is not None)
+    if ok:
+        # Summation order differs (sequential here, pairwise in numpy): rounding only.
+        np.testing.assert_allclose([alpha, beta], expect, rtol=1e-9, atol=1e-15)
+        for error in (0.01, 0.15):
+            tail = slice(max(n - 3, 0), n)
+            assert _changed(loads[tail], times[tail], alpha, beta, error) == reference.changed(
+                loads[tail], times[tail], alpha, beta, error
+            )

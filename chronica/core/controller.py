@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 __all__ = ["BatchController", "ControllerOptions", "RankTimeModel", "water_fill"]
 
@@ -123,44 +124,51 @@ class RankTimeModel:
         opts = self.options
         n = int(self._count[rank])
         loads, times = self._loads[rank, :n], self._times[rank, :n]
-        weights = opts.memory ** np.arange(n - 1, -1, -1, dtype=np.float64)
-        fit = _weighted_line(loads, times, weights, opts.ridge)
-        if fit is None:
+        ok, alpha, beta = _robust_line(loads, times, opts.memory, opts.ridge, _HUBER_ROUNDS)
+        if not ok:
             return
-        for _ in range(_HUBER_ROUNDS):
-            residual = np.abs(times - (fit[0] + fit[1] * loads))
-            scale = 1.4826 * np.median(residual)
-            if scale <= 0:
-                break
-            huber = np.minimum(1.0, 2.5 * scale / np.maximum(residual, 1e-300))
-            fit = _weighted_line(loads, times, weights * huber, opts.ridge) or fit
         run = opts.change_run
-        if n > run:
-            predicted = fit[0] + fit[1] * loads[-run:]
-            newest = (times[-run:] - predicted) / np.maximum(predicted, 1e-300)
-            if np.all(newest > opts.change_error) or np.all(newest < -opts.change_error):
-                # The rank changed speed: keep only the reports since the change.
-                self._loads[rank, :run] = loads[-run:]
-                self._times[rank, :run] = times[-run:]
-                self._count[rank] = run
-                self._refit(rank)
-                return
-        self._fit[rank] = fit
+        if n > run and _changed(loads[-run:], times[-run:], alpha, beta, opts.change_error):
+            # The rank changed speed: keep only the reports since the change.
+            self._loads[rank, :run] = loads[-run:]
+            self._times[rank, :run] = times[-run:]
+            self._count[rank] = run
+            self._refit(rank)
+            return
+        self._fit[rank] = alpha, beta
         self._fitted[rank] = True
 
 
+@njit(cache=True)
+def _changed(loads: np.ndarray, times: np.ndarray, alpha: float, beta: float, error: float) -> bool:
+    """Whether every report is off the line ``alpha + beta·load`` by more than ``error``
+    (relative), all on the same side."""
+    above = below = True
+    for i in range(loads.shape[0]):
+        predicted = alpha + beta * loads[i]
+        off = (times[i] - predicted) / max(predicted, 1e-300)
+        above = above and off > error
+        below = below and off < -error
+    return above or below
+
+
+@njit(cache=True)
 def _weighted_line(
     loads: np.ndarray, times: np.ndarray, weights: np.ndarray, ridge: float
-) -> tuple[float, float] | None:
+) -> tuple[bool, float, float]:
     """Weighted least squares ``t = alpha + beta·load`` with ``alpha`` shrunk towards 0;
-    falls back to ``t = beta·load`` when the line would have ``alpha < 0`` or ``beta <= 0``."""
-    sw = weights.sum()
-    sl = (weights * loads).sum()
-    sll = (weights * loads * loads).sum()
-    st = (weights * times).sum()
-    slt = (weights * loads * times).sum()
+    falls back to ``t = beta·load`` when the line would have ``alpha < 0`` or ``beta <= 0``.
+    ``(False, 0, 0)`` when neither fits."""
+    sw = sl = sll = st = slt = 0.0
+    for i in range(loads.shape[0]):
+        w, x, t = weights[i], loads[i], times[i]
+        sw += w
+        sl += w * x
+        sll += w * x * x
+        st += w * t
+        slt += w * x * t
     if sll <= 0 or sw <= 0:
-        return None
+        return False, 0.0, 0.0
     # Relative to the total weight, the ridge outweighs the data on alpha only while the
     # loads' spread is small; then alpha goes to 0 and beta to the mean time per load.
     lam = ridge * sw
@@ -169,9 +177,40 @@ def _weighted_line(
         alpha = (st * sll - sl * slt) / det
         beta = ((sw + lam) * slt - sl * st) / det
         if alpha >= 0 and beta > 0:
-            return float(alpha), float(beta)
+            return True, alpha, beta
     beta = slt / sll
-    return (0.0, float(beta)) if beta > 0 else None
+    if beta > 0:
+        return True, 0.0, beta
+    return False, 0.0, 0.0
+
+
+@njit(cache=True)
+def _robust_line(
+    loads: np.ndarray, times: np.ndarray, memory: float, ridge: float, rounds: int
+) -> tuple[bool, float, float]:
+    """``_weighted_line`` with weights ``memory ** age`` (newest report last, age 0), then
+    ``rounds`` Huber re-weightings (residuals beyond 2.5 robust scales count less)."""
+    n = loads.shape[0]
+    weights = np.empty(n)
+    for i in range(n):
+        weights[i] = memory ** (n - 1 - i)
+    ok, alpha, beta = _weighted_line(loads, times, weights, ridge)
+    if not ok:
+        return False, 0.0, 0.0
+    residual = np.empty(n)
+    robust = np.empty(n)
+    for _ in range(rounds):
+        for i in range(n):
+            residual[i] = abs(times[i] - (alpha + beta * loads[i]))
+        scale = 1.4826 * np.median(residual)
+        if scale <= 0:
+            break
+        for i in range(n):
+            robust[i] = weights[i] * min(1.0, 2.5 * scale / max(residual[i], 1e-300))
+        refit, a, b = _weighted_line(loads, times, robust, ridge)
+        if refit:
+            alpha, beta = a, b
+    return True, alpha, beta
 
 
 def water_fill(
