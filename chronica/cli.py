@@ -47,6 +47,12 @@ def _run_demo(args: list[str]) -> int:
     return int(demo_main(args) or 0)
 
 
+def _run_simulate(args: list[str]) -> int:
+    from chronica.sim.cli import main as simulate_main
+
+    return int(simulate_main(args) or 0)
+
+
 def _run_coordinator(args: list[str]) -> int:
     from chronica.comm.standalone import main as coordinator_main
 
@@ -67,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
         add_help=False,
     )
     sub.add_parser(
+        "simulate",
+        help="simulate W ranks: chronica's scheduler vs torch's sampler, step times",
+        add_help=False,
+    )
+    sub.add_parser(
         "bench", help="run the benchmarks and regenerate docs/benchmarks.md", add_help=False
     )
     sub.add_parser(
@@ -76,7 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args, rest = parser.parse_known_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(name)s %(levelname)s %(message)s")
-    runners = {"demo": _run_demo, "bench": _run_bench, "coordinator": _run_coordinator}
+    runners = {
+        "demo": _run_demo,
+        "simulate": _run_simulate,
+        "bench": _run_bench,
+        "coordinator": _run_coordinator,
+    }
     return runners[args.command](rest)
 
 

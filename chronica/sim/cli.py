@@ -1,0 +1,213 @@
+"""``chronica simulate``: compare chronica's configurations with torch's sampler on a
+simulated cluster (see ``docs/simulate.md``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chronica.sim.engine import DEFAULT_STRATEGIES, SimOptions, SimulationResult, simulate
+from chronica.sim.report import format_table, plot
+from chronica.sim.sizes import SizeDistribution, read_sizes, resample
+from chronica.sim.speeds import PROFILE_HELP
+from chronica.sim.timing import ALGORITHMS, AllReduceModel, ComputeModel
+
+__all__ = ["build_parser", "main", "options_from_args", "sizes_from_args"]
+
+logger = logging.getLogger("chronica.sim")
+
+DEFAULT_SAMPLES = 100_000
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``chronica simulate`` argument parser."""
+    p = argparse.ArgumentParser(
+        prog="chronica simulate",
+        description="Discrete-event simulation of synchronous data-parallel training: "
+        "chronica's real scheduler against torch's DistributedSampler and length-grouped "
+        "batching, on W simulated ranks.",
+    )
+    data = p.add_argument_group("data")
+    data.add_argument(
+        "--sizes",
+        metavar="FILE",
+        help="sizes file: text (one per line), .npy, .csv or .parquet (with --column)",
+    )
+    data.add_argument("--column", metavar="NAME", help="column of a .csv/.parquet --sizes file")
+    data.add_argument(
+        "--dist",
+        default="lognormal:5:1",
+        metavar="SPEC",
+        help="without --sizes: lognormal[:MU[:SIGMA]], uniform[:LOW[:HIGH]] or "
+        "bimodal[:SHORT[:LONG[:FRACTION_LONG]]] (default lognormal:5:1)",
+    )
+    data.add_argument(
+        "--samples",
+        type=int,
+        metavar="N",
+        help=f"samples: drawn from --dist (default {DEFAULT_SAMPLES:,}), or "
+        "resampled with replacement from --sizes (default: the file as it is)",
+    )
+    run = p.add_argument_group("training")
+    run.add_argument("--world", type=int, default=8, help="ranks (1..4096, default 8)")
+    run.add_argument("--batch-size", type=int, help="global batch (default 16 per rank)")
+    run.add_argument("--epochs", type=int, default=1, help="epochs (default 1)")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument(
+        "--cost",
+        default="linear",
+        help="linear, quadratic, or A,B,C for A + B*s + C*s^2 (default linear)",
+    )
+    run.add_argument("--speeds", default="constant", help=PROFILE_HELP)
+    run.add_argument(
+        "--config",
+        action="append",
+        metavar="SPEC",
+        help="a configuration, repeatable: torch, length-grouped, static, pool, "
+        "guided or dynamic, then ,key=value options (e.g. dynamic,window=8; "
+        "static,shuffle=partial,q=0.1); default: " + " ".join(DEFAULT_STRATEGIES),
+    )
+    run.add_argument(
+        "--ranks-per-node",
+        type=int,
+        metavar="G",
+        help="group ranks into nodes of G (data movement, local/partial shuffles)",
+    )
+    time_model = p.add_argument_group("time model")
+    time_model.add_argument(
+        "--seconds-per-cost",
+        type=float,
+        default=2.5e-5,
+        help="compute seconds per unit of cost (default 2.5e-5)",
+    )
+    time_model.add_argument(
+        "--fixed",
+        type=float,
+        default=0.0,
+        help="compute seconds per step whatever the load (default 0)",
+    )
+    time_model.add_argument(
+        "--overhead",
+        type=float,
+        default=0.0,
+        help="seconds per step outside compute and all-reduce (default 0)",
+    )
+    time_model.add_argument(
+        "--noise",
+        type=float,
+        default=0.0,
+        help="sigma of lognormal noise on every compute time (default 0)",
+    )
+    time_model.add_argument("--allreduce", choices=ALGORITHMS, default="ring")
+    time_model.add_argument(
+        "--latency", type=float, default=5e-6, help="seconds per all-reduce hop (default 5e-6)"
+    )
+    time_model.add_argument(
+        "--bandwidth",
+        type=float,
+        default=12.5e9,
+        help="bytes per second per link (default 12.5e9: 100 Gbit/s)",
+    )
+    time_model.add_argument(
+        "--grad-bytes",
+        type=float,
+        default=1e8,
+        help="gradient bytes all-reduced per step (default 1e8)",
+    )
+    out = p.add_argument_group("output")
+    out.add_argument("--plot", metavar="PNG", help="write the comparison plot here")
+    out.add_argument(
+        "--out-dir", metavar="DIR", help="write simulate.png and simulate.json into DIR"
+    )
+    out.add_argument("--json", metavar="PATH", help="write the results as JSON ('-': stdout)")
+    out.add_argument("--quiet", action="store_true", help="no progress bar, no table")
+    return p
+
+
+def sizes_from_args(args: argparse.Namespace) -> np.ndarray:
+    """The sizes the arguments name: ``--sizes`` (resampled to ``--samples``) or ``--dist``."""
+    if args.sizes:
+        sizes = read_sizes(args.sizes, args.column)
+        return sizes if args.samples is None else resample(sizes, args.samples, args.seed)
+    if args.column:
+        raise ValueError("--column needs --sizes FILE (a .csv or .parquet file)")
+    samples = DEFAULT_SAMPLES if args.samples is None else args.samples
+    return SizeDistribution.parse(args.dist).draw(samples, args.seed)
+
+
+def options_from_args(args: argparse.Namespace) -> SimOptions:
+    """``SimOptions`` from the parsed arguments (validated; errors name the flag)."""
+    return SimOptions(
+        world=args.world,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        seed=args.seed,
+        cost=_cost(args.cost),
+        speeds=args.speeds,
+        compute=ComputeModel(args.seconds_per_cost, args.fixed, args.overhead, args.noise),
+        allreduce=AllReduceModel(args.latency, args.bandwidth, args.grad_bytes, args.allreduce),
+        strategies=tuple(args.config or DEFAULT_STRATEGIES),
+        ranks_per_node=args.ranks_per_node,
+    )
+
+
+def _cost(text: str) -> Any:
+    if "," not in text:
+        return text
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(
+            f"--cost {text!r}: give linear, quadratic or three numbers A,B,C"
+        ) from None
+
+
+def _write(result: SimulationResult, args: argparse.Namespace) -> list[str]:
+    written = []
+    payload = json.dumps(result.to_dict(), indent=1)
+    if args.json == "-":
+        print(payload)
+    elif args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(payload)
+        written.append(args.json)
+    if args.out_dir:
+        folder = Path(args.out_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "simulate.json").write_text(payload)
+        written += [str(folder / "simulate.json"), str(plot(result, folder / "simulate.png"))]
+    if args.plot:
+        written.append(str(plot(result, args.plot)))
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``chronica simulate [options]``; print the table; return the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    try:
+        options = options_from_args(args)
+        sizes = sizes_from_args(args)
+        result = simulate(sizes, options, progress=False if args.quiet else None)
+        written = _write(result, args)
+    except (OSError, ValueError) as exc:
+        print(f"chronica simulate: error: {exc}", file=sys.stderr)
+        return 2
+    if not args.quiet and args.json != "-":
+        print(format_table(result))
+        for path in written:
+            print(f"-> {path}")
+    logger.info("chronica simulate took %.1f s", time.perf_counter() - started)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
