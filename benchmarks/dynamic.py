@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing as mp
+import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import zmq
 from peers import omnilearn_batches
 
 from chronica.comm.client import PlanClient
@@ -329,15 +331,16 @@ class _TimedClient(PlanClient):
         super()._send(payload)
 
     def idle(self, until: float) -> None:
-        """Emulated compute until ``until``; what arrives meanwhile is read at once."""
-        while self._wait(until):
-            pass
+        """Emulated compute until ``until``; what arrives meanwhile is read at once (one
+        wake-up per arrival: hundreds of ranks share a process's interpreter here)."""
+        while (left := until - _clock()) > 0:
+            if self._poller.poll(max(1, int(1e3 * left))):
+                self._drain()
 
 
-def _rank_loop(
-    client: _TimedClient, epochs: int, steps: int, window: int, t0: float, record: dict
-) -> None:
+def _rank_loop(client: _TimedClient, spec: dict[str, Any], t0: float, record: dict) -> None:
     """What ``DynamicSession.steps`` and ``report`` do with the client, step by step."""
+    epochs, steps, window = spec["epochs"], spec["steps"], spec["window"]
     tick = 0
     for epoch in range(epochs):
         for first in range(0, steps, window):
@@ -349,7 +352,7 @@ def _rank_loop(
                 if step == first + window // 2 and stop < steps:
                     client.prefetch(epoch, stop)
                 tick += 1
-                client.idle(t0 + tick * STEP_SECONDS)
+                client.idle(t0 + tick * spec["step_seconds"])
                 load = float(plan.loads[step - first]) if plan is not None else 1.0
                 # Equal ranks: compute time proportional to the load, with a little jitter.
                 seconds = load * 1e-5 * (1.0 + 0.02 * np.sin(client.rank + step))
@@ -371,6 +374,10 @@ def _client_process(
 ) -> None:
     """Ranks ``ranks`` as threads of one process: connect, wait for the start, run, report."""
     host, port, pub = endpoint
+    # Each client holds a DEALER, a SUB and, until welcomed, two monitor sockets; ZeroMQ's
+    # default context allows 1023 sockets in all.
+    context = zmq.Context()
+    context.set(zmq.MAX_SOCKETS, 4 * len(ranks) + 64)
     clients = [
         _TimedClient(
             rank,
@@ -381,6 +388,7 @@ def _client_process(
             pub_port=pub,
             timeout=spec["timeout"],
             max_plan_bytes=spec["max_plan_bytes"],
+            context=context,
         )
         for rank in ranks
     ]
@@ -394,7 +402,7 @@ def _client_process(
         threads = [
             threading.Thread(
                 target=_rank_loop,
-                args=(c, spec["epochs"], spec["steps"], spec["window"], t0, records[c.rank]),
+                args=(c, spec, t0, records[c.rank]),
                 daemon=True,
             )
             for c in clients
@@ -415,6 +423,7 @@ def _client_process(
     finally:
         for c in clients:
             c.close()
+        context.term()
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
@@ -427,7 +436,44 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
-def _delivery(world: int, epochs: int, steps: int) -> dict[str, Any]:
+class _MemorySampler(threading.Thread):
+    """This process's resident memory (the coordinator's: the ranks run elsewhere), sampled
+    every ``every`` seconds until stopped."""
+
+    def __init__(self, every: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.every = every
+        self.samples: list[tuple[float, float]] = []  # (seconds since start, MiB)
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        t0 = _clock()
+        while not self._stop_event.is_set():
+            with open("/proc/self/statm") as f:
+                pages = int(f.read().split()[1])
+            self.samples.append((_clock() - t0, pages * os.sysconf("SC_PAGE_SIZE") / 2**20))
+            self._stop_event.wait(self.every)
+
+    def stop(self) -> dict[str, Any]:
+        """Stop; the samples, and the growth over the second half of the run."""
+        self._stop_event.set()
+        self.join()
+        t, mib = np.asarray(self.samples).T
+        late = t >= t[-1] / 2
+        slope = np.polyfit(t[late], mib[late], 1)[0] if late.sum() > 2 else float("nan")
+        return {
+            "samples": [[round(a, 2), round(b, 2)] for a, b in self.samples],
+            "start_mib": float(mib[0]),
+            "half_mib": float(mib[late][0]),
+            "end_mib": float(mib[-1]),
+            "peak_mib": float(mib.max()),
+            "second_half_mib_per_min": float(60 * slope),
+        }
+
+
+def _delivery(
+    world: int, epochs: int, steps: int, step_seconds: float = STEP_SECONDS
+) -> dict[str, Any]:
     started = time.perf_counter()
     batch = PER_RANK * world
     sizes = np.random.default_rng(world).lognormal(5, 1, batch * steps)
@@ -446,15 +492,18 @@ def _delivery(world: int, epochs: int, steps: int) -> dict[str, Any]:
         "epochs": epochs,
         "steps": steps,
         "window": DELIVERY_WINDOW,
+        "step_seconds": step_seconds,
         "timeout": 5.0,
         "max_plan_bytes": 1024 + DELIVERY_WINDOW * (16 * high + 64),
-        "deadline": epochs * steps * STEP_SECONDS + 30.0,
+        "deadline": epochs * steps * step_seconds + 60.0,
     }
     ctx = mp.get_context("spawn")
     ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     start_at = ctx.Value("d", 0.0)
     groups = [list(range(world))[i::CLIENT_PROCESSES] for i in range(CLIENT_PROCESSES)]
     coordinator = _TimedCoordinator(scheduler, "127.0.0.1", 0).start()
+    memory = _MemorySampler()
+    memory_figures: dict[str, Any] = {}
     records: dict[int, dict] = {}
     processes = []
     try:
@@ -472,9 +521,12 @@ def _delivery(world: int, epochs: int, steps: int) -> dict[str, Any]:
             raise RuntimeError(f"W={world}: a client did not connect to the coordinator")
         start_at.value = _clock() + 0.5
         go.set()
+        memory.start()
         for _ in processes:
             records.update(out.get(timeout=spec["deadline"] + 30))
     finally:
+        if memory.is_alive():
+            memory_figures = memory.stop()
         for process in processes:
             process.join(10)
             if process.is_alive():
@@ -514,7 +566,7 @@ def _delivery(world: int, epochs: int, steps: int) -> dict[str, Any]:
         "window": DELIVERY_WINDOW,
         "epochs": epochs,
         "steps_per_epoch": steps,
-        "step_seconds": STEP_SECONDS,
+        "step_seconds": step_seconds,
         "client_processes": CLIENT_PROCESSES,
         "publish_to_rank": _percentiles(publish),
         "request_to_rank": _percentiles(requested),
@@ -545,6 +597,7 @@ def _delivery(world: int, epochs: int, steps: int) -> dict[str, Any]:
             "fetches": coordinator.stats.fetches,
             "rejected": coordinator.stats.rejected,
         },
+        "memory": memory_figures,
         "seconds": time.perf_counter() - started,
     }
 

@@ -1,6 +1,7 @@
 """The coordinator and its clients over real ZeroMQ sockets on loopback, in one process."""
 
 import threading
+import time
 
 import msgpack
 import numpy as np
@@ -253,3 +254,25 @@ def test_ranks_use_a_window_only_if_all_hold_the_same_planning_of_it(coordinator
             assert session.windows_dynamic == windows
         else:
             assert session.windows_static == windows
+
+
+def test_fetch_ahead_must_be_a_bool():
+    assert decode(encode("fetch", rank=0, epoch=0, first=0, ahead=True))["ahead"] is True
+    with pytest.raises(ProtocolError, match="'ahead'"):
+        decode(encode("fetch", rank=0, epoch=0, first=0, ahead=1))
+
+
+def test_a_prefetch_published_since_hello_is_served_by_pub_alone(scheduler):
+    with Coordinator(scheduler, port=0) as coordinator:
+        client = _client(coordinator, scheduler, 0)
+        assert client.connect()
+        assert client.plan(0, 0) is not None  # asked for: answered directly
+        deadline = time.monotonic() + 5
+        while client.stats.published < 2 and client._wait(deadline):
+            pass  # the window after it, planned at once, arrives by PUB
+        client.prefetch(0, 8)  # planned now, after this rank's hello: the PUB copy answers
+        while client.stats.published < 3 and client._wait(deadline):
+            pass
+        assert client.plan(0, 4) is not None and client.plan(0, 8) is not None
+        assert client.stats.fetched == 1 and coordinator.stats.prefetches_by_pub == 1
+        client.close()

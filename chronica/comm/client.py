@@ -207,7 +207,7 @@ class PlanClient:
         """Ask for a window without waiting (the answer is read on a later call)."""
         self._drain()
         if self._attached and (epoch, first) not in self._plans:
-            self._fetch((epoch, first))
+            self._fetch((epoch, first), ahead=True)
 
     def report(self, epoch: int, step: int, load: float, seconds: float) -> None:
         """Send this rank's compute ``seconds`` for ``step``; never waits."""
@@ -237,9 +237,10 @@ class PlanClient:
         self._last_hello = time.monotonic()
         self._send(encode("hello", rank=self.rank, world=self.world, digest=self.digest))
 
-    def _fetch(self, key: tuple[int, int]) -> None:
+    def _fetch(self, key: tuple[int, int], ahead: bool = False) -> None:
         self._pending.add(key)
-        self._send(encode("fetch", rank=self.rank, epoch=key[0], first=key[1]))
+        fields = {"ahead": True} if ahead else {}
+        self._send(encode("fetch", rank=self.rank, epoch=key[0], first=key[1], **fields))
 
     def _maybe_reattach(self) -> None:
         if time.monotonic() - self._last_hello > _RETRY_SECONDS:

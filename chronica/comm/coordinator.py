@@ -168,7 +168,8 @@ class CoordinatorStats:
     ``error`` answer (``protocol``, ``frames``, ``hello``, ``stale``, ``digest``, ``world``,
     ``internal``). ``handshake_failures`` counts connections that failed the ZeroMQ or CURVE
     handshake (they never reach the message count), ``refused_keys`` the CURVE keys the
-    allow-list turned away, ``duplicate_hellos`` a rank saying hello on a second connection.
+    allow-list turned away, ``duplicate_hellos`` a rank saying hello on a second connection,
+    ``prefetches_by_pub`` the prefetches left to the PUB copy of a window (see ``_fetch``).
     """
 
     hellos: int = 0
@@ -182,6 +183,7 @@ class CoordinatorStats:
     handshake_failures: int = 0
     refused_keys: int = 0
     duplicate_hellos: int = 0
+    prefetches_by_pub: int = 0
 
 
 class _Throttle:
@@ -269,6 +271,9 @@ class Coordinator:
         # Which rank each connection (ROUTER routing id) said hello as, oldest first.
         self._peers: OrderedDict[bytes, int] = OrderedDict()
         self._holder: dict[int, bytes] = {}
+        # Windows published before each connection's hello (their count then): a later one
+        # reached its SUB socket, so a prefetch of it needs no second copy.
+        self._joined: dict[bytes, int] = {}
         self._max_peers = 2 * world + 64
         self._throttle = _Throttle()
         self._traceback_logged = False
@@ -548,8 +553,10 @@ class Coordinator:
         self._peers[identity] = rank
         self._peers.move_to_end(identity)
         self._holder[rank] = identity
+        self._joined[identity] = self.stats.windows
         while len(self._peers) > self._max_peers:
             old, old_rank = self._peers.popitem(last=False)
+            del self._joined[old]
             if self._holder.get(old_rank) == old:
                 del self._holder[old_rank]
         self.stats.hellos += 1
@@ -566,13 +573,17 @@ class Coordinator:
         self._peer_rank(identity, rank)
         plan = self._ensure(epoch, first)
         self.stats.fetches += 1
-        assert self._router is not None
-        try:
-            self._router.send_multipart(
-                [identity, self._part(plan, rank, self._seq[(epoch, first)])], zmq.NOBLOCK
-            )
-        except zmq.ZMQError:
-            pass
+        seq = self._seq[(epoch, first)]
+        if message.get("ahead") and seq >= self._joined[identity]:
+            # Published since this rank's hello: its copy is on the way by PUB (if PUB lost
+            # it, the rank fetches again when it needs the window, and is answered).
+            self.stats.prefetches_by_pub += 1
+        else:
+            assert self._router is not None
+            try:
+                self._router.send_multipart([identity, self._part(plan, rank, seq)], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
         self._plan_ahead(epoch, first)
 
     def _report(self, identity: bytes, message: dict[str, Any]) -> None:

@@ -10,6 +10,8 @@ Ranks send on a DEALER socket to the coordinator's ROUTER:
 
 ``hello``   rank, world, digest (sizes + configuration)    -> ``welcome`` or ``error``
 ``fetch``   rank, epoch, first (a window's first step)      -> ``plan`` or ``error``
+            [ahead: a prefetch; if the window is published after this connection's hello,
+            the PUB copy answers it]
 ``report``  rank, epoch, step, load, seconds                (an ``error`` only if refused)
 
 A connection must say ``hello`` before it fetches or reports. An ``error`` carries a
@@ -238,6 +240,8 @@ def _validate(kind: str, message: dict[str, Any]) -> None:
     elif kind == "fetch":
         _int(message, "epoch", 0, MAX_STEPS)
         _int(message, "first", 0, MAX_STEPS)
+        if type(message.get("ahead", False)) is not bool:
+            raise ProtocolError(f"field 'ahead'={message['ahead']!r} must be a bool")
     elif kind == "report":
         _int(message, "epoch", 0, MAX_STEPS)
         _int(message, "step", 0, MAX_STEPS)
