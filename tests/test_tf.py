@@ -282,3 +282,13 @@ def test_tf_multiworker_example_runs():
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "epoch 1: mean loss" in out.stdout and "tf multiworker: done" in out.stdout
+
+
+def test_dynamic_kind_is_refused_not_planned_statically():
+    ds = tf.data.Dataset.from_tensor_slices({"tokens": tf.ragged.constant([[1], [1, 2]])})
+    with pytest.raises(ValueError, match=r"kind='dynamic' is not available for tf\.data"):
+        ds.apply(
+            chronica.tf.schedule(
+                sizes=[1, 2], global_batch_size=2, num_replicas=1, rank=0, kind="dynamic"
+            )
+        )

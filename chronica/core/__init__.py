@@ -4,6 +4,7 @@ Imports numpy and numba only; no I/O, no deep-learning framework, no transport.
 """
 
 from chronica.core.accounting import LabelSkew, Movement, label_skew, movement
+from chronica.core.controller import ControllerOptions
 from chronica.core.cost import CostModel, as_cost_model
 from chronica.core.plan import EpochPlan, PlanStats
 from chronica.core.scheduler import KINDS, ScheduleConfig, Scheduler
@@ -13,6 +14,7 @@ from chronica.core.sizes import resolve_sizes, sizes_digest, validate_sizes
 __all__ = [
     "KINDS",
     "POLICIES",
+    "ControllerOptions",
     "CostModel",
     "EpochPlan",
     "LabelSkew",

@@ -198,6 +198,13 @@ class Schedule:
         self.epochs = 1 if epochs is None else _check_int("epochs", epochs, 1)
         self.epoch = _check_int("epoch", epoch, 0)
         self.padded = bool(padded)
+        if kind == "dynamic":
+            raise ValueError(
+                "kind='dynamic' is not available for tf.data yet: the pipeline is planned "
+                "ahead of training and takes no per-step timing back; use kind='static' "
+                "(balanced by predicted cost) or 'guided', or chronica's torch samplers for "
+                "dynamic re-balancing"
+            )
         self.config = ScheduleConfig(
             num_replicas=self.num_replicas,
             batch_size=self.global_batch_size,

@@ -424,11 +424,13 @@ class DistributedSampler(_ScheduledSampler, Sampler[int]):
     (``drop_last=True``). Equal arguments give identical indices in every process.
 
     Args beyond torch's: ``batch_size`` (global batch, a multiple of ``num_replicas``;
-    without it no balancing happens), ``kind`` (``"static"`` or ``"guided"``), ``exact``
-    (``False``: pool balancing, which changes step composition), ``sizes`` (one number per
-    sample; otherwise read from the data set), ``cost`` (``"linear"``, ``"quadratic"`` or a
-    ``CostModel``). ``shuffle`` also takes a policy name (``"global"``, ``"local"``,
-    ``"block"``, ``"stratified"``, ``"none"``) or a ``ShufflePolicy`` (e.g.
+    without it no balancing happens), ``kind`` (``"static"``, ``"guided"`` or ``"dynamic"``:
+    re-balanced from measured times by the coordinator; ``window``, ``port`` and
+    ``timeout`` go with it), ``exact`` (``False``: pool balancing, which changes step
+    composition), ``sizes`` (one number per sample; otherwise read from the data set),
+    ``cost`` (``"linear"``, ``"quadratic"`` or a ``CostModel``). ``shuffle`` also takes a
+    policy name (``"global"``, ``"local"``, ``"block"``, ``"stratified"``, ``"none"``) or a
+    ``ShufflePolicy`` (e.g.
     ``ShufflePolicy.partial(q=0.1)``); ``groups`` (node id per rank, default from
     ``LOCAL_WORLD_SIZE`` for partitioned policies), ``partitions`` (index list per node) and
     ``labels`` (for ``stratified`` and ``label_skew``) go with them.
