@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -38,8 +39,9 @@ class EpochPlan:
         """Samples per (step, rank), shape ``(steps, W)``."""
         return np.diff(self.bounds, axis=1)
 
-    @property
+    @cached_property
     def loss_weights(self) -> np.ndarray:
+        # Cached: adapters read one entry per step and rank.
         return _loss_weights(self.bounds, self.num_replicas)
 
     def local(self, step: int, rank: int) -> np.ndarray:
@@ -90,8 +92,9 @@ class WindowPlan:
         """Samples per (step of the window, rank)."""
         return np.diff(self.bounds, axis=1)
 
-    @property
+    @cached_property
     def loss_weights(self) -> np.ndarray:
+        # Cached: the coordinator reads one column per rank, W times per window.
         return _loss_weights(self.bounds, self.num_replicas)
 
     def local(self, step: int, rank: int) -> np.ndarray:
