@@ -1,11 +1,11 @@
 """Gradient-priority communication scheduling on a real bandwidth-limited link.
 
 Two PyTorch ranks (gloo, one compute thread each) run in two network namespaces joined by a
-veth pair shaped with ``tc`` (``benchmarks/netns.sh``): unshaped (fast), 400 Mbit/s and, in
-full mode, 1 Gbit/s and 100 Mbit/s. Two models: ``vgg`` (small convolutions first, fully
-connected layers holding 96% of the parameters last) and ``mlp`` (equal layers: a balanced
-control). For each, the median iteration time (step to step on rank 0, over measured steps, then the
-median over repeats) of:
+veth pair shaped with ``tc`` (``benchmarks/netns.sh``): unshaped (fast), 1 Gbit/s, 400 Mbit/s
+and 100 Mbit/s (quick mode: 400 Mbit/s and ``vgg`` only, fewer steps, one repeat). Two
+models: ``vgg`` (small convolutions first, fully connected layers holding 96% of the
+parameters last) and ``mlp`` (equal layers: a balanced control). For each, the median
+iteration time (step to step on rank 0, over measured steps, then the median over repeats) of:
 
 - ``no overlap``: backward, one all-reduce of all gradients, optimizer step;
 - ``DDP``: ``torch.nn.parallel.DistributedDataParallel`` with its default buckets;
@@ -17,8 +17,8 @@ median over repeats) of:
 
 Beside them, in the same run: ``compute`` (forward+backward+update, no communication),
 ``comm`` (one all-reduce of all gradient bytes, no compute) and the bound
-``max(compute, comm)``. Needs root for the namespaces; without it, runs on unshaped loopback
-and says so.
+``max(compute, comm)``. Needs root for the namespaces (in both modes); without it, runs on
+unshaped loopback only and says so.
 
 Run alone: ``sudo PYTHONPATH=. python benchmarks/gradsched.py [--quick]``.
 """
@@ -102,7 +102,8 @@ def _worker(args: argparse.Namespace) -> None:
     )
     steps, warm, repeats = args.steps, 4, args.repeats
     out: dict = {}
-    for name, batch in MODELS.items():
+    for name in args.models.split(","):
+        batch = MODELS[name]
         g = torch.Generator().manual_seed(args.rank)
         shape = (batch, 3, 32, 32) if name == "vgg" else (batch, 512)
         x, y = torch.randn(*shape, generator=g), torch.randint(0, 10, (batch,), generator=g)
@@ -195,7 +196,9 @@ def _netns(*args: str) -> bool:
         return False
 
 
-def _pair(rate: str | None, steps: int, repeats: int, use_netns: bool) -> dict:
+def _pair(
+    rate: str | None, steps: int, repeats: int, use_netns: bool, models: tuple[str, ...]
+) -> dict:
     """Run both ranks (in the namespaces if ``use_netns``) and return rank 0's report."""
     port = 29400 if use_netns else _free_port()
     addr = ADDRS[0] if use_netns else "127.0.0.1"
@@ -206,7 +209,7 @@ def _pair(rate: str | None, steps: int, repeats: int, use_netns: bool) -> dict:
         for rank in range(2):
             cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", f"--rank={rank}"]
             cmd += [f"--addr={addr}", f"--port={port}", f"--out={out}"]
-            cmd += [f"--steps={steps}", f"--repeats={repeats}"]
+            cmd += [f"--steps={steps}", f"--repeats={repeats}", f"--models={','.join(models)}"]
             rank_env = env
             if use_netns:
                 cmd = ["bash", str(NETNS), "exec", str(rank), *cmd]
@@ -230,9 +233,15 @@ def run(quick: bool) -> dict:
     from common import machine_info
 
     # 400 Mbit/s puts vgg's communication near its computation on this class of machine.
-    rates: list[str | None] = [None, "400mbit"] if quick else [None, "1gbit", "400mbit", "100mbit"]
-    steps, repeats = (10, 2) if quick else (15, 3)
+    # Quick mode (part of `chronica bench --quick`, under 5 minutes for every benchmark on 2
+    # cores) runs one link (the shaped 400 Mbit/s one with namespaces, else loopback) and
+    # the vgg model only (mlp is the balanced control).
+    rates: list[str | None] = ["400mbit"] if quick else [None, "1gbit", "400mbit", "100mbit"]
+    steps, repeats = (8, 1) if quick else (15, 3)
+    models = ("vgg",) if quick else tuple(MODELS)
     use_netns = os.geteuid() == 0 and _netns("down")
+    if quick and not use_netns:
+        rates = [None]
     links = []
     for rate in rates:
         if rate is not None and not use_netns:
@@ -240,17 +249,18 @@ def run(quick: bool) -> dict:
         if use_netns and not _netns("up", rate or "100gbit"):
             raise RuntimeError(f"benchmarks/netns.sh up {rate} failed")
         try:
-            models = _pair(rate, steps, repeats, use_netns)
+            measured = _pair(rate, steps, repeats, use_netns, models)
         finally:
             if use_netns:
                 _netns("down")
         label = rate or ("unshaped veth" if use_netns else "loopback (not root: no netns)")
-        links.append({"link": label, "rate": rate, "models": models})
+        links.append({"link": label, "rate": rate, "models": measured})
     return {
         "machine": machine_info(),
         "quick": quick,
         "steps": steps,
         "repeats": repeats,
+        "models": list(models),
         "command": "sudo PYTHONPATH=. python benchmarks/gradsched.py" + (" --quick" * quick),
         "links": links,
     }
@@ -390,6 +400,7 @@ def main() -> None:
     parser.add_argument("--out", default="", help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, default=10, help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=2, help=argparse.SUPPRESS)
+    parser.add_argument("--models", default=",".join(MODELS), help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="also write the raw result here")
     args = parser.parse_args()
     if args.worker:
