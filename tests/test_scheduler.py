@@ -1,4 +1,5 @@
 import hashlib
+import io
 import subprocess
 import sys
 from collections import Counter
@@ -9,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chronica.core import ScheduleConfig, Scheduler
+from chronica.progress import plan_epoch
 
 MODES = [("static", True), ("static", False), ("guided", True)]
 
@@ -177,3 +179,31 @@ def test_bad_epoch():
     sch = Scheduler(np.ones(4), ScheduleConfig(2, 2))
     with pytest.raises(ValueError, match="epoch"):
         sch.plan_epoch(-1)
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"exact": False}, {"kind": "guided"}, {"shuffle": "local"}]
+)
+def test_planning_progress_counts_every_step_and_changes_nothing(options):
+    sizes = np.random.default_rng(3).lognormal(4, 1, 20_000)
+    groups = {"groups": [0, 0, 1, 1]} if options.get("shuffle") == "local" else {}
+    config = ScheduleConfig(num_replicas=4, batch_size=64, **options, **groups)
+    seen: list[tuple[int, int]] = []
+    plan = Scheduler(sizes, config).plan_epoch(1, progress=lambda d, t: seen.append((d, t)))
+    expect = Scheduler(sizes, config).plan_epoch(1)
+    np.testing.assert_array_equal(plan.indices, expect.indices)
+    np.testing.assert_array_equal(plan.bounds, expect.bounds)
+    done = [d for d, _ in seen]
+    assert done == sorted(done) and seen[-1][0] == seen[-1][1] == {t for _, t in seen}.pop()
+
+
+def test_planning_progress_bar_shows_on_the_given_stream():
+    sizes = np.random.default_rng(3).lognormal(4, 1, 20_000)
+    scheduler = Scheduler(sizes, ScheduleConfig(num_replicas=4, batch_size=64))
+    out = io.StringIO()
+    plan = plan_epoch(scheduler, 0, min_samples=0, delay=0, file=out, disable=False)
+    assert plan.num_steps == scheduler.num_steps()
+    assert "chronica: planning epoch 0" in out.getvalue()
+    quiet = io.StringIO()  # a small data set plans without a bar
+    assert plan_epoch(scheduler, 1, delay=0, file=quiet, disable=False).num_steps
+    assert quiet.getvalue() == ""

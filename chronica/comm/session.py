@@ -39,6 +39,7 @@ from chronica.comm.coordinator import Coordinator, resolve_endpoint
 from chronica.comm.protocol import Plan, check_int
 from chronica.core.plan import EpochPlan
 from chronica.core.scheduler import Scheduler
+from chronica.progress import plan_epoch
 
 __all__ = ["DynamicSession"]
 
@@ -183,7 +184,7 @@ class DynamicSession:
     def steps(self, epoch: int, start: int = 0) -> Iterator[tuple[int, np.ndarray, float]]:
         """``(step, indices, loss_weight)`` of this rank for steps ``start..`` of ``epoch``."""
         num_steps = self.scheduler.num_steps()
-        static = self.scheduler.plan_epoch(epoch)
+        static = plan_epoch(self.scheduler, epoch)
         if epoch != self._epoch:
             self._epoch, self._loads = epoch, {}
         self._next_report = start

@@ -20,7 +20,8 @@ samples keep their step order (ascending position).
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import numpy as np
 from numba import njit
@@ -34,6 +35,9 @@ _WIDE_SEARCH_MAX = 16384
 _REL_TOL = 1e-9
 # Below this many samples a plan is quicker on one thread than the cost of starting more.
 _PARALLEL_MIN_SAMPLES = 1 << 18
+# Chunks of steps when progress is reported: fine enough for a progress bar, few enough
+# that scheduling them costs nothing next to the kernel.
+_PROGRESS_CHUNKS = 100
 
 
 @njit(cache=True)
@@ -377,6 +381,7 @@ def balance_steps(
     use_lpt: bool = True,
     partners: int = DEFAULT_PARTNERS,
     threads: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Balance every step of an epoch; return ``(perm, loads)``.
 
@@ -390,7 +395,9 @@ def balance_steps(
 
     Steps are independent, so large epochs are split over ``threads`` worker threads (the
     kernel releases the GIL); the result does not depend on the thread count. The threads
-    live only for this call, so a later ``fork()`` inherits none.
+    live only for this call, so a later ``fork()`` inherits none. ``progress(done, total)``,
+    if given, is called (from this thread) as steps are finished; the work is then cut into
+    about a hundred chunks, which changes nothing in the result.
     """
     costs = np.ascontiguousarray(costs, dtype=np.float64)
     step_starts = np.ascontiguousarray(step_starts, dtype=np.int64)
@@ -412,16 +419,25 @@ def balance_steps(
     if threads is None:
         threads = min(os.cpu_count() or 1, 8) if costs.shape[0] >= _PARALLEL_MIN_SAMPLES else 1
     threads = max(1, min(threads, num_steps))
-    cuts = [num_steps * t // threads for t in range(threads + 1)]
+    chunks = threads if progress is None else max(threads, min(num_steps, _PROGRESS_CHUNKS))
+    cuts = [num_steps * t // chunks for t in range(chunks + 1)]
     args = (costs, step_starts, counts, alpha, beta, use_lpt, partners)
     if threads == 1:
-        _balance_step_range(*args, 0, num_steps, perm, loads)
+        for t in range(chunks):
+            _balance_step_range(*args, cuts[t], cuts[t + 1], perm, loads)
+            if progress is not None:
+                progress(cuts[t + 1], num_steps)
         return perm, loads
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="chronica-balance") as pool:
-        jobs = [
-            pool.submit(_balance_step_range, *args, cuts[t], cuts[t + 1], perm, loads)
-            for t in range(threads)
-        ]
-        for job in jobs:
+        jobs = {
+            pool.submit(_balance_step_range, *args, cuts[t], cuts[t + 1], perm, loads): t
+            for t in range(chunks)
+        }
+        done = 0
+        for job in as_completed(jobs):
             job.result()
+            t = jobs[job]
+            done += cuts[t + 1] - cuts[t]
+            if progress is not None:
+                progress(done, num_steps)
     return perm, loads

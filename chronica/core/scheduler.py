@@ -39,8 +39,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -289,8 +290,12 @@ class Scheduler:
         cfg = self.config
         return step_counts(self.samples_per_replica(), cfg.batch_size, cfg.num_replicas)
 
-    def plan_epoch(self, epoch: int) -> EpochPlan:
-        """The plan of ``epoch`` (an int >= 0)."""
+    def plan_epoch(
+        self, epoch: int, progress: Callable[[int, int], None] | None = None
+    ) -> EpochPlan:
+        """The plan of ``epoch`` (an int >= 0). ``progress(done, total)``, if given, is
+        called as steps are planned (for a progress bar on large epochs; it counts steps of
+        every node-local partition)."""
         if not _is_int(epoch) or epoch < 0:
             raise ValueError(f"epoch={epoch!r} must be an int >= 0")
         if self._cached is not None and self._cached.epoch == epoch:
@@ -301,10 +306,15 @@ class Scheduler:
         counts = self.step_counts()
         streams, num_padded, num_dropped = self._owner_streams(epoch)
         step_order = self._shuffled_steps(epoch, m // counts[0] if counts else 0)
-        parts = [
-            self._split(epoch, owner, stream, ranks.shape[0], counts, step_order)
-            for owner, (ranks, stream) in enumerate(zip(self.owners.ranks, streams, strict=True))
-        ]
+        parts = []
+        for owner, (ranks, stream) in enumerate(zip(self.owners.ranks, streams, strict=True)):
+            done = owner * len(counts)
+            total = self.owners.count * len(counts)
+            tick = None if progress is None else partial(_offset_progress, progress, done, total)
+            size = ranks.shape[0]
+            parts.append(self._split(epoch, owner, stream, size, counts, step_order, tick))
+            if tick is not None:
+                tick(len(counts), len(counts))
         if self.owners.count == 1:
             indices, loads = parts[0]
         else:
@@ -410,6 +420,7 @@ class Scheduler:
         ranks: int,
         counts: list[int],
         step_order: np.ndarray,
+        progress: Callable[[int, int], None] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The owner's samples step after step (``ranks × k`` per step, rank after rank) and
         their per-rank loads, shape ``(steps, ranks)``."""
@@ -422,16 +433,21 @@ class Scheduler:
             elif not cfg.exact and full:
                 starts = _step_starts(counts, ranks)
                 return self._pooled(epoch, owner, stream, ranks, starts, full, step_order)
-        return self._balanced(stream, ranks, counts)
+        return self._balanced(stream, ranks, counts, progress)
 
     def _balanced(
-        self, stream: np.ndarray, ranks: int, counts: list[int]
+        self,
+        stream: np.ndarray,
+        ranks: int,
+        counts: list[int],
+        progress: Callable[[int, int], None] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Exact mode's split: consecutive steps of ``stream``, each balanced between ranks."""
         if self.config.batch_size is None:
             # torch's split: rank r takes positions r, r + W, ...; one sample per step.
             return stream, self.costs[stream].reshape(-1, ranks)
-        perm, loads = balance_steps(self.costs[stream], _step_starts(counts, ranks), ranks)
+        starts = _step_starts(counts, ranks)
+        perm, loads = balance_steps(self.costs[stream], starts, ranks, progress=progress)
         return stream[perm], loads
 
     def _sort_keys(self, epoch: int, owner: int, samples: np.ndarray) -> np.ndarray:
@@ -514,3 +530,10 @@ def _validate_labels(labels: Any, n: int) -> np.ndarray:
             f"labels must be 1-D with one label per sample ({n}), got shape {values.shape}"
         )
     return values
+
+
+def _offset_progress(
+    progress: Callable[[int, int], None], offset: int, total: int, done: int, _: int
+) -> None:
+    """One partition's progress as progress over all partitions' steps."""
+    progress(offset + done, total)

@@ -40,6 +40,7 @@ from chronica.core.elastic import (
     resume_plan,
 )
 from chronica.core.plan import EpochPlan
+from chronica.progress import plan_epoch
 
 __all__ = ["Dataset", "DistributedBatchSampler", "DistributedSampler"]
 
@@ -233,7 +234,7 @@ class _ScheduledSampler:
         epoch = self.epoch if epoch is None else epoch
         if self._resumed is not None and epoch == self.epoch:
             return self._resumed[1]
-        return self.scheduler.plan_epoch(epoch)
+        return plan_epoch(self.scheduler, epoch)
 
     def stats(self, epoch: int | None = None) -> PlanStats:
         """Balance and padding diagnostics of ``epoch``'s plan (the current one by default)."""
