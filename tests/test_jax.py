@@ -237,6 +237,10 @@ def test_set_state_refuses_mismatches():
         ({"global_batch_size": 8, "num_replicas": 2, "rank": 0, "epochs": 0}, "epochs"),
         ({"global_batch_size": 8, "num_replicas": 2, "rank": 0, "kind": "nope"}, "kind"),
         (
+            {"global_batch_size": 8, "num_replicas": 2, "rank": 0, "kind": "dynamic"},
+            "kind='dynamic' is not available for the JAX iterator",
+        ),
+        (
             {"global_batch_size": 8, "num_replicas": 2, "rank": 0, "bucket_boundaries": [4]},
             "bucket boundary",
         ),

@@ -34,6 +34,10 @@ Supported: ``kind="static"`` (exact and pool) and ``"guided"`` with the ``global
 or after its last resumes at any world for every kind and policy. Mid-epoch, node-partitioned
 policies (``local``, ``partial``) and ``kind="dynamic"`` refuse a new world or batch size
 (``check_elastic`` says why); they still resume at the saved one.
+
+Adapters share the state format: ``state_fields`` writes what a change of world needs and
+``load_state`` decides, from a saved state, where an adapter's iteration continues (the
+torch samplers' ``state_dict`` and the JAX iterator's ``get_state`` both use them).
 """
 
 from __future__ import annotations
@@ -49,13 +53,17 @@ from chronica.core.scheduler import ScheduleConfig, Scheduler, per_replica, step
 from chronica.core.shuffle import epoch_order
 
 __all__ = [
+    "Resumption",
     "Segment",
+    "StateFormat",
     "check_elastic",
     "check_fingerprint",
     "fingerprint",
+    "load_state",
     "parse_segments",
     "remaining_samples",
     "resume_plan",
+    "state_fields",
 ]
 
 # What ``ScheduleConfig.describe`` holds that may change between worlds: the world and
@@ -72,22 +80,60 @@ class Segment(NamedTuple):
     step: int
 
 
-def fingerprint(scheduler: Scheduler) -> dict[str, Any]:
+class StateFormat(NamedTuple):
+    """How an adapter's state reads: the state ``versions`` it loads, and the names its
+    messages use for the state, for what builds it (``owner``), for the key of its position
+    in the epoch's plan and for its global batch size argument."""
+
+    versions: tuple[int, ...]
+    name: str = "state_dict"
+    owner: str = "sampler"
+    position: str = "progress"
+    batch: str = "batch_size"
+
+
+class Resumption(NamedTuple):
+    """Where an adapter continues after ``load_state``: ``epoch``; ``history``, the worlds the
+    epoch ran at before (oldest first; empty when it follows its ordinary plan); ``plan``, the
+    plan of the epoch's remainder (``None``: the ordinary plan); ``position`` in that plan (the
+    saved one at the same world, 0 after a change of world); ``same_world``: the state's
+    configuration digest matched, so its rank and position are this world's."""
+
+    epoch: int
+    history: tuple[Segment, ...]
+    plan: EpochPlan | None
+    position: int
+    same_world: bool
+
+
+_NAMES = StateFormat(versions=())
+
+
+def fingerprint(scheduler: Scheduler, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Everything an epoch's plan depends on except the world and batch size: the number of
     samples, the data digest (sizes, labels, partitions), kind, shuffle, seed, cost model,
-    ``drop_last``... JSON-ready; equal fingerprints mean equal epoch orders at every world."""
+    ``drop_last``... and an adapter's ``extra`` fields (what else must not change, such as the
+    JAX iterator's buckets). JSON-ready; equal fingerprints mean equal epoch orders at every
+    world."""
     described = scheduler.config.describe(scheduler.data_digest)
     out = {key: value for key, value in described.items() if key not in _WORLD_FIELDS}
     out["num_samples"] = scheduler.num_samples
+    out.update(extra or {})
     return _jsonable(out)
 
 
-def check_fingerprint(saved: Any, scheduler: Scheduler) -> None:
+def check_fingerprint(
+    saved: Any,
+    scheduler: Scheduler,
+    extra: Mapping[str, Any] | None = None,
+    names: StateFormat = _NAMES,
+) -> None:
     """Raise ``ValueError`` naming every field in which ``saved`` (a ``fingerprint``) and
-    ``scheduler`` differ; the message contains ``configuration digest differs``."""
+    ``scheduler`` (with ``extra``) differ; the message contains ``configuration digest
+    differs`` and uses ``names``' words for the state and what builds it."""
     if not isinstance(saved, Mapping):
         raise ValueError(f"state fingerprint must be a mapping, got {type(saved).__name__}")
-    here = fingerprint(scheduler)
+    here = fingerprint(scheduler, extra)
     saved = _jsonable(dict(saved))
     differ = [
         f"{key}: saved {saved.get(key)!r}, now {here.get(key)!r}"
@@ -96,11 +142,80 @@ def check_fingerprint(saved: Any, scheduler: Scheduler) -> None:
     ]
     if differ:
         raise ValueError(
-            "state_dict was saved with different sizes or sampler arguments (configuration "
-            f"digest differs: {'; '.join(differ)}); 'sizes' digests the sizes, labels and "
-            "partitions. Build the sampler with the saved data and arguments; only "
-            "num_replicas and batch_size may change"
+            f"{names.name} was saved with different sizes or {names.owner} arguments "
+            f"(configuration digest differs: {'; '.join(differ)}); 'sizes' digests the sizes, "
+            f"labels and partitions. Build the {names.owner} with the saved data and "
+            f"arguments; only num_replicas and {names.batch} may change"
         )
+
+
+def state_fields(
+    scheduler: Scheduler,
+    history: Sequence[Segment],
+    step: int,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """What a state needs for a change of world, JSON-ready: ``num_replicas``,
+    ``batch_size``, ``step`` (the completed steps of the plan being iterated), ``history``
+    (``[W, B, step]`` of the worlds the epoch ran at before, oldest first) and
+    ``fingerprint`` (with ``extra``)."""
+    cfg = scheduler.config
+    return {
+        "num_replicas": cfg.num_replicas,
+        "batch_size": cfg.batch_size,
+        "step": int(step),
+        "history": [list(segment) for segment in history],
+        "fingerprint": fingerprint(scheduler, extra),
+    }
+
+
+def load_state(
+    state: Any,
+    scheduler: Scheduler,
+    digest: str,
+    names: StateFormat,
+    extra: Mapping[str, Any] | None = None,
+) -> Resumption:
+    """Where an adapter built with ``scheduler`` (whose own configuration digest is
+    ``digest``) continues from ``state``, a dict with ``version``, ``epoch``, the position
+    key, ``digest`` and, from elastic versions on, the ``state_fields``.
+
+    Equal digests: the saved epoch, history and position (the remainder's plan again when
+    the history is not empty). Otherwise the saved world becomes the history's last segment
+    and the remainder is planned for this world from its start (``resume_plan``). Raises
+    ``ValueError`` for an unknown version, invalid fields, a state without fingerprint (it
+    predates elastic resume) or with another one (``check_fingerprint``), the same world and
+    batch size under another digest, and what ``resume_plan`` refuses."""
+    if not isinstance(state, dict) or state.get("version") not in names.versions:
+        version = state.get("version") if isinstance(state, dict) else None
+        raise ValueError(f"{names.name} version {version!r} is not supported")
+    epoch, position = state.get("epoch"), state.get(names.position)
+    if not _is_count(epoch) or not _is_count(position):
+        raise ValueError(f"{names.name} epoch={epoch!r}, {names.position}={position!r} are invalid")
+    history = tuple(parse_segments(state.get("history", [])))
+    if state.get("digest") == digest:
+        plan = resume_plan(scheduler, epoch, history) if history else None
+        kept = history if plan is not None else ()
+        return Resumption(int(epoch), kept, plan, int(position), True)
+    if "fingerprint" not in state:
+        raise ValueError(
+            f"{names.name} was saved with different sizes or {names.owner} arguments "
+            f"(configuration digest differs); build the {names.owner} exactly as when the "
+            "state was saved (this state predates elastic resume, so the world size cannot "
+            "change either)"
+        )
+    check_fingerprint(state["fingerprint"], scheduler, extra, names)
+    saved = Segment(state.get("num_replicas"), state.get("batch_size"), state.get("step"))
+    cfg = scheduler.config
+    if saved[:2] == (cfg.num_replicas, cfg.batch_size):
+        raise ValueError(
+            f"{names.name} was saved with different {names.owner} arguments (configuration "
+            "digest differs in groups= or the kind='dynamic' options); build the "
+            f"{names.owner} exactly as when the state was saved"
+        )
+    segments = (*history, saved)
+    plan = resume_plan(scheduler, epoch, segments)
+    return Resumption(int(epoch), segments if plan is not None else (), plan, 0, False)
 
 
 def check_elastic(config: ScheduleConfig, saved: Segment | None = None) -> None:
@@ -143,14 +258,16 @@ def parse_segments(value: Any) -> list[Segment]:
     return out
 
 
-def _segment(num_replicas: Any, batch_size: Any, step: Any) -> Segment:
-    def ok(value: Any, low: int) -> bool:
-        return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= low
+def _is_count(value: Any, low: int = 0) -> bool:
+    """``value`` is an int (not a bool) ``>= low``."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= low
 
+
+def _segment(num_replicas: Any, batch_size: Any, step: Any) -> Segment:
     batch_ok = batch_size is None or (
-        ok(batch_size, 1) and ok(num_replicas, 1) and batch_size % num_replicas == 0
+        _is_count(batch_size, 1) and _is_count(num_replicas, 1) and batch_size % num_replicas == 0
     )
-    if not ok(num_replicas, 1) or not batch_ok or not ok(step, 0):
+    if not _is_count(num_replicas, 1) or not batch_ok or not _is_count(step):
         raise ValueError(
             f"state segment num_replicas={num_replicas!r}, batch_size={batch_size!r}, "
             f"step={step!r} is invalid"

@@ -29,11 +29,20 @@ from chronica.core import (
     Scheduler,
     resolve_sizes,
 )
+from chronica.core.elastic import Segment, StateFormat, load_state, state_fields
 from chronica.core.sizes import defines_sizeof
 
 __all__ = ["ScheduledIterator", "iterator"]
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2
+# Version 1 states (no batch size, history or fingerprint) still resume at the same world.
+_STATE = StateFormat(
+    versions=(1, 2),
+    name="iterator state",
+    owner="iterator",
+    position="step",
+    batch="global_batch_size",
+)
 _META_KEYS = ("mask", "lengths", "indices", "loss_weight", "valid")
 
 
@@ -128,7 +137,8 @@ class ScheduledIterator(Iterator[dict[str, Any]]):
       array); ``mask[i, t]`` is True exactly for
       ``t < lengths[i]``. Hence at most ``num_shapes`` distinct shapes are yielded.
     - ``get_state()`` / ``set_state()`` resume at exactly the next step, in any process
-      built with the same arguments.
+      built with the same arguments; or, at another world size or global batch size, with
+      the epoch's remaining samples (elastic resume, see ``set_state``).
 
     Batch keys: ``inputs`` (or one key per field when samples are dicts), ``mask`` (bool,
     ``(rows, length)``), ``lengths`` (int32), ``indices`` (int64, ``-1`` for padding rows),
@@ -184,6 +194,12 @@ class ScheduledIterator(Iterator[dict[str, Any]]):
         )
         if sizes is None and getattr(source, "sizes", None) is None and not defines_sizeof(source):
             sizes = self._lengths  # default cost proxy: the sequence length
+        if kind == "dynamic":
+            raise ValueError(
+                "kind='dynamic' is not available for the JAX iterator yet: it plans ahead "
+                "and takes no per-step timing back; use kind='static' (balanced by predicted "
+                "cost) or 'guided', or chronica's torch samplers for dynamic re-balancing"
+            )
         config = ScheduleConfig(
             num_replicas=self.num_replicas,
             batch_size=global_batch_size,
@@ -211,6 +227,11 @@ class ScheduledIterator(Iterator[dict[str, Any]]):
         self.shapes_seen: set[tuple[int, int]] = set()
         self._epoch = 0
         self._step = 0
+        # An elastically resumed epoch ``_epoch``: the worlds it ran at before (oldest
+        # first) and the plan of the samples they left, which replaces its ordinary plan.
+        self._resumed: tuple[tuple[Segment, ...], EpochPlan] | None = None
+        # What must not change across a resume besides the plan's own configuration.
+        self._extra = {"bucket_boundaries": self.bucket_boundaries, "pad_value": repr(pad_value)}
         self._digest = hashlib.blake2b(
             json.dumps([self.scheduler.digest, self.bucket_boundaries, repr(pad_value)]).encode(),
             digest_size=16,
@@ -239,38 +260,48 @@ class ScheduledIterator(Iterator[dict[str, Any]]):
     # -- iteration ------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        """Steps per epoch (equal on every process)."""
-        return self.scheduler.num_steps()
+        """Steps per epoch (equal on every process); see ``steps_per_epoch``."""
+        return self.steps_per_epoch
 
     @property
     def steps_per_epoch(self) -> int:
-        return self.scheduler.num_steps()
+        """Steps of the epoch of the next batch, equal on every process: after an elastic
+        ``set_state``, the steps of the resumed epoch's remainder until its last batch is
+        yielded, then the ordinary count."""
+        steps = self._epoch_steps()
+        return steps if self._step < steps else self.scheduler.num_steps()
 
     def plan(self, epoch: int | None = None) -> EpochPlan:
-        """The whole plan (all ranks) of ``epoch``, the one being iterated by default."""
+        """The whole plan (all ranks) of ``epoch``, the one being iterated by default. After
+        an elastic ``set_state``, the resumed epoch's plan is that of its remainder."""
+        if self._resumed is not None and epoch in (None, self._epoch):
+            return self._resumed[1]
         return self.scheduler.plan_epoch(self._epoch if epoch is None else epoch)
 
     def __iter__(self) -> ScheduledIterator:
         return self
 
     def __next__(self) -> dict[str, Any]:
-        steps = self.scheduler.num_steps()
-        if steps == 0:
+        if self.scheduler.num_steps() == 0:
             raise StopIteration
-        if self._step >= steps:
+        if self._step >= self._epoch_steps():
             self._epoch += 1
             self._step = 0
+            self._resumed = None
         if self.epochs is not None and self._epoch >= self.epochs:
             raise StopIteration
-        plan = self.scheduler.plan_epoch(self._epoch)
-        batch = self._batch(plan, self._step)
+        batch = self._batch(self.plan(), self._step)
         self._step += 1
         return batch
 
     @property
     def epoch(self) -> int:
         """Epoch of the next batch."""
-        return self._epoch + (1 if self._step >= self.scheduler.num_steps() else 0)
+        return self._epoch + (1 if self._step >= self._epoch_steps() else 0)
+
+    def _epoch_steps(self) -> int:
+        """Steps of the plan of ``_epoch`` (its remainder's after an elastic resume)."""
+        return self.scheduler.num_steps() if self._resumed is None else self._resumed[1].num_steps
 
     def _batch(self, plan: EpochPlan, step: int) -> dict[str, Any]:
         indices = plan.local(step, self.rank)
@@ -342,45 +373,72 @@ class ScheduledIterator(Iterator[dict[str, Any]]):
         return self._digest
 
     def get_state(self) -> dict[str, Any]:
-        """JSON-serialisable position: the next batch is ``(epoch, step)`` of this rank."""
+        """JSON-serialisable position: the next batch is ``(epoch, step)`` of this rank.
+
+        ``epoch`` and ``step`` (the steps of the epoch's plan already yielded, all of them
+        complete), ``rank``, ``num_replicas``, ``digest`` (data, whole configuration,
+        buckets and padding value) and, for a change of world: ``batch_size`` (the global
+        batch), ``history`` (``[W, B, step]`` of the worlds this epoch ran at before, oldest
+        first; empty unless it was resumed at another world) and ``fingerprint``
+        (everything else the plan and the batches depend on). After an epoch's last batch
+        the state is the next epoch's step 0.
+        """
         epoch, step = self._epoch, self._step
-        if step >= self.scheduler.num_steps():
-            epoch, step = epoch + 1, 0
+        history = () if self._resumed is None else self._resumed[0]
+        if step >= self._epoch_steps():
+            epoch, step, history = epoch + 1, 0, ()
         return {
             "version": _STATE_VERSION,
             "epoch": epoch,
-            "step": step,
             "rank": self.rank,
-            "num_replicas": self.num_replicas,
             "digest": self._digest,
+            **state_fields(self.scheduler, history, step, self._extra),
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (from ``get_state``): the next batch is the saved next one.
+        """Continue from ``state`` (from ``get_state``).
 
-        Raises ``ValueError`` for state from another version, rank, world size, data or
-        configuration (the plans would differ).
+        Same world size and global batch size: the next batch is the saved next one, byte
+        for byte; the state must be this rank's. States of the previous version (1, before
+        elastic resume) are read too, at the same world only.
+
+        Another world size or global batch size (elastic resume, ``chronica.core.elastic``,
+        exactly as ``chronica.torch``'s samplers): any rank's state will do. The steps
+        yielded at the saved world count as trained, and the epoch's remaining samples, in
+        the saved plan's order, are planned for this world: cut into global batches of
+        this ``global_batch_size``, each balanced between the processes, equal step counts
+        on every process, padded by repeating from the remainder's start
+        (``drop_last=False``) or cut at its tail (``drop_last=True``). Over the trained
+        steps and the remainder every sample appears exactly once, apart from that padding
+        or cutting (the remainder's ``plan().num_padded``/``num_dropped``, and padding
+        inside the trained steps). The next batch is this process's first of the
+        remainder, with the usual static shapes, masks, ``valid`` rows and
+        ``loss_weight``; ``len()``, ``steps_per_epoch`` and ``plan()`` describe the
+        remainder until the next epoch begins, which plans as usual at this world. A
+        resumed epoch's state can be saved and resumed again, at any world.
+
+        Raises ``ValueError`` for state from an unknown version, from another rank at the
+        same world, or saved with other data, sizes, buckets, padding value or arguments
+        (naming the fields that differ; only ``num_replicas`` and ``global_batch_size`` may
+        change), and, mid-epoch, for a change of world or batch size under
+        ``kind="dynamic"`` or a node-partitioned shuffle (``local``, ``partial``): those
+        resume at the saved world, or at any world from a state saved at an epoch boundary.
         """
-        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-            version = state.get("version") if isinstance(state, dict) else None
-            raise ValueError(f"iterator state version {version!r} is not supported")
-        if state.get("digest") != self._digest:
-            raise ValueError(
-                "iterator state was saved with different sizes, data or iterator arguments "
-                "(configuration digest differs); build the iterator exactly as when it was saved"
-            )
-        if state.get("rank") != self.rank or state.get("num_replicas") != self.num_replicas:
+        resumed = load_state(state, self.scheduler, self._digest, _STATE, self._extra)
+        if resumed.same_world and (state.get("rank"), state.get("num_replicas")) != (
+            self.rank,
+            self.num_replicas,
+        ):
             raise ValueError(
                 f"iterator state belongs to rank {state.get('rank')} of "
                 f"{state.get('num_replicas')}, not rank {self.rank} of {self.num_replicas}"
             )
-        epoch, step = state.get("epoch"), state.get("step")
-        steps = self.scheduler.num_steps()
-        if not isinstance(epoch, int) or epoch < 0 or not isinstance(step, int):
-            raise ValueError(f"iterator state epoch={epoch!r}, step={step!r} are invalid")
-        if not 0 <= step <= steps:
-            raise ValueError(f"iterator state step={step} is outside [0, {steps}]")
-        self._epoch, self._step = epoch, step
+        plan = resumed.plan
+        steps = self.scheduler.num_steps() if plan is None else plan.num_steps
+        if resumed.position > steps:
+            raise ValueError(f"iterator state step={resumed.position} is outside [0, {steps}]")
+        self._epoch, self._step = resumed.epoch, resumed.position
+        self._resumed = None if plan is None else (resumed.history, plan)
 
 
 def _resolve_world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:

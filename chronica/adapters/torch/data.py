@@ -32,13 +32,7 @@ from chronica.core import (
     movement,
     resolve_sizes,
 )
-from chronica.core.elastic import (
-    Segment,
-    check_fingerprint,
-    fingerprint,
-    parse_segments,
-    resume_plan,
-)
+from chronica.core.elastic import Segment, StateFormat, load_state, state_fields
 from chronica.core.plan import EpochPlan
 from chronica.progress import plan_epoch
 
@@ -48,7 +42,7 @@ logger = logging.getLogger("chronica")
 
 _STATE_VERSION = 2
 # Version 1 states (no world, step, history or fingerprint) still resume at the same world.
-_READABLE_VERSIONS = (1, 2)
+_STATE = StateFormat(versions=(1, 2))
 
 # An elastically resumed epoch: the worlds it ran at before (oldest first) and the plan of
 # the samples they left, which replaces the epoch's ordinary plan until ``set_epoch``.
@@ -298,18 +292,14 @@ class _ScheduledSampler:
         B, step]`` of the worlds this epoch ran at before, oldest first; empty unless it was
         resumed at another world) and ``fingerprint`` (everything else the plan depends on).
         """
-        history = [] if self._resumed is None else [list(s) for s in self._resumed[0]]
+        history = () if self._resumed is None else self._resumed[0]
         return {
             "version": _STATE_VERSION,
             "epoch": self.epoch,
             "progress": self._progress,
             "rank": self.rank,
             "digest": self.scheduler.digest,
-            "num_replicas": self.num_replicas,
-            "batch_size": self.batch_size,
-            "step": self._completed_steps(),
-            "history": history,
-            "fingerprint": fingerprint(self.scheduler),
+            **state_fields(self.scheduler, history, self._completed_steps()),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -338,34 +328,8 @@ class _ScheduledSampler:
         node-partitioned shuffle (``local``, ``partial``): those resume at the saved world,
         or at any world from a state saved at an epoch boundary.
         """
-        if not isinstance(state, dict) or state.get("version") not in _READABLE_VERSIONS:
-            version = state.get("version") if isinstance(state, dict) else None
-            raise ValueError(f"state_dict version {version!r} is not supported")
-        epoch, progress = state.get("epoch"), state.get("progress")
-        if not _is_count(epoch) or not _is_count(progress):
-            raise ValueError(f"state_dict epoch={epoch!r}, progress={progress!r} are invalid")
-        history = tuple(parse_segments(state.get("history", [])))
-        if state.get("digest") == self.scheduler.digest:
-            plan = resume_plan(self.scheduler, epoch, history) if history else None
-            self._resume_at(epoch, history if plan is not None else (), plan, progress)
-            return
-        if "fingerprint" not in state:
-            raise ValueError(
-                "state_dict was saved with different sizes or sampler arguments (configuration "
-                "digest differs); build the sampler exactly as when the state was saved (this "
-                "state predates elastic resume, so the world size cannot change either)"
-            )
-        check_fingerprint(state["fingerprint"], self.scheduler)
-        saved = Segment(state.get("num_replicas"), state.get("batch_size"), state.get("step"))
-        if saved[:2] == (self.num_replicas, self.batch_size):
-            raise ValueError(
-                "state_dict was saved with different sampler arguments (configuration digest "
-                "differs in groups= or the kind='dynamic' options); build the sampler exactly "
-                "as when the state was saved"
-            )
-        segments = (*history, saved)
-        plan = resume_plan(self.scheduler, epoch, segments)
-        self._resume_at(epoch, segments if plan is not None else (), plan, 0)
+        resumed = load_state(state, self.scheduler, self.scheduler.digest, _STATE)
+        self._resume_at(resumed.epoch, resumed.history, resumed.plan, resumed.position)
 
     def _resume_at(
         self, epoch: int, history: tuple[Segment, ...], plan: EpochPlan | None, start: int
@@ -409,10 +373,6 @@ class _ScheduledSampler:
         """What an iteration of the current epoch yields in all, with ``resumed`` as the
         elastic state: samples or batches."""
         raise NotImplementedError
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0
 
 
 class DistributedSampler(_ScheduledSampler, Sampler[int]):
