@@ -75,7 +75,7 @@ def _hetero_sizes(case: dict[str, Any], repeat: int) -> np.ndarray:
 
 def _torch_compute(case: dict[str, Any], repeat: int, noise: float) -> np.ndarray:
     """torch's per-(step, rank) compute over the whole run, in cost units (1 s per token)."""
-    options = _hetero_options(case, repeat, ComputeModel(1.0, noise=noise))
+    options = _hetero_options(case, repeat, ComputeModel(1.0, noise=noise, cores=case["cores"]))
     strategy = options.strategies[0]
     sizes = _hetero_sizes(case, repeat)
     config = strategy.schedule_config(options.world, options.batch_size, repeat, "linear", None)
@@ -131,7 +131,9 @@ def _calibrate(cases: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def _hetero_case(case: dict[str, Any], fit: dict[str, float]) -> dict[str, Any]:
-    compute = ComputeModel(fit["seconds_per_token"], 0.0, fit["overhead_s"], fit["noise"])
+    compute = ComputeModel(
+        fit["seconds_per_token"], 0.0, fit["overhead_s"], fit["noise"], case["cores"]
+    )
     epoch_times: dict[str, list[float]] = {name: [] for name in HETERO}
     for repeat in range(case["repeats"]):
         options = _hetero_options(case, repeat, compute)
@@ -208,6 +210,10 @@ def _scaling(quick: bool) -> dict[str, Any]:
 def run(quick: bool) -> dict[str, Any]:
     """Simulated vs measured speed-ups of the real runs, and the scaling study."""
     measured = json.loads((HERE / "results" / "hetero_run.json").read_text())
+    # The real ranks were processes of one machine, sharing its processors.
+    cores = int(measured["machine"]["cpu_count"])
+    for case in measured["cases"]:
+        case["cores"] = cores
     fit = _calibrate(measured["cases"])
     hetero = [_hetero_case(case, fit) for case in measured["cases"]]
     rows = [_demo_case()] + [row for case in hetero for row in case["rows"]]

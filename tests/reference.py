@@ -203,3 +203,23 @@ def changed(loads, times, alpha, beta, error):
     predicted = alpha + beta * loads
     off = (times - predicted) / np.maximum(predicted, 1e-300)
     return bool(np.all(off > error) or np.all(off < -error))
+
+
+def shared_finish(work, cores):
+    """``chronica.sim.timing.shared_finish`` for one step, event by event: all ranks start
+    together; while n of them still work, each advances at min(1, cores / n)."""
+    left = {r: float(w) for r, w in enumerate(work)}
+    now, finish = 0.0, {}
+    while left:
+        rate = min(1.0, cores / len(left))
+        rank = min(left, key=lambda r: (left[r], r))
+        step = left[rank] / rate
+        now += step
+        for r in left:
+            left[r] -= step * rate
+        finish[rank] = now
+        del left[rank]
+        for r in [r for r, w in left.items() if w <= 1e-12 * max(1.0, now)]:
+            finish[r] = now
+            del left[r]
+    return np.array([finish[r] for r in range(len(work))])

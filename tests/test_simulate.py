@@ -8,6 +8,7 @@ import re
 
 import numpy as np
 import pytest
+import reference
 
 from chronica.cli import main as chronica_main
 from chronica.core import ScheduleConfig, Scheduler
@@ -25,6 +26,7 @@ from chronica.sim import (
     simulate,
 )
 from chronica.sim.cli import main as simulate_main
+from chronica.sim.timing import shared_finish
 
 
 def _sizes(n: int = 600, seed: int = 1) -> np.ndarray:
@@ -276,3 +278,17 @@ def test_cli_end_to_end_writes_json_and_png(tmp_path, capsys) -> None:
     assert data["results"][0]["speedup"] == 1.0
     assert len(data["results"][0]["step_s"]) == data["results"][0]["steps"]
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("cores", [1, 2, 3, 8])
+def test_shared_processors_match_an_event_by_event_reference(cores):
+    rng = np.random.default_rng(cores)
+    work = rng.lognormal(0, 1, (20, 6))
+    work[3] = 1.0  # ties
+    got = shared_finish(work, cores)
+    for row, finish in zip(work, got, strict=True):
+        np.testing.assert_allclose(finish, reference.shared_finish(row, cores), rtol=1e-9)
+    assert (got >= work - 1e-12).all()
+    # No schedule beats either bound (processors idle once fewer ranks than cores work).
+    bound = np.maximum(work.max(axis=1), work.sum(axis=1) / cores)
+    assert (got.max(axis=1) >= bound * (1 - 1e-12)).all()

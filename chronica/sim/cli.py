@@ -105,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="sigma of lognormal noise on every compute time (default 0)",
     )
+    time_model.add_argument(
+        "--cores",
+        type=int,
+        default=0,
+        help="processors the ranks share, e.g. a cluster emulated on one host (default 0: a "
+        "device per rank)",
+    )
     time_model.add_argument("--allreduce", choices=ALGORITHMS, default="ring")
     time_model.add_argument(
         "--latency", type=float, default=5e-6, help="seconds per all-reduce hop (default 5e-6)"
@@ -151,7 +158,9 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
         seed=args.seed,
         cost=_cost(args.cost),
         speeds=args.speeds,
-        compute=ComputeModel(args.seconds_per_cost, args.fixed, args.overhead, args.noise),
+        compute=ComputeModel(
+            args.seconds_per_cost, args.fixed, args.overhead, args.noise, args.cores
+        ),
         allreduce=AllReduceModel(args.latency, args.bandwidth, args.grad_bytes, args.allreduce),
         strategies=tuple(args.config or DEFAULT_STRATEGIES),
         ranks_per_node=args.ranks_per_node,

@@ -3,12 +3,17 @@
 A step of synchronous data-parallel training lasts as long as its slowest rank's compute,
 plus the all-reduce of the gradients, plus a fixed overhead (optimizer, data loading):
 
-    compute[s, r] = (fixed + seconds_per_cost · load[s, r]) · slowdown[s, r] · noise[s, r]
+    work[s, r]    = (fixed + seconds_per_cost · load[s, r]) · noise[s, r]
+    compute[s, r] = work[s, r] · slowdown[s, r]
     step[s]       = max_r compute[s, r] + allreduce(W) + overhead
 
 ``load[s, r]`` is the cost (``chronica.core.cost``) of rank r's samples at step s,
-``slowdown`` comes from the speed profile and ``noise`` is lognormal with median 1.
-Everything is vectorised over (steps, ranks) with numpy.
+``slowdown`` comes from the speed profile and ``noise`` is lognormal with median 1. With
+``cores`` set below W (ranks that share a machine's processors, as when a cluster is
+emulated on one host), the ranks' ``work`` runs under processor sharing: while n ranks are
+still working each advances at ``min(1, cores / n)``, so a rank's ``work`` ends later the
+more ranks work beside it; ``slowdown`` then stretches that finish time (an emulated slow
+rank computes, then idles). Everything is vectorised over (steps, ranks) with numpy.
 """
 
 from __future__ import annotations
@@ -18,7 +23,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ALGORITHMS", "AllReduceModel", "ComputeModel", "StepEvaluation", "evaluate_steps"]
+__all__ = [
+    "ALGORITHMS",
+    "AllReduceModel",
+    "ComputeModel",
+    "StepEvaluation",
+    "evaluate_steps",
+    "shared_finish",
+]
 
 ALGORITHMS = ("ring", "flat")
 
@@ -70,19 +82,23 @@ class ComputeModel:
     ``seconds_per_cost``: seconds per unit of cost on a rank of slowdown 1; ``fixed_s``:
     compute per step whatever the load (kernel launches, Python), slowed down like the
     rest; ``overhead_s``: per-step time outside compute (optimizer, loading), equal on every
-    rank; ``noise``: sigma of the lognormal factor on every (step, rank) compute time.
+    rank; ``noise``: sigma of the lognormal factor on every (step, rank) compute time;
+    ``cores``: processors the ranks share (0: every rank has its own device).
     """
 
     seconds_per_cost: float = 2.5e-5
     fixed_s: float = 0.0
     overhead_s: float = 0.0
     noise: float = 0.0
+    cores: int = 0
 
     def __post_init__(self) -> None:
         _non_negative("--seconds-per-cost", self.seconds_per_cost)
         _non_negative("--fixed", self.fixed_s)
         _non_negative("--overhead", self.overhead_s)
         _non_negative("--noise", self.noise)
+        if isinstance(self.cores, bool) or not isinstance(self.cores, int) or self.cores < 0:
+            raise ValueError(f"--cores {self.cores!r} must be an int >= 0 (0: one per rank)")
 
     def noise_factors(self, seed: int, epoch: int, steps: int, world: int) -> np.ndarray:
         """The ``(steps, W)`` noise of one epoch; the same for every configuration of a run
@@ -123,10 +139,30 @@ def evaluate_steps(
     per_sample = costs[indices]
     prefix = np.concatenate([[0.0], np.cumsum(per_sample)])
     loads = prefix[bounds[:, 1:]] - prefix[bounds[:, :-1]]
-    seconds = (compute.fixed_s + compute.seconds_per_cost * loads) * slowdown * noise
+    work = (compute.fixed_s + compute.seconds_per_cost * loads) * noise
+    if 0 < compute.cores < work.shape[1]:
+        work = shared_finish(work, compute.cores)
+    seconds = work * slowdown
     step_s = seconds.max(axis=1) + allreduce_s + compute.overhead_s
     real, padded = _padding(indices, bounds, sizes)
     return StepEvaluation(loads, seconds, step_s, real, padded)
+
+
+def shared_finish(work: np.ndarray, cores: int) -> np.ndarray:
+    """When each rank's ``work`` (seconds on a processor of its own; shape ``(steps, W)``)
+    ends if all start together and share ``cores`` processors fairly: while n ranks are
+    still working each advances at ``min(1, cores / n)``. A rank never ends before its own
+    ``work``, and the last one no earlier than ``max(max work, total work / cores)``."""
+    world = work.shape[1]
+    order = np.argsort(work, axis=1, kind="stable")
+    ascending = np.take_along_axis(work, order, axis=1)
+    increments = np.diff(ascending, axis=1, prepend=0.0)
+    # The k-th rank to finish (k = 0, 1, ...) shares the processors with W - k ranks.
+    rates = np.minimum(1.0, cores / (world - np.arange(world)))
+    finish = np.cumsum(increments / rates, axis=1)
+    out = np.empty_like(work)
+    np.put_along_axis(out, order, finish, axis=1)
+    return out
 
 
 def _padding(indices: np.ndarray, bounds: np.ndarray, sizes: np.ndarray) -> tuple[float, float]:
