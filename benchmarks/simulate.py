@@ -11,7 +11,7 @@
      seconds per token and the per-step overhead from torch's two measured epoch times
      (two equations, two unknowns). chronica's and dynamic's speed-ups are predictions.
    * ``chronica demo`` (2 ranks, its default configuration): the measured speed-up is the
-     one documented in README.md (1.12–1.15×), whose measured per-step compute max/mean
+     one earlier demo runs measured (1.12–1.15×), whose measured per-step compute max/mean
      (1.16 for torch) equals the predicted one, so compute follows the cost model without
      noise; no per-step overhead is known for it, so the simulation has none (an upper
      bound of the speed-up).
@@ -51,7 +51,7 @@ TARGET = 0.10  # relative error of the simulated speed-up
 # hetero_run's samplers as simulator configurations (demo's dynamic window is 4 steps).
 HETERO = {"torch": "torch", "chronica": "static", "dynamic": "dynamic,window=4"}
 NO_NETWORK = AllReduceModel(latency_s=0.0, grad_bytes=0.0)  # inside the fitted overhead
-# ``chronica demo``'s documented measurement (README.md): 2 ranks, 2 cores.
+# ``chronica demo``'s earlier measurement (1.12-1.15x over several runs): 2 ranks, 2 cores.
 DEMO_MEASURED = {"low": 1.12, "high": 1.15, "torch_max_mean": 1.16, "chronica_max_mean": 1.01}
 NOISE_GRID = np.round(np.arange(0.0, 0.61, 0.01), 2)
 
@@ -287,7 +287,8 @@ def render_markdown(result: dict[str, Any], img_dir: Path) -> str:
         f"{1e3 * fit['overhead_s']:.1f} ms of overhead per step (from torch's two measured "
         "epoch times). The demo's case uses compute proportional to cost, no noise and no "
         "overhead (its measured per-step balance matches the predicted one; its overhead "
-        "is not known), against the README's measured 1.12–1.15× (midpoint).",
+        "is not known), against the speed-up measured by earlier demo runs, 1.12–1.15× "
+        "(midpoint).",
         "",
         "| case | sampler | measured speed-up | simulated | relative error |",
         "|---|---|---:|---:|---:|",
