@@ -16,25 +16,16 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import median_seconds
 
 __all__ = ["format_table", "render_markdown", "run"]
 
 REPRODUCE = "PYTHONPATH=. python benchmarks/run_all.py --only adapters"
 W, B = 8, 256
-
-
-def _median_seconds(work: Callable[[int], None], repeats: int) -> float:
-    times = []
-    for repeat in range(repeats):
-        started = time.perf_counter()
-        work(repeat)
-        times.append(time.perf_counter() - started)
-    return float(np.median(times))
 
 
 def _lengths(n: int) -> np.ndarray:
@@ -63,8 +54,8 @@ def _torch(n: int, repeats: int) -> dict[str, float]:
             pass
 
     return {
-        "chronica": _median_seconds(run_ours, repeats),
-        "baseline": _median_seconds(run_theirs, repeats),
+        "chronica": median_seconds(run_ours, repeats, first=0)[0],
+        "baseline": median_seconds(run_theirs, repeats, first=0)[0],
     }
 
 
@@ -132,8 +123,8 @@ def _jax(n: int, repeats: int) -> dict[str, float]:
                 out[i, : len(b)] = b
 
     return {
-        "chronica": _median_seconds(run_ours, repeats),
-        "baseline": _median_seconds(run_theirs, repeats),
+        "chronica": median_seconds(run_ours, repeats, first=0)[0],
+        "baseline": median_seconds(run_theirs, repeats, first=0)[0],
     }
 
 

@@ -13,6 +13,8 @@ import datetime
 import os
 import platform
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,3 +177,15 @@ def _cpu_name() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or "unknown"
+
+
+def median_seconds(
+    fn: Callable[[int], object], repeats: int, first: int = 1
+) -> tuple[float, list[float]]:
+    """Median and every timing of ``fn(i)`` for ``i = first .. first + repeats - 1``."""
+    times = []
+    for i in range(first, first + repeats):
+        start = time.perf_counter()
+        fn(i)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)), times

@@ -17,11 +17,8 @@ Run alone: ``PYTHONPATH=. python benchmarks/run_all.py --only planning [--quick]
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 import numpy as np
-from common import LengthOnly, lognormal_sizes, machine_info
+from common import LengthOnly, lognormal_sizes, machine_info, median_seconds
 
 from chronica.core import ScheduleConfig, Scheduler
 
@@ -32,16 +29,6 @@ BATCH_SIZE = 65_536
 DATA_SEED = 7
 # (key, kind, exact)
 MODES = [("exact", "static", True), ("pool", "static", False), ("guided", "guided", True)]
-
-
-def _median_seconds(fn: Callable[[int], object], repeats: int) -> tuple[float, list[float]]:
-    """Median and all timings of ``fn(i)`` for ``i = 1 .. repeats``."""
-    times = []
-    for i in range(1, repeats + 1):
-        start = time.perf_counter()
-        fn(i)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)), times
 
 
 def _config(kind: str, exact: bool) -> ScheduleConfig:
@@ -57,7 +44,7 @@ def run(quick: bool) -> dict:
     sizes = lognormal_sizes(n, DATA_SEED)
     rows = []
 
-    argsort_s, argsort_all = _median_seconds(lambda i: np.argsort(sizes), repeats)
+    argsort_s, argsort_all = median_seconds(lambda i: np.argsort(sizes), repeats)
     rows.append(
         {
             "key": "argsort",
@@ -70,11 +57,11 @@ def run(quick: bool) -> dict:
     for key, kind, exact in MODES:
         config = _config(kind, exact)
         Scheduler(sizes, config).plan_epoch(0)  # warm-up: numba cache load or compile
-        total, total_all = _median_seconds(
+        total, total_all = median_seconds(
             lambda i, c=config: Scheduler(sizes, c).plan_epoch(i), repeats
         )
         scheduler = Scheduler(sizes, config)
-        plan_only, plan_all = _median_seconds(scheduler.plan_epoch, repeats)
+        plan_only, plan_all = median_seconds(scheduler.plan_epoch, repeats)
         rows.append(
             {
                 "key": key,
@@ -99,7 +86,7 @@ def run(quick: bool) -> dict:
             return list(sampler)
 
         one_rank(0)
-        seconds, all_times = _median_seconds(one_rank, repeats)
+        seconds, all_times = median_seconds(one_rank, repeats)
         rows.append(
             {
                 "key": "torch",

@@ -40,12 +40,12 @@ import os
 import resource
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import lognormal_sizes, machine_info
+from common import lognormal_sizes, machine_info, median_seconds
 
 from chronica.comm.coordinator import Coordinator
 from chronica.comm.protocol import decode, encode, tcp_url, topic
@@ -110,16 +110,6 @@ def fit_linear(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
     """Least-squares fit of ``y = a + b·x``: returns ``(a, b)``."""
     b, a = np.polyfit(np.asarray(x, np.float64), np.asarray(y, np.float64), 1)
     return float(a), float(b)
-
-
-def _median_seconds(fn: Callable[[int], object], repeats: int) -> tuple[float, list[float]]:
-    """Median and every timing of ``fn(i)`` for ``i = 1 .. repeats``."""
-    times = []
-    for i in range(1, repeats + 1):
-        start = time.perf_counter()
-        fn(i)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)), times
 
 
 def _rss_bytes() -> int:
@@ -215,13 +205,13 @@ def _point(sizes: np.ndarray, world: int, batch: int, repeats: int) -> dict[str,
         started = time.perf_counter()
         scheduler = Scheduler(sizes, config)
         construct_s = time.perf_counter() - started
-        plan_s, plan_all = _median_seconds(scheduler.plan_epoch, repeats)
+        plan_s, plan_all = median_seconds(scheduler.plan_epoch, repeats)
         steps = scheduler.num_steps()
         del scheduler
         plain = Scheduler(sizes, ScheduleConfig(num_replicas=world, batch_size=None))
-        plain_s, plain_all = _median_seconds(plain.plan_epoch, repeats)
+        plain_s, plain_all = median_seconds(plain.plan_epoch, repeats)
         del plain
-        argsort_s, argsort_all = _median_seconds(lambda i: np.argsort(sizes), repeats)
+        argsort_s, argsort_all = median_seconds(lambda i: np.argsort(sizes), repeats)
         wire = _coordinator_bytes(sizes, world, batch)
     growth = rss.growth
     point = {
