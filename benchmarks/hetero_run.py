@@ -27,6 +27,7 @@ REPRODUCE = "PYTHONPATH=. python benchmarks/run_all.py --only hetero_run"
 def _case(speeds: str, world: int, samples: int, epochs: int, repeats: int) -> dict[str, Any]:
     times: dict[str, list[float]] = {name: [] for name in SAMPLERS}
     imbalance: dict[str, list[float]] = {name: [] for name in SAMPLERS}
+    lines: list[tuple[float, float]] = []
     for repeat in range(repeats):
         config = demo.DemoConfig(
             lengths=demo.make_lengths(samples, seed=repeat, high=1024).tolist(),
@@ -50,6 +51,7 @@ def _case(speeds: str, world: int, samples: int, epochs: int, repeats: int) -> d
             times[name].append(float(np.median(record["epoch_times"][1:])))
             compute = np.asarray(record["compute"])[record["steps_per_epoch"] :]
             imbalance[name].append(float(np.median(compute.max(axis=1) / compute.min(axis=1))))
+        lines.append(_cpu_line(results["torch"]))
     return {
         "speeds": speeds,
         "world": world,
@@ -62,7 +64,23 @@ def _case(speeds: str, world: int, samples: int, epochs: int, repeats: int) -> d
             name: float(np.median(np.asarray(times["torch"]) / np.asarray(v)))
             for name, v in times.items()
         },
+        # torch's per-step CPU seconds of a rank = fixed + per_cost · predicted cost, fitted
+        # by least squares (median over repeats): what the simulator's compute model needs.
+        "torch_cpu_line": {
+            "fixed_s": float(np.median([fixed for fixed, _ in lines])),
+            "per_cost_s": float(np.median([per_cost for _, per_cost in lines])),
+        },
     }
+
+
+def _cpu_line(record: dict[str, Any]) -> tuple[float, float]:
+    """``(fixed, per_cost)`` of ``cpu = fixed + per_cost · cost`` over every (step, rank)
+    after the first epoch of one sampler's run."""
+    first = record["steps_per_epoch"]
+    cpu = np.asarray(record["compute_cpu"])[first:].ravel()
+    cost = np.asarray(record["predicted"])[first:].ravel()
+    per_cost, fixed = np.polyfit(cost, cpu, 1)
+    return float(fixed), float(per_cost)
 
 
 def run(quick: bool) -> dict[str, Any]:

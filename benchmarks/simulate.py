@@ -6,10 +6,13 @@
    * ``hetero_run``: 4 gloo ranks on emulated speeds (HL8 and constant), torch vs
      chronica static vs ``kind="dynamic", variable_batch=True`` (window 4). The measured
      epoch times, imbalance and speed-ups are read from ``benchmarks/results/
-     hetero_run.json``. The simulator is calibrated on **torch's runs only**: the noise
-     sigma from torch's measured slowest/fastest rank compute on equal ranks, then the
-     seconds per token and the per-step overhead from torch's two measured epoch times
-     (two equations, two unknowns). chronica's and dynamic's speed-ups are predictions.
+     hetero_run.json``. The simulator is calibrated on **torch's runs only**: the fixed
+     compute per step relative to the compute per token from torch's measured CPU seconds
+     against predicted cost, the noise sigma from torch's measured slowest/fastest rank
+     compute on equal ranks, then the seconds per token and the per-step overhead from
+     torch's two measured epoch times (two equations, two unknowns). The ranks shared the
+     machine's cores, so the simulation shares them too (``cores``). chronica's and
+     dynamic's speed-ups are predictions.
    * ``chronica demo`` (2 ranks, its default configuration): the measured speed-up is the
      one earlier demo runs measured (1.12–1.15×), whose measured per-step compute max/mean
      (1.16 for torch) equals the predicted one, so compute follows the cost model without
@@ -73,9 +76,13 @@ def _hetero_sizes(case: dict[str, Any], repeat: int) -> np.ndarray:
     return demo.make_lengths(case["samples"], seed=repeat, high=1024).astype(np.float64)
 
 
-def _torch_compute(case: dict[str, Any], repeat: int, noise: float) -> np.ndarray:
-    """torch's per-(step, rank) compute over the whole run, in cost units (1 s per token)."""
-    options = _hetero_options(case, repeat, ComputeModel(1.0, noise=noise, cores=case["cores"]))
+def _torch_compute(
+    case: dict[str, Any], repeat: int, noise: float, fixed: float = 0.0
+) -> np.ndarray:
+    """torch's per-(step, rank) compute over the whole run, in cost units (1 s per token,
+    ``fixed`` per step)."""
+    compute = ComputeModel(1.0, fixed, noise=noise, cores=case["cores"])
+    options = _hetero_options(case, repeat, compute)
     strategy = options.strategies[0]
     sizes = _hetero_sizes(case, repeat)
     config = strategy.schedule_config(options.world, options.batch_size, repeat, "linear", None)
@@ -108,11 +115,19 @@ def _calibrate(cases: list[dict[str, Any]]) -> dict[str, float]:
         return float(np.median(per_repeat))
 
     noise = float(min(NOISE_GRID, key=lambda s: abs(ratio(float(s)) - target)))
+    # Fixed compute per step, in tokens: measured on torch's ranks (CPU seconds against
+    # predicted cost), absent from results older than that measurement.
+    lines = [case["torch_cpu_line"] for case in cases if "torch_cpu_line" in case]
+    fixed_tokens = (
+        float(np.median([max(ln["fixed_s"], 0.0) / ln["per_cost_s"] for ln in lines]))
+        if lines
+        else 0.0
+    )
     rows, times = [], []
     for case in cases:
         busy = []
         for repeat in range(case["repeats"]):
-            c = _torch_compute(case, repeat, noise)
+            c = _torch_compute(case, repeat, noise, fixed_tokens)
             busy.append(np.median(c.max(axis=2).sum(axis=1)[1:]))
         steps = c.shape[1]
         rows.append([float(np.median(busy)), steps])
@@ -126,13 +141,14 @@ def _calibrate(cases: list[dict[str, Any]]) -> dict[str, float]:
         "noise_ratio": ratio(noise),
         "noise_target": target,
         "seconds_per_token": float(spc),
+        "fixed_s": float(spc * fixed_tokens),
         "overhead_s": float(overhead),
     }
 
 
 def _hetero_case(case: dict[str, Any], fit: dict[str, float]) -> dict[str, Any]:
     compute = ComputeModel(
-        fit["seconds_per_token"], 0.0, fit["overhead_s"], fit["noise"], case["cores"]
+        fit["seconds_per_token"], fit["fixed_s"], fit["overhead_s"], fit["noise"], case["cores"]
     )
     epoch_times: dict[str, list[float]] = {name: [] for name in HETERO}
     for repeat in range(case["repeats"]):
@@ -280,10 +296,13 @@ def render_markdown(result: dict[str, Any], img_dir: Path) -> str:
         "",
         f"Mode `{result['mode']}`. `chronica simulate` (see [simulate.md](simulate.md)) "
         "replays the project's real runs with the same data, batch, seeds and samplers. "
-        f"The `hetero_run` cases ({result['hetero_mode']} mode measurements) are calibrated "
-        f"on torch's runs only: noise sigma {fit['noise']:.2f} (torch's simulated "
-        f"slowest/fastest on equal ranks {fit['noise_ratio']:.2f}, measured "
-        f"{fit['noise_target']:.2f}), {1e6 * fit['seconds_per_token']:.3f} µs per token and "
+        f"The `hetero_run` cases ({result['hetero_mode']} mode measurements; 4 ranks on "
+        "the machine's 2 cores, simulated with processor sharing) are calibrated on torch's "
+        "runs only: fixed compute per step from torch's measured CPU seconds against "
+        f"predicted cost ({1e3 * fit.get('fixed_s', 0.0):.1f} ms), noise sigma "
+        f"{fit['noise']:.2f} (torch's simulated slowest/fastest on equal ranks "
+        f"{fit['noise_ratio']:.2f}, measured {fit['noise_target']:.2f}), "
+        f"{1e6 * fit['seconds_per_token']:.3f} µs per token and "
         f"{1e3 * fit['overhead_s']:.1f} ms of overhead per step (from torch's two measured "
         "epoch times). The demo's case uses compute proportional to cost, no noise and no "
         "overhead (its measured per-step balance matches the predicted one; its overhead "
