@@ -28,6 +28,7 @@ def _case(speeds: str, world: int, samples: int, epochs: int, repeats: int) -> d
     times: dict[str, list[float]] = {name: [] for name in SAMPLERS}
     imbalance: dict[str, list[float]] = {name: [] for name in SAMPLERS}
     lines: list[tuple[float, float]] = []
+    coordinator: list[float] = []
     for repeat in range(repeats):
         config = demo.DemoConfig(
             lengths=demo.make_lengths(samples, seed=repeat, high=1024).tolist(),
@@ -52,6 +53,9 @@ def _case(speeds: str, world: int, samples: int, epochs: int, repeats: int) -> d
             compute = np.asarray(record["compute"])[record["steps_per_epoch"] :]
             imbalance[name].append(float(np.median(compute.max(axis=1) / compute.min(axis=1))))
         lines.append(_cpu_line(results["torch"]))
+        dynamic = results["dynamic"]
+        steps = len(dynamic["compute"])
+        coordinator.append(dynamic.get("coordinator_cpu_s", float("nan")) / steps)
     return {
         "speeds": speeds,
         "world": world,
@@ -70,6 +74,8 @@ def _case(speeds: str, world: int, samples: int, epochs: int, repeats: int) -> d
             "fixed_s": float(np.median([fixed for fixed, _ in lines])),
             "per_cost_s": float(np.median([per_cost for _, per_cost in lines])),
         },
+        # Processor seconds of rank 0's coordinator thread per training step (dynamic).
+        "coordinator_cpu_per_step_s": float(np.median(coordinator)),
     }
 
 

@@ -148,7 +148,13 @@ def _calibrate(cases: list[dict[str, Any]]) -> dict[str, float]:
 
 def _hetero_case(case: dict[str, Any], fit: dict[str, float]) -> dict[str, Any]:
     compute = ComputeModel(
-        fit["seconds_per_token"], fit["fixed_s"], fit["overhead_s"], fit["noise"], case["cores"]
+        fit["seconds_per_token"],
+        fit["fixed_s"],
+        fit["overhead_s"],
+        fit["noise"],
+        case["cores"],
+        # Measured in the dynamic run itself (rank 0's coordinator thread), not fitted.
+        case.get("coordinator_cpu_per_step_s", 0.0),
     )
     epoch_times: dict[str, list[float]] = {name: [] for name in HETERO}
     for repeat in range(case["repeats"]):

@@ -26,7 +26,7 @@ from chronica.sim import (
     simulate,
 )
 from chronica.sim.cli import main as simulate_main
-from chronica.sim.timing import shared_finish
+from chronica.sim.timing import evaluate_steps, shared_finish
 
 
 def _sizes(n: int = 600, seed: int = 1) -> np.ndarray:
@@ -292,3 +292,17 @@ def test_shared_processors_match_an_event_by_event_reference(cores):
     # No schedule beats either bound (processors idle once fewer ranks than cores work).
     bound = np.maximum(work.max(axis=1), work.sum(axis=1) / cores)
     assert (got.max(axis=1) >= bound * (1 - 1e-12)).all()
+
+
+def test_coordinator_work_shares_the_cores_but_ends_no_step():
+    indices = np.arange(8)
+    bounds = np.array([[0, 2, 4, 6, 8]])
+    costs = np.array([1.0, 1, 2, 2, 1, 1, 3, 3])
+    ones = np.ones((1, 4))
+    model = ComputeModel(1.0, cores=2, coordinator_s=5.0)
+    shared = evaluate_steps(indices, bounds, costs, costs, ones, ones, model, 0.0, host_work=5.0)
+    alone = evaluate_steps(indices, bounds, costs, costs, ones, ones, model, 0.0)
+    work = np.array([2.0, 4.0, 2.0, 6.0, 5.0])  # four ranks and the coordinator
+    np.testing.assert_allclose(shared.compute[0], reference.shared_finish(work, 2)[:4])
+    assert (shared.compute > alone.compute).all()
+    assert shared.step_s[0] == shared.compute[0].max()  # the coordinator's end is not waited for

@@ -169,7 +169,9 @@ class CoordinatorStats:
     ``internal``). ``handshake_failures`` counts connections that failed the ZeroMQ or CURVE
     handshake (they never reach the message count), ``refused_keys`` the CURVE keys the
     allow-list turned away, ``duplicate_hellos`` a rank saying hello on a second connection,
-    ``prefetches_by_pub`` the prefetches left to the PUB copy of a window (see ``_fetch``).
+    ``prefetches_by_pub`` the prefetches left to the PUB copy of a window (see ``_fetch``),
+    ``cpu_seconds`` the processor time of the serving thread (what it takes from the
+    training process it runs in).
     """
 
     hellos: int = 0
@@ -184,6 +186,7 @@ class CoordinatorStats:
     refused_keys: int = 0
     duplicate_hellos: int = 0
     prefetches_by_pub: int = 0
+    cpu_seconds: float = 0.0
 
 
 class _Throttle:
@@ -420,7 +423,9 @@ class Coordinator:
         poller.register(self._router, zmq.POLLIN)
         for monitor in self._monitors:
             poller.register(monitor.socket, zmq.POLLIN)
+        started = time.thread_time()
         while not self._stop.is_set():
+            self.stats.cpu_seconds = time.thread_time() - started
             try:
                 ready = dict(poller.poll(_POLL_MS))
             except zmq.ZMQError:

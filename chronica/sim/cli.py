@@ -112,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="processors the ranks share, e.g. a cluster emulated on one host (default 0: a "
         "device per rank)",
     )
+    time_model.add_argument(
+        "--coordinator-cpu",
+        type=float,
+        default=0.0,
+        help="with --cores: processor seconds per step of the dynamic kind's coordinator on "
+        "rank 0's host (default 0)",
+    )
     time_model.add_argument("--allreduce", choices=ALGORITHMS, default="ring")
     time_model.add_argument(
         "--latency", type=float, default=5e-6, help="seconds per all-reduce hop (default 5e-6)"
@@ -159,7 +166,12 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
         cost=_cost(args.cost),
         speeds=args.speeds,
         compute=ComputeModel(
-            args.seconds_per_cost, args.fixed, args.overhead, args.noise, args.cores
+            args.seconds_per_cost,
+            args.fixed,
+            args.overhead,
+            args.noise,
+            args.cores,
+            args.coordinator_cpu,
         ),
         allreduce=AllReduceModel(args.latency, args.bandwidth, args.grad_bytes, args.allreduce),
         strategies=tuple(args.config or DEFAULT_STRATEGIES),

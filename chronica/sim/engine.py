@@ -294,6 +294,7 @@ def _dynamic_epoch(
             noise[first:stop],
             options.compute,
             allreduce_s,
+            host_work=options.compute.coordinator_s,
         )
         loads, seconds = plan.loads.tolist(), evaluation.compute.tolist()
         for i, step in enumerate(range(first, stop)):

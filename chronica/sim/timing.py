@@ -83,7 +83,9 @@ class ComputeModel:
     compute per step whatever the load (kernel launches, Python), slowed down like the
     rest; ``overhead_s``: per-step time outside compute (optimizer, loading), equal on every
     rank; ``noise``: sigma of the lognormal factor on every (step, rank) compute time;
-    ``cores``: processors the ranks share (0: every rank has its own device).
+    ``cores``: processors the ranks share (0: every rank has its own device);
+    ``coordinator_s``: processor seconds per step of the dynamic kind's coordinator, a thread
+    of rank 0's process: with ``cores`` it shares them with the ranks' work.
     """
 
     seconds_per_cost: float = 2.5e-5
@@ -91,6 +93,7 @@ class ComputeModel:
     overhead_s: float = 0.0
     noise: float = 0.0
     cores: int = 0
+    coordinator_s: float = 0.0
 
     def __post_init__(self) -> None:
         _non_negative("--seconds-per-cost", self.seconds_per_cost)
@@ -99,6 +102,7 @@ class ComputeModel:
         _non_negative("--noise", self.noise)
         if isinstance(self.cores, bool) or not isinstance(self.cores, int) or self.cores < 0:
             raise ValueError(f"--cores {self.cores!r} must be an int >= 0 (0: one per rank)")
+        _non_negative("--coordinator-cpu", self.coordinator_s)
 
     def noise_factors(self, seed: int, epoch: int, steps: int, world: int) -> np.ndarray:
         """The ``(steps, W)`` noise of one epoch; the same for every configuration of a run
@@ -131,16 +135,23 @@ def evaluate_steps(
     noise: np.ndarray,
     compute: ComputeModel,
     allreduce_s: float,
+    host_work: float = 0.0,
 ) -> StepEvaluation:
     """Evaluate steps laid out as in ``chronica.core.EpochPlan``: rank r's samples at step s
     are ``indices[bounds[s, r] : bounds[s, r + 1]]``. ``slowdown`` and ``noise`` have shape
-    ``(steps, W)``. Guarantees: ``step_s[s] == compute[s].max() + allreduce_s +
-    compute.overhead_s`` and a rank without samples computes only ``fixed_s``."""
+    ``(steps, W)``. ``host_work``: processor seconds per step of other work on the shared
+    ``cores`` (the coordinator), which slows the ranks down but sets no step's end.
+    Guarantees: ``step_s[s] == compute[s].max() + allreduce_s + compute.overhead_s`` and a
+    rank without samples computes only ``fixed_s``."""
     per_sample = costs[indices]
     prefix = np.concatenate([[0.0], np.cumsum(per_sample)])
     loads = prefix[bounds[:, 1:]] - prefix[bounds[:, :-1]]
     work = (compute.fixed_s + compute.seconds_per_cost * loads) * noise
-    if 0 < compute.cores < work.shape[1]:
+    world = work.shape[1]
+    if compute.cores and host_work > 0:
+        other = np.full((work.shape[0], 1), host_work)
+        work = shared_finish(np.hstack([work, other]), compute.cores)[:, :world]
+    elif 0 < compute.cores < world:
         work = shared_finish(work, compute.cores)
     seconds = work * slowdown
     step_s = seconds.max(axis=1) + allreduce_s + compute.overhead_s

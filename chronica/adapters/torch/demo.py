@@ -485,6 +485,9 @@ class _Training:
             "loss": float(self.totals[0] / self.totals[2]),
             "accuracy": float(self.totals[1] / self.totals[2]),
         }
+        coordinator = getattr(getattr(self.sampler, "_session", None), "coordinator", None)
+        if coordinator is not None:  # rank 0 of a dynamic run
+            record["coordinator_cpu_s"] = coordinator.stats.cpu_seconds
         if self.name == "chronica":
             stats = self.sampler.stats(self.config.epochs - 1)
             record["bound_mean"] = stats.bound_mean
