@@ -497,9 +497,11 @@ def render(
         "lasts as long as its slowest rank.",
         "",
         "Reproduce (from the repository root; the real lengths files are read from "
-        "`../shared/data`, or `--data-dir DIR`):",
+        "`../shared/data`, or `--data-dir DIR`; the `bench` extra adds what the quality "
+        "benchmark needs):",
         "",
         "```sh",
+        'pip install -e ".[torch,tf,jax,dev,bench]"',
         f"{REPRODUCE}{quick}        # or: chronica bench{quick}",
         "```",
         "",
