@@ -189,3 +189,9 @@ def median_seconds(
         fn(i)
         times.append(time.perf_counter() - start)
     return float(np.median(times)), times
+
+
+def rss_bytes() -> int:
+    """This process's resident set size (Linux ``/proc``)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

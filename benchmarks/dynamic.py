@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing as mp
-import os
 import threading
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import zmq
+from common import rss_bytes
 from peers import omnilearn_batches
 
 from chronica.comm.client import PlanClient
@@ -449,9 +449,7 @@ class _MemorySampler(threading.Thread):
     def run(self) -> None:
         t0 = _clock()
         while not self._stop_event.is_set():
-            with open("/proc/self/statm") as f:
-                pages = int(f.read().split()[1])
-            self.samples.append((_clock() - t0, pages * os.sysconf("SC_PAGE_SIZE") / 2**20))
+            self.samples.append((_clock() - t0, rss_bytes() / 2**20))
             self._stop_event.wait(self.every)
 
     def stop(self) -> dict[str, Any]:
@@ -471,10 +469,10 @@ class _MemorySampler(threading.Thread):
         }
 
 
-def _delivery(
-    world: int, epochs: int, steps: int, step_seconds: float = STEP_SECONDS
-) -> dict[str, Any]:
-    started = time.perf_counter()
+def delivery_scheduler(world: int, steps: int) -> Scheduler:
+    """The delivery measurement's job: ``steps`` steps per epoch of ``PER_RANK`` lognormal
+    samples per rank, ``kind="dynamic", variable_batch=True``, windows of
+    ``DELIVERY_WINDOW`` steps."""
     batch = PER_RANK * world
     sizes = np.random.default_rng(world).lognormal(5, 1, batch * steps)
     config = ScheduleConfig(
@@ -484,7 +482,16 @@ def _delivery(
         variable_batch=True,
         window=DELIVERY_WINDOW,
     )
-    scheduler = Scheduler(sizes, config)
+    return Scheduler(sizes, config)
+
+
+def _delivery(
+    world: int, epochs: int, steps: int, step_seconds: float = STEP_SECONDS
+) -> dict[str, Any]:
+    started = time.perf_counter()
+    scheduler = delivery_scheduler(world, steps)
+    config = scheduler.config
+    batch = config.batch_size
     # Compile the kernels outside the measurement (a long job pays this once).
     DynamicPlanner(scheduler).plan_window(0, 0)
     high = config.batch_bounds()[1]

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import lognormal_sizes, machine_info, median_seconds
+from common import lognormal_sizes, machine_info, median_seconds, rss_bytes
 
 from chronica.comm.coordinator import Coordinator
 from chronica.comm.protocol import decode, encode, tcp_url, topic
@@ -112,11 +112,6 @@ def fit_linear(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
     return float(a), float(b)
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 class _PeakRss:
     """The peak resident set size while the ``with`` block runs, above its size at entry,
     sampled every ``RSS_POLL_SECONDS`` by a thread (Linux ``/proc``; ``None`` elsewhere)."""
@@ -129,12 +124,12 @@ class _PeakRss:
 
     def _poll(self) -> None:
         while not self._stop.wait(RSS_POLL_SECONDS):
-            self.peak = max(self.peak, _rss_bytes())
+            self.peak = max(self.peak, rss_bytes())
 
     def __enter__(self) -> _PeakRss:
         if self.available:
             gc.collect()
-            self.baseline = self.peak = _rss_bytes()
+            self.baseline = self.peak = rss_bytes()
             self._thread = threading.Thread(target=self._poll, daemon=True)
             self._thread.start()
         return self
@@ -143,7 +138,7 @@ class _PeakRss:
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
-            self.peak = max(self.peak, _rss_bytes())
+            self.peak = max(self.peak, rss_bytes())
 
     @property
     def growth(self) -> int | None:

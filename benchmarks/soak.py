@@ -17,15 +17,14 @@ quick mode): its resident memory after each epoch, without ZeroMQ queues for lag
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 from pathlib import Path
 from typing import Any
 
 import dynamic
 import numpy as np
+from common import rss_bytes
 
 from chronica.comm.coordinator import Coordinator
-from chronica.core import ScheduleConfig, Scheduler
 
 __all__ = ["format_table", "render_markdown", "run"]
 
@@ -35,25 +34,12 @@ STEPS = 32  # per epoch; windows of dynamic.DELIVERY_WINDOW steps
 STEP_SECONDS = 0.5  # 1024 reports per step: about 2,000 messages a second into the coordinator
 
 
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 def _coordinator_alone(epochs: int, out: Any) -> None:
     """The coordinator's own state over many epochs, without clients or sockets traffic:
     every window planned and published (to no subscriber), every rank's report of every
     step observed; this process's RSS after each epoch."""
-    batch = dynamic.PER_RANK * WORLD
-    sizes = np.random.default_rng(WORLD).lognormal(5, 1, batch * STEPS)
-    config = ScheduleConfig(
-        num_replicas=WORLD,
-        batch_size=batch,
-        kind="dynamic",
-        variable_batch=True,
-        window=dynamic.DELIVERY_WINDOW,
-    )
-    coordinator = Coordinator(Scheduler(sizes, config), "127.0.0.1", 0).start()
+    scheduler = dynamic.delivery_scheduler(WORLD, STEPS)
+    coordinator = Coordinator(scheduler, "127.0.0.1", 0).start()
     rss = []
     try:
         for epoch in range(epochs):
@@ -62,7 +48,7 @@ def _coordinator_alone(epochs: int, out: Any) -> None:
                 for step in range(first, first + dynamic.DELIVERY_WINDOW):
                     for rank in range(WORLD):
                         coordinator.planner.observe(rank, step, 100.0, 0.01 * (1 + rank % 3))
-            rss.append(_rss_mib())
+            rss.append(rss_bytes() / 2**20)
     finally:
         coordinator.close()
     out.put(rss)

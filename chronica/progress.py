@@ -33,7 +33,8 @@ def plan_epoch(
     """``scheduler.plan_epoch(epoch)``, with a progress bar over its steps on ``file``
     (stderr) while it runs, for data sets of at least ``min_samples`` samples. ``disable``
     as tqdm's: ``None`` shows the bar on a terminal only. The plan is the same either way."""
-    if scheduler.sizes.shape[0] < min_samples:
+    # A held plan returns at once: no bar to set up (samplers ask for it every step).
+    if scheduler.sizes.shape[0] < min_samples or scheduler.has_plan(epoch):
         return scheduler.plan_epoch(epoch)
     with tqdm(
         desc=f"chronica: planning epoch {epoch}",

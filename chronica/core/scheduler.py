@@ -290,6 +290,10 @@ class Scheduler:
         cfg = self.config
         return step_counts(self.samples_per_replica(), cfg.batch_size, cfg.num_replicas)
 
+    def has_plan(self, epoch: int) -> bool:
+        """Whether ``plan_epoch(epoch)`` returns at once (the scheduler holds that plan)."""
+        return self._cached is not None and self._cached.epoch == epoch
+
     def plan_epoch(
         self, epoch: int, progress: Callable[[int, int], None] | None = None
     ) -> EpochPlan:
@@ -298,8 +302,8 @@ class Scheduler:
         every node-local partition)."""
         if not _is_int(epoch) or epoch < 0:
             raise ValueError(f"epoch={epoch!r} must be an int >= 0")
-        if self._cached is not None and self._cached.epoch == epoch:
-            return self._cached
+        if self.has_plan(epoch):
+            return self._cached  # type: ignore[return-value]
         epoch = int(epoch)
         cfg = self.config
         w, m = cfg.num_replicas, self.samples_per_replica()
