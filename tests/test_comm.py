@@ -274,5 +274,8 @@ def test_a_prefetch_published_since_hello_is_served_by_pub_alone(scheduler):
         while client.stats.published < 3 and client._wait(deadline):
             pass
         assert client.plan(0, 4) is not None and client.plan(0, 8) is not None
+        # The coordinator publishes before it counts the request: let it finish counting.
+        while coordinator.stats.prefetches_by_pub < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert client.stats.fetched == 1 and coordinator.stats.prefetches_by_pub == 1
         client.close()
