@@ -213,7 +213,7 @@ def train(kind: str, scheduled: bool, rank: int, timeline: str | None) -> dict:
 
 
 def auto_tuned(rank: int) -> dict:
-    """Nine auto-tuned steps: two candidates of four steps each, then rank 0's best."""
+    """Nine auto-tuned steps: two candidates of four steps each, then their second trials."""
     import chronica.jax as cj
 
     params = init_params()

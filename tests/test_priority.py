@@ -223,9 +223,25 @@ def test_auto_tuner_keeps_the_fastest_candidate():
     tuner = AutoTuner([(1, 1), (2, 2), (3, 3)], steps_per_trial=3)
     seconds = {(1, 1): 3.0, (2, 2): 1.0, (3, 3): 2.0}
     switches = []
-    for _ in range(12):
+    for _ in range(30):
         knobs = tuner.record(seconds[tuner.current])
         if knobs is not None:
             switches.append(knobs)
-    assert switches == [(2, 2), (3, 3), (2, 2)]
+    # the sweep, a second trial of the two best, then the winner for good
+    assert switches == [(2, 2), (3, 3), (2, 2), (3, 3), (2, 2)]
     assert tuner.best == (2, 2)
+    assert tuner.scores == [3.0, 1.0, 2.0]
+
+
+def test_auto_tuner_is_not_decided_by_one_lucky_trial():
+    # (2, 2) is slower (1.2 s) but its first trial ran while the machine was quiet (0.9 s).
+    trials = {(1, 1): [[1.0] * 3, [1.0] * 3], (2, 2): [[0.9] * 3, [1.2] * 3]}
+    tuner = AutoTuner(list(trials), steps_per_trial=3)
+    while tuner.best is None:
+        knobs = tuner.current
+        for t in trials[knobs].pop(0):
+            tuner.record(t)
+    assert tuner.scores == [1.0, 0.9]  # the first sweep alone would keep (2, 2)
+    assert tuner.best == (1, 1)
+    lone = AutoTuner([(5, 5)], steps_per_trial=2)
+    assert lone.record(1.0) is None and lone.record(1.0) == (5, 5) and lone.best == (5, 5)

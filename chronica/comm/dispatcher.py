@@ -340,19 +340,27 @@ class Dispatcher:
 class AutoTuner:
     """Online search of ``(partition_bytes, credit_bytes)`` from measured step times.
 
-    Tries each candidate for ``steps_per_trial`` steps, scores it by the median of all but its
-    first step (which pays for the switch), then keeps the best. ``record`` returns the knobs
-    to switch to at the step boundary where a switch is due, else ``None``; the decision is a
-    pure function of the recorded times, so feeding rank 0's times and sharing the result
-    keeps ranks in step.
+    Tries each candidate for ``steps_per_trial`` steps, then gives the ``finalists`` best a
+    second trial each, and keeps the finalist with the lowest median over all its measured
+    steps. A trial's first step pays for the switch and is not measured. The second trial
+    guards against a noisy machine: one slow or lucky trial alone does not decide. ``record``
+    returns the knobs to switch to at the step boundary where a switch is due, else ``None``;
+    the decision is a pure function of the recorded times, so feeding rank 0's times and
+    sharing the result keeps ranks in step.
     """
 
-    def __init__(self, candidates: list[tuple[int, int]], steps_per_trial: int = 4) -> None:
-        if not candidates or steps_per_trial < 2:
-            raise ValueError("need at least one candidate and steps_per_trial >= 2")
+    def __init__(
+        self, candidates: list[tuple[int, int]], steps_per_trial: int = 4, finalists: int = 2
+    ) -> None:
+        if not candidates or steps_per_trial < 2 or finalists < 0:
+            raise ValueError("need at least one candidate, steps_per_trial >= 2, finalists >= 0")
         self.candidates = [(int(p), int(c)) for p, c in candidates]
         self.steps_per_trial = steps_per_trial
+        self.finalists = min(finalists, len(self.candidates)) if len(self.candidates) > 1 else 0
         self.scores: list[float] = []
+        self.samples: dict[tuple[int, int], list[float]] = {c: [] for c in self.candidates}
+        self._trials = list(self.candidates)
+        self._final: list[tuple[int, int]] = []
         self._times: list[float] = []
         self.best: tuple[int, int] | None = None
 
@@ -365,7 +373,7 @@ class AutoTuner:
 
     @property
     def current(self) -> tuple[int, int]:
-        return self.best or self.candidates[len(self.scores)]
+        return self.best or self._trials[0]
 
     def record(self, seconds: float) -> tuple[int, int] | None:
         if self.best is not None:
@@ -373,11 +381,23 @@ class AutoTuner:
         self._times.append(float(seconds))
         if len(self._times) < self.steps_per_trial:
             return None
-        self.scores.append(float(np.median(self._times[1:])))
+        trial = self._trials.pop(0)
+        self.samples[trial].extend(self._times[1:])
         self._times = []
-        if len(self.scores) == len(self.candidates):
-            self.best = self.candidates[int(np.argmin(self.scores))]
+        if len(self.scores) < len(self.candidates):  # the first sweep
+            self.scores.append(float(np.median(self.samples[trial])))
+            if len(self.scores) == len(self.candidates):
+                ranked = np.argsort(self.scores, kind="stable")[: max(1, self.finalists)]
+                self._final = [self.candidates[int(i)] for i in ranked]
+                self._trials = list(self._final) if self.finalists else []
+        if not self._trials:
+            self.best = min(
+                self._final,
+                key=lambda c: (float(np.median(self.samples[c])), self.candidates.index(c)),
+            )
             log.info(
-                "chronica auto-tune: partition, credit = %s (scores %s)", self.best, self.scores
+                "chronica auto-tune: partition, credit = %s (first-trial scores %s)",
+                self.best,
+                self.scores,
             )
         return self.current
