@@ -236,9 +236,11 @@ class Dispatcher:
         now = time.perf_counter()
         with self._cond:
             self._ready_at[tensor] = now
-            for p in self._queue.mark_ready(tensor):
+            became = self._queue.mark_ready(tensor)
+            for p in became:
                 self._part_ready[p] = now
-            self._cond.notify_all()
+            if became:  # only then can the issue thread move on
+                self._cond.notify_all()
 
     def wait_all(self) -> None:
         """Block until every partition of the current step has completed."""
@@ -334,7 +336,8 @@ class Dispatcher:
             self._on_complete(p)
             with self._cond:
                 self._remaining -= 1
-                self._cond.notify_all()
+                if not self._remaining:  # what wait_all waits for
+                    self._cond.notify_all()
 
 
 class AutoTuner:
