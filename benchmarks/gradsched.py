@@ -11,16 +11,20 @@ iteration time (step to step on rank 0, over measured steps, then the median ove
 - ``DDP``: ``torch.nn.parallel.DistributedDataParallel`` with its default buckets;
 - ``FIFO``: chronica in backward order, whole tensors, unlimited credit, crossing the
   iteration barrier (each layer's forward waits only for its own parameters);
-- ``priority``: chronica priority order, whole tensors, one tensor in flight;
+- ``priority``: chronica priority order, whole tensors, one partition in flight;
 - ``priority+partition+credit``: 256 KiB partitions, 1 MiB credit;
 - ``auto-tuned``: chronica's online search of partition and credit (measured after it).
 
-Beside them, in the same run: ``compute`` (forward+backward+update, no communication),
-``comm`` (one all-reduce of all gradient bytes, no compute) and the bound
-``max(compute, comm)``. Needs root for the namespaces (in both modes); without it, runs on
-unshaped loopback only and says so.
+"Whole tensors" means partitions as large as the largest gradient, so no tensor is cut and
+small adjacent ones are fused up to that size (as DDP's buckets fuse them). Beside them, in
+the same run: ``compute`` (forward+backward+update, no communication), ``comm`` (one
+all-reduce of all gradient bytes, no compute) and the bound ``max(compute, comm)``. Ratios
+(speed-up over DDP, distance to the bound) are taken per repeat between runs made minutes
+apart, then the median over repeats, so a slow drift of the shared machine cancels. Needs
+root for the namespaces (in both modes); without it, runs on unshaped loopback only and says
+so. The veth MTU is 9000 (``benchmarks/netns.sh``).
 
-Run alone: ``sudo PYTHONPATH=. python benchmarks/gradsched.py [--quick]``.
+Run alone: ``sudo PYTHONPATH=. python benchmarks/gradsched.py [--quick] [--links 400mbit]``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -44,11 +49,13 @@ ADDRS = ("10.77.0.1", "10.77.0.2")
 
 __all__ = ["format_table", "render_markdown", "run"]
 
+WHOLE = "whole"  # partition_bytes = the largest gradient's bytes: no tensor is cut
+
 VARIANTS = {
     "no overlap": None,
     "DDP": None,
-    "FIFO": {"order": "fifo", "partition_bytes": 1 << 40, "credit_bytes": 1 << 40},
-    "priority": {"order": "priority", "partition_bytes": 1 << 40, "credit_bytes": 1},
+    "FIFO": {"order": "fifo", "partition_bytes": WHOLE, "credit_bytes": 1 << 40},
+    "priority": {"order": "priority", "partition_bytes": WHOLE, "credit_bytes": 1},
     "priority+partition+credit": {
         "order": "priority",
         "partition_bytes": 256 << 10,
@@ -113,12 +120,15 @@ def _worker(args: argparse.Namespace) -> None:
             torch.manual_seed(0)
             model = _model(name)
             opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-            knobs = VARIANTS.get(variant)
+            knobs = dict(VARIANTS.get(variant) or {})
+            if knobs.get("partition_bytes") == WHOLE:
+                knobs["partition_bytes"] = max(4 * p.numel() for p in model.parameters())
             if variant == "DDP":
                 model = DistributedDataParallel(model)
-            elif knobs is not None:
+            elif knobs:
                 opt = ScheduledOptimizer(model, opt, **knobs)
-            extra = 36 if variant == "auto-tuned" else 0
+            # the tuner's search: 8 candidates, then 2 second trials, 4 steps each
+            extra = 44 if variant == "auto-tuned" else 0
             times, prev = [], None
             for i in range(warm + extra + steps):
                 opt.zero_grad()
@@ -140,36 +150,58 @@ def _worker(args: argparse.Namespace) -> None:
             dist.barrier()
             return float(np.median(times))
 
-        def compute_only(x=x, y=y, loss_fn=loss_fn, name=name) -> float:
+        def compute_steps(count: int, running=None, x=x, y=y, loss_fn=loss_fn, name=name):
+            """Seconds per step of forward+backward+update without communication: ``count``
+            steps, or as long as ``running()`` says so."""
             torch.manual_seed(0)
             model = _model(name)
             opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-            times = []
-            for i in range(warm + steps):
+            times: list[float] = []
+            while running() if running is not None else len(times) < count:
                 t0 = time.perf_counter()
                 opt.zero_grad()
                 loss_fn(model(x), y).backward()
                 opt.step()
-                if i >= warm:
-                    times.append(time.perf_counter() - t0)
-            dist.barrier()
-            return float(np.median(times))
+                times.append(time.perf_counter() - t0)
+            return times
 
-        def comm_only(name=name) -> float:
-            n = sum(p.numel() for p in _model(name).parameters())
-            flat = torch.zeros(n)
+        def comm_steps(count: int, name=name) -> list[float]:
+            """Seconds per all-reduce of all gradient bytes, ``count`` times."""
+            flat = torch.zeros(sum(p.numel() for p in _model(name).parameters()))
             times = []
-            for i in range(warm + steps):
+            for _ in range(count):
                 t0 = time.perf_counter()
                 dist.all_reduce(flat)
-                if i >= warm:
-                    times.append(time.perf_counter() - t0)
-            return float(np.median(times))
+                times.append(time.perf_counter() - t0)
+            return times
 
-        result: dict = {"variants": {v: [] for v in VARIANTS}, "compute": [], "comm": []}
+        def side_by_side(compute: float, comm: float) -> tuple[float, float]:
+            """Computation and all-reduces at once with no dependency between them: the
+            overlap this machine allows when both compete for its cores."""
+            # Both ranks must issue as many all-reduces: rank 0's count, enough to cover
+            # warm + steps compute steps.
+            count = torch.tensor([max(warm + steps, int(np.ceil((warm + steps) * compute / comm)))])
+            dist.broadcast(count, src=0)
+            comm_times: list[float] = []
+            thread = threading.Thread(target=lambda: comm_times.extend(comm_steps(int(count))))
+            thread.start()
+            compute_times = compute_steps(0, running=thread.is_alive)
+            thread.join()
+            dist.barrier()
+            measured = compute_times[warm:] or compute_times
+            return float(np.median(measured)), float(np.median(comm_times[warm:]))
+
+        result: dict = {"variants": {v: [] for v in VARIANTS}}
+        result |= {"compute": [], "comm": [], "shared_compute": [], "shared_comm": []}
         for _ in range(repeats):  # interleaved, so slow drifts of the machine hit all alike
-            result["compute"].append(compute_only())
-            result["comm"].append(comm_only())
+            compute = float(np.median(compute_steps(warm + steps)[warm:]))
+            dist.barrier()
+            comm = float(np.median(comm_steps(warm + steps)[warm:]))
+            result["compute"].append(compute)
+            result["comm"].append(comm)
+            shared = side_by_side(compute, comm)
+            result["shared_compute"].append(shared[0])
+            result["shared_comm"].append(shared[1])
             for variant in VARIANTS:
                 result["variants"][variant].append(run_variant(variant))
         n = sum(p.numel() for p in _model(name).parameters())
@@ -228,21 +260,29 @@ def _pair(
         return json.loads(out.read_text())
 
 
-def run(quick: bool) -> dict:
-    """Measure every variant on every link; JSON-serialisable."""
+LINKS = ("fast", "1gbit", "400mbit", "100mbit")
+
+
+def run(quick: bool, links: list[str] | None = None) -> dict:
+    """Measure every variant on every link (``links``: a subset of ``LINKS``; ``fast`` is the
+    unshaped veth); JSON-serialisable."""
     from common import machine_info
 
     # 400 Mbit/s puts vgg's communication near its computation on this class of machine.
     # Quick mode (part of `chronica bench --quick`, under 5 minutes for every benchmark on 2
     # cores) runs one link (the shaped 400 Mbit/s one with namespaces, else loopback) and
     # the vgg model only (mlp is the balanced control).
-    rates: list[str | None] = ["400mbit"] if quick else [None, "1gbit", "400mbit", "100mbit"]
-    steps, repeats = (8, 1) if quick else (15, 3)
+    names = links or (["400mbit"] if quick else list(LINKS))
+    unknown = sorted(set(names) - set(LINKS))
+    if unknown:
+        raise ValueError(f"links {unknown} are not among {LINKS}")
+    rates: list[str | None] = [None if n == "fast" else n for n in names]
+    steps, repeats = (8, 1) if quick else (12, 4)
     models = ("vgg",) if quick else tuple(MODELS)
     use_netns = os.geteuid() == 0 and _netns("down")
     if quick and not use_netns:
         rates = [None]
-    links = []
+    measured_links = []
     for rate in rates:
         if rate is not None and not use_netns:
             continue
@@ -254,41 +294,64 @@ def run(quick: bool) -> dict:
             if use_netns:
                 _netns("down")
         label = rate or ("unshaped veth" if use_netns else "loopback (not root: no netns)")
-        links.append({"link": label, "rate": rate, "models": measured})
+        measured_links.append({"link": label, "rate": rate, "models": measured})
     return {
         "machine": machine_info(),
         "quick": quick,
         "steps": steps,
         "repeats": repeats,
         "models": list(models),
-        "command": "sudo PYTHONPATH=. python benchmarks/gradsched.py" + (" --quick" * quick),
-        "links": links,
+        "command": "sudo PYTHONPATH=. python benchmarks/gradsched.py"
+        + (" --quick" * quick)
+        + (f" --links {' '.join(links)}" if links else ""),
+        "links": measured_links,
     }
 
 
 def _summary(model: dict) -> dict:
-    med = {v: float(np.median(t)) for v, t in model["variants"].items()}
-    compute, comm = float(np.median(model["compute"])), float(np.median(model["comm"]))
-    return {"median": med, "compute": compute, "comm": comm, "bound": max(compute, comm)}
+    """Medians over repeats: times, and per-repeat ratios (over DDP, to the bound)."""
+    times = {v: np.asarray(t) for v, t in model["variants"].items()}
+    compute, comm = np.asarray(model["compute"]), np.asarray(model["comm"])
+    bound = np.maximum(compute, comm)
+    shared = np.maximum(model["shared_compute"], model["shared_comm"])
+    return {
+        "median": {v: float(np.median(t)) for v, t in times.items()},
+        "speedup": {v: float(np.median(times["DDP"] / t)) for v, t in times.items()},
+        "to_bound": {v: float(np.median(t / bound)) for v, t in times.items()},
+        "to_shared": {v: float(np.median(t / shared)) for v, t in times.items()},
+        "compute": float(np.median(compute)),
+        "comm": float(np.median(comm)),
+        "bound": float(np.median(bound)),
+        "shared": float(np.median(shared)),
+        "shared_compute": float(np.median(model["shared_compute"])),
+        "shared_comm": float(np.median(model["shared_comm"])),
+    }
 
 
 def format_table(result: dict) -> str:
     """Median iteration times (ms), speed-up over DDP and ratio to the bound."""
-    head = f"{'link':<14}{'model':<6}{'variant':<28}{'ms':>9}{'vs DDP':>8}{'/bound':>8}"
+    head = (
+        f"{'link':<14}{'model':<6}{'variant':<28}{'ms':>9}{'vs DDP':>8}{'/bound':>8}{'/shared':>8}"
+    )
     lines = [head]
     for link in result["links"]:
         for name, model in link["models"].items():
             s = _summary(model)
-            ddp = s["median"]["DDP"]
             for variant, t in s["median"].items():
                 lines.append(
                     f"{link['link']:<14}{name:<6}{variant:<28}{1e3 * t:>9.1f}"
-                    f"{ddp / t:>7.2f}x{t / s['bound']:>8.2f}"
+                    f"{s['speedup'][variant]:>7.2f}x{s['to_bound'][variant]:>8.2f}"
+                    f"{s['to_shared'][variant]:>8.2f}"
                 )
             lines.append(
                 f"{link['link']:<14}{name:<6}{'bound max(compute, comm)':<28}"
                 f"{1e3 * s['bound']:>9.1f}   (compute {1e3 * s['compute']:.1f}, "
                 f"comm {1e3 * s['comm']:.1f})"
+            )
+            lines.append(
+                f"{link['link']:<14}{name:<6}{'shared: side by side':<28}"
+                f"{1e3 * s['shared']:>9.1f}   (compute {1e3 * s['shared_compute']:.1f}, "
+                f"comm {1e3 * s['shared_comm']:.1f})"
             )
     return "\n".join(lines)
 
@@ -314,31 +377,33 @@ def render_markdown(result: dict, img_dir: Path) -> str:
         names = list(s["median"])
         ax.bar(range(len(names)), [1e3 * s["median"][v] for v in names], color="tab:blue")
         ax.axhline(1e3 * s["bound"], color="tab:red", ls="--", label="max(compute, comm)")
+        ax.axhline(1e3 * s["shared"], color="tab:orange", ls=":", label="side by side")
         ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=7)
         ax.set_title(f"{name}, {link['link']}", fontsize=9)
         ax.set_ylabel("iteration (ms)")
-        ddp = s["median"]["DDP"]
         for v in names:
-            t = s["median"][v]
             rows.append(
-                f"| {link['link']} | {name} | {v} | {1e3 * t:.1f} | {ddp / t:.2f}× | "
-                f"{t / s['bound']:.2f} |"
+                f"| {link['link']} | {name} | {v} | {1e3 * s['median'][v]:.1f} | "
+                f"{s['speedup'][v]:.2f}× | {s['to_bound'][v]:.2f} | {s['to_shared'][v]:.2f} |"
             )
         rows.append(
             f"| {link['link']} | {name} | *bound* max({1e3 * s['compute']:.1f}, "
-            f"{1e3 * s['comm']:.1f}) | {1e3 * s['bound']:.1f} | | 1.00 |"
+            f"{1e3 * s['comm']:.1f}) | {1e3 * s['bound']:.1f} | | 1.00 | |"
+        )
+        rows.append(
+            f"| {link['link']} | {name} | *side by side* max({1e3 * s['shared_compute']:.1f}, "
+            f"{1e3 * s['shared_comm']:.1f}) | {1e3 * s['shared']:.1f} | | | 1.00 |"
         )
     axes[0][0].legend(fontsize=7)
     summary = []
     for link, name, model in panels:
         s = _summary(model)
-        ddp = s["median"]["DDP"]
-        ours = {v: t for v, t in s["median"].items() if v not in ("no overlap", "DDP")}
-        best = min(ours, key=ours.get)
+        ours = {v: r for v, r in s["speedup"].items() if v not in ("no overlap", "DDP")}
+        best = max(ours, key=ours.get)
         summary.append(
             f"| {link['link']} | {name} | {s['comm'] / s['compute']:.2f} | "
-            f"{ddp / s['median']['auto-tuned']:.2f}× | {best}: {ddp / ours[best]:.2f}× | "
-            f"{ours[best] / s['bound']:.2f} |"
+            f"{s['speedup']['auto-tuned']:.2f}× | {best}: {ours[best]:.2f}× | "
+            f"{s['to_bound'][best]:.2f} | {s['to_shared'][best]:.2f} |"
         )
     fig.tight_layout()
     img_dir.mkdir(parents=True, exist_ok=True)
@@ -350,14 +415,19 @@ def render_markdown(result: dict, img_dir: Path) -> str:
             "## Gradient-priority scheduling (ByteScheduler)",
             "",
             "Two torch ranks (gloo, one compute thread each) in two network namespaces joined "
-            "by a `tc`-shaped veth pair (`benchmarks/netns.sh`). Median iteration time over "
-            f"{result['steps']} measured steps, then the median over {result['repeats']} "
-            "interleaved repeats; the bound `max(compute, comm)` is measured in the same run "
-            "(compute alone; one all-reduce of all gradient bytes alone). `vgg`: 96% of the "
-            "parameters in the last layers; `mlp`: equal layers (control).",
+            "by a `tc`-shaped veth pair with MTU 9000 (`benchmarks/netns.sh`). Iteration "
+            f"time: the median over {result['steps']} measured steps, then over "
+            f"{result['repeats']} interleaved repeats; speed-ups and distances are taken per "
+            "repeat against the baseline of that repeat, then the median. The bound "
+            "`max(compute, comm)` is measured in the same run (compute alone; one all-reduce "
+            "of all gradient bytes alone), and so is *side by side*: computation and "
+            "all-reduces running at once with no dependency between them, the overlap this "
+            "machine allows. `vgg`: 96% of the parameters in the last layers; `mlp`: equal "
+            "layers (control). FIFO and priority send whole tensors (partitions as large "
+            "as the largest gradient; smaller adjacent ones fused up to that size).",
             "",
-            "| link | model | variant | ms | vs DDP | / bound |",
-            "|---|---|---|---:|---:|---:|",
+            "| link | model | variant | ms | vs DDP | / bound | / side by side |",
+            "|---|---|---|---:|---:|---:|---:|",
             *rows,
             "",
             "![iteration time per variant](img/gradsched.png)",
@@ -365,22 +435,21 @@ def render_markdown(result: dict, img_dir: Path) -> str:
             "Against the targets (≥ 1.3× over DDP where communication ≈ computation, within "
             "15% of the bound, ≤ 3% overhead on the fast link), per link and model: the "
             "communication / computation ratio, the auto-tuned variant's speed-up over DDP, "
-            "the best chronica variant and its distance to the bound.",
+            "the best chronica variant and its distance to the bound and to side by side.",
             "",
             "| link | model | comm / compute | auto-tuned vs DDP | best chronica vs DDP | "
-            "best / bound |",
-            "|---|---|---:|---:|---|---:|",
+            "best / bound | best / side by side |",
+            "|---|---|---:|---:|---|---:|---:|",
             *summary,
             "",
-            "Both ranks share this machine's 2 cores with one compute thread each, so the CPU "
-            "work of communication (gloo's TCP loop, copies, the kernel's veth and `tc` path: "
-            "about 30 ms of CPU per DDP step for `vgg`, measured per thread) has no spare "
-            "core and is taken from computation. The bound assumes communication costs no "
-            "CPU; where both are comparable, overlap cannot approach it here, and the gap "
-            "to DDP narrows. Where the link dominates (100 Mbit/s) chronica runs within a "
-            "few percent of the bound. chronica's dispatcher threads add about 13 ms of CPU "
-            "per `vgg` step on top of DDP's (20 partitions through Python); on the fast link "
-            "the auto-tuner's larger partitions recover most of it.",
+            "Both ranks share this machine's cores with one compute thread each. "
+            "Communication is not free for the CPU (gloo's loop, copies, the kernel's veth "
+            "and `tc` path), and with no spare core its CPU work is taken from computation, "
+            "while computation delays the threads that keep the link busy. The bound "
+            "`max(compute, comm)` assumes neither happens; *side by side* measures how far "
+            "they happen here. A scheduler can at best reach side by side, and only a "
+            "machine with spare cores (or an accelerator doing the compute) brings that "
+            "close to the bound.",
             "",
             f"Machine: {machine.get('processor')}, {machine.get('cpu_count')} cores, torch "
             f"{machine.get('torch')}, {machine.get('date_utc')}. Reproduce: "
@@ -393,6 +462,7 @@ def render_markdown(result: dict, img_dir: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--links", nargs="+", choices=LINKS, help="links to measure")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--addr", default="127.0.0.1", help=argparse.SUPPRESS)
@@ -407,7 +477,7 @@ def main() -> None:
         _worker(args)
         return
     sys.path.insert(0, str(HERE))
-    result = run(args.quick)
+    result = run(args.quick, args.links)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     print(format_table(result))
