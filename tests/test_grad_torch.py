@@ -97,7 +97,11 @@ def test_timeline_is_valid_chrome_trace(job):
     for rank in range(2):
         events = json.loads((tmp / f"trace.rank{rank}.json").read_text())
         spans = [e for e in events if e["ph"] == "X"]
-        assert {e["tid"] for e in spans} == {"queue", "communication"}
+        # forward waits happen when a module's parameters are still in flight (timing)
+        assert {"queue", "communication"} <= {e["tid"] for e in spans}
+        assert {e["tid"] for e in spans} <= {"queue", "communication", "forward wait"}
+        waits = {e["name"] for e in spans if e["tid"] == "forward wait"}
+        assert waits <= {"stem", "norm", "big", "head"}, waits
         assert all(e["dur"] >= 0 and e["pid"] == rank for e in spans)
         assert all({"name", "ts", "args"} <= set(e) for e in spans)
 

@@ -79,6 +79,7 @@ class ScheduledOptimizer:
         self.world = dist.get_world_size(self._group)
         self.rank = dist.get_rank(self._group)
         names = {id(p): n for n, p in model.named_parameters()}
+        self._module_names = {id(m): n or type(m).__name__ for n, m in model.named_modules()}
         self._params: list[torch.Tensor] = []
         self._group_of: dict[int, int] = {}
         for g, group in enumerate(optimizer.param_groups):
@@ -92,6 +93,7 @@ class ScheduledOptimizer:
         self._names = [names[id(p)] for p in self._params]
         self._handles: list[Any] = []
         self._dispatcher: Dispatcher | None = None
+        self._timeline: Timeline | None = None
         if self.world == 1:
             return  # nothing to communicate: step() is the optimizer's own step
         ranks = dist.get_process_group_ranks(self._group)
@@ -222,10 +224,14 @@ class ScheduledOptimizer:
             self._first_use.update(dict.fromkeys(own))
             return
         if self._released and not self._updated[own].all():
+            start = time.perf_counter()
             with self._cv:
                 self._cv.wait_for(lambda: self._updated[own].all() or self._dispatcher.failed)
             if self._dispatcher.failed:
                 self._dispatcher.wait_all()
+            if self._timeline is not None:
+                name = self._module_names[id(module)]
+                self._timeline.span(name, "forward wait", start, time.perf_counter())
 
     def _hook(self, i: int):
         def hook(p: torch.Tensor) -> None:
@@ -271,10 +277,10 @@ class ScheduledOptimizer:
         if opts.auto_tune:
             self._tuner = AutoTuner.default_grid(int((self._numel * self._itemsize).sum()))
             opts = opts.with_knobs(*self._tuner.current)
-        timeline = None
         if opts.timeline:
-            timeline = Timeline(timeline_path(opts.timeline, self.rank, self.world), self.rank)
-        self._dispatcher = Dispatcher(self._start, self._wait, self._on_complete, timeline)
+            path = timeline_path(opts.timeline, self.rank, self.world)
+            self._timeline = Timeline(path, self.rank)
+        self._dispatcher = Dispatcher(self._start, self._wait, self._on_complete, self._timeline)
         # Until measured, assume gradients arrive in backward order (reverse priority).
         self._build(opts, np.arange(len(priority), 0, -1, dtype=np.float64))
         self._dispatcher.begin(self._queue, self._part_names)
