@@ -36,9 +36,9 @@ def test_sources_in_order_of_precedence():
 @pytest.mark.parametrize(
     "sizes,match",
     [
-        ([1.0, float("nan")], r"sizes\[1\].*finite"),
+        ([1.0, float("nan")], r"sizes\[1\] is nan; .*finite"),
         ([1.0, float("inf")], r"sizes\[1\].*finite"),
-        ([1, -2], r"sizes\[1\].*non-negative"),
+        ([1, -2], r"sizes\[1\] is -2; .*non-negative"),
         ([[1, 2]], "1-D"),
         (["a", "b"], "integers or floats"),
         ([True, False], "integers or floats"),

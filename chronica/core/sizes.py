@@ -49,11 +49,13 @@ def validate_sizes(
     bad = ~np.isfinite(out)
     if bad.any():
         first = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{name}[{first}] is {raw[first]!r}; sizes must be finite (no NaN or inf)")
+        raise ValueError(
+            f"{name}[{first}] is {raw[first].item()!r}; sizes must be finite (no NaN or inf)"
+        )
     neg = out < 0
     if neg.any():
         first = int(np.flatnonzero(neg)[0])
-        raise ValueError(f"{name}[{first}] is {raw[first]!r}; sizes must be non-negative")
+        raise ValueError(f"{name}[{first}] is {raw[first].item()!r}; sizes must be non-negative")
     out.setflags(write=False)
     return out
 
