@@ -139,6 +139,8 @@ def _run_one(name: str, args: argparse.Namespace, common: Any) -> tuple[dict, li
     module = importlib.import_module(name)
     if name == "balance":
         result = module.run(args.quick, data_dir=args.data_dir)
+    elif name == "simulate":  # calibrates on the hetero_run result beside it
+        result = module.run(args.quick, results_dir=args.results_dir)
     else:
         result = module.run(args.quick)
     result.setdefault("mode", "quick" if args.quick else "full")

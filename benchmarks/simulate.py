@@ -229,9 +229,10 @@ def _scaling(quick: bool) -> dict[str, Any]:
     return {"samples": n, "worlds": list(worlds), "local_batch": 16, "curves": curves}
 
 
-def run(quick: bool) -> dict[str, Any]:
-    """Simulated vs measured speed-ups of the real runs, and the scaling study."""
-    measured = json.loads((HERE / "results" / "hetero_run.json").read_text())
+def run(quick: bool, results_dir: Path = HERE / "results") -> dict[str, Any]:
+    """Simulated vs measured speed-ups of the real runs (``results_dir/hetero_run.json``),
+    and the scaling study."""
+    measured = json.loads((results_dir / "hetero_run.json").read_text())
     # The real ranks were processes of one machine, sharing its processors.
     cores = int(measured["machine"]["cpu_count"])
     for case in measured["cases"]:
