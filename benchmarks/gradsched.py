@@ -449,7 +449,9 @@ def render_markdown(result: dict, img_dir: Path) -> str:
             "`max(compute, comm)` assumes neither happens; *side by side* measures how far "
             "they happen here. A scheduler can at best reach side by side, and only a "
             "machine with spare cores (or an accelerator doing the compute) brings that "
-            "close to the bound.",
+            "close to the bound. On the unshaped link side by side is no bound: there "
+            "back-to-back all-reduces finish in a few milliseconds and keep a core busy "
+            "without pause, far more communication than any step needs.",
             "",
             f"Machine: {machine.get('processor')}, {machine.get('cpu_count')} cores, torch "
             f"{machine.get('torch')}, {machine.get('date_utc')}. Reproduce: "
