@@ -98,6 +98,7 @@ def _worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    from chronica.comm.dispatcher import AutoTuner
     from chronica.torch.distributed import ScheduledOptimizer
 
     torch.set_num_threads(1)
@@ -127,8 +128,10 @@ def _worker(args: argparse.Namespace) -> None:
                 model = DistributedDataParallel(model)
             elif knobs:
                 opt = ScheduledOptimizer(model, opt, **knobs)
-            # the tuner's search: 8 candidates, then 2 second trials, 4 steps each
-            extra = 44 if variant == "auto-tuned" else 0
+            extra = 0
+            if variant == "auto-tuned":  # its whole search, then as many warm-up steps again
+                grid = AutoTuner.default_grid(sum(4 * p.numel() for p in model.parameters()))
+                extra = (len(grid.candidates) + grid.finalists) * grid.steps_per_trial + warm
             times, prev = [], None
             for i in range(warm + extra + steps):
                 opt.zero_grad()
