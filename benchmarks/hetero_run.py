@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from chronica.adapters.torch import demo
+from chronica import demo
 
 __all__ = ["format_table", "render_markdown", "run"]
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from chronica.adapters.torch import demo
+from chronica import demo
 from chronica.core import Scheduler
 from chronica.sim import (
     AllReduceModel,
@@ -188,7 +188,7 @@ def _hetero_case(case: dict[str, Any], fit: dict[str, float]) -> dict[str, Any]:
 
 
 def _demo_case() -> dict[str, Any]:
-    config = demo._parse(["--no-progress"])[0]
+    config = demo.parse_args(["--no-progress"])[0]
     sizes = np.asarray(config.lengths, dtype=np.float64)
     options = SimOptions(
         world=config.world_size,

@@ -36,14 +36,8 @@ def _run_bench(args: list[str]) -> int:
 
 
 def _run_demo(args: list[str]) -> int:
-    try:
-        from chronica.adapters.torch.demo import main as demo_main
-    except ModuleNotFoundError as exc:
-        if exc.name == "torch":
-            raise SystemExit(
-                "chronica demo needs PyTorch: pip install torch==2.13.0 (or chronica[torch])"
-            ) from exc
-        raise
+    from chronica.demo.cli import main as demo_main  # imports torch only in the ranks
+
     return int(demo_main(args) or 0)
 
 

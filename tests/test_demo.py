@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from chronica.adapters.torch import demo
+from chronica import demo
 
 
 def _children() -> list[int]:

@@ -1,0 +1,116 @@
+"""What one demo run depends on (``DemoConfig``) and its data and cost model; no torch here."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from chronica.core.cost import CostModel
+from chronica.core.hetero import SpeedProfile
+
+__all__ = ["SAMPLERS", "DemoConfig", "cost_model_for", "load_lengths", "make_lengths"]
+
+SAMPLERS = ("torch", "chronica", "dynamic")
+
+
+def make_lengths(
+    n: int, seed: int = 0, mean_log: float = 5.0, sigma: float = 1.0, low: int = 8, high: int = 4096
+) -> np.ndarray:
+    """``n`` token lengths drawn from lognormal(``mean_log``, ``sigma``), rounded and clipped
+    to ``[low, high]``, as int64. The same ``seed`` gives the same lengths everywhere."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n={n!r} must be a positive int (number of samples)")
+    rng = np.random.default_rng(seed)
+    return np.clip(np.rint(rng.lognormal(mean_log, sigma, n)), low, high).astype(np.int64)
+
+
+def load_lengths(path: str | os.PathLike[str], limit: int | None = None) -> np.ndarray:
+    """Token lengths from a text file with one number per line (blank lines and ``#`` comments
+    ignored), optionally only the first ``limit``. Every length must be an integer >= 1."""
+    values: list[int] = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            text = line.split("#", 1)[0].strip()
+            if not text:
+                continue
+            try:
+                value = float(text)
+            except ValueError:
+                raise ValueError(f"{path}:{number}: {text!r} is not a number") from None
+            if not math.isfinite(value) or value < 1 or value != int(value):
+                raise ValueError(f"{path}:{number}: length {text} must be an integer >= 1")
+            values.append(int(value))
+    if not values:
+        raise ValueError(f"{path} holds no lengths; write one token count per line")
+    if limit is not None:
+        if limit > len(values):
+            raise ValueError(
+                f"--samples {limit} asks for more samples than {path} holds ({len(values)}); "
+                f"leave --samples out to use them all"
+            )
+        values = values[:limit]
+    return np.asarray(values, dtype=np.int64)
+
+
+def cost_model_for(cost: str, dim: int, hidden: int) -> CostModel:
+    """The cost model matching ``PackedClassifier``'s multiply-adds per sequence of length s.
+
+    ``linear``: the per-token MLP, cost ∝ s. ``quadratic``: with attention, 4·d·s² for the
+    scores and their use plus (4·d·h + 8·d²)·s for the MLP and projections, divided by 4·d.
+    """
+    if cost == "linear":
+        return CostModel.linear()
+    if cost == "quadratic":
+        return CostModel.quadratic(0.0, float(hidden + 2 * dim), 1.0)
+    raise ValueError(f"cost={cost!r} must be 'linear' or 'quadratic'")
+
+
+@dataclass
+class DemoConfig:
+    """Everything one demo run depends on; travels to the workers as JSON."""
+
+    lengths: list[int]
+    lengths_source: str
+    batch_size: int = 32
+    epochs: int = 6
+    kind: str = "static"
+    cost: str = "linear"
+    seed: int = 0
+    world_size: int = 2
+    dim: int = 128
+    hidden: int = 512
+    lr: float = 3e-3
+    warmup_steps: int = 3
+    progress: bool = True
+    collective_timeout_s: float = 120.0
+    samplers: tuple[str, ...] = field(default=SAMPLERS[:2])
+    speeds: str = "constant"
+    coordinator_port: int = 0
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the option to fix."""
+        if self.world_size < 1:
+            raise ValueError(f"--world-size {self.world_size} must be >= 1")
+        if self.batch_size < self.world_size or self.batch_size % self.world_size:
+            raise ValueError(
+                f"--batch-size {self.batch_size} (global) must be a positive multiple of the "
+                f"world size {self.world_size}"
+            )
+        if self.epochs < 1:
+            raise ValueError(f"--epochs {self.epochs} must be >= 1")
+        if len(self.lengths) < self.batch_size:
+            raise ValueError(
+                f"{len(self.lengths)} samples are fewer than one global batch "
+                f"({self.batch_size}); raise --samples or lower --batch-size"
+            )
+        unknown = sorted(set(self.samplers) - set(SAMPLERS))
+        if unknown or not self.samplers:
+            raise ValueError(f"--samplers {unknown} must be a comma list of {SAMPLERS}")
+        SpeedProfile.parse(self.speeds, self.world_size)  # raises naming the format
+
+    def profile(self) -> SpeedProfile:
+        """The emulated rank speeds (``--speeds``)."""
+        return SpeedProfile.parse(self.speeds, self.world_size)
