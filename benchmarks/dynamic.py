@@ -40,7 +40,7 @@ from chronica.comm.protocol import topic
 from chronica.core import ScheduleConfig, Scheduler
 from chronica.core.controller import BatchController, RankTimeModel, water_fill
 from chronica.core.dynamic import DynamicPlanner
-from chronica.core.hetero import OMNILEARN_PROFILES, SpeedProfile
+from chronica.sim.speeds import OMNILEARN_PROFILES, SpeedProfile
 
 __all__ = ["format_table", "render_markdown", "run"]
 

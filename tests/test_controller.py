@@ -18,7 +18,7 @@ from chronica.core.controller import (
     water_fill,
 )
 from chronica.core.dynamic import DynamicPlanner
-from chronica.core.hetero import SpeedProfile
+from chronica.sim.speeds import SpeedProfile
 
 
 def _brute_force_best(total, alpha, beta, unit, low, high):

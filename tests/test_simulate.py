@@ -175,6 +175,42 @@ def test_hl_levels_have_the_named_spread() -> None:
     assert parse_speeds("slowdown", 4, 100).speeds(50)[0] == 0.5
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "constant",
+        "HL8",
+        "hl2",
+        "HL1,HL8@10",
+        "drifting:5:0.2",
+        "slowdown",
+        "slowdown:1@3*2",
+        "straggler:1@3*2",
+        "1,0.5",
+        "6,6,4,32",
+    ],
+)
+def test_demo_and_simulate_share_one_speeds_grammar(spec) -> None:
+    from chronica.demo.config import DemoConfig
+
+    profile = parse_speeds(spec, 8, 40)
+    config = DemoConfig(
+        lengths=[8] * 128, lengths_source="test", batch_size=16, epochs=5, world_size=8, speeds=spec
+    )
+    config.validate()
+    assert config.profile() == profile
+
+
+def test_speed_profiles_changing_and_straggler() -> None:
+    profile = parse_speeds("HL1,HL8@100", 4, 200)
+    np.testing.assert_array_equal(profile.speeds(99), [12, 12, 12, 12])
+    np.testing.assert_array_equal(profile.speeds(100), [6, 6, 4, 32])
+    assert parse_speeds("straggler:2@10*4", 4, 100).slowdown(10)[2] == 4.0
+    for bad in ("HL9", "HL1,HL8", "straggler", "HL4"):
+        with pytest.raises(ValueError, match=r"--speeds .* not understood"):
+            parse_speeds(bad, 6 if bad == "HL4" else 4, 10)
+
+
 # -- sizes files -------------------------------------------------------------------------------
 
 

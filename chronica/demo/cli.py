@@ -14,6 +14,7 @@ import time
 from chronica.demo.config import SAMPLERS, DemoConfig, load_lengths, make_lengths
 from chronica.demo.launch import DemoError, launch
 from chronica.demo.report import format_report
+from chronica.sim.speeds import PROFILE_HELP
 
 __all__ = ["main", "parse_args"]
 
@@ -50,8 +51,7 @@ def parse_args(argv: list[str] | None) -> tuple[DemoConfig, float]:
     parser.add_argument(
         "--speeds",
         default="constant",
-        help="emulated rank speeds: constant, HL2..HL8 (4 ranks), '1,1,0.5', "
-        "'straggler:RANK@STEP*FACTOR' (default constant)",
+        help=f"emulated rank speeds (default constant): {PROFILE_HELP}",
     )
     parser.add_argument(
         "--samplers",

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from chronica.core.cost import CostModel
-from chronica.core.hetero import SpeedProfile
+from chronica.sim.speeds import SpeedProfile, parse_speeds
 
 __all__ = ["SAMPLERS", "DemoConfig", "cost_model_for", "load_lengths", "make_lengths"]
 
@@ -109,8 +109,9 @@ class DemoConfig:
         unknown = sorted(set(self.samplers) - set(SAMPLERS))
         if unknown or not self.samplers:
             raise ValueError(f"--samplers {unknown} must be a comma list of {SAMPLERS}")
-        SpeedProfile.parse(self.speeds, self.world_size)  # raises naming the format
+        self.profile()  # raises naming --speeds and the accepted forms
 
     def profile(self) -> SpeedProfile:
-        """The emulated rank speeds (``--speeds``)."""
-        return SpeedProfile.parse(self.speeds, self.world_size)
+        """The emulated rank speeds (``--speeds``, the grammar of ``chronica simulate``)."""
+        total_steps = self.epochs * math.ceil(len(self.lengths) / self.batch_size)
+        return parse_speeds(self.speeds, self.world_size, total_steps)

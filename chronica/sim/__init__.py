@@ -19,18 +19,26 @@ from chronica.sim.engine import (
 )
 from chronica.sim.report import format_table, plot
 from chronica.sim.sizes import SizeDistribution, read_sizes, resample
-from chronica.sim.speeds import hl_speeds, parse_speeds, slowdown_matrix
+from chronica.sim.speeds import (
+    OMNILEARN_PROFILES,
+    SpeedProfile,
+    hl_speeds,
+    parse_speeds,
+    slowdown_matrix,
+)
 from chronica.sim.strategies import Assignment, Strategy, torch_assignment
 from chronica.sim.timing import AllReduceModel, ComputeModel, StepEvaluation, evaluate_steps
 
 __all__ = [
     "DEFAULT_STRATEGIES",
+    "OMNILEARN_PROFILES",
     "AllReduceModel",
     "Assignment",
     "ComputeModel",
     "SimOptions",
     "SimulationResult",
     "SizeDistribution",
+    "SpeedProfile",
     "StepEvaluation",
     "Strategy",
     "StrategyResult",
