@@ -98,7 +98,7 @@ def _worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from chronica.comm.dispatcher import AutoTuner
+    from chronica.runtime.dispatcher import AutoTuner
     from chronica.torch.distributed import ScheduledOptimizer
 
     torch.set_num_threads(1)

@@ -1,5 +1,5 @@
 """The gradient task queue (chronica.core.priority) and the dispatcher machinery
-(chronica.comm.dispatcher) without any framework: layout, reassembly, credit, order."""
+(chronica.runtime.dispatcher) without any framework: layout, reassembly, credit, order."""
 
 import json
 import random
@@ -11,14 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chronica.comm.dispatcher import (
-    AutoTuner,
-    Dispatcher,
-    SchedulingOptions,
-    Timeline,
-    timeline_path,
-)
 from chronica.core.priority import GradientQueue, build_layout, fifo_order, simulate_order
+from chronica.runtime.dispatcher import AutoTuner, Dispatcher, SchedulingOptions
+from chronica.runtime.timeline import Timeline, timeline_path
 
 tensors = st.lists(st.tuples(st.integers(0, 300), st.sampled_from([1, 2, 4, 8])), max_size=12)
 

@@ -1,7 +1,7 @@
 """Gradient task queue: priorities, partitions, fusion, credit and a rank-identical order.
 
 Pure decisions for gradient-priority communication scheduling (ByteScheduler): no threads,
-no clocks, no framework. The dispatcher in ``chronica.comm.dispatcher`` drives it.
+no clocks, no framework. The dispatcher in ``chronica.runtime.dispatcher`` drives it.
 
 - **Priority** is a tensor's position in the order of first use in the forward pass
   (position 0 is needed first). Tensors are laid out in that order.

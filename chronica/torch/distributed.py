@@ -5,6 +5,6 @@
 """
 
 from chronica.adapters.torch.grad import ScheduledOptimizer
-from chronica.comm.dispatcher import SchedulingOptions
+from chronica.runtime.dispatcher import SchedulingOptions
 
 __all__ = ["ScheduledOptimizer", "SchedulingOptions"]

@@ -70,8 +70,9 @@ from jax.experimental import multihost_utils
 from jax.extend.core import Literal, jaxprs_in_params
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from chronica.comm.dispatcher import AutoTuner, SchedulingOptions, Timeline, timeline_path
 from chronica.core.priority import GradientQueue, Layout, build_layout, fifo_order, simulate_order
+from chronica.runtime.dispatcher import AutoTuner, SchedulingOptions
+from chronica.runtime.timeline import Timeline, timeline_path
 
 __all__ = ["PerLeaf", "ReducedLeaves", "ScheduledReducer", "forward_order", "per_leaf"]
 

@@ -62,8 +62,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from chronica.comm.dispatcher import SchedulingOptions, Timeline, timeline_path
 from chronica.core.priority import Layout, build_layout, fifo_order, simulate_order
+from chronica.runtime.dispatcher import SchedulingOptions
+from chronica.runtime.timeline import Timeline, timeline_path
 
 __all__ = [
     "ScheduledAllReduce",

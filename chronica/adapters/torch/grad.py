@@ -26,14 +26,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from chronica.comm.dispatcher import (
-    AutoTuner,
-    Dispatcher,
-    SchedulingOptions,
-    Timeline,
-    timeline_path,
-)
 from chronica.core.priority import GradientQueue, build_layout, fifo_order, simulate_order
+from chronica.runtime.dispatcher import AutoTuner, Dispatcher, SchedulingOptions
+from chronica.runtime.timeline import Timeline, timeline_path
 
 __all__ = ["ScheduledOptimizer"]
 

@@ -1,5 +1,6 @@
-"""The gradient dispatcher: threads that issue partitions in order under credit, a Chrome-trace
-timeline, the knobs (arguments or ``CHRONICA_*`` environment variables) and an auto-tuner.
+"""The gradient dispatcher: threads that issue partitions in order under credit, the knobs
+(arguments or ``CHRONICA_*`` environment variables) and an auto-tuner; the Chrome-trace
+timeline it writes is ``chronica.runtime.timeline``.
 
 Framework-free: an adapter passes in ``start(partition) -> handle`` (begin an asynchronous
 all-reduce of that partition's bytes) and ``wait(partition, handle)`` (block until it is done
@@ -11,7 +12,6 @@ on every rank), the other *waits* for them in issue order, returns their credit 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 
 from chronica.core.priority import GradientQueue
+from chronica.runtime.timeline import Timeline
 
-__all__ = ["AutoTuner", "Dispatcher", "SchedulingOptions", "StepStats", "Timeline"]
+__all__ = ["AutoTuner", "Dispatcher", "SchedulingOptions", "StepStats"]
 
 log = logging.getLogger("chronica")
 
@@ -106,62 +107,6 @@ class SchedulingOptions:
 
     def with_knobs(self, partition_bytes: int, credit_bytes: int) -> SchedulingOptions:
         return replace(self, partition_bytes=int(partition_bytes), credit_bytes=int(credit_bytes))
-
-
-def timeline_path(path: str, rank: int, world: int) -> str:
-    """The per-rank file name for a timeline ``path`` (see ``SchedulingOptions``)."""
-    if "{rank}" in path:
-        return path.replace("{rank}", str(rank))
-    if world <= 1:
-        return path
-    root, dot, ext = path.rpartition(".")
-    return f"{root}.rank{rank}.{ext}" if dot and "/" not in ext else f"{path}.rank{rank}"
-
-
-class Timeline:
-    """A Chrome-trace (JSON array format) file of complete ("X") events, loadable by
-    chrome://tracing and Perfetto. Complete JSON once ``close`` ran; until then it is the
-    array format's accepted unterminated form. Thread-safe."""
-
-    def __init__(self, path: str, pid: int = 0) -> None:
-        self._file = open(path, "w")
-        self._pid = pid
-        self._lock = threading.Lock()
-        self._first = True
-        self._t0 = time.perf_counter()
-        self._wall0_us = time.time() * 1e6
-        self._file.write("[\n")
-        meta = {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"rank {pid}"}}
-        self._write(meta)
-
-    def _write(self, event: dict) -> None:
-        text = json.dumps(event, separators=(",", ":"))
-        with self._lock:
-            if self._file.closed:
-                return
-            self._file.write(text if self._first else ",\n" + text)
-            self._first = False
-
-    def span(self, name: str, tid: str, start: float, end: float, **args: Any) -> None:
-        """One span from ``start`` to ``end`` (``time.perf_counter`` seconds) on row ``tid``."""
-        ts = self._wall0_us + (start - self._t0) * 1e6
-        self._write(
-            {
-                "name": name,
-                "ph": "X",
-                "pid": self._pid,
-                "tid": tid,
-                "ts": round(ts, 3),
-                "dur": round(max(0.0, end - start) * 1e6, 3),
-                "args": args,
-            }
-        )
-
-    def close(self) -> None:
-        with self._lock:
-            if not self._file.closed:
-                self._file.write("\n]\n")
-                self._file.close()
 
 
 @dataclass(frozen=True)
