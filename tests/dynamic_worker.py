@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from chronica.runtime import DynamicOptions
 from chronica.torch.utils.data import DistributedBatchSampler
 
 N, PER_RANK = 300, 8
@@ -50,10 +51,8 @@ def main(out_path: str, scenario: str, port: str, sync: str) -> None:
         batch_size=PER_RANK * world,
         kind="dynamic",
         variable_batch=True,
-        window=4,
         sizes=sizes,
-        port=int(port),
-        timeout=3.0,
+        dynamic=DynamicOptions(window=4, port=int(port), timeout=3.0),
     )
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1).double()
@@ -84,7 +83,7 @@ def main(out_path: str, scenario: str, port: str, sync: str) -> None:
             sampler.report(sizes[batch].sum() * 1e-6 * slow)
         epochs.append(steps)
         weights.append(step_weights)
-    session = sampler._session
+    session = sampler.stream.session
     result = {
         "rank": rank,
         "epochs": epochs,

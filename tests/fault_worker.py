@@ -31,6 +31,7 @@ import numpy as np
 import torch.distributed as dist
 
 from chronica.comm.coordinator import Coordinator
+from chronica.runtime import DynamicOptions
 from chronica.torch.utils.data import DistributedBatchSampler
 
 N, PER_RANK, WINDOW = 300, 8, 4
@@ -82,18 +83,20 @@ def main(out_path: str, scenario: str) -> None:
         batch_size=PER_RANK * world,
         kind="dynamic",
         variable_batch=True,
-        window=WINDOW,
         sizes=sizes,
-        port=int(os.environ.get("CHRONICA_TEST_PORT", 0)) or None,
-        timeout=RESTART_TIMEOUT if scenario == "coordinator" else TIMEOUT,
+        dynamic=DynamicOptions(
+            window=WINDOW,
+            port=int(os.environ.get("CHRONICA_TEST_PORT", 0)) or None,
+            timeout=RESTART_TIMEOUT if scenario == "coordinator" else TIMEOUT,
+        ),
     )
     journal, checkpoint = Path(out_path + ".journal"), Path(out_path + ".state")
     first_epoch, first_step = 0, 0
     if scenario == "resume":
         state = json.loads(checkpoint.read_text())
         sampler.load_state_dict(state)
-        first_epoch, first_step = state["epoch"], state["progress"]
-    session = sampler._session
+        first_epoch, first_step = state["epoch"], state["step"]
+    session = sampler.stream.session
     if scenario == "delay" and rank == world - 1:
         # Set after connecting, so that only the delayed window can exceed it.
         session.client.timeout = SHORT_TIMEOUT

@@ -21,8 +21,8 @@ from chronica.comm.protocol import (
     encode,
     plan_message,
 )
-from chronica.comm.session import DynamicSession
 from chronica.core import ScheduleConfig, Scheduler
+from chronica.runtime.session import DynamicSession
 
 
 @pytest.fixture

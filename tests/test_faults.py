@@ -245,6 +245,6 @@ def test_rank_killed_and_job_restarted_from_checkpoints_resumes_exactly(tmp_path
             if proc.poll() is None:
                 proc.kill()
     for out in _outputs(tmp_path):  # both stopped after the same step
-        assert json.loads(Path(f"{out}.state").read_text())["progress"] == CRASH_AFTER + 1
+        assert json.loads(Path(f"{out}.state").read_text())["step"] == CRASH_AFTER + 1
     wait_workers(_start(tmp_path, "resume"), timeout=120)
     _check_exactly_once(_journals(tmp_path))

@@ -33,9 +33,9 @@ from chronica.comm.protocol import (
     encode,
     plan_message,
 )
-from chronica.comm.session import DynamicSession
 from chronica.core import ScheduleConfig, Scheduler
 from chronica.core.dynamic import DynamicPlanner
+from chronica.runtime.session import DynamicSession
 
 PLAN_BYTES = 1 << 20
 

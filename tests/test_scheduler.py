@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chronica.core import ScheduleConfig, Scheduler
-from chronica.progress import plan_epoch
+from chronica.runtime.progress import plan_epoch
 
 MODES = [("static", True), ("static", False), ("guided", True)]
 

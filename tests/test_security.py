@@ -25,8 +25,8 @@ from chronica.comm import standalone
 from chronica.comm.auth import CurveClient, CurveServer, make_keys
 from chronica.comm.client import PlanClient
 from chronica.comm.coordinator import Coordinator, resolve_bind, resolve_endpoint
-from chronica.comm.session import DynamicSession
 from chronica.core import ScheduleConfig, Scheduler
+from chronica.runtime.session import DynamicSession
 
 _ENV = ("MASTER_ADDR", "CHRONICA_BIND", "CHRONICA_PORT", "CHRONICA_COORDINATOR")
 

@@ -1,4 +1,20 @@
 """One rank's side of a chronica job, framework-neutral (imports ``core`` and ``comm`` only).
 
-The adapters under ``chronica.adapters`` are thin faces over this layer.
+``RankStream`` is the per-rank object the adapters under ``chronica.adapters`` are thin
+faces of: scheduler, epoch and position, the dynamic session with its all-ranks agreement
+and fallback, elastic resume, loss weights, diagnostics and one state format.
+``DynamicOptions`` holds the knobs of ``kind="dynamic"`` for every adapter.
 """
+
+from chronica.runtime.agreement import Agreement, KeyValueAgreement
+from chronica.runtime.options import DynamicOptions
+from chronica.runtime.stream import STATE_VERSION, LocalBatch, RankStream
+
+__all__ = [
+    "STATE_VERSION",
+    "Agreement",
+    "DynamicOptions",
+    "KeyValueAgreement",
+    "LocalBatch",
+    "RankStream",
+]

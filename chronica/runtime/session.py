@@ -39,7 +39,7 @@ from chronica.comm.coordinator import Coordinator, resolve_endpoint
 from chronica.comm.protocol import Plan, check_int
 from chronica.core.plan import EpochPlan
 from chronica.core.scheduler import Scheduler
-from chronica.progress import plan_epoch
+from chronica.runtime.progress import plan_epoch
 
 __all__ = ["DynamicSession"]
 

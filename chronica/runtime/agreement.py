@@ -1,0 +1,79 @@
+"""All ranks agree on one source for each dynamic window.
+
+A dynamic window is served either by the coordinator's plan or by the static plan; both
+hold the same samples at every step, so exactly-once holds only if *every* rank takes the
+same source (and, for the coordinator's, parts of the same planning of it). Before each
+window every rank passes a token, its plan's generation or 0 for "no plan", to an
+``Agreement``: a function that returns ``True`` only if every rank passed the same token
+``> 0``, and returns the same answer on every rank.
+
+Adapters build one from their framework's own machinery: the torch adapter with one gloo
+all-reduce, the JAX and TensorFlow adapters with the key-value store of their coordination
+service (``KeyValueAgreement``), which needs no device and runs from any thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+
+from chronica.core.checks import check_int
+
+__all__ = ["Agreement", "KeyValueAgreement", "unanimous"]
+
+Agreement = Callable[[int], bool]
+
+
+def unanimous(tokens: Sequence[int]) -> bool:
+    """Whether every token is the same positive number (the agreement rule)."""
+    return len(tokens) > 0 and min(tokens) == max(tokens) > 0
+
+
+class KeyValueAgreement:
+    """An ``Agreement`` over a key-value store shared by the ranks (a coordination service).
+
+    Round ``n``: rank ``r`` writes its token under ``{prefix}/{n}/{r}``, then reads every
+    rank's key of round ``n``, waiting up to ``timeout_ms`` for each. All ranks read the
+    same ``world`` tokens, so all return the same ``unanimous(tokens)``. ``put(key, value)``
+    and ``get(key, timeout_ms) -> str`` are the store's calls; ``get`` blocks until the key
+    exists and raises when the time is up, which ``__call__`` re-raises as ``TimeoutError``
+    naming the rank that did not answer (a rank that stopped; the job cannot go on).
+    ``delete(key)``, when given, drops this rank's key of the round before the last, so
+    the store holds at most two rounds per rank.
+    """
+
+    def __init__(
+        self,
+        put: Callable[[str, str], None],
+        get: Callable[[str, int], str],
+        rank: int,
+        world: int,
+        *,
+        prefix: str,
+        timeout_ms: int,
+        delete: Callable[[str], None] | None = None,
+    ) -> None:
+        self.world = check_int("world", world, 1)
+        self.rank = check_int("rank", rank, 0, self.world - 1)
+        self.timeout_ms = check_int("timeout_ms", timeout_ms, 1)
+        self.prefix = prefix
+        self._put, self._get, self._delete = put, get, delete
+        self._rounds = itertools.count()
+
+    def __call__(self, token: int) -> bool:
+        round_ = next(self._rounds)
+        self._put(f"{self.prefix}/{round_}/{self.rank}", str(int(token)))
+        tokens = []
+        for peer in range(self.world):
+            key = f"{self.prefix}/{round_}/{peer}"
+            try:
+                tokens.append(int(self._get(key, self.timeout_ms)))
+            except Exception as error:
+                raise TimeoutError(
+                    f"chronica: rank {peer} did not take part in agreement round {round_} "
+                    f"within {self.timeout_ms} ms ({type(error).__name__}: {error}); a rank "
+                    "stopped or iterates another epoch"
+                ) from error
+        if self._delete is not None and round_ >= 1:
+            self._delete(f"{self.prefix}/{round_ - 1}/{self.rank}")
+        return unanimous(tokens)
