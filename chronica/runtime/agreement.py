@@ -15,13 +15,36 @@ service (``KeyValueAgreement``), which needs no device and runs from any thread.
 from __future__ import annotations
 
 import itertools
+import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 from chronica.core.checks import check_int
 
-__all__ = ["Agreement", "KeyValueAgreement", "unanimous"]
+__all__ = ["Agreement", "KeyValueAgreement", "agreement_timeout", "key_prefix", "unanimous"]
 
 Agreement = Callable[[int], bool]
+
+
+_PREFIXES: Counter[str] = Counter()
+_PREFIXES_LOCK = threading.Lock()
+
+
+def key_prefix(digest: str) -> str:
+    """A key-value prefix for the next agreement of a stream with configuration ``digest``:
+    the same on every rank, as long as every rank builds its streams in the same order (the
+    ``n``-th stream of a configuration in each process gets the same prefix)."""
+    with _PREFIXES_LOCK:
+        n = _PREFIXES[digest]
+        _PREFIXES[digest] += 1
+    return f"chronica/agree/{digest[:16]}/{n}"
+
+
+def agreement_timeout(timeout: float) -> float:
+    """How long, in seconds, a rank waits for the others' tokens given the plan time-out
+    ``timeout``: ranks reach a window within a step or two of each other (each step ends in
+    a gradient all-reduce), so this only fires when a rank stopped."""
+    return max(60.0, 6.0 * timeout)
 
 
 def unanimous(tokens: Sequence[int]) -> bool:
