@@ -31,15 +31,6 @@ class Sized(Dataset):
         return float(self.sizes_[index]) if index is not None else super().__sizeof__()
 
 
-def test_importing_chronica_does_not_import_frameworks():
-    code = (
-        "import sys, chronica, chronica.core, chronica.cli;"
-        "print(sorted({'torch', 'tensorflow', 'jax'} & set(sys.modules)))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
-
-
 @given(n=st.integers(0, 40), w=st.integers(1, 6), drop_last=st.booleans())
 def test_torch_semantics_without_shuffle(n, w, drop_last):
     for r in range(w):
