@@ -72,8 +72,19 @@ def test_lengths_file(tmp_path: Path):
     with pytest.raises(ValueError, match="more samples"):
         demo.load_lengths(path, limit=4)
     path.write_text("12\n0\n")
-    with pytest.raises(ValueError, match=r":2: length 0"):
+    with pytest.raises(ValueError, match=r"--lengths lengths.txt\[1\] is 0; .* integer >= 1"):
         demo.load_lengths(path)
+    path.write_text("12\n2.5\n")
+    with pytest.raises(ValueError, match=r"\[1\] is 2.5"):
+        demo.load_lengths(path)
+    # the reader of chronica simulate --sizes: .npy and a CSV column work too
+    np.save(tmp_path / "lengths.npy", np.array([5, 9]))
+    assert demo.load_lengths(tmp_path / "lengths.npy").tolist() == [5, 9]
+    (tmp_path / "lengths.csv").write_text("id,tokens\n0,4\n1,6\n")
+    assert demo.load_lengths(tmp_path / "lengths.csv", column="tokens").tolist() == [4, 6]
+    (tmp_path / "blank.txt").write_text("# nothing\n\n")
+    with pytest.raises(ValueError, match=r"--lengths blank\.txt: no sizes found"):
+        demo.load_lengths(tmp_path / "blank.txt")
 
 
 def test_bad_arguments_fail_early_without_starting_processes(tmp_path: Path, capsys):

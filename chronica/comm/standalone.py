@@ -1,9 +1,10 @@
 """``chronica coordinator``: the coordinator as a process of its own, for multi-node jobs.
 
-It needs what every rank's sampler is built from: the sizes (a ``.npy`` file or a text file
-with one number per line) and the sampler's arguments. Ranks find it through
-``CHRONICA_COORDINATOR=host:port``; a rank whose sizes or arguments differ is refused with
-an error that says so. It serves until interrupted (Ctrl-C or SIGTERM).
+It needs what every rank's sampler is built from: the sizes (any file ``chronica simulate
+--sizes`` reads: text with one number per line, ``.npy``, or a ``.csv``/``.parquet`` column
+named with ``--column``; one reader, ``chronica.sizes_io``) and the sampler's arguments.
+Ranks find it through ``CHRONICA_COORDINATOR=host:port``; a rank whose sizes or arguments
+differ is refused with an error that says so. It serves until interrupted (Ctrl-C or SIGTERM).
 
 It binds ``--host`` (else ``CHRONICA_BIND``, else ``MASTER_ADDR``, else 127.0.0.1); every
 interface only when one of them says ``0.0.0.0``. ``--make-keys DIR`` writes CURVE keys for
@@ -20,21 +21,21 @@ from pathlib import Path
 
 import numpy as np
 
+from chronica import sizes_io
 from chronica.comm.auth import ENV_DIR, make_keys
 from chronica.comm.coordinator import Coordinator
-from chronica.core import ScheduleConfig, Scheduler
+from chronica.core import ScheduleConfig, Scheduler, validate_sizes
+from chronica.sizes_io import SIZES_HELP
 
 __all__ = ["main"]
 
 logger = logging.getLogger("chronica")
 
 
-def _load_sizes(path: Path) -> np.ndarray:
-    if not path.is_file():
-        raise SystemExit(f"chronica coordinator: --sizes {path} is not a file")
-    if path.suffix == ".npy":
-        return np.load(path, allow_pickle=False)
-    return np.loadtxt(path, dtype=np.float64, ndmin=1)
+def _load_sizes(path: Path, column: str | None) -> np.ndarray:
+    """The sizes file, read as ``chronica simulate --sizes`` reads it; ``ValueError`` names
+    ``--sizes``/``--column`` and the fix."""
+    return validate_sizes(sizes_io.read_sizes(path, column), name=sizes_io.describe(path, column))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="chronica coordinator",
         description="Serve kind='dynamic' plans to the ranks of a multi-node job.",
     )
-    parser.add_argument("--sizes", type=Path, help=".npy or text, one per line (required)")
+    parser.add_argument("--sizes", type=Path, help=f"{SIZES_HELP} (required)")
+    parser.add_argument("--column", metavar="NAME", help="column of a .csv/.parquet --sizes file")
     parser.add_argument("--world", type=int, help="number of ranks (required)")
     parser.add_argument("--batch-size", type=int, help="global batch (required)")
     parser.add_argument("--seed", type=int, default=0)
@@ -110,7 +112,7 @@ def _serve(args: argparse.Namespace) -> int:
         min_batch=args.min_batch,
         max_batch=args.max_batch,
     )
-    scheduler = Scheduler(_load_sizes(args.sizes), config)
+    scheduler = Scheduler(_load_sizes(args.sizes, args.column), config)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -15,6 +15,7 @@ from chronica.demo.config import SAMPLERS, DemoConfig, load_lengths, make_length
 from chronica.demo.launch import DemoError, launch
 from chronica.demo.report import format_report
 from chronica.sim.speeds import PROFILE_HELP
+from chronica.sizes_io import SIZES_HELP
 
 __all__ = ["main", "parse_args"]
 
@@ -44,8 +45,11 @@ def parse_args(argv: list[str] | None) -> tuple[DemoConfig, float]:
         help="linear: per-token MLP; quadratic: adds per-sequence attention",
     )
     parser.add_argument(
-        "--lengths", metavar="FILE", help="token lengths, one per line (default: generated)"
+        "--lengths",
+        metavar="FILE",
+        help=f"token lengths (default: generated); the {SIZES_HELP}",
     )
+    parser.add_argument("--column", metavar="NAME", help="column of a .csv/.parquet --lengths file")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--world-size", type=int, default=2, help="processes (default 2)")
     parser.add_argument(
@@ -68,9 +72,11 @@ def parse_args(argv: list[str] | None) -> tuple[DemoConfig, float]:
     quick = args.quick
     samples = args.samples if args.samples is not None else (192 if quick else 2048)
     if args.lengths:
-        lengths = load_lengths(args.lengths, args.samples)
+        lengths = load_lengths(args.lengths, args.samples, args.column)
         source = args.lengths
     else:
+        if args.column:
+            parser.error("--column needs --lengths FILE (a .csv or .parquet file)")
         if samples < 1:
             parser.error(f"--samples {samples} must be >= 1")
         lengths = make_lengths(samples, seed=args.seed, high=1024 if quick else 4096)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from chronica import sizes_io
 from chronica.core.cost import CostModel
 from chronica.sim.speeds import SpeedProfile, parse_speeds
 
@@ -27,24 +28,20 @@ def make_lengths(
     return np.clip(np.rint(rng.lognormal(mean_log, sigma, n)), low, high).astype(np.int64)
 
 
-def load_lengths(path: str | os.PathLike[str], limit: int | None = None) -> np.ndarray:
-    """Token lengths from a text file with one number per line (blank lines and ``#`` comments
-    ignored), optionally only the first ``limit``. Every length must be an integer >= 1."""
-    values: list[int] = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            text = line.split("#", 1)[0].strip()
-            if not text:
-                continue
-            try:
-                value = float(text)
-            except ValueError:
-                raise ValueError(f"{path}:{number}: {text!r} is not a number") from None
-            if not math.isfinite(value) or value < 1 or value != int(value):
-                raise ValueError(f"{path}:{number}: length {text} must be an integer >= 1")
-            values.append(int(value))
-    if not values:
-        raise ValueError(f"{path} holds no lengths; write one token count per line")
+def load_lengths(
+    path: str | os.PathLike[str], limit: int | None = None, column: str | None = None
+) -> np.ndarray:
+    """Token lengths from a sizes file (read by ``chronica.sizes_io``, as ``chronica simulate
+    --sizes`` reads it: text with one number per line, ``.npy``, or a ``.csv``/``.parquet``
+    ``column``), optionally only the first ``limit``. Every length must be an integer >= 1."""
+    values = sizes_io.read_sizes(path, column, option="--lengths")
+    bad = np.flatnonzero(~np.isfinite(values) | (values < 1) | (values != np.rint(values)))
+    if bad.size:
+        where = sizes_io.describe(path, column, option="--lengths")
+        raise ValueError(
+            f"{where}[{bad[0]}] is {values[bad[0]]:g}; every length must be an integer >= 1 "
+            f"(a token count)"
+        )
     if limit is not None:
         if limit > len(values):
             raise ValueError(
@@ -52,7 +49,7 @@ def load_lengths(path: str | os.PathLike[str], limit: int | None = None) -> np.n
                 f"leave --samples out to use them all"
             )
         values = values[:limit]
-    return np.asarray(values, dtype=np.int64)
+    return values.astype(np.int64)
 
 
 def cost_model_for(cost: str, dim: int, hidden: int) -> CostModel:

@@ -1,20 +1,20 @@
 """Sample sizes for a simulation: drawn from a named distribution or read from a file.
 
-Every function returns a read-only float64 vector validated by ``chronica.core.sizes``
+Files are read by ``chronica.sizes_io`` (shared with ``chronica coordinator``). Every function
+returns a read-only float64 vector validated by ``chronica.core.sizes``
 (finite, non-negative, one-dimensional), so the simulator plans exactly what the real
 scheduler would be given.
 """
 
 from __future__ import annotations
 
-import csv
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from chronica import sizes_io
 from chronica.core.sizes import validate_sizes
 
 __all__ = ["DISTRIBUTIONS", "SizeDistribution", "read_sizes", "resample"]
@@ -99,38 +99,13 @@ class SizeDistribution:
 
 
 def read_sizes(path: str | Path, column: str | None = None) -> np.ndarray:
-    """Sizes from a file, by extension: ``.npy`` (a 1-D array), ``.csv`` (the column named
-    ``column``, header on the first line), ``.parquet`` (column ``column``; needs pyarrow),
-    anything else text with one number per line (blank lines and ``#`` comments ignored).
+    """Sizes from a file, read by ``chronica.sizes_io.read_sizes`` (the reader ``chronica
+    coordinator --sizes`` uses too): text, ``.npy``, a ``.csv`` or ``.parquet`` column.
 
     Guarantees: the result is validated (finite, non-negative, at least one entry); every
     failure is a ``ValueError`` naming ``--sizes``/``--column`` and what to change.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"--sizes {str(path)!r}: no such file; give the path of a sizes file")
-    suffix = path.suffix.lower()
-    if suffix in (".csv", ".parquet"):
-        if not column:
-            raise ValueError(
-                f"--sizes {path.name} is a table: name the column with --column NAME"
-                f"{_columns_hint(path)}"
-            )
-        values = _read_parquet(path, column) if suffix == ".parquet" else _read_csv(path, column)
-    elif column:
-        raise ValueError(f"--column {column!r} only applies to .csv and .parquet files")
-    elif suffix == ".npy":
-        values = np.load(path, allow_pickle=False)
-        if values.ndim != 1:
-            raise ValueError(
-                f"--sizes {path.name} holds an array of shape {values.shape}; save a 1-D array"
-            )
-    else:
-        values = _read_text(path)
-    where = f"--sizes {path.name}" + (f" --column {column}" if column else "")
-    if np.asarray(values).size == 0:
-        raise ValueError(f"{where}: no sizes found; give one number per sample")
-    return validate_sizes(values, name=where)
+    return validate_sizes(sizes_io.read_sizes(path, column), name=sizes_io.describe(path, column))
 
 
 def resample(sizes: np.ndarray, n: int, seed: int) -> np.ndarray:
@@ -142,68 +117,3 @@ def resample(sizes: np.ndarray, n: int, seed: int) -> np.ndarray:
         return sizes
     rng = np.random.default_rng([seed, 0x5253])
     return validate_sizes(sizes[rng.integers(0, sizes.shape[0], int(n))], name="--samples")
-
-
-def _read_text(path: Path) -> np.ndarray:
-    values: list[float] = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            text = line.split("#", 1)[0].strip()
-            if not text:
-                continue
-            try:
-                values.append(float(text))
-            except ValueError:
-                raise ValueError(
-                    f"--sizes {path.name}:{number}: {text!r} is not a number; write one size "
-                    f"per line"
-                ) from None
-    return np.asarray(values, dtype=np.float64)
-
-
-def _read_csv(path: Path, column: str) -> np.ndarray:
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None:
-            raise ValueError(f"--sizes {path.name} is empty")
-        names = [h.strip() for h in header]
-        if column not in names:
-            raise ValueError(f"--column {column!r} is not in {path.name}; its columns: {names}")
-        at = names.index(column)
-        cells = [row[at].strip() if at < len(row) else "" for row in reader]
-    values = np.empty(len(cells), dtype=np.float64)
-    for i, cell in enumerate(cells):
-        try:
-            values[i] = float(cell)
-        except ValueError:
-            raise ValueError(
-                f"--sizes {path.name} line {i + 2}, --column {column}: {cell!r} is not a "
-                f"number; every row needs a size"
-            ) from None
-    return values
-
-
-def _read_parquet(path: Path, column: str) -> np.ndarray:
-    try:
-        import pyarrow.parquet as pq
-    except ModuleNotFoundError:
-        raise ValueError(
-            f"--sizes {path.name}: reading Parquet needs pyarrow (pip install pyarrow), or "
-            f"export the column to .csv or .npy"
-        ) from None
-    schema = pq.read_schema(path)
-    if column not in schema.names:
-        raise ValueError(f"--column {column!r} is not in {path.name}; its columns: {schema.names}")
-    array = pq.read_table(path, columns=[column]).column(column)
-    if array.null_count:
-        raise ValueError(f"--sizes {path.name} --column {column}: {array.null_count} empty cells")
-    return np.asarray(array.to_numpy(), dtype=np.float64)
-
-
-def _columns_hint(path: Path) -> str:
-    if path.suffix.lower() != ".csv":
-        return ""
-    with path.open(newline="", encoding="utf-8") as f:
-        header: Sequence[str] | None = next(csv.reader(f), None)
-    return f" (its columns: {[h.strip() for h in header]})" if header else ""
