@@ -24,7 +24,6 @@ is called (once per step).
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -36,12 +35,12 @@ from chronica.comm.protocol import (
     MAX_WORLD,
     Plan,
     ProtocolError,
-    check_int,
     decode,
     encode,
     tcp_url,
     topic,
 )
+from chronica.core.checks import check_int, check_seconds
 
 __all__ = ["ClientStats", "CoordinatorRefused", "PlanClient"]
 
@@ -107,10 +106,7 @@ class PlanClient:
             raise ValueError(f"host={host!r} must be the coordinator's host name or address")
         port = check_int("port", port, 1, 65535)
         pub_port = check_int("pub_port", port + 1 if pub_port is None else pub_port, 1, 65535)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise ValueError(f"timeout={timeout!r} must be a number of seconds")
-        if not (math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"timeout={timeout!r} must be > 0 seconds and finite")
+        check_seconds("timeout", timeout)
         self.max_plan_bytes = check_int("max_plan_bytes", max_plan_bytes, *_PLAN_BYTES)
         if context is not None and not isinstance(context, zmq.Context):
             raise ValueError(f"context must be a zmq.Context, not {type(context)}")

@@ -42,13 +42,13 @@ from chronica.comm.protocol import (
     MAX_REQUEST_BYTES,
     MAX_WORLD,
     ProtocolError,
-    check_int,
     decode,
     encode,
     plan_message,
     tcp_url,
 )
 from chronica.comm.protocol import topic as rank_topic
+from chronica.core.checks import check_int
 from chronica.core.dynamic import DynamicPlanner
 from chronica.core.plan import WindowPlan
 from chronica.core.scheduler import Scheduler

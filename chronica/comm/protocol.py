@@ -37,6 +37,9 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from chronica.core.checks import check_int, is_int
+
+# ``check_int`` is ``chronica.core.checks.check_int``, re-exported for older importers.
 __all__ = [
     "MAX_GENERATION",
     "MAX_REQUEST_BYTES",
@@ -110,16 +113,6 @@ class Plan:
         return self.indices[self.offsets[i] : self.offsets[i + 1]]
 
 
-def check_int(name: str, value: object, low: int, high: int, hint: str = "") -> int:
-    """``value`` if it is an int (a bool is not) in ``[low, high]``; else ``ValueError``
-    naming ``name``, with ``hint`` (how to fix it) appended."""
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} must be an int in [{low}, {high}]{hint}")
-    if not low <= value <= high:
-        raise ValueError(f"{name}={value!r} must be in [{low}, {high}]{hint}")
-    return int(value)
-
-
 def tcp_url(host: str, port: int | str) -> str:
     """The ZeroMQ TCP endpoint of ``host:port``; IPv6 literals are bracketed."""
     return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
@@ -161,7 +154,7 @@ def plan_message(
 
 def _int(message: dict[str, Any], name: str, low: int, high: int) -> int:
     value = message.get(name)
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+    if not is_int(value) or not low <= value <= high:
         raise ProtocolError(f"field {name!r}={value!r} must be an int in [{low}, {high}]")
     return value
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from chronica.core.checks import check_int, is_int
+
 __all__ = ["BatchController", "ControllerOptions", "RankTimeModel", "water_fill"]
 
 # Re-weighting passes of the robust fit: an outlier pulls the first fit, and with it the
@@ -55,11 +57,10 @@ class ControllerOptions:
     def __post_init__(self) -> None:
         if not 0 < self.memory <= 1:
             raise ValueError(f"memory={self.memory!r} must be in (0, 1]")
-        if not isinstance(self.history, int) or self.history < 2:
-            raise ValueError(f"history={self.history!r} must be an int >= 2")
+        check_int("history", self.history, 2)
         if not 0 <= self.hysteresis < 1:
             raise ValueError(f"hysteresis={self.hysteresis!r} must be in [0, 1)")
-        if not isinstance(self.change_run, int) or not 1 <= self.change_run < self.history:
+        if not is_int(self.change_run) or not 1 <= self.change_run < self.history:
             raise ValueError(f"change_run={self.change_run!r} must be an int in [1, history)")
         if not self.change_error > 0:
             raise ValueError(f"change_error={self.change_error!r} must be > 0")

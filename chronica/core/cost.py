@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from chronica.core.checks import check_int
+
 __all__ = ["CostModel", "as_cost_model"]
 
 
@@ -59,8 +61,7 @@ class CostModel:
     @classmethod
     def attention(cls, hidden: int) -> CostModel:
         """Transformer layer cost ``s² + 8·h·s`` (attention scores plus projections)."""
-        if not isinstance(hidden, int) or hidden <= 0:
-            raise ValueError(f"hidden={hidden!r} must be a positive int (the model width)")
+        hidden = check_int("hidden", hidden, 1, hint=" (the model width)")
         return cls(0.0, 8.0 * hidden, 1.0)
 
     def __call__(self, sizes: np.ndarray) -> np.ndarray:

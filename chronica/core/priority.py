@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from chronica.core.checks import check_int
+
 __all__ = [
     "GradientQueue",
     "Layout",
@@ -111,8 +113,7 @@ def build_layout(
         raise ValueError("numel, itemsize and dtype_keys must be 1-D arrays of one length")
     if (numel < 0).any() or (itemsize <= 0).any():
         raise ValueError("numel must be >= 0 and itemsize > 0 for every tensor")
-    if not isinstance(partition_bytes, (int, np.integer)) or partition_bytes <= 0:
-        raise ValueError(f"partition_bytes={partition_bytes!r} must be a positive int")
+    check_int("partition_bytes", partition_bytes, 1)
     segs: list[tuple[int, int, int]] = []
     ptr = [0]
     group_bytes = 0

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from chronica.core.balance import balance_steps
+from chronica.core.checks import check_bool, check_int, check_number
 from chronica.core.controller import ControllerOptions
 from chronica.core.cost import CostModel, as_cost_model
 from chronica.core.partition import Owners, _fitted, base_partitions, epoch_partitions
@@ -92,14 +93,11 @@ class ScheduleConfig:
     controller: ControllerOptions = field(default_factory=ControllerOptions)
 
     def __post_init__(self) -> None:
-        if not _is_int(self.num_replicas) or self.num_replicas < 1:
-            raise ValueError(f"num_replicas={self.num_replicas!r} must be an int >= 1")
+        check_int("num_replicas", self.num_replicas, 1)
         if self.batch_size is not None:
-            if not _is_int(self.batch_size) or self.batch_size < 1:
-                raise ValueError(
-                    f"batch_size={self.batch_size!r} must be a positive int (the global batch "
-                    f"over all ranks) or None"
-                )
+            check_int(
+                "batch_size", self.batch_size, 1, hint=" (the global batch over all ranks) or None"
+            )
             if self.batch_size % self.num_replicas:
                 raise ValueError(
                     f"batch_size={self.batch_size} (global) must be a multiple of "
@@ -113,20 +111,17 @@ class ScheduleConfig:
                 f"kind={self.kind!r}, exact={self.exact} balances whole steps and needs "
                 f"batch_size= (the global batch)"
             )
-        if not _is_int(self.seed):
-            raise ValueError(f"seed={self.seed!r} must be an int")
+        check_int("seed", self.seed)
         object.__setattr__(self, "shuffle", as_shuffle_policy(self.shuffle))
         if self.groups is not None:
             object.__setattr__(self, "groups", tuple(self.groups))
             Owners.of(self.groups, self.num_replicas)  # validates the length
         for name in ("exact", "drop_last", "variable_batch"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
+            object.__setattr__(self, name, check_bool(name, getattr(self, name)))
         self._check_dynamic()
         if not isinstance(self.cost, CostModel):
             object.__setattr__(self, "cost", as_cost_model(self.cost))
-        if not (isinstance(self.jitter, (int, float)) and 0 <= self.jitter <= 1):
-            raise ValueError(f"jitter={self.jitter!r} must be a number in [0, 1]")
+        check_number("jitter", self.jitter, 0, 1)
 
     def _check_dynamic(self) -> None:
         if self.kind != "dynamic":
@@ -140,8 +135,7 @@ class ScheduleConfig:
                 "kind='dynamic' re-splits the exact global batches; exact=False (pool) is a "
                 "static-only mode"
             )
-        if not _is_int(self.window) or self.window < 1:
-            raise ValueError(f"window={self.window!r} must be an int >= 1 (steps per plan)")
+        check_int("window", self.window, 1, hint=" (steps per plan)")
         share = self.batch_size // self.num_replicas
         low, high = self.batch_bounds()
         if not 1 <= low <= share <= high:
@@ -157,8 +151,7 @@ class ScheduleConfig:
         low = 1 if self.min_batch is None else self.min_batch
         high = self.batch_size or 1 if self.max_batch is None else self.max_batch
         for name, value in (("min_batch", low), ("max_batch", high)):
-            if not _is_int(value):
-                raise ValueError(f"{name}={value!r} must be an int")
+            check_int(name, value)
         return int(low), int(high)
 
     def digest(self, sizes_hex: str) -> str:
@@ -189,10 +182,6 @@ class ScheduleConfig:
 
 # A plan's parts: (indices, bounds, loads) as in ``EpochPlan``.
 _Parts = tuple[np.ndarray, np.ndarray, np.ndarray]
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def per_replica(num_samples: int, num_replicas: int, drop_last: bool) -> int:
@@ -300,8 +289,7 @@ class Scheduler:
         """The plan of ``epoch`` (an int >= 0). ``progress(done, total)``, if given, is
         called as steps are planned (for a progress bar on large epochs; it counts steps of
         every node-local partition)."""
-        if not _is_int(epoch) or epoch < 0:
-            raise ValueError(f"epoch={epoch!r} must be an int >= 0")
+        check_int("epoch", epoch, 0)
         if self.has_plan(epoch):
             return self._cached  # type: ignore[return-value]
         epoch = int(epoch)

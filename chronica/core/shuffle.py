@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from chronica.core.checks import check_bool, check_int, check_number
 from chronica.core.rng import Stream, derive_key, permutation, uniforms
 
 __all__ = ["POLICIES", "ShufflePolicy", "as_shuffle_policy", "epoch_order"]
@@ -56,16 +57,13 @@ class ShufflePolicy:
     def __post_init__(self) -> None:
         if self.kind not in POLICIES:
             raise ValueError(f"shuffle={self.kind!r} is not one of {POLICIES}")
-        if not (isinstance(self.q, (int, float)) and 0.0 <= self.q <= 1.0):
-            raise ValueError(f"q={self.q!r} (the exchanged fraction) must be in [0, 1]")
+        check_number("q", self.q, 0.0, 1.0, hint=" (the exchanged fraction)")
         if self.kind != "partial" and self.q:
             raise ValueError(f"q={self.q} only applies to shuffle='partial'")
-        if not isinstance(self.block_size, int) or self.block_size < 1:
-            raise ValueError(f"block_size={self.block_size!r} must be an int >= 1")
+        object.__setattr__(self, "block_size", check_int("block_size", self.block_size, 1))
         if self.partition not in _PARTITIONS:
             raise ValueError(f"partition={self.partition!r} must be one of {_PARTITIONS}")
-        if not isinstance(self.pre_shuffle, bool):
-            raise ValueError(f"pre_shuffle={self.pre_shuffle!r} must be True or False")
+        object.__setattr__(self, "pre_shuffle", check_bool("pre_shuffle", self.pre_shuffle))
 
     @classmethod
     def local(cls, partition: str = "contiguous", pre_shuffle: bool = False) -> ShufflePolicy:

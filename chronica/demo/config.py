@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from chronica import sizes_io
+from chronica.core.checks import check_int
 from chronica.core.cost import CostModel
 from chronica.sim.speeds import SpeedProfile, parse_speeds
 
@@ -22,8 +23,7 @@ def make_lengths(
 ) -> np.ndarray:
     """``n`` token lengths drawn from lognormal(``mean_log``, ``sigma``), rounded and clipped
     to ``[low, high]``, as int64. The same ``seed`` gives the same lengths everywhere."""
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n={n!r} must be a positive int (number of samples)")
+    n = check_int("n", n, 1, hint=" (number of samples)")
     rng = np.random.default_rng(seed)
     return np.clip(np.rint(rng.lognormal(mean_log, sigma, n)), low, high).astype(np.int64)
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from chronica.core.checks import is_int
 from chronica.core.priority import GradientQueue
 from chronica.runtime.timeline import Timeline
 
@@ -44,7 +45,7 @@ def _parse_bytes(name: str, value: Any) -> int:
             raise ValueError(
                 f"{name}={value!r} is not a byte count (e.g. 1048576 or 1MiB)"
             ) from None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise ValueError(f"{name}={value!r} must be a positive number of bytes")
     return int(value)
 

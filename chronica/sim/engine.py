@@ -20,6 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from chronica.core.accounting import movement
+from chronica.core.checks import is_int
 from chronica.core.cost import as_cost_model
 from chronica.core.dynamic import DynamicPlanner
 from chronica.core.partition import Owners
@@ -46,7 +47,7 @@ DEFAULT_LOCAL_BATCH = 16
 
 
 def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+    if not is_int(value) or value < 1:
         raise ValueError(f"{name} {value!r} must be an int >= 1")
     return int(value)
 
@@ -88,7 +89,7 @@ class SimOptions:
             )
         object.__setattr__(self, "batch_size", batch)
         _positive_int("--epochs", self.epochs)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
+        if not is_int(self.seed):
             raise ValueError(f"--seed {self.seed!r} must be an int")
         try:
             object.__setattr__(self, "cost", as_cost_model(self.cost))

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from chronica import sizes_io
+from chronica.core.checks import is_int
 from chronica.core.sizes import validate_sizes
 
 __all__ = ["DISTRIBUTIONS", "SizeDistribution", "read_sizes", "resample"]
@@ -84,7 +85,7 @@ class SizeDistribution:
 
     def draw(self, n: int, seed: int) -> np.ndarray:
         """``n`` sizes drawn with ``numpy.random.default_rng([seed, 0x5153])``."""
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        if not is_int(n) or n < 1:
             raise ValueError(f"--samples {n!r} must be an int >= 1")
         rng = np.random.default_rng([seed, 0x5153])
         a, b, *rest = self.params
@@ -111,7 +112,7 @@ def read_sizes(path: str | Path, column: str | None = None) -> np.ndarray:
 def resample(sizes: np.ndarray, n: int, seed: int) -> np.ndarray:
     """``n`` sizes drawn with replacement from ``sizes`` (seeded): a larger data set with
     the same size distribution. ``n == len(sizes)`` returns ``sizes`` unchanged."""
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+    if not is_int(n) or n < 1:
         raise ValueError(f"--samples {n!r} must be an int >= 1")
     if n == sizes.shape[0]:
         return sizes

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from chronica.core.checks import is_int
+
 __all__ = [
     "ALGORITHMS",
     "AllReduceModel",
@@ -100,7 +102,7 @@ class ComputeModel:
         _non_negative("--fixed", self.fixed_s)
         _non_negative("--overhead", self.overhead_s)
         _non_negative("--noise", self.noise)
-        if isinstance(self.cores, bool) or not isinstance(self.cores, int) or self.cores < 0:
+        if not is_int(self.cores) or self.cores < 0:
             raise ValueError(f"--cores {self.cores!r} must be an int >= 0 (0: one per rank)")
         _non_negative("--coordinator-cpu", self.coordinator_s)
 

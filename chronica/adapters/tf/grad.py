@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from chronica.core.checks import check_int
 from chronica.core.priority import Layout, build_layout, fifo_order, simulate_order
 from chronica.runtime.dispatcher import SchedulingOptions
 from chronica.runtime.timeline import Timeline, timeline_path
@@ -185,10 +186,7 @@ def multi_step(
     ``step_fn``; the result is the list of the steps' outputs. Tracing time grows with
     ``steps_per_execution``.
     """
-    if isinstance(steps_per_execution, bool) or not isinstance(steps_per_execution, int):
-        raise ValueError(f"steps_per_execution={steps_per_execution!r} must be an int >= 1")
-    if steps_per_execution < 1:
-        raise ValueError(f"steps_per_execution={steps_per_execution!r} must be an int >= 1")
+    steps_per_execution = check_int("steps_per_execution", steps_per_execution, 1)
 
     def run(*args: Any, **kwargs: Any) -> list[Any]:
         return [step_fn(*args, **kwargs) for _ in range(steps_per_execution)]
