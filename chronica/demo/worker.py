@@ -31,6 +31,7 @@ from chronica.adapters.torch.feedback import ComputeTimer
 from chronica.core.cost import CostModel
 from chronica.demo.config import DemoConfig, cost_model_for
 from chronica.demo.model import PackedClassifier, PackedTokens, collate_packed
+from chronica.runtime.options import DynamicOptions
 
 __all__: list[str] = []
 
@@ -54,10 +55,9 @@ def _make_sampler(
             seed=config.seed,
             kind="dynamic",
             variable_batch=True,
-            window=_DYNAMIC_WINDOW,
             sizes=dataset.sizes,
             cost=cost,
-            port=config.coordinator_port,
+            dynamic=DynamicOptions(window=_DYNAMIC_WINDOW, port=config.coordinator_port),
         )
     sampler = ChronicaDistributedSampler(
         dataset,
@@ -212,7 +212,8 @@ class _Training:
             "loss": float(self.totals[0] / self.totals[2]),
             "accuracy": float(self.totals[1] / self.totals[2]),
         }
-        coordinator = getattr(getattr(self.sampler, "_session", None), "coordinator", None)
+        session = getattr(getattr(self.sampler, "stream", None), "session", None)
+        coordinator = getattr(session, "coordinator", None)
         if coordinator is not None:  # rank 0 of a dynamic run
             record["coordinator_cpu_s"] = coordinator.stats.cpu_seconds
         if self.name == "chronica":
