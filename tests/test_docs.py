@@ -434,6 +434,7 @@ PUBLIC_MODULES = (
 )
 # Public names that take no configuration: results handed back to the user.
 NOT_CONFIGURATION = {
+    **{f"chronica.{m}": "a submodule" for m in ("jax", "runtime", "tf", "torch")},
     "chronica.EpochPlan": "a plan the scheduler returns",
     "chronica.PlanStats": "diagnostics the scheduler returns",
     "chronica.jax.ReducedLeaves": "what ScheduledReducer.iterate yields",
