@@ -44,10 +44,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 import numpy as np
 
+from chronica.core.checks import is_int
 from chronica.core.plan import EpochPlan
 from chronica.core.scheduler import ScheduleConfig, Scheduler, per_replica, step_counts
 from chronica.core.shuffle import epoch_order
@@ -189,14 +190,17 @@ def load_state(
     if not isinstance(state, dict) or state.get("version") not in names.versions:
         version = state.get("version") if isinstance(state, dict) else None
         raise ValueError(f"{names.name} version {version!r} is not supported")
-    epoch, position = state.get("epoch"), state.get(names.position)
-    if not _is_count(epoch) or not _is_count(position):
-        raise ValueError(f"{names.name} epoch={epoch!r}, {names.position}={position!r} are invalid")
+    saved_epoch, saved_position = state.get("epoch"), state.get(names.position)
+    if not _is_count(saved_epoch) or not _is_count(saved_position):
+        raise ValueError(
+            f"{names.name} epoch={saved_epoch!r}, {names.position}={saved_position!r} are invalid"
+        )
+    epoch, position = int(saved_epoch), int(saved_position)
     history = tuple(parse_segments(state.get("history", [])))
     if state.get("digest") == digest:
         plan = resume_plan(scheduler, epoch, history) if history else None
         kept = history if plan is not None else ()
-        return Resumption(int(epoch), kept, plan, int(position), True)
+        return Resumption(epoch, kept, plan, position, True)
     if "fingerprint" not in state:
         raise ValueError(
             f"{names.name} was saved with different sizes or {names.owner} arguments "
@@ -205,7 +209,7 @@ def load_state(
             "change either)"
         )
     check_fingerprint(state["fingerprint"], scheduler, extra, names)
-    saved = Segment(state.get("num_replicas"), state.get("batch_size"), state.get("step"))
+    saved = _segment(state.get("num_replicas"), state.get("batch_size"), state.get("step"))
     cfg = scheduler.config
     if saved[:2] == (cfg.num_replicas, cfg.batch_size):
         raise ValueError(
@@ -215,7 +219,7 @@ def load_state(
         )
     segments = (*history, saved)
     plan = resume_plan(scheduler, epoch, segments)
-    return Resumption(int(epoch), segments if plan is not None else (), plan, 0, False)
+    return Resumption(epoch, segments if plan is not None else (), plan, 0, False)
 
 
 def check_elastic(config: ScheduleConfig, saved: Segment | None = None) -> None:
@@ -258,9 +262,9 @@ def parse_segments(value: Any) -> list[Segment]:
     return out
 
 
-def _is_count(value: Any, low: int = 0) -> bool:
+def _is_count(value: Any, low: int = 0) -> TypeGuard[int]:
     """``value`` is an int (not a bool) ``>= low``."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= low
+    return bool(is_int(value) and value >= low)
 
 
 def _segment(num_replicas: Any, batch_size: Any, step: Any) -> Segment:
