@@ -1,6 +1,12 @@
 """``chronica.tf``: the TensorFlow face of chronica (importing it imports tensorflow).
 
 ``dataset.apply(chronica.tf.schedule(sizes, global_batch_size=..., num_replicas=..., rank=...))``
+(or ``input_context=ctx`` inside ``strategy.distribute_datasets_from_function``): this
+replica's balanced local batches, a face of ``chronica.runtime.RankStream`` with the same
+arguments as the PyTorch samplers, ``kind="dynamic"`` included (``schedule.report(seconds)``
+per step), and the common state: ``schedule.get_state(delivered=batch)`` after the last batch
+trained, ``schedule.set_state(state)`` before iterating again, in this or another process,
+adapter or world size.
 
 ``chronica.tf.ScheduledAllReduce(...).apply_gradients(optimizer, zip(grads, variables))``
 inside ``strategy.run``: gradient-priority scheduling, see ``chronica.adapters.tf.grad``.

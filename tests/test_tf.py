@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,10 @@ tf = pytest.importorskip("tensorflow")
 
 import chronica.tf  # noqa: E402
 from chronica.core import ScheduleConfig, Scheduler, as_cost_model, as_shuffle_policy  # noqa: E402
+from chronica.runtime import DynamicOptions  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from workers import base_env, free_port, free_ports, start_workers, wait_workers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -201,7 +207,7 @@ def test_bad_inputs_raise_clear_errors():
         ds.repeat().apply(chronica.tf.schedule(lengths, **kw))
     with pytest.raises(ValueError, match="10 samples"):
         ds.apply(chronica.tf.schedule(lengths[:9], **kw))
-    with pytest.raises(TypeError, match="dict"):
+    with pytest.raises(ValueError, match="dict"):
         tf.data.Dataset.from_tensor_slices((np.arange(10), np.arange(10))).apply(
             chronica.tf.schedule(lengths, **kw)
         )
@@ -284,11 +290,228 @@ def test_tf_multiworker_example_runs():
     assert "epoch 1: mean loss" in out.stdout and "tf multiworker: done" in out.stdout
 
 
-def test_dynamic_kind_is_refused_not_planned_statically():
-    ds = tf.data.Dataset.from_tensor_slices({"tokens": tf.ragged.constant([[1], [1, 2]])})
-    with pytest.raises(ValueError, match=r"kind='dynamic' is not available for tf\.data"):
-        ds.apply(
-            chronica.tf.schedule(
-                sizes=[1, 2], global_batch_size=2, num_replicas=1, rank=0, kind="dynamic"
-            )
+def test_errors_are_value_errors_and_stream_calls_need_apply():
+    lengths = lengths_of(10)
+    kw = {"global_batch_size": 4, "num_replicas": 2, "rank": 0}
+    with pytest.raises(ValueError, match="size_fn"):
+        chronica.tf.schedule(size_fn=3, **kw)
+    with pytest.raises(ValueError, match="epochs"):
+        chronica.tf.schedule(lengths, epochs=0, **kw)
+    with pytest.raises(ValueError, match="padded"):
+        chronica.tf.schedule(lengths, padded="yes", **kw)
+    with pytest.raises(ValueError, match=r"tf\.data\.Dataset"):
+        chronica.tf.schedule(lengths, **kw)([1, 2])
+    t = chronica.tf.schedule(lengths, **kw)
+    for call in (t.get_state, t.plan, t.stats, lambda: t.report(1.0)):
+        with pytest.raises(RuntimeError, match="apply"):
+            call()
+    make_dataset(lengths).apply(t)
+    assert t.plan().num_steps == 3 and t.get_state()["step"] == 0
+
+
+def test_dynamic_refused_for_a_pipeline_serving_several_replicas():
+    ctx = tf.distribute.InputContext(
+        num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=2
+    )
+    with pytest.raises(ValueError, match="one replica per input pipeline"):
+        chronica.tf.schedule(np.ones(8), global_batch_size=4, kind="dynamic", input_context=ctx)
+
+
+def test_dynamic_single_replica_yields_every_sample_each_epoch():
+    lengths = lengths_of(40, 6)
+    t = chronica.tf.schedule(
+        lengths,
+        global_batch_size=8,
+        num_replicas=1,
+        rank=0,
+        kind="dynamic",
+        variable_batch=True,
+        dynamic=DynamicOptions(window=2, port=free_ports(2)[0], timeout=3.0),
+        epochs=2,
+    )
+    try:
+        seen: dict[int, list[int]] = {0: [], 1: []}
+        for b in make_dataset(lengths).apply(t):
+            seen[int(b["epoch"])] += b["idx"].numpy().tolist()
+            t.report(1e-3)
+        assert sorted(seen[0]) == sorted(seen[1]) == list(range(40))
+        assert t.stream.session.windows_dynamic >= 1
+    finally:
+        t.close()
+
+
+def _take(t, ds, count):
+    """The first ``count`` elements of one iteration (the pipeline prefetches beyond)."""
+    out = []
+    for b in ds:
+        out.append(b)
+        if len(out) == count:
+            break
+    return out
+
+
+def test_state_after_a_delivered_batch_resumes_exactly_in_a_fresh_process(tmp_path):
+    n, world, batch, rank = 61, 2, 8, 1
+    lengths = lengths_of(n, 8)
+    kw = dict(global_batch_size=batch, num_replicas=world, rank=rank, epochs=2, seed=3)
+    t = chronica.tf.schedule(lengths, **kw)
+    ds = make_dataset(lengths).apply(t)
+    everything = [(int(b["epoch"]), b["idx"].numpy().tolist()) for b in ds]
+    taken = _take(t, ds, 5)
+    state = t.get_state(delivered=taken[-1])
+    assert (state["epoch"], state["step"]) == (0, 5)
+    assert t.get_state()["step"] > 5  # the producer ran ahead by tf.data's prefetch
+    json.dumps(state)
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    np.save(tmp_path / "lengths.npy", lengths)
+    code = f"""
+import json, sys
+import numpy as np
+sys.path.insert(0, {str(ROOT / "tests")!r})
+from test_tf import make_dataset
+import chronica.tf
+lengths = np.load({str(tmp_path / "lengths.npy")!r})
+t = chronica.tf.schedule(lengths, **{kw!r})
+t.set_state(json.loads(open({str(tmp_path / "state.json")!r}).read()))
+out = [(int(b["epoch"]), b["idx"].numpy().tolist()) for b in make_dataset(lengths).apply(t)]
+print(json.dumps(out))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=base_env(ROOT, TF_CPP_MIN_LOG_LEVEL="2"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    resumed = [tuple(x) for x in json.loads(done.stdout.strip().splitlines()[-1])]
+    assert resumed == [(e, b) for e, b in everything[5:]]
+
+
+@pytest.mark.parametrize("new_world,new_batch", [(3, 12), (2, 8)])
+def test_elastic_resume_at_another_world_covers_every_sample_once(new_world, new_batch):
+    n, world, batch, trained = 96, 4, 12, 3
+    lengths = lengths_of(n, 9)
+    ds = make_dataset(lengths)
+    seen, states = [], []
+    for rank in range(world):
+        t = chronica.tf.schedule(lengths, global_batch_size=batch, num_replicas=world, rank=rank)
+        taken = _take(t, ds.apply(t), trained)
+        seen += [i for b in taken for i in b["idx"].numpy().tolist()]
+        states.append(t.get_state(delivered=taken[-1]))
+    assert all(s == states[0] for s in states)
+    for rank in range(new_world):
+        t = chronica.tf.schedule(
+            lengths, global_batch_size=new_batch, num_replicas=new_world, rank=rank
         )
+        t.set_state(states[0])  # before applying: kept, checked when applied
+        out = list(ds.apply(t))
+        assert len(out) == t.stream.num_steps
+        seen += [i for b in out for i in b["idx"].numpy().tolist()]
+    assert sorted(seen) == list(range(n))
+
+
+def test_state_of_the_torch_batch_sampler_resumes_in_tf():
+    torch_data = pytest.importorskip("chronica.torch.utils.data")
+    n, world, batch, rank = 70, 2, 8, 0
+    lengths = lengths_of(n, 10)
+    sampler = torch_data.DistributedBatchSampler(
+        list(range(n)), batch_size=batch, num_replicas=world, rank=rank, sizes=lengths, seed=4
+    )
+    sampler.set_epoch(1)
+    it = iter(sampler)
+    for _ in range(3):
+        next(it)
+    state = sampler.state_dict()
+    rest = [list(b) for b in it]
+    t = chronica.tf.schedule(
+        lengths, global_batch_size=batch, num_replicas=world, rank=rank, seed=4, epochs=2
+    )
+    out = make_dataset(lengths).apply(t)
+    t.set_state(state)
+    assert tf_steps(out) == rest
+
+
+def _tf_config_workers(tmp_path, scenario, coordinator, extra_env=None):
+    ports = ",".join(str(free_port()) for _ in range(2))
+    env = base_env(ROOT, TF_CPP_MIN_LOG_LEVEL="2", **(extra_env or {}))
+    env.pop("TF_CONFIG", None)
+    worker = str(ROOT / "tests" / "tf_dynamic_worker.py")
+    commands = [
+        [sys.executable, worker, str(r), ports, str(coordinator), scenario, str(tmp_path)]
+        for r in range(2)
+    ]
+    return start_workers(commands, env)
+
+
+def _dynamic_results(tmp_path):
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def _check_exactly_once(results):
+    sizes = np.random.default_rng(0).lognormal(4, 1, 300).astype(int) + 1
+    config = ScheduleConfig(
+        num_replicas=2, batch_size=16, kind="dynamic", variable_batch=True, window=4
+    )
+    for epoch in range(2):
+        static = Scheduler(sizes, config).plan_epoch(epoch)
+        assert {len(r["epochs"][epoch]) for r in results} == {static.num_steps}
+        for step in range(static.num_steps):
+            got = sorted(i for r in results for i in r["epochs"][epoch][step])
+            expect = sorted(static.indices[static.bounds[step, 0] : static.bounds[step, -1]])
+            assert got == expect, (epoch, step)
+    for r in results:
+        assert r["grad_error"] < 1e-6  # loss weights make the mean the whole step's gradient
+
+
+def test_dynamic_two_workers_rebalance_a_slow_worker_exactly_once(tmp_path):
+    procs = _tf_config_workers(tmp_path, "train", free_ports(2)[0])
+    wait_workers(procs, timeout=150)
+    results = _dynamic_results(tmp_path)
+    _check_exactly_once(results)
+    for r in results:
+        assert r["static_windows"] == 0  # the coordinator delivered every window
+    last = [[len(b) for b in r["epochs"][1]] for r in results]
+    full = [s for s in range(len(last[0])) if last[0][s] + last[1][s] == 16]
+    assert len(full) >= len(last[0]) - 1  # the global batch is exact at every full step
+    assert np.mean([last[1][s] for s in full]) < 6  # the 3x slower worker gets ~4 of 16
+    for s in full:
+        assert results[0]["weights"][1][s] + results[1]["weights"][1][s] == pytest.approx(2)
+
+
+def test_dynamic_coordinator_killed_mid_epoch_falls_back_together(tmp_path):
+    router = free_ports(2)[0]
+    sizes = np.random.default_rng(0).lognormal(4, 1, 300).astype(int) + 1
+    np.save(tmp_path / "sizes.npy", sizes)
+    coordinator = subprocess.Popen(
+        [sys.executable, "-m", "chronica.comm.standalone", "--sizes", str(tmp_path / "sizes.npy")]
+        + ["--world", "2", "--batch-size", "16", "--variable-batch", "--window", "4"]
+        + ["--port", str(router)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=base_env(ROOT),
+    )
+    procs = []
+    try:
+        assert "chronica coordinator on" in coordinator.stdout.readline()
+        env = {"CHRONICA_COORDINATOR": f"127.0.0.1:{router}"}
+        procs = _tf_config_workers(tmp_path, "kill", router, env)
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "killme").exists():
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.02)
+        coordinator.send_signal(signal.SIGKILL)
+        coordinator.wait(timeout=30)
+        (tmp_path / "killed").touch()
+        wait_workers(procs, timeout=150)
+    finally:
+        for p in [coordinator, *procs]:
+            if p.poll() is None:
+                p.kill()
+    results = _dynamic_results(tmp_path)
+    _check_exactly_once(results)
+    for r in results:
+        assert r["dynamic_windows"] >= 1 and r["static_windows"] >= 1
+    # Both workers took the same source for every window (agreed over the coordination
+    # service's key-value store).
+    assert len({(r["dynamic_windows"], r["static_windows"]) for r in results}) == 1

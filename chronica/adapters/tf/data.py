@@ -2,41 +2,45 @@
 
 ``schedule`` returns a :class:`Schedule`, a callable that turns a finite data set of examples
 into this rank's (or this input pipeline's) balanced local batches, step after step, epoch
-after epoch. Plans are built exactly as the PyTorch samplers build them, so for equal sizes
-and arguments every adapter yields the same indices at every (epoch, step, rank).
+after epoch. It is a face of ``chronica.runtime.RankStream``, as the PyTorch samplers are:
+for equal sizes and arguments every adapter yields the same indices at every (epoch, step,
+rank), and a state saved by one adapter resumes in any other.
 
-This release keeps the examples in memory: the input data set is iterated once (in Python,
-eagerly) when the transformation is first applied, every feature is stored as one dense or
-ragged tensor, and each step's local batch is a ``tf.gather`` of the plan's indices. Sizes
-(from ``sizes`` or ``size_fn``) are read in that same single pass and cached on the
-:class:`Schedule`; they are never recomputed per epoch.
+This module holds only what is TensorFlow's: the in-memory example store (the input data
+set is iterated once, eagerly, when the transformation is first applied; every feature
+becomes one dense or ragged tensor and each step's local batch is a ``tf.gather``), the
+padding of variable-length features, the ``tf.data`` plumbing (a ``from_generator`` over the
+stream's local batches), the world of a ``tf.distribute.InputContext``, and the ranks'
+agreement for ``kind="dynamic"`` over the key-value store of TensorFlow's coordination
+service.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import copy
+import os
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from chronica.core import (
-    ScheduleConfig,
-    Scheduler,
-    validate_sizes,
-)
-from chronica.core.plan import EpochPlan
+from chronica.core import ScheduleConfig, validate_sizes
+from chronica.core.checks import check_bool, check_int
+from chronica.runtime import Agreement, DynamicOptions, KeyValueAgreement, LocalBatch, RankStream
+from chronica.runtime.agreement import agreement_timeout, key_prefix
+from chronica.runtime.build import open_stream, resolve_world, schedule_config
+from chronica.runtime.face import StreamFace
+from chronica.runtime.stream import state_format
 
 __all__ = ["Schedule", "schedule"]
 
 _SINGLE_KEY = "x"
-_LOSS_WEIGHT = "loss_weight"
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name}={value!r} must be an int >= {minimum}")
-    return int(value)
+_LOSS_WEIGHT, _EPOCH, _STEP = "loss_weight", "epoch", "step"
+_RESERVED = (_LOSS_WEIGHT, _EPOCH, _STEP)
+_NAMES = state_format("schedule")
+_KEPT_EPOCHS = 64  # epochs whose start a delivered batch may still refer to
 
 
 class _Store:
@@ -53,19 +57,22 @@ class _Store:
             self.keys = [_SINGLE_KEY]
             specs = [spec]
         else:
-            raise TypeError(
+            raise ValueError(
                 f"chronica.tf.schedule needs examples that are a tensor or a flat dict of "
                 f"tensors, got element_spec {spec!r}; map tuples to a dict first, e.g. "
                 f"dataset.map(lambda x, y: {{'x': x, 'y': y}})"
             )
         for key, s in zip(self.keys, specs, strict=True):
             if not isinstance(s, tf.TensorSpec):
-                raise TypeError(
+                raise ValueError(
                     f"feature {key!r} has spec {s!r}; every feature must be a plain tensor "
                     f"(variable-length 1-D features are fine, ragged/sparse inputs are not)"
                 )
-            if self.is_dict and key == _LOSS_WEIGHT:
-                raise ValueError(f"feature name {_LOSS_WEIGHT!r} is reserved by chronica")
+            if self.is_dict and key in _RESERVED:
+                raise ValueError(
+                    f"feature name {key!r} is reserved by chronica (the output adds "
+                    f"{', '.join(repr(k) for k in _RESERVED)}); rename it with dataset.map"
+                )
         cardinality = int(dataset.cardinality())
         if cardinality == int(tf.data.INFINITE_CARDINALITY):
             raise ValueError(
@@ -108,175 +115,12 @@ class _Store:
         values = tf.constant(np.concatenate(column, axis=0), dtype=spec.dtype)
         return tf.RaggedTensor.from_row_lengths(values, lengths), True
 
+    def gather(self, padded: bool) -> Callable[..., dict[str, Any]]:
+        """The ``tf.data`` map from one step's ``(epoch, step, indices, weight)`` to its
+        output element (see ``Schedule``)."""
+        tensors, ragged = dict(self.tensors), dict(self.ragged)
 
-class Schedule:
-    """The transformation ``chronica.tf.schedule`` returns; apply it with ``dataset.apply``.
-
-    Guarantees, for a finite data set of ``N`` examples:
-
-    * the output yields this pipeline's local batches in plan order, one epoch after
-      another (``epochs`` of them, from ``epoch``); every rank gets the same number of
-      steps, and batch ``s`` of epoch ``e`` holds exactly the examples
-      ``Scheduler(sizes, config).plan_epoch(e).local(s, rank)``, in that order (the same
-      indices ``chronica.torch``'s ``DistributedBatchSampler`` yields);
-    * over all ranks, every example appears exactly once per epoch, apart from the padding
-      (``drop_last=False``: repeats so every rank has as many) or dropping
-      (``drop_last=True``) that torch's ``DistributedSampler`` also does;
-    * each output element is a dict: the input's features (a non-dict input becomes the
-      feature ``"x"``), batched; a ``"loss_weight"`` float32 scalar (multiply the local mean
-      loss by it; all ones in exact mode); with ``padded=True`` every variable-length feature
-      ``k`` is zero-padded to the batch's longest example and comes with ``k + "_length"``
-      (int64, ``(batch,)``) and ``k + "_mask"`` (bool, ``(batch, max_len)``); with
-      ``padded=False`` it stays a ``tf.RaggedTensor``;
-    * sizes (``sizes`` or ``size_fn``) are read once, when the transformation is first
-      applied, and cached: ``size_fn`` is called exactly once per example.
-
-    The examples are held in memory (one pass over the input when first applied). Applying
-    the same ``Schedule`` to the same data set object again reuses that pass; applying it to
-    another data set reads that one (and its sizes) afresh.
-    """
-
-    def __init__(
-        self,
-        sizes: Any,
-        size_fn: Callable[[Any], Any] | None,
-        *,
-        global_batch_size: int,
-        num_replicas: int | None,
-        rank: int | None,
-        kind: str,
-        exact: bool,
-        shuffle: Any,
-        seed: int,
-        drop_last: bool,
-        cost: Any,
-        padded: bool,
-        epochs: int | None,
-        epoch: int,
-        input_context: tf.distribute.InputContext | None,
-    ) -> None:
-        if (sizes is None) == (size_fn is None):
-            raise ValueError(
-                "pass exactly one of sizes= (one number per example) or size_fn= (a function "
-                "of an example returning its size, e.g. lambda ex: len(ex['tokens']))"
-                + ("; both were given" if sizes is not None else "; neither was given")
-            )
-        if size_fn is not None and not callable(size_fn):
-            raise TypeError(f"size_fn must be callable, got {type(size_fn).__name__}")
-        self.global_batch_size = _check_int("global_batch_size", global_batch_size, 1)
-        if input_context is not None:
-            if num_replicas is not None or rank is not None:
-                raise ValueError("pass either input_context or num_replicas/rank, not both")
-            world = int(input_context.num_replicas_in_sync)
-            pipelines = int(input_context.num_input_pipelines)
-            if world % pipelines:
-                raise ValueError(
-                    f"{world} replicas cannot be split evenly over {pipelines} input pipelines"
-                )
-            per_pipeline = world // pipelines
-            first = int(input_context.input_pipeline_id) * per_pipeline
-            self.ranks = list(range(first, first + per_pipeline))
-            self.num_replicas = world
-        else:
-            if num_replicas is None or rank is None:
-                raise ValueError(
-                    "num_replicas and rank are required without input_context; pass both, or "
-                    "call schedule(..., input_context=ctx) inside the dataset_fn given to "
-                    "strategy.distribute_datasets_from_function"
-                )
-            self.num_replicas = _check_int("num_replicas", num_replicas, 1)
-            rank = _check_int("rank", rank, 0)
-            if rank >= self.num_replicas:
-                raise ValueError(f"rank={rank} must be in [0, {self.num_replicas - 1}]")
-            self.ranks = [rank]
-        if self.global_batch_size % self.num_replicas:
-            raise ValueError(
-                f"global_batch_size={global_batch_size} must be a multiple of the number of "
-                f"replicas ({self.num_replicas}); every replica gets global_batch_size // "
-                f"{self.num_replicas} examples per step"
-            )
-        self.epochs = 1 if epochs is None else _check_int("epochs", epochs, 1)
-        self.epoch = _check_int("epoch", epoch, 0)
-        self.padded = bool(padded)
-        if kind == "dynamic":
-            raise ValueError(
-                "kind='dynamic' is not available for tf.data yet: the pipeline is planned "
-                "ahead of training and takes no per-step timing back; use kind='static' "
-                "(balanced by predicted cost) or 'guided', or chronica's torch samplers for "
-                "dynamic re-balancing"
-            )
-        self.config = ScheduleConfig(
-            num_replicas=self.num_replicas,
-            batch_size=self.global_batch_size,
-            kind=kind,
-            exact=exact,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-            cost=cost,
-        )
-        self._given_sizes = sizes
-        self._size_fn = size_fn
-        self._source: tf.data.Dataset | None = None
-        self._store: _Store | None = None
-        self.scheduler: Scheduler | None = None
-
-    @property
-    def rank(self) -> int:
-        """The first rank this pipeline serves (the only one with explicit ``rank``)."""
-        return self.ranks[0]
-
-    @property
-    def sizes(self) -> np.ndarray | None:
-        """The validated per-example sizes, once the transformation has been applied."""
-        return None if self.scheduler is None else self.scheduler.sizes
-
-    def plan(self, epoch: int) -> EpochPlan:
-        """The whole plan (all ranks) of ``epoch``; available once applied."""
-        if self.scheduler is None:
-            raise RuntimeError("apply the transformation to a data set first")
-        return self.scheduler.plan_epoch(epoch)
-
-    def _prepare(self, dataset: tf.data.Dataset) -> _Store:
-        if self._store is not None and self._source is dataset:
-            return self._store
-        store = _Store(dataset, self._size_fn)
-        raw = store.sizes if store.sizes is not None else self._given_sizes
-        sizes = validate_sizes(
-            raw,
-            expected_len=store.num_examples,
-            name="sizes" if store.sizes is None else "size_fn results",
-        )
-        self.scheduler = Scheduler(sizes, self.config, labels=None, partitions=None)
-        self._source, self._store = dataset, store
-        return store
-
-    def _index_rows(self) -> tuple[tf.RaggedTensor, np.ndarray]:
-        rows: list[np.ndarray] = []
-        weights: list[float] = []
-        for e in range(self.epoch, self.epoch + self.epochs):
-            plan = self.plan(e)
-            lw = plan.loss_weights
-            for step in range(plan.num_steps):
-                for r in self.ranks:
-                    rows.append(plan.local(step, r))
-                    weights.append(float(lw[step, r]))
-        lengths = np.array([len(x) for x in rows], dtype=np.int64)
-        flat = np.concatenate(rows) if rows else np.empty(0, np.int64)
-        indices = tf.RaggedTensor.from_row_lengths(tf.constant(flat, tf.int64), lengths)
-        return indices, np.asarray(weights, dtype=np.float32)
-
-    def __call__(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
-        """This pipeline's scheduled batches of ``dataset`` (see the class docstring)."""
-        if not isinstance(dataset, tf.data.Dataset):
-            raise TypeError(f"expected a tf.data.Dataset, got {type(dataset).__name__}")
-        store = self._prepare(dataset)
-        indices, weights = self._index_rows()
-        tensors = dict(store.tensors)
-        ragged = dict(store.ragged)
-        padded = self.padded
-
-        def gather(index: tf.Tensor, weight: tf.Tensor) -> dict[str, Any]:
+        def gather(epoch: tf.Tensor, step: tf.Tensor, index: tf.Tensor, weight: tf.Tensor):
             out: dict[str, Any] = {}
             for key, table in tensors.items():
                 batch = tf.gather(table, index)
@@ -289,18 +133,384 @@ class Schedule:
                 else:
                     out[key] = batch
             out[_LOSS_WEIGHT] = weight
+            out[_EPOCH] = epoch
+            out[_STEP] = step
             return out
 
-        steps = tf.data.Dataset.from_tensor_slices((indices, weights))
+        return gather
+
+
+def _coordination_agreement(
+    config: ScheduleConfig, rank: int, options: DynamicOptions
+) -> KeyValueAgreement | None:
+    """The ranks' agreement over the key-value store of TensorFlow's coordination service
+    (``MultiWorkerMirroredStrategy`` from ``TF_CONFIG`` starts it), or ``None`` where there
+    is none (the runtime then warns). The key prefix is set once the stream exists."""
+    if not os.environ.get("TF_CONFIG"):
+        return None
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    service = ctx.coordination_service
+    if not service:
+        return None
+    tasks = sum(job.num_tasks for job in service.coordinated_job_list)
+    if tasks and tasks != config.num_replicas:
+        raise ValueError(
+            f"num_replicas={config.num_replicas} differs from the {tasks} tasks of the "
+            f"TensorFlow cluster (TF_CONFIG); kind='dynamic' needs one replica per worker"
+        )
+    return KeyValueAgreement(
+        ctx.set_config_key_value,
+        lambda key, ms: ctx.get_config_key_value(key, timeout_in_ms=ms),
+        rank,
+        config.num_replicas,
+        prefix="",
+        timeout_ms=int(1000 * agreement_timeout(options.timeout)),
+        delete=ctx.delete_config_key_value,
+    )
+
+
+def _scalar(name: str, value: Any) -> int:
+    """One integer from a tensor, numpy value, int, or distributed value (all equal)."""
+    found = {int(np.asarray(v)) for v in tf.nest.flatten(value, expand_composites=True)}
+    if len(found) != 1:
+        raise ValueError(f"delivered[{name!r}] holds {sorted(found)}, not one step counter")
+    return found.pop()
+
+
+class Schedule(StreamFace):
+    """The transformation ``chronica.tf.schedule`` returns; apply it with ``dataset.apply``.
+
+    Guarantees, for a finite data set of ``N`` examples:
+
+    * the output yields this pipeline's local batches in plan order, one epoch after
+      another (``epochs`` of them, from ``epoch``; forever with ``epochs=None``); every rank
+      gets the same number of steps, and with the static kinds batch ``s`` of epoch ``e``
+      holds exactly ``Scheduler(sizes, config).plan_epoch(e).local(s, rank)``, in that order
+      (the indices ``chronica.torch``'s ``DistributedBatchSampler`` yields). With
+      ``kind="dynamic"`` each step holds this rank's part of the same step's samples, split
+      by rank speed (see ``chronica.runtime.RankStream``);
+    * over all ranks, every example appears exactly once per epoch, apart from the padding
+      (``drop_last=False``: repeats so every rank has as many) or dropping
+      (``drop_last=True``) that torch's ``DistributedSampler`` also does;
+    * each output element is a dict: the input's features (a non-dict input becomes the
+      feature ``"x"``), batched; ``"loss_weight"`` (float32 scalar: multiply the local mean
+      loss by it); ``"epoch"`` and ``"step"`` (int64 scalars: where the batch stands, for
+      ``get_state(delivered=...)``); with ``padded=True`` every variable-length feature
+      ``k`` is zero-padded to the batch's longest example and comes with ``k + "_length"``
+      (int64, ``(batch,)``) and ``k + "_mask"`` (bool, ``(batch, max_len)``); with
+      ``padded=False`` it stays a ``tf.RaggedTensor``;
+    * sizes (``sizes`` or ``size_fn``) are read once, when the transformation is first
+      applied, and cached: ``size_fn`` is called exactly once per example.
+
+    The scheduler is built when the transformation is first applied (the sizes may come from
+    the data set), so ``plan``, ``stats``, ``get_state`` and the other stream calls raise
+    ``RuntimeError`` before. Applying the same ``Schedule`` to the same data set object again
+    reuses that pass; applying it to another data set reads that one afresh. Every iteration
+    of the output starts at ``epoch`` (``set_epoch`` changes it) or at the position of the
+    last ``set_state``; iterate one output of a ``Schedule`` at a time.
+
+    Saving and resuming: ``get_state(delivered=batch)``, with ``batch`` the last element the
+    training loop took (or a dict of its ``"epoch"`` and ``"step"``), is the exact position
+    after that batch, whatever ``tf.data`` prefetched. ``get_state()`` without it is the
+    position after the last batch the pipeline produced, ahead of training by what was
+    prefetched. ``set_state(state)`` (before applying or before iterating) makes the next
+    iteration continue from ``state``, saved by any adapter, at this or another world size
+    or global batch size.
+    """
+
+    def __init__(
+        self,
+        sizes: Any = None,
+        size_fn: Callable[[Any], Any] | None = None,
+        *,
+        global_batch_size: int | None = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        kind: str = "static",
+        exact: bool = True,
+        shuffle: Any = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        cost: Any = None,
+        groups: Sequence[Any] | None = None,
+        labels: Any = None,
+        partitions: Sequence[Any] | None = None,
+        variable_batch: bool = False,
+        config: ScheduleConfig | None = None,
+        dynamic: DynamicOptions | None = None,
+        padded: bool = True,
+        epochs: int | None = 1,
+        epoch: int = 0,
+        input_context: tf.distribute.InputContext | None = None,
+    ) -> None:
+        if (sizes is None) == (size_fn is None):
+            raise ValueError(
+                "pass exactly one of sizes= (one number per example) or size_fn= (a function "
+                "of an example returning its size, e.g. lambda ex: len(ex['tokens']))"
+                + ("; both were given" if sizes is not None else "; neither was given")
+            )
+        if size_fn is not None and not callable(size_fn):
+            raise ValueError(f"size_fn={size_fn!r} must be a function of one example")
+        if global_batch_size is None and config is None:
+            raise ValueError("global_batch_size (examples per step over all replicas) is required")
+        if input_context is not None:
+            if num_replicas is not None or rank is not None:
+                raise ValueError("pass either input_context or num_replicas/rank, not both")
+            world = int(input_context.num_replicas_in_sync)
+            pipelines = int(input_context.num_input_pipelines)
+            if world % pipelines:
+                raise ValueError(
+                    f"{world} replicas cannot be split evenly over {pipelines} input pipelines"
+                )
+            num_replicas = world
+            rank = int(input_context.input_pipeline_id) * (world // pipelines)
+            served = world // pipelines
+        else:
+            if config is not None and num_replicas is None and rank is not None:
+                num_replicas = config.num_replicas
+            served = 1
+        world, rank = resolve_world(
+            num_replicas,
+            rank,
+            None,
+            "pass both, or call schedule(..., input_context=ctx) inside the dataset_fn "
+            "given to strategy.distribute_datasets_from_function",
+        )
+        scheduling = dict(
+            kind=kind,
+            exact=exact,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            cost=cost,
+            groups=groups,
+            variable_batch=variable_batch,
+        )
+        self.config = schedule_config(
+            config, world, global_batch_size, scheduling, dynamic, batch_name="global_batch_size"
+        )
+        self.ranks = list(range(rank, rank + served))
+        if self.config.kind == "dynamic" and served > 1:
+            raise ValueError(
+                f"kind='dynamic' needs one replica per input pipeline, but this pipeline "
+                f"serves replicas {self.ranks} (several devices in one worker): each "
+                f"replica's batch is re-planned from its own measured time. Run one worker "
+                f"per device (MultiWorkerMirroredStrategy with one device each), or use "
+                f"kind='static' or 'guided'"
+            )
+        self.global_batch_size = self.config.batch_size
+        self.epochs = None if epochs is None else check_int("epochs", epochs, 1)
+        self.first_epoch = check_int("epoch", epoch, 0)
+        self.padded = check_bool("padded", padded)
+        self.dynamic_options = dynamic
+        self._given_sizes, self._size_fn = sizes, size_fn
+        self._labels, self._partitions = labels, partitions
+        self._source: tf.data.Dataset | None = None
+        self._store: _Store | None = None
+        self._streams: list[RankStream] = []
+        self._start: dict[str, Any] | None = None  # where every iteration begins (set_state)
+        self._epoch_starts: dict[int, dict[str, Any]] = {}  # state at each produced epoch's start
+        self._unreported: deque[tuple[int, int]] = deque(maxlen=1 << 16)
+
+    # -- the stream, once applied ------------------------------------------------------------
+
+    @property
+    def stream(self) -> RankStream:  # type: ignore[override]
+        """The ``RankStream`` of this pipeline's (first) replica, built when first applied."""
+        if not self._streams:
+            raise RuntimeError(
+                "the scheduler is built when the transformation is applied (the sizes may "
+                "come from the data set): call dataset.apply(schedule) first"
+            )
+        return self._streams[0]
+
+    @property
+    def num_replicas(self) -> int:
+        return self.config.num_replicas
+
+    @property
+    def rank(self) -> int:
+        """The first replica this pipeline serves (the only one without ``input_context``)."""
+        return self.ranks[0]
+
+    @property
+    def sizes(self) -> np.ndarray | None:
+        """The validated per-example sizes, once the transformation has been applied."""
+        return self.stream.scheduler.sizes if self._streams else None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next iteration of the output at ``epoch``, step 0 (and hold ``epochs``
+        epochs from there), forgetting a position given by ``set_state``."""
+        self.first_epoch = check_int("epoch", epoch, 0)
+        self._start = None
+        for stream in self._streams:
+            _rewind(stream, self.first_epoch)
+
+    def get_state(self, delivered: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Resumable position, the common state of every adapter (see
+        ``chronica.runtime.RankStream.state``).
+
+        ``delivered``: the last element the training loop took from the output (or a dict
+        of its ``"epoch"`` and ``"step"``; tensors, numpy values, ints or the distributed
+        values of ``strategy.distribute_datasets_from_function`` are all fine): the state
+        then resumes exactly at the batch after it, whatever ``tf.data`` prefetched.
+        Without it: the position after the last batch the pipeline produced, which runs
+        ahead of training by the prefetched batches."""
+        stream = self.stream
+        if delivered is None:
+            return stream.state()
+        if not isinstance(delivered, Mapping) or not {_EPOCH, _STEP} <= set(delivered):
+            raise ValueError(
+                "delivered= must be an element of this pipeline's output (a dict with "
+                "'epoch' and 'step'), the last one the training loop took"
+            )
+        epoch, step = _scalar(_EPOCH, delivered[_EPOCH]), _scalar(_STEP, delivered[_STEP])
+        start = self._epoch_starts.get(epoch)
+        if start is None or not start["step"] <= step:
+            raise ValueError(
+                f"delivered= is epoch {epoch} step {step}, not a batch of this pipeline's "
+                f"current iteration"
+            )
+        return {**copy.deepcopy(start), "step": step + 1, "offset": 0}
+
+    def set_state(self, state: Any) -> None:
+        """Make every following iteration of the output continue from ``state``
+        (``get_state`` of any rank, from any adapter), exactly where it stopped at the same
+        world and global batch size, or with the epoch's remaining samples at another
+        (elastic resume, ``chronica.runtime.RankStream.load_state``); the output then ends
+        where it would have (``epoch + epochs``). Before the transformation is applied the
+        state is kept and checked when it is."""
+        for stream in self._streams:
+            stream.load_state(state)
+        self._start = copy.deepcopy(state)
+
+    def report(self, seconds: float, step: int | None = None) -> None:
+        """Tell the dynamic scheduler this replica's own compute time for a step: forward
+        and backward, *before* waiting for the gradient all-reduce. ``step`` defaults to
+        the step after the one reported last (the batches the training loop took, in order,
+        not what ``tf.data`` prefetched). Without ``kind="dynamic"`` this does nothing."""
+        stream = self.stream
+        if stream.session is None:
+            return
+        if step is None:
+            if not self._unreported:
+                return
+            epoch, step = self._unreported.popleft()
+            if epoch != stream.epoch:
+                return  # the pipeline already planned the next epoch; that step is gone
+        stream.report(seconds, step)
+
+    def close(self) -> None:
+        """Release the coordinator connection (and, on the first rank, stop the
+        coordinator). Idempotent; also done at interpreter exit."""
+        for stream in self._streams:
+            stream.close()
+
+    # -- applying --------------------------------------------------------------------------
+
+    def _prepare(self, dataset: tf.data.Dataset) -> _Store:
+        if self._store is not None and self._source is dataset:
+            return self._store
+        store = _Store(dataset, self._size_fn)
+        raw = store.sizes if store.sizes is not None else self._given_sizes
+        sizes = validate_sizes(
+            raw,
+            expected_len=store.num_examples,
+            name="sizes" if store.sizes is None else "size_fn results",
+        )
+        self.close()
+        agreements: list[KeyValueAgreement] = []
+
+        def agree(config: ScheduleConfig) -> Agreement | None:
+            options = self.dynamic_options or DynamicOptions()
+            made = _coordination_agreement(config, self.ranks[0], options)
+            agreements.extend([made] if made is not None else [])
+            return made
+
+        first = open_stream(
+            sizes,
+            self.config,
+            self.ranks[0],
+            labels=self._labels,
+            partitions=self._partitions,
+            dynamic=self.dynamic_options,
+            agree=agree,
+            names=_NAMES,
+        )
+        for agreement in agreements:
+            agreement.prefix = key_prefix(first.scheduler.digest)
+        others = [RankStream(first.scheduler, r, names=_NAMES) for r in self.ranks[1:]]
+        self._streams = [first, *others]
+        self._source, self._store = dataset, store
+        for stream in self._streams:
+            _rewind(stream, self.first_epoch)
+        if self._start is not None:
+            self.set_state(self._start)
+        return store
+
+    def _batches(self) -> Iterator[tuple[int, int, np.ndarray, float]]:
+        """``(epoch, step, indices, loss_weight)`` of every batch of one iteration, the
+        served replicas' batches of a step one after another."""
+        streams, lead = self._streams, self._streams[0]
+        if self._start is not None:
+            for stream in streams:
+                stream.load_state(self._start)
+        else:
+            for stream in streams:
+                _rewind(stream, self.first_epoch)
+        self._unreported.clear()
+        self._epoch_starts.clear()
+        end = None if self.epochs is None else self.first_epoch + self.epochs
+        epoch = lead.epoch
+        while end is None or epoch < end:
+            for stream in streams:
+                stream.set_epoch(epoch)
+            self._epoch_starts[epoch] = lead.state()
+            self._epoch_starts.pop(epoch - _KEPT_EPOCHS, None)
+            parts: tuple[LocalBatch, ...]
+            for parts in zip(*(stream.batches() for stream in streams), strict=True):
+                for part in parts:
+                    if lead.session is not None:
+                        self._unreported.append((part.epoch, part.step))
+                    yield part.epoch, part.step, part.indices, part.loss_weight
+            epoch += 1
+
+    def __call__(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        """This pipeline's scheduled batches of ``dataset`` (see the class docstring)."""
+        if not isinstance(dataset, tf.data.Dataset):
+            raise ValueError(f"expected a tf.data.Dataset, got {type(dataset).__name__}")
+        store = self._prepare(dataset)
+        steps = tf.data.Dataset.from_generator(
+            self._batches,
+            output_signature=(
+                tf.TensorSpec([], tf.int64),
+                tf.TensorSpec([], tf.int64),
+                tf.TensorSpec([None], tf.int64),
+                tf.TensorSpec([], tf.float32),
+            ),
+        )
+        gather = store.gather(self.padded)
+        if self.stream.session is not None:
+            # Dynamic plans follow the reports of the batches trained: read little ahead.
+            return steps.map(gather).prefetch(1)
         batches = steps.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return batches.prefetch(tf.data.AUTOTUNE)
+
+
+def _rewind(stream: RankStream, epoch: int) -> None:
+    """Put ``stream`` at the start of ``epoch``, dropping a loaded position (``set_epoch``
+    keeps one when the epoch does not change)."""
+    stream.set_epoch(epoch + 1)
+    stream.set_epoch(epoch)
 
 
 def schedule(
     sizes: Any = None,
     size_fn: Callable[[Any], Any] | None = None,
     *,
-    global_batch_size: int,
+    global_batch_size: int | None = None,
     num_replicas: int | None = None,
     rank: int | None = None,
     kind: str = "static",
@@ -309,8 +519,14 @@ def schedule(
     seed: int = 0,
     drop_last: bool = False,
     cost: Any = None,
+    groups: Sequence[Any] | None = None,
+    labels: Any = None,
+    partitions: Sequence[Any] | None = None,
+    variable_batch: bool = False,
+    config: ScheduleConfig | None = None,
+    dynamic: DynamicOptions | None = None,
     padded: bool = True,
-    epochs: int | None = None,
+    epochs: int | None = 1,
     epoch: int = 0,
     input_context: tf.distribute.InputContext | None = None,
 ) -> Schedule:
@@ -321,23 +537,27 @@ def schedule(
         size_fn: called once per example (numpy values, as ``as_numpy_iterator`` yields
             them) when first applied, returning its size; exactly one of the two is required.
         global_batch_size: examples per step over all replicas, a multiple of the replica
-            count; each replica's batch is ``global_batch_size // num_replicas``.
-        num_replicas, rank: the world size and this process's rank; required unless
+            count (required unless ``config`` holds it).
+        num_replicas, rank: the world size and this process's replica; required unless
             ``input_context`` is given.
         input_context: the ``tf.distribute.InputContext`` handed to the ``dataset_fn`` of
             ``strategy.distribute_datasets_from_function``; the world is
             ``num_replicas_in_sync`` and this pipeline serves its
             ``num_replicas_in_sync // num_input_pipelines`` replicas, interleaving their
             local batches step by step (the order tf.distribute deals them to its devices).
-        kind, exact, shuffle, seed, drop_last, cost: as for ``chronica.core.ScheduleConfig``
-            (and ``chronica.torch``'s samplers); equal values give identical plans.
+        kind, exact, shuffle, seed, drop_last, cost, groups, labels, partitions,
+            variable_batch: as for ``chronica.torch``'s samplers (equal values give
+            identical plans); ``kind="dynamic"`` re-plans every window from the replicas'
+            ``report``-ed times, configured by ``dynamic`` (a ``DynamicOptions``).
+        config: a whole ``ScheduleConfig`` instead of the scheduling keywords.
         padded: pad variable-length features per batch and add ``_length``/``_mask``
             features (``True``) or keep them ragged (``False``).
-        epochs: how many epochs to yield (default 1), starting at ``epoch``.
+        epochs: how many epochs the output holds, starting at ``epoch`` (default 1;
+            ``None``: forever).
 
-    Raises ``ValueError`` for missing or doubled sizes, a bad batch size or rank, and (when
+    Raises ``ValueError`` for missing or doubled sizes, a bad argument value, and (when
     applied) an infinite data set or sizes of the wrong length. See :class:`Schedule` for
-    what the output guarantees.
+    what the output guarantees and how to save and resume it.
     """
     return Schedule(
         sizes,
@@ -351,6 +571,12 @@ def schedule(
         seed=seed,
         drop_last=drop_last,
         cost=cost,
+        groups=groups,
+        labels=labels,
+        partitions=partitions,
+        variable_batch=variable_batch,
+        config=config,
+        dynamic=dynamic,
         padded=padded,
         epochs=epochs,
         epoch=epoch,

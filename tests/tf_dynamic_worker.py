@@ -1,0 +1,145 @@
+"""One TensorFlow worker of a kind="dynamic" job (run by tests/test_tf.py, not by pytest).
+
+Usage: ``python tests/tf_dynamic_worker.py RANK PORT0,PORT1 COORDINATOR_PORT SCENARIO SYNC``:
+a ``MultiWorkerMirroredStrategy`` from ``TF_CONFIG`` on 127.0.0.1 (its coordination service
+carries the ranks' agreement), fed by ``distribute_datasets_from_function`` with
+``chronica.tf.schedule(kind="dynamic", variable_batch=True)``; the last worker is emulated
+3x slower in what it reports. Scenario ``train``: two epochs; ``kill``: at step 3 of epoch 0
+rank 0 touches ``SYNC/killme`` and both wait for ``SYNC/killed`` (the test kills the
+standalone coordinator in between). Every step, each replica's loss-weighted gradient of
+its local mean loss is averaged over the replicas (``strategy.reduce`` MEAN) and compared
+with the gradient of the mean loss over the static plan's samples of that step. Writes
+``SYNC/rank<R>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+import tensorflow as tf
+
+import chronica.tf
+from chronica.core import ScheduleConfig, Scheduler
+from chronica.runtime import DynamicOptions
+
+N, GLOBAL_BATCH, EPOCHS, SLOW = 300, 16, 2, 3.0
+W = np.array([0.1, -0.2, 0.3, 0.05])
+
+
+def features(index):
+    """Fixed float64 inputs and targets per sample index (TensorFlow or numpy)."""
+    i = tf.cast(index, tf.float64)
+    x = tf.stack([tf.sin(i), tf.cos(i * 0.7), i / N, tf.ones_like(i)], 1)
+    return x, tf.tanh(i * 0.01)
+
+
+def mean_loss_grad(index) -> tf.Tensor:
+    w = tf.constant(W)
+    with tf.GradientTape() as tape:
+        tape.watch(w)
+        x, y = features(index)
+        loss = tf.reduce_mean((tf.linalg.matvec(x, w) - y) ** 2)
+    return tape.gradient(loss, w)
+
+
+def wait_for(path: Path, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear")
+        time.sleep(0.02)
+
+
+def main(rank: int, ports: list[str], port: int, scenario: str, sync: Path) -> None:
+    os.environ["TF_CONFIG"] = json.dumps(
+        {
+            "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+            "task": {"type": "worker", "index": rank},
+        }
+    )
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    world = strategy.num_replicas_in_sync
+    sizes = np.random.default_rng(0).lognormal(4, 1, N).astype(int) + 1
+    examples = tf.data.Dataset.from_tensor_slices({"idx": tf.range(N, dtype=tf.int64)})
+    made: list[chronica.tf.Schedule] = []
+
+    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        made.append(
+            chronica.tf.schedule(
+                sizes,
+                global_batch_size=GLOBAL_BATCH,
+                kind="dynamic",
+                variable_batch=True,
+                dynamic=DynamicOptions(window=4, port=port, timeout=3.0),
+                epochs=EPOCHS,
+                input_context=ctx,
+            )
+        )
+        return examples.apply(made[-1])
+
+    batches = strategy.distribute_datasets_from_function(dataset_fn)
+    schedule = made[-1]
+
+    @tf.function(input_signature=[batches.element_spec])
+    def weighted_grad(batch):
+        def replica(b):
+            return tf.cast(b["loss_weight"], tf.float64) * mean_loss_grad(b["idx"])
+
+        return strategy.reduce("MEAN", strategy.run(replica, args=(batch,)), axis=None)
+
+    config = ScheduleConfig(
+        num_replicas=world,
+        batch_size=GLOBAL_BATCH,
+        kind="dynamic",
+        variable_batch=True,
+        window=4,
+    )
+    static = Scheduler(sizes, config)
+    slow = SLOW if rank == world - 1 else 1.0
+    epochs: list[list[list[int]]] = [[] for _ in range(EPOCHS)]
+    weights: list[list[float]] = [[] for _ in range(EPOCHS)]
+    grad_error = 0.0
+    last = None
+    for last in batches:
+        batch = {k: strategy.experimental_local_results(v)[0] for k, v in last.items()}
+        epoch, step = int(batch["epoch"]), int(batch["step"])
+        assert step == len(epochs[epoch]), (epoch, step)
+        if scenario == "kill" and epoch == 0 and step == 3:
+            if rank == 0:
+                (sync / "killme").touch()
+            wait_for(sync / "killed")
+        local = batch["idx"].numpy()
+        epochs[epoch].append(local.tolist())
+        weights[epoch].append(float(batch["loss_weight"]))
+        plan = static.plan_epoch(epoch)
+        whole = plan.indices[plan.bounds[step, 0] : plan.bounds[step, -1]]
+        got = weighted_grad(last).numpy()
+        grad_error = max(grad_error, float(np.abs(got - mean_loss_grad(whole).numpy()).max()))
+        schedule.report(float(sizes[local].sum()) * 1e-6 * slow)
+    session = schedule.stream.session
+    # The distributed element itself says where training stands: after the last step.
+    final = schedule.get_state(delivered=last)
+    assert (final["epoch"], final["step"]) == (EPOCHS - 1, len(epochs[-1])), final
+    result = {
+        "rank": rank,
+        "epochs": epochs,
+        "weights": weights,
+        "grad_error": grad_error,
+        "dynamic_windows": session.windows_dynamic,
+        "static_windows": session.windows_static,
+    }
+    (sync / f"rank{rank}.json").write_text(json.dumps(result))
+    # A last collective: neither worker leaves while the other still needs it.
+    tf.function(lambda: strategy.reduce("SUM", strategy.run(lambda: tf.constant(1)), None))()
+    schedule.close()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), sys.argv[2].split(","), int(sys.argv[3]), sys.argv[4], Path(sys.argv[5]))
