@@ -3,8 +3,10 @@ errors, and a real 2-process jax.distributed job on loopback."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,15 @@ import pytest
 
 jax = pytest.importorskip("jax")
 
-from workers import base_env, free_port, run_workers  # noqa: E402
+from test_dynamic import _check_exactly_once, _static_plan  # noqa: E402
+from workers import (  # noqa: E402
+    base_env,
+    free_port,
+    free_ports,
+    run_workers,
+    start_workers,
+    wait_workers,
+)
 
 import chronica.jax as cj  # noqa: E402
 from chronica.core import (  # noqa: E402
@@ -205,26 +215,98 @@ def test_resume_mid_epoch_equals_uninterrupted_run():
         assert head + [_valid_indices(b).tolist() for b in resumed] == full
 
 
+def test_resume_in_a_fresh_process(tmp_path):
+    data, _ = _data(150)
+    kwargs = {"global_batch_size": 8, "num_replicas": 2, "rank": 1, "epochs": 2, "seed": 5}
+    first = cj.iterator(data, **kwargs)
+    for _ in range(7):
+        next(first)
+    (tmp_path / "state.json").write_text(json.dumps(first.get_state()))
+    expected = [_valid_indices(b).tolist() for b in first]
+    code = (
+        "import json, sys\n"
+        "import numpy as np\n"
+        "import chronica.jax as cj\n"
+        "lengths = np.random.default_rng(0).lognormal(3, 1, 150).astype(int) + 1\n"
+        "data = [np.arange(1, k + 1, dtype=np.int32) for k in lengths]\n"
+        f"it = cj.iterator(data, **{kwargs!r})\n"
+        "it.set_state(json.load(open(sys.argv[1])))\n"
+        "print(json.dumps([b['indices'][b['valid']].tolist() for b in it]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "state.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env=base_env(ROOT, JAX_PLATFORMS="cpu"),
+    ).stdout
+    assert json.loads(out.splitlines()[-1]) == expected
+
+
+def test_dynamic_in_one_process_resumes_mid_epoch():
+    # kind="dynamic" at one process: its own coordinator (port 0: a free one), every step
+    # the static plan's samples; a mid-epoch state resumes in a fresh iterator.
+    from chronica.runtime import DynamicOptions
+
+    data, _ = _data(120)
+    kwargs = dict(
+        global_batch_size=8,
+        num_replicas=1,
+        rank=0,
+        kind="dynamic",
+        variable_batch=True,
+        epochs=2,
+        dynamic=DynamicOptions(window=4, port=0, timeout=5.0),
+    )
+    it = cj.iterator(data, **kwargs)
+    steps = []
+    for _ in range(6):
+        batch = next(it)
+        steps.append(sorted(_valid_indices(batch).tolist()))
+        assert batch["loss_weight"] == 1.0
+        it.report(0.01)
+    state = it.get_state()
+    assert it.stream.session.windows_dynamic >= 1
+    it.close()
+    again = cj.iterator(data, **kwargs)
+    again.set_state(state)
+    steps += [sorted(_valid_indices(b).tolist()) for b in again]
+    again.close()
+    for epoch in range(2):
+        plan = again.plan(epoch)
+        expected = [sorted(plan.local(s, 0).tolist()) for s in range(plan.num_steps)]
+        assert steps[epoch * plan.num_steps : (epoch + 1) * plan.num_steps] == expected
+    assert len(steps) == 2 * again.scheduler.num_steps()
+
+
 def test_set_state_refuses_mismatches():
     data, _ = _data(80)
     it = cj.iterator(data, global_batch_size=8, num_replicas=2, rank=0, epochs=2)
     next(it)
     state = it.get_state()
+    assert sorted(state) == sorted(
+        ["version", "epoch", "step", "offset", "digest", "num_replicas", "batch_size"]
+        + ["history", "fingerprint"]
+    )
     other_seed = cj.iterator(data, global_batch_size=8, num_replicas=2, rank=0, seed=1)
     with pytest.raises(ValueError, match="digest"):
         other_seed.set_state(state)
-    other_buckets = cj.iterator(
-        data, global_batch_size=8, num_replicas=2, rank=0, bucket_boundaries=[1000]
-    )
-    with pytest.raises(ValueError, match="digest"):
-        other_buckets.set_state(state)
-    other_rank = cj.iterator(data, global_batch_size=8, num_replicas=2, rank=1)
-    with pytest.raises(ValueError, match="rank 0 of 2"):
-        other_rank.set_state(state)
-    with pytest.raises(ValueError, match="version"):
-        it.set_state({"version": 99})
+    for version in (1, 2, 99):
+        with pytest.raises(ValueError, match=f"state version {version} is not supported"):
+            it.set_state({**state, "version": version})
     with pytest.raises(ValueError, match="outside"):
         it.set_state({**state, "step": 10_000})
+
+
+def test_state_is_rank_independent():
+    data, _ = _data(80)
+    it = cj.iterator(data, global_batch_size=8, num_replicas=2, rank=0, epochs=2)
+    for _ in range(3):
+        next(it)
+    other = cj.iterator(data, global_batch_size=8, num_replicas=2, rank=1, epochs=2)
+    other.set_state(it.get_state())
+    assert _valid_indices(next(other)).tolist() == other.plan().local(3, 1).tolist()
 
 
 @pytest.mark.parametrize(
@@ -236,9 +318,16 @@ def test_set_state_refuses_mismatches():
         ({"global_batch_size": 8, "num_replicas": 0, "rank": 0}, "num_replicas"),
         ({"global_batch_size": 8, "num_replicas": 2, "rank": 0, "epochs": 0}, "epochs"),
         ({"global_batch_size": 8, "num_replicas": 2, "rank": 0, "kind": "nope"}, "kind"),
+        ({"global_batch_size": 8, "num_replicas": 2, "rank": 0, "exact": "yes"}, "exact="),
+        ({"global_batch_size": 8, "num_replicas": 2, "rank": 0, "dynamic": {}}, "dynamic="),
+        ({"num_replicas": 2, "rank": 0}, "global_batch_size .* is required"),
         (
-            {"global_batch_size": 8, "num_replicas": 2, "rank": 0, "kind": "dynamic"},
-            "kind='dynamic' is not available for the JAX iterator",
+            {"global_batch_size": 8, "rank": 0, "config": ScheduleConfig(2, 8), "seed": 3},
+            "config= already holds the whole configuration; pass seed",
+        ),
+        (
+            {"global_batch_size": 8, "num_replicas": 3, "rank": 0, "config": ScheduleConfig(2, 8)},
+            "differs from the world size",
         ),
         (
             {"global_batch_size": 8, "num_replicas": 2, "rank": 0, "bucket_boundaries": [4]},
@@ -325,3 +414,94 @@ def test_jax_train_example_runs():
         env=env,
     ).stdout
     assert "compiled shapes:" in out and "epoch 3: mean loss" in out
+
+
+# -- kind="dynamic" over a real 2-process jax.distributed job --------------------------------
+
+DYNAMIC_WORKER = ROOT / "tests" / "jax_dynamic_worker.py"
+
+
+def _dynamic_job(tmp_path, scenario, port, env_extra=None, between=None):
+    """Start both processes of jax_dynamic_worker.py; ``between(procs)`` runs while they
+    do; returns their results."""
+    jax_port = free_port()
+    outs = [tmp_path / f"rank{i}.json" for i in range(2)]
+    procs = start_workers(
+        [
+            [sys.executable, str(DYNAMIC_WORKER), str(out), scenario, str(jax_port), str(port)]
+            + [str(tmp_path), str(i)]
+            for i, out in enumerate(outs)
+        ],
+        base_env(ROOT, JAX_PLATFORMS="cpu", **(env_extra or {})),
+    )
+    try:
+        if between is not None:
+            between(procs)
+    finally:
+        wait_workers(procs, timeout=120)
+    return sorted((json.loads(out.read_text()) for out in outs), key=lambda r: r["rank"])
+
+
+def test_dynamic_two_processes_every_step_once_exact_gradients_slow_rank_smaller(tmp_path):
+    results = _dynamic_job(tmp_path, "train", free_ports(2)[0])
+    _check_exactly_once(results, 2)  # equal step counts, every step exactly the static one's
+    slow = results[1]
+    for r in results:
+        assert r["static_windows"] == 0  # the coordinator delivered every window
+        assert r["grad_error"] < 1e-6  # loss weights make the average the whole-step mean
+        assert set(r["rows"]) <= {1, 2, 4, 8, 16} and r["num_shapes"] == 5
+    for epoch in range(2):
+        static = _static_plan(2, epoch)
+        for step in range(static.num_steps):
+            counts = [len(r["epochs"][epoch][step]) for r in results]
+            if static.bounds[step, -1] - static.bounds[step, 0] == 16:
+                assert sum(counts) == 16  # the global batch is exact every full step
+            weights = [r["weights"][epoch][step] for r in results]
+            assert sum(weights) == pytest.approx(2)
+    # Rank 1 computes 3x slower: it gets about a quarter of the global batch.
+    assert np.mean([len(b) for b in slow["epochs"][1]]) < 6
+
+
+def test_dynamic_coordinator_killed_mid_epoch_falls_back_without_losing_a_sample(tmp_path):
+    port = free_ports(2)[0]
+    sizes = np.random.default_rng(0).lognormal(4, 1, 300).astype(int) + 1
+    np.save(tmp_path / "sizes.npy", sizes)
+    coordinator = subprocess.Popen(
+        [sys.executable, "-m", "chronica.comm.standalone", "--sizes", str(tmp_path / "sizes.npy")]
+        + ["--world", "2", "--batch-size", "16", "--variable-batch", "--window", "4"]
+        + ["--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=base_env(ROOT),
+    )
+
+    def kill_after_step_3(procs):
+        deadline = time.monotonic() + 90
+        while not (tmp_path / "killme").exists():
+            assert time.monotonic() < deadline, "the workers did not reach step 3"
+            assert all(p.poll() is None for p in procs), "a worker ended early"
+            time.sleep(0.02)
+        coordinator.send_signal(signal.SIGKILL)
+        coordinator.wait(timeout=30)
+        (tmp_path / "killed").touch()
+
+    try:
+        assert "chronica coordinator on" in coordinator.stdout.readline()
+        results = _dynamic_job(
+            tmp_path,
+            "kill",
+            port,
+            {"CHRONICA_COORDINATOR": f"127.0.0.1:{port}"},
+            kill_after_step_3,
+        )
+    finally:
+        if coordinator.poll() is None:
+            coordinator.kill()
+        coordinator.wait(timeout=30)
+    _check_exactly_once(results, 2)
+    for r in results:
+        assert r["dynamic_windows"] >= 1  # before the kill
+        assert r["static_windows"] >= 1  # after it
+        assert r["grad_error"] < 1e-6
+    # Both processes took the same source for every window (agreed over the KV store).
+    assert len({(r["dynamic_windows"], r["static_windows"]) for r in results}) == 1

@@ -208,19 +208,16 @@ def test_same_world_resume_is_unchanged_and_byte_identical():
     resumed.set_state(state)
     assert len(resumed) == len(full) and resumed.epoch == full.epoch == 1
     _same_batches(resumed, full, 2 * len(full) - 23)
-    # A version-1 state (before elastic resume) still resumes at its own world...
-    old = {k: state[k] for k in ("epoch", "step", "rank", "num_replicas", "digest")}
-    again, reference = make(), make()
-    again.set_state({**old, "version": 1})
-    reference.set_state(state)
-    _same_batches(again, reference, 2 * len(full) - 23)
-    # ... but not at another one.
-    other = _iterators(data, 4, 8, seed=5)[0]
-    with pytest.raises(ValueError, match="predates elastic resume"):
-        other.set_state({**old, "version": 1})
-    # Another rank's state at the same world is still refused.
-    with pytest.raises(ValueError, match="rank 1 of 2, not rank 0 of 2"):
-        _iterators(data, 2, 8, seed=5)[0].set_state(state)
+    # The state is rank-independent: another rank's state resumes this rank's next step.
+    assert "rank" not in state
+    other = _iterators(data, 2, 8, epochs=2, seed=5)[0]
+    other.set_state(state)
+    plan = other.scheduler.plan_epoch(1)
+    assert _valid(next(other)) == plan.local(23 - len(full), 0).tolist()
+    # States of the iterator's earlier formats (1, 2) are refused by version.
+    for version in (1, 2):
+        with pytest.raises(ValueError, match=f"state version {version} is not supported"):
+            make().set_state({**state, "version": version})
 
 
 def test_epoch_boundaries_load_at_any_world():
@@ -229,8 +226,9 @@ def test_epoch_boundaries_load_at_any_world():
     old = _iterators(data, 4, 8, epochs=3, **kw)
     before = old[0].get_state()
     _train(old, old[0].steps_per_epoch)
-    after = old[0].get_state()
-    assert (after["epoch"], after["step"], after["history"]) == (1, 0, [])
+    after = old[0].get_state()  # after the epoch's last batch: (0, its steps)
+    assert (after["epoch"], after["step"], after["history"]) == (0, len(old[0]), [])
+    assert old[0].epoch == 1
     for state, epoch in ((before, 0), (after, 1)):
         new = _iterators(data, 3, 6, epochs=3, **kw)[2]
         new.set_state(state)
@@ -256,14 +254,20 @@ def test_steps_per_epoch_follows_the_remainder_then_the_ordinary_epoch():
     assert mid["history"] == [[4, 16, 3]]
     next(new)  # the remainder's last batch: the next one is the next epoch's first
     assert new.epoch == 1 and len(new) == ordinary
-    assert new.get_state()["history"] == [] and new.get_state()["epoch"] == 1
+    end = new.get_state()  # the remainder's end: its steps, the history kept
+    assert (end["epoch"], end["step"], end["history"]) == (0, remainder.num_steps, [[4, 16, 3]])
     assert _valid(next(new)) == new.scheduler.plan_epoch(1).local(0, 0).tolist()
+    assert new.get_state()["history"] == [] and new.get_state()["epoch"] == 1
     assert new.plan() is new.scheduler.plan_epoch(1)
     # A state saved one batch before the remainder's end resumes at that world too.
     again = _iterators(data, 2, 6, epochs=None)[0]
     again.set_state(mid)
     assert _valid(next(again)) == remainder.local(remainder.num_steps - 1, 0).tolist()
     assert again.epoch == 1
+    at_end = _iterators(data, 3, 6, epochs=None)[2]  # the end loads at any world too
+    at_end.set_state(end)
+    assert at_end.epoch == 1 and len(at_end) == at_end.scheduler.num_steps()
+    assert _valid(next(at_end)) == at_end.scheduler.plan_epoch(1).local(0, 2).tolist()
 
 
 def _mid_epoch_state(data, **kw):
@@ -279,26 +283,37 @@ def _mid_epoch_state(data, **kw):
         (dict(n=65), "num_samples: saved 64, now 65"),
         (dict(drop_last=True), "drop_last: saved False, now True"),
         (dict(kind="guided"), "kind: saved 'static', now 'guided'"),
-        (dict(bucket_boundaries=(2048,)), r"bucket_boundaries: saved \[4, 8,"),
-        (dict(pad_value=0), "pad_value: saved '-1', now '0'"),
     ],
 )
 def test_other_data_or_arguments_are_refused_by_name(change, match):
     data, _ = _data(64)
     state = _mid_epoch_state(data)
     n = change.pop("n", 64)
-    kw = dict(
-        global_batch_size=12,
-        num_replicas=3,
-        rank=0,
-        bucket_boundaries=change.pop("bucket_boundaries", BOUNDARIES),
-        pad_value=change.pop("pad_value", -1),
-    )
+    kw = dict(global_batch_size=12, num_replicas=3, rank=0, bucket_boundaries=BOUNDARIES)
     new = cj.iterator(_data(n)[0], **kw, **change)
     with pytest.raises(ValueError, match=match) as error:
         new.set_state(state)
-    assert "iterator state was saved with different sizes or iterator arguments" in str(error.value)
+    assert "state was saved with different sizes or iterator arguments" in str(error.value)
     assert "only num_replicas and global_batch_size may change" in str(error.value)
+
+
+def test_buckets_and_padding_are_not_part_of_the_state():
+    # They shape the batches, not the plan: a state resumes under other ones, at any world.
+    data, _ = _data(64)
+    state = _mid_epoch_state(data)
+    for w, b in ((2, 8), (3, 12)):
+        new = cj.iterator(
+            data,
+            global_batch_size=b,
+            num_replicas=w,
+            rank=0,
+            bucket_boundaries=(2048,),
+            pad_value=7,
+        )
+        new.set_state(state)
+        batch = next(new)
+        assert batch["inputs"].shape[1] == 2048
+        assert _valid(batch) == new.plan().local(0 if w == 3 else 2, 0).tolist()
 
 
 @pytest.mark.parametrize(
@@ -328,9 +343,9 @@ def test_bad_state_fields_are_named():
         new.set_state({**state, "step": 99})
     with pytest.raises(ValueError, match=r"history entry .*batch_size=5"):
         new.set_state({**state, "history": [[3, 5, 1]]})
-    with pytest.raises(ValueError, match="iterator state version 7 is not supported"):
+    with pytest.raises(ValueError, match="state version 7 is not supported"):
         new.set_state({**state, "version": 7})
-    with pytest.raises(ValueError, match=r"iterator state epoch=-1, step=2 are invalid"):
+    with pytest.raises(ValueError, match=r"state epoch=-1, step=2 are invalid"):
         new.set_state({**state, "epoch": -1})
 
 
@@ -346,3 +361,35 @@ def test_exact_mode_keeps_the_global_batches_of_the_new_world():
         ours = plan.indices[plan.bounds[s, 0] : plan.bounds[s, -1]]
         theirs = fresh.indices[fresh.bounds[4 + s, 0] : fresh.bounds[4 + s, -1]]
         np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(kind="guided", drop_last=True, seed=3)])
+def test_torch_sampler_state_resumes_in_jax_and_back(kw):
+    # One state format for every adapter: a DistributedBatchSampler's mid-epoch state makes
+    # the JAX iterator yield exactly the batches the sampler would have yielded next, and
+    # the reverse, on every rank.
+    data, _ = _data()
+    for rank in range(W):
+        sampler = _samplers(data, W, B, **kw)[rank]
+        sampler.set_epoch(1)
+        batches = iter(sampler)
+        for _ in range(5):
+            next(batches)
+        state = json.loads(json.dumps(sampler.state_dict()))
+        torch_next = list(batches)
+        it = _iterators(data, W, B, **kw)[rank]
+        it.set_state(state)
+        assert it.epoch == 1 and it.get_state() == state
+        assert [_valid(next(it)) for _ in range(len(torch_next))] == torch_next
+        with pytest.raises(StopIteration):
+            next(it)  # epochs=2: epoch 1 was the last
+        # The reverse: the JAX iterator's state resumes the torch sampler.
+        it = _iterators(data, W, B, **kw)[rank]
+        for _ in range(len(it) + 3):  # into epoch 1
+            next(it)
+        state = json.loads(json.dumps(it.get_state()))
+        jax_next = [_valid(batch) for batch in it]
+        other = _samplers(data, W, B, **kw)[rank]
+        other.load_state_dict(state)
+        other.set_epoch(state["epoch"])  # a training loop's call keeps the position
+        assert (state["epoch"], state["step"]) == (1, 3) and list(other) == jax_next

@@ -1,48 +1,40 @@
 """A scheduled, checkpointable, static-shape batch iterator for JAX.
 
-``iterator(source, global_batch_size=B, ...)`` builds the same ``Scheduler`` as the torch
-samplers (same arguments, same sizes: byte-identical plans) and yields this process's local
-batch for every step, epoch after epoch, as padded numpy arrays (or ``jax.Array`` with
-``as_jax=True``). Shapes are static so that ``jax.jit`` compiles a bounded number of programs:
+``iterator(source, global_batch_size=B, ...)`` is a face of a ``chronica.runtime.RankStream``
+(the torch samplers' plans, byte for byte, ``kind="dynamic"`` included, and their state
+format) that yields this process's local batch for every step, epoch after epoch, as padded
+numpy arrays (or ``jax.Array`` with ``as_jax=True``). This module holds only what is JAX's
+or numpy's: sample lengths, buckets, padding to static shapes, device placement, the world
+from ``jax.distributed`` and the ranks' agreement over its key-value store. Shapes are
+static so that ``jax.jit`` compiles a bounded number of programs (``num_shapes``):
 
-- the batch dimension is always ``B // W`` rows; a trailing partial step is padded with
-  rows whose ``valid`` is ``False``;
-- the sequence dimension is the smallest bucket boundary that holds the local batch's
-  longest sample, so at most ``num_shapes`` distinct shapes are ever yielded.
-
-Imports numpy, jax and ``chronica.core`` only.
+- the batch dimension is ``B // W`` rows (a trailing partial step is padded with rows whose
+  ``valid`` is ``False``); with ``variable_batch=True`` it is the smallest power of two that
+  holds the local batch, capped at the per-rank maximum (one size for every process when a
+  ``sharding`` spans processes);
+- the sequence dimension is the smallest bucket boundary that holds the longest sample.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from chronica.core import (
-    EpochPlan,
-    ScheduleConfig,
-    Scheduler,
-    resolve_sizes,
-)
-from chronica.core.elastic import Segment, StateFormat, load_state, state_fields
-from chronica.core.sizes import defines_sizeof
+from chronica.core import ScheduleConfig, resolve_sizes
+from chronica.core.checks import check_int
+from chronica.core.sizes import defines_sizeof, sizes_digest
+from chronica.runtime import Agreement, DynamicOptions, KeyValueAgreement, LocalBatch
+from chronica.runtime.agreement import agreement_timeout, key_prefix
+from chronica.runtime.build import open_stream, resolve_world, schedule_config
+from chronica.runtime.face import StreamFace
+from chronica.runtime.stream import state_format
 
 __all__ = ["ScheduledIterator", "iterator"]
 
-_STATE_VERSION = 2
-# Version 1 states (no batch size, history or fingerprint) still resume at the same world.
-_STATE = StateFormat(
-    versions=(1, 2),
-    name="iterator state",
-    owner="iterator",
-    position="step",
-    batch="global_batch_size",
-)
+_NAMES = state_format("iterator")
 _META_KEYS = ("mask", "lengths", "indices", "loss_weight", "valid")
 
 
@@ -117,28 +109,67 @@ def _validate_boundaries(boundaries: Any, max_length: int) -> tuple[int, ...]:
     return tuple(values)
 
 
-class ScheduledIterator(Iterator[dict[str, Any]]):
+def _jax_world() -> tuple[int, int]:
+    return jax.process_count(), jax.process_index()
+
+
+def _kv_agreement(rank: int, sizes: np.ndarray, options: DynamicOptions | None):
+    """The ranks' agreement over the key-value store of ``jax.distributed``'s coordination
+    service (no device, any thread), or ``None`` when this job does not run one process per
+    replica under ``jax.distributed`` (the runtime then warns)."""
+    timeout_ms = int(1000 * agreement_timeout((options or DynamicOptions()).timeout))
+
+    def build(config: ScheduleConfig) -> Agreement | None:
+        if not jax.distributed.is_initialized() or jax.process_count() != config.num_replicas:
+            return None
+        from jax._src.distributed import global_state
+
+        client = global_state.client
+        if client is None:
+            return None
+        return KeyValueAgreement(
+            client.key_value_set,
+            client.blocking_key_value_get,
+            rank,
+            config.num_replicas,
+            prefix=key_prefix(config.digest(sizes_digest(sizes))),
+            timeout_ms=timeout_ms,
+            delete=client.key_value_delete,
+        )
+
+    return build
+
+
+def _power_of_two(count: int) -> int:
+    """The smallest power of two ``>= count`` (1 for 0)."""
+    return 1 << max(count - 1, 0).bit_length()
+
+
+class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
     """This process's batches of a chronica plan, with static shapes and resumable state.
 
     Guarantees:
 
-    - For epoch ``e`` and step ``s`` the batch's real rows are exactly
-      ``Scheduler(sizes, config).plan_epoch(e).local(s, rank)``, in that order — the same
-      indices ``chronica.torch``'s ``DistributedBatchSampler`` yields for equal arguments.
+    - For epoch ``e`` and step ``s`` the batch's real rows are this rank's samples of the
+      step, in order: ``Scheduler(sizes, config).plan_epoch(e).local(s, rank)`` for the
+      static kinds, the same indices ``chronica.torch``'s ``DistributedBatchSampler`` yields
+      for equal arguments; with ``kind="dynamic"``, this rank's part of the coordinator's
+      re-split of that step (the step's samples over all ranks are the static plan's).
       Every process runs the same number of steps per epoch; over all ranks every sample
       appears once per epoch (except torch-style padding/dropping, see ``drop_last``).
-    - Every batch has ``rows = global_batch_size // num_replicas`` rows. Rows past the
-      step's real samples (only in a trailing partial step) have ``valid=False``,
-      ``indices=-1``, ``lengths=0``, an all-False ``mask`` and ``pad_value`` inputs.
+    - Every batch has ``rows`` rows: ``global_batch_size // num_replicas``; with
+      ``variable_batch=True`` the smallest power of two ``>=`` the local batch, capped at
+      the per-rank maximum ``rows`` (always ``rows`` with a ``sharding`` spanning several
+      processes, so every process contributes the same shape). Rows past the step's real
+      samples have ``valid=False``, ``indices=-1``, ``lengths=0``, an all-False ``mask``
+      and ``pad_value`` inputs.
     - The sequence axis (axis 1) is padded with ``pad_value`` to the smallest bucket
       boundary ``>=`` the batch's longest sample (with a ``sharding`` spanning several
-      processes: the whole step's longest sample over all ranks, computed from the plan
-      without communication, so every process contributes the same shape to the global
-      array); ``mask[i, t]`` is True exactly for
-      ``t < lengths[i]``. Hence at most ``num_shapes`` distinct shapes are yielded.
-    - ``get_state()`` / ``set_state()`` resume at exactly the next step, in any process
-      built with the same arguments; or, at another world size or global batch size, with
-      the epoch's remaining samples (elastic resume, see ``set_state``).
+      processes: the whole step's longest sample over all ranks, known from the plan
+      without communication); ``mask[i, t]`` is True exactly for ``t < lengths[i]``.
+      Hence at most ``num_shapes`` distinct shapes are yielded.
+    - ``get_state()`` / ``set_state()``: the common state of every adapter (a torch
+      sampler's state resumes here, and the reverse); see ``set_state``.
 
     Batch keys: ``inputs`` (or one key per field when samples are dicts), ``mask`` (bool,
     ``(rows, length)``), ``lengths`` (int32), ``indices`` (int64, ``-1`` for padding rows),
@@ -151,7 +182,7 @@ class ScheduledIterator(Iterator[dict[str, Any]]):
         source: Any,
         sizes: Any = None,
         *,
-        global_batch_size: int,
+        global_batch_size: int | None = None,
         num_replicas: int | None = None,
         rank: int | None = None,
         kind: str = "static",
@@ -160,9 +191,15 @@ class ScheduledIterator(Iterator[dict[str, Any]]):
         seed: int = 0,
         drop_last: bool = False,
         cost: Any = None,
+        groups: Sequence[Any] | None = None,
+        labels: Any = None,
+        partitions: Sequence[Any] | None = None,
+        variable_batch: bool = False,
+        config: ScheduleConfig | None = None,
+        dynamic: DynamicOptions | None = None,
+        epochs: int | None = 1,
         bucket_boundaries: Sequence[int] | None = None,
         pad_value: Any = 0,
-        epochs: int | None = 1,
         sharding: jax.sharding.Sharding | None = None,
         as_jax: bool = False,
     ) -> None:
@@ -175,67 +212,66 @@ class ScheduledIterator(Iterator[dict[str, Any]]):
                 f"source of type {type(source).__name__} is not random-access; it needs "
                 f"__len__ and __getitem__ (a numpy array, a list of arrays, a dict of columns)"
             )
-        if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int):
-            raise ValueError(f"global_batch_size={global_batch_size!r} must be a positive int")
-        if global_batch_size < 1:
-            raise ValueError(f"global_batch_size={global_batch_size!r} must be a positive int")
-        if epochs is not None and (
-            isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1
-        ):
-            raise ValueError(f"epochs={epochs!r} must be an int >= 1 or None (forever)")
+        if global_batch_size is None and config is None:
+            raise ValueError("global_batch_size (the batch over all processes) is required")
+        if epochs is not None:
+            epochs = check_int("epochs", epochs, 1, hint=" or None (forever)")
         if sharding is not None and not isinstance(sharding, jax.sharding.Sharding):
             raise ValueError(f"sharding={sharding!r} must be a jax.sharding.Sharding or None")
         if sharding is not None and not as_jax:
             raise ValueError("sharding= places arrays on devices; pass as_jax=True with it")
-        self.num_replicas, self.rank = _resolve_world(num_replicas, rank)
-        n = len(source)
-        self._lengths = np.fromiter(
-            (_sample_length(source[i]) for i in range(n)), dtype=np.int64, count=n
-        )
-        if sizes is None and getattr(source, "sizes", None) is None and not defines_sizeof(source):
-            sizes = self._lengths  # default cost proxy: the sequence length
-        if kind == "dynamic":
-            raise ValueError(
-                "kind='dynamic' is not available for the JAX iterator yet: it plans ahead "
-                "and takes no per-step timing back; use kind='static' (balanced by predicted "
-                "cost) or 'guided', or chronica's torch samplers for dynamic re-balancing"
-            )
-        config = ScheduleConfig(
-            num_replicas=self.num_replicas,
-            batch_size=global_batch_size,
+        if config is not None and num_replicas is None and rank is not None:
+            num_replicas = config.num_replicas
+        world, rank = resolve_world(num_replicas, rank, _jax_world, "")
+        scheduling = dict(
             kind=kind,
             exact=exact,
             shuffle=shuffle,
             seed=seed,
             drop_last=drop_last,
             cost=cost,
+            groups=groups,
+            variable_batch=variable_batch,
         )
-        self.scheduler = Scheduler(resolve_sizes(source, sizes), config)
+        cfg = schedule_config(
+            config, world, global_batch_size, scheduling, dynamic, "global_batch_size"
+        )
+        if cfg.batch_size is None:
+            raise ValueError("config.batch_size (the batch over all processes) is required")
+        n = len(source)
+        self._lengths = np.fromiter(
+            (_sample_length(source[i]) for i in range(n)), dtype=np.int64, count=n
+        )
+        if sizes is None and getattr(source, "sizes", None) is None and not defines_sizeof(source):
+            sizes = self._lengths  # default cost proxy: the sequence length
         max_length = int(self._lengths.max(initial=0))
         self.bucket_boundaries: tuple[int, ...] = (
             _default_boundaries(max_length)
             if bucket_boundaries is None
             else _validate_boundaries(bucket_boundaries, max_length)
         )
+        sizes = resolve_sizes(source, sizes)
+        self.stream = open_stream(
+            sizes,
+            cfg,
+            rank,
+            labels=labels,
+            partitions=partitions,
+            dynamic=dynamic,
+            agree=_kv_agreement(rank, sizes, dynamic),
+            names=_NAMES,
+        )
         self.source = source
-        self.rows = global_batch_size // self.num_replicas
+        self.variable_batch = cfg.variable_batch
+        # The most rows a batch has: the per-rank batch, or its maximum with variable batches.
+        self.rows = cfg.batch_bounds()[1] if cfg.variable_batch else cfg.batch_size // world
         self.pad_value = pad_value
         self.epochs = epochs
         self.sharding = sharding
         self.as_jax = bool(as_jax)
         self._global = sharding is not None and not sharding.is_fully_addressable
         self.shapes_seen: set[tuple[int, int]] = set()
-        self._epoch = 0
-        self._step = 0
-        # An elastically resumed epoch ``_epoch``: the worlds it ran at before (oldest
-        # first) and the plan of the samples they left, which replaces its ordinary plan.
-        self._resumed: tuple[tuple[Segment, ...], EpochPlan] | None = None
-        # What must not change across a resume besides the plan's own configuration.
-        self._extra = {"bucket_boundaries": self.bucket_boundaries, "pad_value": repr(pad_value)}
-        self._digest = hashlib.blake2b(
-            json.dumps([self.scheduler.digest, self.bucket_boundaries, repr(pad_value)]).encode(),
-            digest_size=16,
-        ).hexdigest()
+        self._batches: Iterator[LocalBatch] | None = None
 
     # -- shapes ---------------------------------------------------------------------------
 
@@ -246,16 +282,27 @@ class ScheduledIterator(Iterator[dict[str, Any]]):
             raise ValueError(f"length {length} exceeds the largest bucket boundary")
         return self.bucket_boundaries[pos]
 
+    def batch_rows(self, count: int) -> int:
+        """Rows of a batch holding ``count`` real samples: ``rows``, or with
+        ``variable_batch=True`` (and no sharding spanning processes) the smallest power of
+        two ``>= count`` capped at ``rows``."""
+        if not self.variable_batch or self._global:
+            return self.rows
+        return min(_power_of_two(count), self.rows)
+
     @property
     def num_shapes(self) -> int:
         """An upper bound on the distinct ``(rows, length)`` shapes this iterator can yield.
 
-        It is the number of buckets that some sample's length falls into (a batch's length
-        is the bucket of its longest sample), so ``<= len(bucket_boundaries)``; a jitted
-        step function compiles at most this many programs. ``shapes_seen`` lists the ones
-        actually yielded so far.
+        Row sizes (one, or with ``variable_batch=True`` the powers of two below ``rows``
+        and ``rows`` itself) times length buckets (those some sample's length falls into:
+        a batch's length is the bucket of its longest sample, so ``<= len(bucket_boundaries)``);
+        a jitted step function compiles at most this many programs. ``shapes_seen`` lists
+        the ones actually yielded so far.
         """
-        return len({self.bucket(int(length)) for length in np.unique(self._lengths)})
+        rows = {self.batch_rows(count) for count in range(1, self.rows + 1)}
+        lengths = {self.bucket(int(length)) for length in np.unique(self._lengths)}
+        return len(rows) * len(lengths)
 
     # -- iteration ------------------------------------------------------------------------
 
@@ -263,66 +310,72 @@ class ScheduledIterator(Iterator[dict[str, Any]]):
         """Steps per epoch (equal on every process); see ``steps_per_epoch``."""
         return self.steps_per_epoch
 
+    def _epoch_done(self) -> bool:
+        return self.stream.step >= self.stream.num_steps
+
+    @property
+    def epoch(self) -> int:
+        """Epoch of the next batch."""
+        return self.stream.epoch + (1 if self._epoch_done() else 0)
+
     @property
     def steps_per_epoch(self) -> int:
         """Steps of the epoch of the next batch, equal on every process: after an elastic
         ``set_state``, the steps of the resumed epoch's remainder until its last batch is
         yielded, then the ordinary count."""
-        steps = self._epoch_steps()
-        return steps if self._step < steps else self.scheduler.num_steps()
+        return self.scheduler.num_steps() if self._epoch_done() else self.stream.num_steps
 
-    def plan(self, epoch: int | None = None) -> EpochPlan:
-        """The whole plan (all ranks) of ``epoch``, the one being iterated by default. After
-        an elastic ``set_state``, the resumed epoch's plan is that of its remainder."""
-        if self._resumed is not None and epoch in (None, self._epoch):
-            return self._resumed[1]
-        return self.scheduler.plan_epoch(self._epoch if epoch is None else epoch)
+    def set_epoch(self, epoch: int) -> None:
+        """Iterate ``epoch`` next, from its start (the iterator moves from epoch to epoch by
+        itself; this jumps). Selecting the current epoch keeps a position from ``set_state``."""
+        self._drop_batches()
+        self.stream.set_epoch(epoch)
 
     def __iter__(self) -> ScheduledIterator:
         return self
 
     def __next__(self) -> dict[str, Any]:
+        stream = self.stream
         if self.scheduler.num_steps() == 0:
             raise StopIteration
-        if self._step >= self._epoch_steps():
-            self._epoch += 1
-            self._step = 0
-            self._resumed = None
-        if self.epochs is not None and self._epoch >= self.epochs:
-            raise StopIteration
-        batch = self._batch(self.plan(), self._step)
-        self._step += 1
-        return batch
+        while True:
+            if self._batches is None:
+                if self.epochs is not None and stream.epoch >= self.epochs:
+                    raise StopIteration
+                self._batches = stream.batches()
+            for batch in self._batches:
+                return self._batch(batch)
+            self._batches = None
+            stream.set_epoch(stream.epoch + 1)
 
-    @property
-    def epoch(self) -> int:
-        """Epoch of the next batch."""
-        return self._epoch + (1 if self._step >= self._epoch_steps() else 0)
+    def _drop_batches(self) -> None:
+        if self._batches is not None:
+            self._batches.close()  # type: ignore[attr-defined]
+            self._batches = None
 
-    def _epoch_steps(self) -> int:
-        """Steps of the plan of ``_epoch`` (its remainder's after an elastic resume)."""
-        return self.scheduler.num_steps() if self._resumed is None else self._resumed[1].num_steps
-
-    def _batch(self, plan: EpochPlan, step: int) -> dict[str, Any]:
-        indices = plan.local(step, self.rank)
+    def _batch(self, batch: LocalBatch) -> dict[str, Any]:
+        indices = batch.indices
         k = int(indices.shape[0])
-        rows = self.rows
+        rows = self.batch_rows(k)
         lengths = np.zeros(rows, dtype=np.int32)
         lengths[:k] = self._lengths[indices]
         longest = int(lengths.max(initial=0))
         if self._global:  # one global array: every process pads to the step's longest sample
-            everyone = plan.indices[plan.bounds[step, 0] : plan.bounds[step, -1]]
+            plan = self.stream.plan(batch.epoch)
+            everyone = plan.indices[plan.bounds[batch.step, 0] : plan.bounds[batch.step, -1]]
             longest = int(self._lengths[everyone].max(initial=0))
         length = self.bucket(longest)
         samples = [self.source[int(i)] for i in indices]
+        template = samples[0] if samples else self.source[0]
         out: dict[str, Any] = {}
-        if samples and isinstance(samples[0], Mapping):
-            for key in samples[0]:
+        if isinstance(template, Mapping):
+            for key in template:
                 if key in _META_KEYS:
                     raise ValueError(f"sample field {key!r} clashes with a batch key; rename it")
-                out[key] = self._stack([s[key] for s in samples], rows, length, key)
+                column = [s[key] for s in samples]
+                out[key] = self._stack(column, template[key], rows, length, key)
         else:
-            out["inputs"] = self._stack(samples, rows, length, "inputs")
+            out["inputs"] = self._stack(samples, template, rows, length, "inputs")
         valid = np.zeros(rows, dtype=bool)
         valid[:k] = True
         padded_indices = np.full(rows, -1, dtype=np.int64)
@@ -334,14 +387,14 @@ class ScheduledIterator(Iterator[dict[str, Any]]):
         if self.as_jax:
             out = {key: self._place(value) for key, value in out.items()}
         out["indices"] = padded_indices
-        out["loss_weight"] = np.float32(plan.loss_weights[step, self.rank])
+        out["loss_weight"] = np.float32(batch.loss_weight)
         return out
 
-    def _stack(self, values: list[Any], rows: int, length: int, key: str) -> np.ndarray:
+    def _stack(
+        self, values: list[Any], template: Any, rows: int, length: int, key: str
+    ) -> np.ndarray:
         arrays = [np.asarray(v) for v in values]
-        if not arrays:
-            raise ValueError(f"field {key!r}: a step without samples cannot be stacked")
-        first = arrays[0]
+        first = np.asarray(template)
         if first.ndim == 0:  # a per-sample scalar (a label): no sequence axis
             out = np.zeros(rows, dtype=first.dtype)
             out[: len(arrays)] = arrays
@@ -367,97 +420,48 @@ class ScheduledIterator(Iterator[dict[str, Any]]):
 
     # -- checkpointing --------------------------------------------------------------------
 
-    @property
-    def digest(self) -> str:
-        """Hex digest of sizes, schedule configuration, buckets and padding value."""
-        return self._digest
-
-    def get_state(self) -> dict[str, Any]:
-        """JSON-serialisable position: the next batch is ``(epoch, step)`` of this rank.
-
-        ``epoch`` and ``step`` (the steps of the epoch's plan already yielded, all of them
-        complete), ``rank``, ``num_replicas``, ``digest`` (data, whole configuration,
-        buckets and padding value) and, for a change of world: ``batch_size`` (the global
-        batch), ``history`` (``[W, B, step]`` of the worlds this epoch ran at before, oldest
-        first; empty unless it was resumed at another world) and ``fingerprint``
-        (everything else the plan and the batches depend on). After an epoch's last batch
-        the state is the next epoch's step 0.
-        """
-        epoch, step = self._epoch, self._step
-        history = () if self._resumed is None else self._resumed[0]
-        if step >= self._epoch_steps():
-            epoch, step, history = epoch + 1, 0, ()
-        return {
-            "version": _STATE_VERSION,
-            "epoch": epoch,
-            "rank": self.rank,
-            "digest": self._digest,
-            **state_fields(self.scheduler, history, step, self._extra),
-        }
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (from ``get_state``).
+    def set_state(self, state: Any) -> None:
+        """Continue from ``state``: ``get_state()`` of any process, or the state of any
+        chronica adapter built with the same data and arguments (a torch sampler's too).
 
         Same world size and global batch size: the next batch is the saved next one, byte
-        for byte; the state must be this rank's. States of the previous version (1, before
-        elastic resume) are read too, at the same world only.
+        for byte. A state taken after an epoch's last batch says ``step`` = the epoch's
+        steps; the next batch is then the next epoch's first.
 
         Another world size or global batch size (elastic resume, ``chronica.core.elastic``,
-        exactly as ``chronica.torch``'s samplers): any rank's state will do. The steps
-        yielded at the saved world count as trained, and the epoch's remaining samples, in
-        the saved plan's order, are planned for this world: cut into global batches of
-        this ``global_batch_size``, each balanced between the processes, equal step counts
-        on every process, padded by repeating from the remainder's start
-        (``drop_last=False``) or cut at its tail (``drop_last=True``). Over the trained
-        steps and the remainder every sample appears exactly once, apart from that padding
-        or cutting (the remainder's ``plan().num_padded``/``num_dropped``, and padding
-        inside the trained steps). The next batch is this process's first of the
-        remainder, with the usual static shapes, masks, ``valid`` rows and
-        ``loss_weight``; ``len()``, ``steps_per_epoch`` and ``plan()`` describe the
-        remainder until the next epoch begins, which plans as usual at this world. A
-        resumed epoch's state can be saved and resumed again, at any world.
+        exactly as ``chronica.torch``'s samplers): the steps yielded at the saved world
+        count as trained, and the epoch's remaining samples, in the saved plan's order, are
+        planned for this world: cut into global batches of this ``global_batch_size``,
+        each balanced between the processes, equal step counts on every process, padded by
+        repeating from the remainder's start (``drop_last=False``) or cut at its tail
+        (``drop_last=True``). The next batch is this process's first of the remainder, with
+        the usual static shapes, masks, ``valid`` rows and ``loss_weight``; ``len()``,
+        ``steps_per_epoch`` and ``plan()`` describe the remainder until the next epoch
+        begins, which plans as usual at this world. Bucket boundaries and ``pad_value``
+        shape batches, not plans: they may differ from the saved run's.
 
-        Raises ``ValueError`` for state from an unknown version, from another rank at the
-        same world, or saved with other data, sizes, buckets, padding value or arguments
-        (naming the fields that differ; only ``num_replicas`` and ``global_batch_size`` may
-        change), and, mid-epoch, for a change of world or batch size under
-        ``kind="dynamic"`` or a node-partitioned shuffle (``local``, ``partial``): those
-        resume at the saved world, or at any world from a state saved at an epoch boundary.
+        Raises ``ValueError`` for another state version, state saved with other data,
+        sizes or arguments (naming the fields that differ; only ``num_replicas`` and
+        ``global_batch_size`` may change), and, mid-epoch, for a change of world or batch
+        size under ``kind="dynamic"`` or a node-partitioned shuffle (``local``,
+        ``partial``): those resume at the saved world, or at any world from a state saved
+        at an epoch boundary.
         """
-        resumed = load_state(state, self.scheduler, self._digest, _STATE, self._extra)
-        if resumed.same_world and (state.get("rank"), state.get("num_replicas")) != (
-            self.rank,
-            self.num_replicas,
-        ):
-            raise ValueError(
-                f"iterator state belongs to rank {state.get('rank')} of "
-                f"{state.get('num_replicas')}, not rank {self.rank} of {self.num_replicas}"
-            )
-        plan = resumed.plan
-        steps = self.scheduler.num_steps() if plan is None else plan.num_steps
-        if resumed.position > steps:
-            raise ValueError(f"iterator state step={resumed.position} is outside [0, {steps}]")
-        self._epoch, self._step = resumed.epoch, resumed.position
-        self._resumed = None if plan is None else (resumed.history, plan)
+        self._drop_batches()
+        self.stream.load_state(state)
 
-
-def _resolve_world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
-    if num_replicas is None:
-        num_replicas = jax.process_count()
-    if rank is None:
-        rank = jax.process_index()
-    if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
-        raise ValueError(f"num_replicas={num_replicas!r} must be an int >= 1")
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < num_replicas:
-        raise ValueError(f"rank={rank!r} must be an int in [0, {num_replicas - 1}]")
-    return num_replicas, rank
+    def close(self) -> None:
+        """Release the coordinator connection (and, on rank 0, stop the coordinator).
+        Idempotent; also done at interpreter exit."""
+        self._drop_batches()
+        self.stream.close()
 
 
 def iterator(
     source: Any,
     sizes: Any = None,
     *,
-    global_batch_size: int,
+    global_batch_size: int | None = None,
     num_replicas: int | None = None,
     rank: int | None = None,
     kind: str = "static",
@@ -466,9 +470,15 @@ def iterator(
     seed: int = 0,
     drop_last: bool = False,
     cost: Any = None,
+    groups: Sequence[Any] | None = None,
+    labels: Any = None,
+    partitions: Sequence[Any] | None = None,
+    variable_batch: bool = False,
+    config: ScheduleConfig | None = None,
+    dynamic: DynamicOptions | None = None,
+    epochs: int | None = 1,
     bucket_boundaries: Sequence[int] | None = None,
     pad_value: Any = 0,
-    epochs: int | None = 1,
     sharding: jax.sharding.Sharding | None = None,
     as_jax: bool = False,
 ) -> ScheduledIterator:
@@ -481,12 +491,18 @@ def iterator(
     ``chronica.core.resolve_sizes``, else every sample's length). ``global_batch_size``: the
     batch over all processes, a multiple of ``num_replicas`` (default
     ``jax.process_count()``); ``rank`` defaults to ``jax.process_index()``. ``kind``,
-    ``exact``, ``shuffle``, ``seed``, ``drop_last``, ``cost`` mean what they mean for
-    ``chronica.torch``'s samplers. ``bucket_boundaries``: padded sequence lengths (default:
-    powers of two below the longest sample, then the longest). ``epochs``: how many epochs
-    to yield (``None``: forever). ``as_jax``: put array fields on device with
-    ``jax.device_put`` (``sharding`` given: on it; a sharding spanning processes assembles a
-    global array from every process's rows); ``indices`` and ``loss_weight`` stay numpy.
+    ``exact``, ``shuffle``, ``seed``, ``drop_last``, ``cost``, ``groups``, ``labels``,
+    ``partitions``, ``variable_batch`` and ``config`` (a whole ``ScheduleConfig`` instead
+    of the scheduling keywords) mean what they mean for ``chronica.torch``'s samplers.
+    ``kind="dynamic"``: steps re-split window by window by a coordinator (started by rank
+    0) from the compute time every process reports with ``it.report(seconds)``;
+    ``dynamic``, a ``chronica.runtime.DynamicOptions``, configures it. Under
+    ``jax.distributed`` the processes agree on every window over its key-value store.
+    ``epochs``: how many epochs to yield (``None``: forever). ``bucket_boundaries``: padded
+    sequence lengths (default: powers of two below the longest sample, then the longest).
+    ``as_jax``: put array fields on device with ``jax.device_put`` (``sharding`` given: on
+    it; a sharding spanning processes assembles a global array from every process's rows);
+    ``indices`` and ``loss_weight`` stay numpy.
     """
     return ScheduledIterator(
         source,
@@ -500,9 +516,15 @@ def iterator(
         seed=seed,
         drop_last=drop_last,
         cost=cost,
+        groups=groups,
+        labels=labels,
+        partitions=partitions,
+        variable_batch=variable_batch,
+        config=config,
+        dynamic=dynamic,
+        epochs=epochs,
         bucket_boundaries=bucket_boundaries,
         pad_value=pad_value,
-        epochs=epochs,
         sharding=sharding,
         as_jax=as_jax,
     )

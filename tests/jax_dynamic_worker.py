@@ -1,0 +1,139 @@
+"""One process of a real 2-process ``jax.distributed`` job with kind="dynamic", started by
+tests/test_jax.py (the JAX twin of tests/dynamic_worker.py).
+
+argv: output JSON path, scenario, jax.distributed coordinator port, chronica coordinator
+port, sync dir, process id. Scenarios: "train" (two epochs, variable batches, the last
+process emulated 3x slower, loss-weighted gradients checked against the whole step's
+gradient), "kill" (the test kills a standalone coordinator, named by CHRONICA_COORDINATOR,
+after step 3 of epoch 0). The processes exchange each step's indices and weighted
+gradient through the coordination service's key-value store, as a gradient all-reduce
+would, so every step ends in lockstep.
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+N, BATCH, SLOW = 300, 16, 3.0
+
+
+def features(indices):
+    """Fixed inputs and targets per sample index, float64."""
+    i = np.asarray(indices, dtype=np.float64)
+    x = np.stack([np.sin(i), np.cos(i * 0.7), i / N, np.ones_like(i)], 1)
+    return x, np.tanh(i * 0.01)
+
+
+def whole_step_gradient(w, indices):
+    """Gradient of the mean squared error over ``indices`` (numpy, closed form)."""
+    x, y = features(indices)
+    return 2.0 * x.T @ (x @ w - y) / len(indices)
+
+
+def wait_for(path: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear")
+        time.sleep(0.02)
+
+
+def main(out_path: str, scenario: str, jax_port: str, port: str, sync: str, pid: str) -> None:
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_enable_x64", True)
+    jax.distributed.initialize(
+        coordinator_address=f"127.0.0.1:{jax_port}",
+        num_processes=2,
+        process_id=int(pid),
+        initialization_timeout=60,
+    )
+    import jax.numpy as jnp
+    from jax._src.distributed import global_state
+
+    import chronica.jax as cj
+    from chronica.runtime import DynamicOptions
+
+    kv = global_state.client
+    world, rank = jax.process_count(), jax.process_index()
+    sizes = np.random.default_rng(0).lognormal(4, 1, N).astype(int) + 1
+    it = cj.iterator(
+        np.arange(N, dtype=np.float64)[:, None],  # sample i is the sequence [i]
+        sizes,
+        global_batch_size=BATCH,
+        kind="dynamic",
+        variable_batch=True,
+        dynamic=DynamicOptions(window=4, port=int(port), timeout=3.0),
+        epochs=2,
+    )
+    w = np.array([0.3, -0.2, 0.5, 0.1])
+
+    @jax.jit
+    def weighted_grad(w, inputs, valid, loss_weight):
+        # The usual masked local mean loss times the batch's loss weight.
+        i = inputs[:, 0]
+        x = jnp.stack([jnp.sin(i), jnp.cos(i * 0.7), i / N, jnp.ones_like(i)], 1)
+
+        def loss(w):
+            err = (x @ w - jnp.tanh(i * 0.01)) ** 2
+            return (err * valid).sum() / jnp.maximum(valid.sum(), 1) * loss_weight
+
+        return jax.grad(loss)(w)
+
+    slow = SLOW if rank == world - 1 else 1.0
+    epochs: list[list[list[int]]] = [[], []]
+    weights: list[list[float]] = [[], []]
+    grad_errors, rows = [], set()
+    while True:
+        epoch = it.epoch
+        step = len(epochs[epoch]) if epoch < 2 else 0
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
+        if scenario == "kill" and epoch == 0 and step == 3:
+            if rank == 0:
+                (Path(sync) / "killme").touch()
+            wait_for(Path(sync) / "killed")
+        indices = batch["indices"][batch["valid"]].tolist()
+        rows.add(batch["inputs"].shape[0])
+        weight = float(batch["loss_weight"])
+        grad = weighted_grad(w, batch["inputs"], batch["valid"], batch["loss_weight"])
+        epochs[epoch].append(indices)
+        weights[epoch].append(weight)
+        # The "all-reduce": every process publishes its part of the step, reads the others'.
+        kv.key_value_set(
+            f"step/{epoch}/{step}/{rank}",
+            json.dumps({"indices": indices, "grad": np.asarray(grad).tolist()}),
+        )
+        parts = [
+            json.loads(kv.blocking_key_value_get(f"step/{epoch}/{step}/{r}", 60_000))
+            for r in range(world)
+        ]
+        average = np.mean([p["grad"] for p in parts], axis=0)
+        whole = whole_step_gradient(w, [i for p in parts for i in p["indices"]])
+        grad_errors.append(float(np.abs(average - whole).max()))
+        it.report(float(sizes[indices].sum()) * 1e-6 * slow)
+    session = it.stream.session
+    result = {
+        "rank": rank,
+        "epochs": epochs,
+        "weights": weights,
+        "rows": sorted(rows),
+        "num_shapes": it.num_shapes,
+        "grad_error": max(grad_errors),
+        "dynamic_windows": session.windows_dynamic,
+        "static_windows": session.windows_static,
+    }
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+    kv.wait_at_barrier("chronica-test-done", 60_000)
+    it.close()
+    jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:7])
