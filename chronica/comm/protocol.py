@@ -37,7 +37,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from chronica.core.checks import check_int, is_int
+from chronica.core.checks import check_int
 
 # ``check_int`` is ``chronica.core.checks.check_int``, re-exported for older importers.
 __all__ = [
@@ -154,7 +154,8 @@ def plan_message(
 
 def _int(message: dict[str, Any], name: str, low: int, high: int) -> int:
     value = message.get(name)
-    if not is_int(value) or not low <= value <= high:
+    # msgpack decodes integers to Python ints only (no numpy), so isinstance is exact here
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise ProtocolError(f"field {name!r}={value!r} must be an int in [{low}, {high}]")
     return value
 

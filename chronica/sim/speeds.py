@@ -62,7 +62,7 @@ class SpeedProfile:
     def __post_init__(self) -> None:
         if not self.changes:
             raise ValueError("a SpeedProfile needs at least one (step, speeds) entry")
-        normalised = []
+        normalised: list[tuple[int, tuple[float, ...]]] = []
         previous = -1
         for entry in self.changes:
             if not (isinstance(entry, Sequence) and len(entry) == 2):
