@@ -1,7 +1,12 @@
 """``chronica.jax``: the JAX face of chronica (importing it imports jax).
 
 ``chronica.jax.iterator(source, global_batch_size=B)`` yields this process's balanced,
-padded, static-shape batches; see ``chronica.adapters.jax.data.ScheduledIterator``.
+padded, static-shape batches, epoch after epoch: a face of ``chronica.runtime.RankStream``
+with the arguments of every chronica adapter (``kind="dynamic"`` included: steps re-split
+by a coordinator from the times each process reports with ``it.report(seconds)``,
+configured by a ``chronica.runtime.DynamicOptions``) and their one state format
+(``get_state``/``set_state`` resume exactly, at another world size, or from a torch or
+tf.data state); see ``chronica.adapters.jax.data.ScheduledIterator``.
 
 ``chronica.jax.ScheduledReducer(priority=chronica.jax.forward_order(loss, params, batch))``
 averages gradient pytrees across ``jax.distributed`` processes partition by partition, first
