@@ -36,7 +36,8 @@ import numpy as np
 
 from chronica.comm.client import PlanClient
 from chronica.comm.coordinator import Coordinator, resolve_endpoint
-from chronica.comm.protocol import Plan, check_int
+from chronica.comm.protocol import Plan
+from chronica.core.checks import check_int, check_seconds
 from chronica.core.plan import EpochPlan
 from chronica.core.scheduler import Scheduler
 from chronica.runtime.progress import plan_epoch
@@ -130,10 +131,7 @@ class DynamicSession:
             raise ValueError("DynamicSession needs kind='dynamic'")
         world = config.num_replicas
         rank = check_int("rank", rank, 0, world - 1, f" (num_replicas={world})")
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise ValueError(f"timeout={timeout!r} must be a number of seconds")
-        if not (math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"timeout={timeout!r} must be > 0 seconds and finite")
+        timeout = check_seconds("timeout", timeout)
         if agree is not None and not callable(agree):
             raise ValueError("agree must be a function (int -> bool), or None")
         self.scheduler = scheduler
