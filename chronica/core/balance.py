@@ -421,18 +421,20 @@ def balance_steps(
     threads = max(1, min(threads, num_steps))
     chunks = threads if progress is None else max(threads, min(num_steps, _PROGRESS_CHUNKS))
     cuts = [num_steps * t // chunks for t in range(chunks + 1)]
-    args = (costs, step_starts, counts, alpha, beta, use_lpt, partners)
+
+    def run(first: int, stop: int) -> None:
+        _balance_step_range(
+            costs, step_starts, counts, alpha, beta, use_lpt, partners, first, stop, perm, loads
+        )
+
     if threads == 1:
         for t in range(chunks):
-            _balance_step_range(*args, cuts[t], cuts[t + 1], perm, loads)
+            run(cuts[t], cuts[t + 1])
             if progress is not None:
                 progress(cuts[t + 1], num_steps)
         return perm, loads
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="chronica-balance") as pool:
-        jobs = {
-            pool.submit(_balance_step_range, *args, cuts[t], cuts[t + 1], perm, loads): t
-            for t in range(chunks)
-        }
+        jobs = {pool.submit(run, cuts[t], cuts[t + 1]): t for t in range(chunks)}
         done = 0
         for job in as_completed(jobs):
             job.result()

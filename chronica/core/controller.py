@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import SupportsInt
 
 import numpy as np
 from numba import njit
@@ -299,7 +300,10 @@ class BatchController:
     def load_state_dict(self, state: dict[str, object]) -> None:
         shares = state.get("shares")
         self._shares = None if shares is None else np.asarray(shares, dtype=np.int64)
-        self._full = int(state.get("full", 0))  # type: ignore[arg-type]
+        full = state.get("full", 0)
+        if not isinstance(full, SupportsInt):
+            raise TypeError(f"state['full'] must be an integer, not {type(full).__name__}")
+        self._full = int(full)
 
 
 def _predicted(counts: np.ndarray, alpha: np.ndarray, beta: np.ndarray, unit: float) -> float:

@@ -48,7 +48,7 @@ class Owners:
                 )
             _, ids = np.unique(np.asarray([str(g) for g in groups]), return_inverse=True)
             # Number nodes by their first rank so owner order follows rank order.
-            first = {}
+            first: dict[int, int] = {}
             for node in ids:
                 first.setdefault(int(node), len(first))
             ids = np.array([first[int(node)] for node in ids])

@@ -88,7 +88,7 @@ def _fill_slack_kernel(costs: np.ndarray, members: np.ndarray, loads: np.ndarray
                 s, worst = t, top[t] / mean[t]
         if s < 0:
             return
-        r = np.argmin(loads[s])
+        r = int(np.argmin(loads[s]))
         slack = top[s] - loads[s, r]
         best_d = top[s] * _REL_TOL
         best_t, best_i, best_j = -1, -1, -1

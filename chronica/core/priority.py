@@ -233,7 +233,7 @@ class GradientQueue:
         self.layout = layout
         self.order = order
         self.credit_bytes = int(credit_bytes)
-        self._tensor_parts = [[] for _ in range(layout.num_tensors)]
+        self._tensor_parts: list[list[int]] = [[] for _ in range(layout.num_tensors)]
         for p in range(layout.num_partitions):
             for t, _, _ in layout.segments(p):
                 self._tensor_parts[t].append(p)

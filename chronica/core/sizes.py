@@ -7,7 +7,6 @@ audio). chronica reads sizes once, validates them once and never scans the data 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from types import FunctionType
 from typing import Any
 
@@ -89,11 +88,12 @@ def resolve_sizes(dataset: Any = None, sizes: Any = None) -> np.ndarray:
     The data set is only asked for ``len()`` when ``sizes`` is given; otherwise its own
     sizes are read once here, never again.
     """
-    n = _length(dataset) if dataset is not None else None
     if sizes is not None:
-        return validate_sizes(sizes, expected_len=n, name="sizes")
+        expected = _length(dataset) if dataset is not None else None
+        return validate_sizes(sizes, expected_len=expected, name="sizes")
     if dataset is None:
         raise ValueError("give either a dataset or sizes= (one number per sample)")
+    n = _length(dataset)
     attr = getattr(dataset, "sizes", None)
     if attr is not None:
         values = attr() if callable(attr) else attr
@@ -115,7 +115,7 @@ def _length(dataset: Any) -> int:
     return int(n)
 
 
-def _sizes_from_sizeof(dataset: Any, n: int) -> Sequence[float]:
+def _sizes_from_sizeof(dataset: Any, n: int) -> np.ndarray:
     values = np.empty(n, dtype=np.float64)
     for i in range(n):
         try:
