@@ -156,7 +156,7 @@ def _numeric(host: str, source: str) -> str:
         raise ValueError(
             f"{source}={host!r} does not resolve ({exc}); give this node's IP address"
         ) from None
-    addresses = [info[4][0] for info in infos]
+    addresses = [a for a in (info[4][0] for info in infos) if isinstance(a, str)]
     return next((a for a in addresses if ":" not in a), addresses[0])
 
 

@@ -182,6 +182,8 @@ class Dispatcher:
         now = time.perf_counter()
         with self._cond:
             self._ready_at[tensor] = now
+            # begin() set the queue: before it, _ready_at is empty and the line above raised.
+            assert self._queue is not None
             became = self._queue.mark_ready(tensor)
             for p in became:
                 self._part_ready[p] = now
@@ -248,10 +250,11 @@ class Dispatcher:
                 while True:
                     if self._closed or self._error is not None:
                         return
-                    p = self._queue.next_dispatch() if self._queue is not None else None
-                    if p is not None:
+                    queue = self._queue
+                    p = queue.next_dispatch() if queue is not None else None
+                    if queue is not None and p is not None:
                         self.issued.append(p)
-                        self.max_in_flight = max(self.max_in_flight, self._queue.in_flight)
+                        self.max_in_flight = max(self.max_in_flight, queue.in_flight)
                         break
                     self._cond.wait()
             issued = time.perf_counter()
@@ -269,9 +272,11 @@ class Dispatcher:
                 p, handle, issued = self._flight.popleft()
             self._wait(p, handle)
             done = time.perf_counter()
-            nbytes = int(self._queue.layout.part_bytes[p])
+            queue = self._queue
+            assert queue is not None  # p was issued from it; begin() waits for the step to end
+            nbytes = int(queue.layout.part_bytes[p])
             with self._cond:
-                self._queue.complete(p)
+                queue.complete(p)
                 self._busy.append((issued, done, nbytes))
                 ready = self._part_ready.get(p, issued)
                 self._cond.notify_all()

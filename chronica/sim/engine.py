@@ -110,6 +110,12 @@ class SimOptions:
         parse_speeds(self.speeds, world, 1)  # fails early on a bad profile
 
     @property
+    def global_batch(self) -> int:
+        """``batch_size`` as resolved on construction (never ``None``)."""
+        assert self.batch_size is not None
+        return self.batch_size
+
+    @property
     def groups(self) -> tuple[int, ...] | None:
         """Node id of every rank, or ``None`` (one node per rank)."""
         if self.ranks_per_node is None:
@@ -230,7 +236,7 @@ class _Run:
         self.strategy = strategy
         self.options = options
         config = strategy.schedule_config(
-            options.world, options.batch_size, options.seed, options.cost, options.groups
+            options.world, options.global_batch, options.seed, options.cost, options.groups
         )
         self.scheduler = Scheduler(sizes, config)
         self.trained = _Trained(
@@ -248,7 +254,7 @@ def _noise_and_speeds(
 
 def _static_epoch(run: _Run, epoch: int, profile: Any, allreduce_s: float, bar: tqdm) -> None:
     options = run.options
-    assignment = run.strategy.assignment(run.scheduler, options.batch_size, epoch)  # type: ignore[arg-type]
+    assignment = run.strategy.assignment(run.scheduler, options.global_batch, epoch)
     steps = assignment.bounds.shape[0]
     slow, noise = _noise_and_speeds(options, profile, epoch, steps)
     sched = run.scheduler
@@ -380,7 +386,7 @@ def simulate(sizes: Any, options: SimOptions, *, progress: bool | None = None) -
     if sizes.shape[0] == 0:
         raise ValueError("sizes is empty; give at least one sample")
     runs = [_Run(s, sizes, options) for s in options.strategies]
-    world, batch = options.world, options.batch_size
+    world, batch = options.world, options.global_batch
     steps = len(step_counts(per_replica(sizes.shape[0], world, False), batch, world))
     profile = parse_speeds(options.speeds, options.world, steps * options.epochs)
     allreduce_s = options.allreduce.seconds(options.world)

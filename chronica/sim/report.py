@@ -19,7 +19,7 @@ def format_table(result: SimulationResult) -> str:
     lines = [
         f"chronica simulate: N={result.num_samples:,} samples (mean size "
         f"{result.sizes_mean:.4g}, max {result.sizes_max:.4g}), W={o.world} ranks, global "
-        f"batch {o.batch_size} ({o.batch_size // o.world} per rank), {steps} steps in "  # type: ignore[operator]
+        f"batch {o.global_batch} ({o.global_batch // o.world} per rank), {steps} steps in "
         f"{o.epochs} epoch(s), cost {_cost(o.cost.to_tuple())}, speeds {o.speeds}",
         f"per step: all-reduce {1e3 * result.allreduce_s:.3g} ms ({ar.algorithm}, "
         f"{ar.grad_bytes:.3g} B of gradients, {ar.bandwidth:.3g} B/s, latency "
