@@ -360,7 +360,8 @@ def test_state_after_a_delivered_batch_resumes_exactly_in_a_fresh_process(tmp_pa
     taken = _take(t, ds, 5)
     state = t.get_state(delivered=taken[-1])
     assert (state["epoch"], state["step"]) == (0, 5)
-    assert t.get_state()["step"] > 5  # the producer ran ahead by tf.data's prefetch
+    produced = t.get_state()  # the producer may run ahead by tf.data's prefetch
+    assert (produced["epoch"], produced["step"]) >= (0, 5)
     json.dumps(state)
     (tmp_path / "state.json").write_text(json.dumps(state))
     np.save(tmp_path / "lengths.npy", lengths)
