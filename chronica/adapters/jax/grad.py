@@ -201,6 +201,19 @@ def _program(
 
 
 @dataclass
+class _Partitions:
+    """A plan's partitions and their programs (laid out only with more than one process)."""
+
+    layout: Layout
+    queue: GradientQueue
+    inputs: list[tuple[int, ...]]  # per partition: leaf indices fed in
+    outputs: list[list[tuple[int, int, bool]]]  # (leaf, start, whole leaf?)
+    programs: list[Any]
+    names: list[str]
+    parts_per_leaf: np.ndarray
+
+
+@dataclass
 class _Plan:
     """Everything fixed for one gradient tree structure and one set of knobs."""
 
@@ -209,13 +222,7 @@ class _Plan:
     priority: list[int]  # priority position -> leaf index (tree order)
     dtypes: list[Any]  # by priority position
     options: SchedulingOptions
-    layout: Layout | None = None
-    queue: GradientQueue | None = None
-    inputs: list[tuple[int, ...]] | None = None  # per partition: leaf indices fed in
-    outputs: list[list[tuple[int, int, bool]]] | None = None  # (leaf, start, whole leaf?)
-    programs: list[Any] | None = None
-    names: list[str] | None = None
-    parts_per_leaf: np.ndarray | None = None
+    parts: _Partitions | None = None
 
 
 class ScheduledReducer:
@@ -304,6 +311,7 @@ class ScheduledReducer:
         """
         leaves, treedef = jax.tree_util.tree_flatten(grads)
         chunks = self._indexed(leaves, treedef)
+        assert self._plan is not None  # _indexed planned this structure
         paths = self._plan.paths
         return (
             ReducedLeaves(tuple(paths[i] for i in idx), tuple(arrays)) for idx, arrays in chunks
@@ -375,7 +383,8 @@ class ScheduledReducer:
     @property
     def last_dispatch(self) -> list[str]:
         """Partitions of the latest step in issue order (the same on every process)."""
-        return [self._plan.names[p] for p in self._issued] if self._plan else []
+        parts = self._plan.parts if self._plan else None
+        return [parts.names[p] for p in self._issued] if parts else []
 
     @property
     def max_in_flight_bytes(self) -> int:
@@ -395,11 +404,12 @@ class ScheduledReducer:
     def partition_shapes(self) -> list[list[tuple[str, int, int]]]:
         """Each partition as ``(leaf path, start, stop)`` flat element ranges, by priority."""
         plan = self._plan
-        if plan is None or plan.layout is None:
+        if plan is None or plan.parts is None:
             return []
+        layout = plan.parts.layout
         return [
-            [(plan.paths[plan.priority[t]], a, b) for t, a, b in plan.layout.segments(p)]
-            for p in range(plan.layout.num_partitions)
+            [(plan.paths[plan.priority[t]], a, b) for t, a, b in layout.segments(p)]
+            for p in range(layout.num_partitions)
         ]
 
     # -- planning -------------------------------------------------------------------------
@@ -491,9 +501,10 @@ class ScheduledReducer:
             # One jax.grad program yields every leaf at once: all are ready together, so the
             # simulated preemptive scheduler dispatches in pure priority order.
             order = simulate_order(layout, np.zeros(len(numel)), opts.credit_bytes, 1.0)
-        plan.layout = layout
-        plan.queue = GradientQueue(layout, order, opts.credit_bytes)
-        plan.inputs, plan.outputs, plan.programs = [], [], []
+        queue = GradientQueue(layout, order, opts.credit_bytes)
+        inputs: list[tuple[int, ...]] = []
+        outputs: list[list[tuple[int, int, bool]]] = []
+        programs: list[Any] = []
         for p in range(layout.num_partitions):
             segs = layout.segments(p)
             leaf_ids = list(dict.fromkeys(plan.priority[t] for t, _, _ in segs))
@@ -503,13 +514,21 @@ class ScheduledReducer:
                 whole = b - a == numel[t]
                 spec.append((leaf_ids.index(leaf), a, b, plan.shapes[leaf] if whole else (b - a,)))
                 outs.append((leaf, a, whole))
-            plan.inputs.append(tuple(leaf_ids))
-            plan.outputs.append(outs)
-            plan.programs.append(_program(self._mesh, tuple(spec), self.world))
+            inputs.append(tuple(leaf_ids))
+            outputs.append(outs)
+            programs.append(_program(self._mesh, tuple(spec), self.world))
         names = [plan.paths[i] for i in plan.priority]
-        plan.names = [layout.label(p, names) for p in range(layout.num_partitions)]
-        plan.parts_per_leaf = np.empty(len(numel), np.int64)
-        plan.parts_per_leaf[plan.priority] = layout.parts_per_tensor()
+        parts_per_leaf = np.empty(len(numel), np.int64)
+        parts_per_leaf[plan.priority] = layout.parts_per_tensor()
+        plan.parts = _Partitions(
+            layout=layout,
+            queue=queue,
+            inputs=inputs,
+            outputs=outputs,
+            programs=programs,
+            names=[layout.label(p, names) for p in range(layout.num_partitions)],
+            parts_per_leaf=parts_per_leaf,
+        )
 
     def _maybe_retune(self) -> None:
         """At a step boundary: feed the tuner; on a switch, take rank 0's knobs and replan."""
@@ -544,13 +563,15 @@ class ScheduledReducer:
 
     def _run(self, plan: _Plan, leaves: list[Any]) -> Iterator[tuple[list[int], list]]:
         self._busy = True
-        completions = self._completions(plan, leaves)
-        left = plan.parts_per_leaf.copy()
+        partitions = plan.parts
+        assert partitions is not None  # every plan of more than one process is laid out
+        completions = self._completions(plan, partitions, leaves)
+        left = partitions.parts_per_leaf.copy()
         pieces: dict[int, list[tuple[int, jax.Array]]] = {}
         try:
             for p, outs in completions:
                 idx, arrays = [], []
-                for (leaf, start, whole), out in zip(plan.outputs[p], outs, strict=True):
+                for (leaf, start, whole), out in zip(partitions.outputs[p], outs, strict=True):
                     piece = out.addressable_data(0)
                     if not whole:
                         pieces.setdefault(leaf, []).append((start, piece))
@@ -575,11 +596,13 @@ class ScheduledReducer:
         finally:
             self._busy = False
 
-    def _completions(self, plan: _Plan, leaves: list[Any]) -> Iterator[tuple[int, tuple]]:
+    def _completions(
+        self, plan: _Plan, parts: _Partitions, leaves: list[Any]
+    ) -> Iterator[tuple[int, tuple]]:
         """Issue partitions in order under credit; yield each once seen complete."""
-        queue = plan.queue
+        queue = parts.queue
         queue.reset()
-        for t in range(plan.layout.num_tensors):
+        for t in range(parts.layout.num_tensors):
             queue.mark_ready(t)
         self._issued = []
         ready = time.perf_counter()
@@ -593,8 +616,8 @@ class ScheduledReducer:
             if p is not None:
                 self._max_in_flight = max(self._max_in_flight, queue.in_flight)
                 issued = time.perf_counter()
-                args = [placed[i] for i in plan.inputs[p]]
-                flight.append((p, plan.programs[p](*args), issued))
+                args = [placed[i] for i in parts.inputs[p]]
+                flight.append((p, parts.programs[p](*args), issued))
                 self._issued.append(p)
                 continue
             p, outs, issued = flight.popleft()
@@ -602,8 +625,8 @@ class ScheduledReducer:
             done = time.perf_counter()
             queue.complete(p)
             if self._timeline is not None:
-                nbytes = int(plan.layout.part_bytes[p])
-                name = plan.names[p]
+                nbytes = int(parts.layout.part_bytes[p])
+                name = parts.names[p]
                 self._timeline.span(name, "queue", ready, issued, partition=p, bytes=nbytes)
                 self._timeline.span(name, "communication", issued, done, partition=p, bytes=nbytes)
             yield p, outs

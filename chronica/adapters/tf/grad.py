@@ -159,9 +159,9 @@ def _first_use(graph: Any, variables: Sequence[Any]) -> list[int]:
     for op in graph.get_operations():
         for inp in op.inputs:
             if inp.dtype == tf.resource:
-                i = owner.get(id(source(inp)))
-                if i is not None:
-                    seen.setdefault(i)
+                found = owner.get(id(source(inp)))
+                if found is not None:
+                    seen.setdefault(found)
     return [*seen, *(i for i in range(len(variables)) if i not in seen)]
 
 
@@ -352,9 +352,10 @@ class ScheduledAllReduce:
             seq = _Sequence()
         else:
             graph = tf.compat.v1.get_default_graph()
-            seq = self._sequences.get(graph)
-            if seq is None:
-                seq = self._sequences[graph] = _Sequence()
+            known = self._sequences.get(graph)
+            if known is None:
+                known = self._sequences[graph] = _Sequence()
+            seq = known
         self._last_sequence = seq
         credit = self.options.credit_bytes
         layout = plan.layout
@@ -374,7 +375,7 @@ class ScheduledAllReduce:
                 with tf.control_dependencies(deps):
                     buf = tf.identity(buf)
             out = ctx.all_reduce(self.reduce_op, buf, options=self.communication_options)
-            if marks is not None:
+            if timeline is not None and marks is not None:
                 self._mark_end(timeline, plan.labels[p], p, nbytes, marks, out)
             seq.push(nbytes, [out])
             reduced[p] = out
@@ -384,6 +385,7 @@ class ScheduledAllReduce:
             result[i] = tensor
         for i in plan.sparse:
             g = grads[i]
+            assert g is not None  # plan.sparse lists the IndexedSlices
             gate = seq.gate_all()  # its size is known only at run time: it travels alone
             if gate is not None:
                 with tf.control_dependencies([gate]):
@@ -495,8 +497,8 @@ class ScheduledAllReduce:
     def _discover_priority(self, variables: list[Any]) -> list[int]:
         if self._priority_arg is not None:
             index = {id(v): i for i, v in enumerate(variables)}
-            chosen = [index.get(id(v)) for v in self._priority_arg]
-            if None in chosen or len(set(chosen)) != len(chosen):
+            chosen = [index[id(v)] for v in self._priority_arg if id(v) in index]
+            if len(chosen) != len(self._priority_arg) or len(set(chosen)) != len(chosen):
                 raise ValueError(
                     "priority must list distinct variables among those being reduced, "
                     "first used first (e.g. forward_order(...))"

@@ -136,8 +136,7 @@ class ScheduledOptimizer:
         now = time.perf_counter()
         step_time = None if self._last_step_time is None else now - self._last_step_time
         self._last_step_time = now
-        if self._dispatcher is None:
-            self._setup()
+        dispatcher = self._setup() if self._dispatcher is None else self._dispatcher
         for t in range(len(self._params)):
             if t not in self._ready_seen:
                 p = self._params[t]
@@ -160,7 +159,7 @@ class ScheduledOptimizer:
         if self._tuner is not None and step_time is not None:
             knobs = self._tuner.record(step_time)
         if knobs is not None or self._steps in _REFRESH_STEPS:
-            self._replan(knobs)
+            self._replan(dispatcher, knobs)
 
     def synchronize(self) -> None:
         """Wait until every released update is applied: parameters are current afterwards."""
@@ -215,15 +214,16 @@ class ScheduledOptimizer:
 
     def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:
         own = self._module_params[id(module)]
-        if self._dispatcher is None:
+        dispatcher = self._dispatcher
+        if dispatcher is None:
             self._first_use.update(dict.fromkeys(own))
             return
         if self._released and not self._updated[own].all():
             start = time.perf_counter()
             with self._cv:
-                self._cv.wait_for(lambda: self._updated[own].all() or self._dispatcher.failed)
-            if self._dispatcher.failed:
-                self._dispatcher.wait_all()
+                self._cv.wait_for(lambda: self._updated[own].all() or dispatcher.failed)
+            if dispatcher.failed:
+                dispatcher.wait_all()
             if self._timeline is not None:
                 name = self._module_names[id(module)]
                 self._timeline.span(name, "forward wait", start, time.perf_counter())
@@ -233,7 +233,7 @@ class ScheduledOptimizer:
             if not p.grad.is_contiguous():
                 p.grad = p.grad.contiguous()
             if self._dispatcher is not None and self._released:
-                self._begin_step()
+                self._begin_step(self._dispatcher)
             self._post(i)
 
         return hook
@@ -245,16 +245,16 @@ class ScheduledOptimizer:
 
     # -- step machinery -------------------------------------------------------------------
 
-    def _begin_step(self) -> None:
-        self._dispatcher.wait_all()
+    def _begin_step(self, dispatcher: Dispatcher) -> None:
+        dispatcher.wait_all()
         with self._cv:
             self._released = False
             self._updated[:] = False
             self._left[:] = self._parts_per_param
             self._ready_seen = {}
-        self._dispatcher.begin(self._queue, self._part_names)
+        dispatcher.begin(self._queue, self._part_names)
 
-    def _setup(self) -> None:
+    def _setup(self) -> Dispatcher:
         """First step: agree on the priority, reduce everything, update, then plan."""
         rest = [t for t in range(len(self._params)) if t not in self._first_use]
         priority = self._agree(np.asarray([*self._first_use, *rest], dtype=np.int64))
@@ -275,15 +275,17 @@ class ScheduledOptimizer:
         if opts.timeline:
             path = timeline_path(opts.timeline, self.rank, self.world)
             self._timeline = Timeline(path, self.rank)
-        self._dispatcher = Dispatcher(self._start, self._wait, self._on_complete, self._timeline)
+        dispatcher = Dispatcher(self._start, self._wait, self._on_complete, self._timeline)
+        self._dispatcher = dispatcher
         # Until measured, assume gradients arrive in backward order (reverse priority).
         self._build(opts, np.arange(len(priority), 0, -1, dtype=np.float64))
-        self._dispatcher.begin(self._queue, self._part_names)
+        dispatcher.begin(self._queue, self._part_names)
         self._updated[:] = False
         self._left[:] = self._parts_per_param
         seen, self._ready_seen = self._ready_seen, {}
         for t in seen:
             self._post(t)
+        return dispatcher
 
     def _build(self, opts: SchedulingOptions, tensor_ready: np.ndarray, rate: float = 0.0) -> None:
         layout = build_layout(self._numel, self._itemsize, opts.partition_bytes, self._dtype_key)
@@ -299,10 +301,10 @@ class ScheduledOptimizer:
         names = [self._names[i] for i in self._priority]
         self._part_names = [layout.label(p, names) for p in range(layout.num_partitions)]
 
-    def _replan(self, knobs: tuple[int, int] | None) -> None:
+    def _replan(self, dispatcher: Dispatcher, knobs: tuple[int, int] | None) -> None:
         """At a step boundary: finish, then rebuild from rank 0's measurements and knobs."""
-        self._dispatcher.wait_all()
-        stats = self._dispatcher.stats()
+        dispatcher.wait_all()
+        stats = dispatcher.stats()
         ready = np.nan_to_num(stats.tensor_ready, nan=0.0)
         rate = stats.bytes_per_second if np.isfinite(stats.bytes_per_second) else 0.0
         part, credit = knobs or (self._current.partition_bytes, self._current.credit_bytes)
