@@ -117,7 +117,8 @@ def _serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     with Coordinator(scheduler, args.host, args.port) as coordinator:
-        host, port, pub = coordinator.endpoint  # type: ignore[misc]
+        assert coordinator.endpoint is not None  # start() bound the sockets
+        host, port, pub = coordinator.endpoint
         reach = "<this node's address>" if host in ("0.0.0.0", "::") else host
         auth = "CURVE on" if coordinator.curve is not None else "no authentication"
         print(

@@ -290,8 +290,9 @@ class Scheduler:
         called as steps are planned (for a progress bar on large epochs; it counts steps of
         every node-local partition)."""
         check_int("epoch", epoch, 0)
-        if self.has_plan(epoch):
-            return self._cached  # type: ignore[return-value]
+        cached = self._cached
+        if cached is not None and cached.epoch == epoch:  # has_plan(epoch)
+            return cached
         epoch = int(epoch)
         cfg = self.config
         w, m = cfg.num_replicas, self.samples_per_replica()

@@ -148,7 +148,9 @@ class DynamicSession:
             pub_port = port + 1
             if rank == 0:
                 self.coordinator = Coordinator(scheduler, host, port).start()
-                bound, port, pub_port = self.coordinator.endpoint  # type: ignore[misc]
+                endpoint = self.coordinator.endpoint
+                assert endpoint is not None  # start() bound the sockets
+                bound, port, pub_port = endpoint
                 # Rank 0 runs beside its coordinator: its bound address (or loopback, when it
                 # listens everywhere) always reaches it.
                 connect = "127.0.0.1" if bound in ("0.0.0.0", "::") else bound
