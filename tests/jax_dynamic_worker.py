@@ -2,12 +2,13 @@
 tests/test_jax.py (the JAX twin of tests/dynamic_worker.py).
 
 argv: output JSON path, scenario, jax.distributed coordinator port, chronica coordinator
-port, sync dir, process id. Scenarios: "train" (two epochs, variable batches, the last
-process emulated 3x slower, loss-weighted gradients checked against the whole step's
-gradient), "kill" (the test kills a standalone coordinator, named by CHRONICA_COORDINATOR,
-after step 3 of epoch 0). The processes exchange each step's indices and weighted
-gradient through the coordination service's key-value store, as a gradient all-reduce
-would, so every step ends in lockstep.
+port (and the next three, for a second coordinator), sync dir, process id. Scenarios:
+"train" (two epochs, variable batches, the last process emulated 3x slower, loss-weighted
+gradients checked against the whole step's gradient; then one epoch as global arrays over
+a sharding spanning both processes), "kill" (the test kills a standalone coordinator, named
+by CHRONICA_COORDINATOR, after step 3 of epoch 0). The processes exchange each step's
+indices and weighted gradient through the coordination service's key-value store, as a
+gradient all-reduce would, so every step ends in lockstep.
 """
 
 import json
@@ -118,6 +119,29 @@ def main(out_path: str, scenario: str, jax_port: str, port: str, sync: str, pid:
         grad_errors.append(float(np.abs(average - whole).max()))
         it.report(float(sizes[indices].sum()) * 1e-6 * slow)
     session = it.stream.session
+    it.close()
+    global_shapes, local_counts = set(), []
+    if scenario == "train":
+        # One global array per step over both processes: equal shapes everywhere, every
+        # process padded to the per-rank maximum whatever its share of the step.
+        mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+        sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+        placed = cj.iterator(
+            np.arange(N, dtype=np.float64)[:, None],
+            sizes,
+            global_batch_size=BATCH,
+            kind="dynamic",
+            variable_batch=True,
+            dynamic=DynamicOptions(window=4, port=int(port) + 2, timeout=3.0),
+            as_jax=True,
+            sharding=sharding,
+        )
+        for batch in placed:
+            global_shapes.add(tuple(batch["inputs"].shape))
+            real = batch["indices"][batch["indices"] >= 0]
+            local_counts.append(len(real))
+            placed.report(float(sizes[real].sum()) * 1e-6 * slow)
+        placed.close()
     result = {
         "rank": rank,
         "epochs": epochs,
@@ -127,11 +151,12 @@ def main(out_path: str, scenario: str, jax_port: str, port: str, sync: str, pid:
         "grad_error": max(grad_errors),
         "dynamic_windows": session.windows_dynamic,
         "static_windows": session.windows_static,
+        "global_shapes": sorted(global_shapes),
+        "local_counts": local_counts,
     }
     with open(out_path, "w") as f:
         json.dump(result, f)
     kv.wait_at_barrier("chronica-test-done", 60_000)
-    it.close()
     jax.distributed.shutdown()
 
 

@@ -443,7 +443,7 @@ def _dynamic_job(tmp_path, scenario, port, env_extra=None, between=None):
 
 
 def test_dynamic_two_processes_every_step_once_exact_gradients_slow_rank_smaller(tmp_path):
-    results = _dynamic_job(tmp_path, "train", free_ports(2)[0])
+    results = _dynamic_job(tmp_path, "train", free_ports(4)[0])  # two coordinators
     _check_exactly_once(results, 2)  # equal step counts, every step exactly the static one's
     slow = results[1]
     for r in results:
@@ -460,6 +460,12 @@ def test_dynamic_two_processes_every_step_once_exact_gradients_slow_rank_smaller
             assert sum(weights) == pytest.approx(2)
     # Rank 1 computes 3x slower: it gets about a quarter of the global batch.
     assert np.mean([len(b) for b in slow["epochs"][1]]) < 6
+    # A sharding spanning both processes: one global shape, 2 x the per-rank maximum rows,
+    # while the processes' real counts differ.
+    assert results[0]["global_shapes"] == results[1]["global_shapes"] == [[32, 1]]
+    counts = [r["local_counts"] for r in results]
+    assert len(counts[0]) == len(counts[1]) == _static_plan(2, 0).num_steps
+    assert counts[0] != counts[1]
 
 
 def test_dynamic_coordinator_killed_mid_epoch_falls_back_without_losing_a_sample(tmp_path):
