@@ -393,3 +393,23 @@ def test_torch_sampler_state_resumes_in_jax_and_back(kw):
         other.load_state_dict(state)
         other.set_epoch(state["epoch"])  # a training loop's call keeps the position
         assert (state["epoch"], state["step"]) == (1, 3) and list(other) == jax_next
+
+
+def test_torch_sample_level_state_mid_step_resumes_the_rest_of_that_step():
+    # A DistributedSampler hands out samples one by one, so its state may stop mid-step:
+    # the JAX iterator then yields the rest of that step, then the following ones.
+    data, lengths = _data()
+    for rank in range(W):
+        sampler = tud.DistributedSampler(data, W, rank, batch_size=B, sizes=lengths)
+        indices = iter(sampler)
+        for _ in range(3 * B // W + 2):  # 3 steps and 2 samples of the 4th
+            next(indices)
+        state = json.loads(json.dumps(sampler.state_dict()))
+        assert (state["step"], state["offset"]) == (3, 2)
+        it = _iterators(data, W, B)[rank]
+        it.set_state(state)
+        first = next(it)
+        assert first["valid"].sum() == B // W - 2
+        rest = [_valid(first)] + [_valid(next(it)) for _ in range(len(it) - 4)]
+        assert [i for batch in rest for i in batch] == list(indices)
+        assert it.epoch == 1

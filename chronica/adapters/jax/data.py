@@ -17,7 +17,7 @@ static so that ``jax.jit`` compiles a bounded number of programs (``num_shapes``
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -113,7 +113,9 @@ def _jax_world() -> tuple[int, int]:
     return jax.process_count(), jax.process_index()
 
 
-def _kv_agreement(rank: int, sizes: np.ndarray, options: DynamicOptions | None):
+def _kv_agreement(
+    rank: int, sizes: np.ndarray, options: DynamicOptions | None
+) -> Callable[[ScheduleConfig], Agreement | None]:
     """The ranks' agreement over the key-value store of ``jax.distributed``'s coordination
     service (no device, any thread), or ``None`` when this job does not run one process per
     replica under ``jax.distributed`` (the runtime then warns)."""
@@ -272,6 +274,7 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
         self._global = sharding is not None and not sharding.is_fully_addressable
         self.shapes_seen: set[tuple[int, int]] = set()
         self._batches: Iterator[LocalBatch] | None = None
+        self._skip = 0
 
     # -- shapes ---------------------------------------------------------------------------
 
@@ -327,8 +330,9 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
 
     def set_epoch(self, epoch: int) -> None:
         """Iterate ``epoch`` next, from its start (the iterator moves from epoch to epoch by
-        itself; this jumps). Selecting the current epoch keeps a position from ``set_state``."""
-        self._drop_batches()
+        itself; this jumps). Selecting the current epoch keeps the position in it."""
+        if epoch != self.stream.epoch:
+            self._drop_batches()
         self.stream.set_epoch(epoch)
 
     def __iter__(self) -> ScheduledIterator:
@@ -342,9 +346,13 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
             if self._batches is None:
                 if self.epochs is not None and stream.epoch >= self.epochs:
                     raise StopIteration
+                # A sample-level face's state (torch's DistributedSampler) may stop mid-step:
+                # the samples of that step it handed out are not handed out again.
+                self._skip = stream.offset
                 self._batches = stream.batches()
             for batch in self._batches:
-                return self._batch(batch)
+                skip, self._skip = self._skip, 0
+                return self._batch(batch._replace(indices=batch.indices[skip:]))
             self._batches = None
             stream.set_epoch(stream.epoch + 1)
 
@@ -426,7 +434,8 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
 
         Same world size and global batch size: the next batch is the saved next one, byte
         for byte. A state taken after an epoch's last batch says ``step`` = the epoch's
-        steps; the next batch is then the next epoch's first.
+        steps; the next batch is then the next epoch's first. A state that stops mid-step
+        (a torch ``DistributedSampler``'s) yields the rest of that step first.
 
         Another world size or global batch size (elastic resume, ``chronica.core.elastic``,
         exactly as ``chronica.torch``'s samplers): the steps yielded at the saved world
