@@ -280,6 +280,18 @@ def test_dynamic_in_one_process_resumes_mid_epoch():
     assert len(steps) == 2 * again.scheduler.num_steps()
 
 
+def test_set_epoch_jumps_and_keeps_the_current_position():
+    data, _ = _data(80)
+    it = cj.iterator(data, global_batch_size=8, num_replicas=2, rank=1, epochs=3)
+    for _ in range(3):
+        next(it)
+    it.set_epoch(0)  # the current epoch: the position stays
+    assert _valid_indices(next(it)).tolist() == it.plan(0).local(3, 1).tolist()
+    it.set_epoch(2)
+    assert it.epoch == 2 and it.get_state()["step"] == 0
+    assert _valid_indices(next(it)).tolist() == it.plan(2).local(0, 1).tolist()
+
+
 def test_set_state_refuses_mismatches():
     data, _ = _data(80)
     it = cj.iterator(data, global_batch_size=8, num_replicas=2, rank=0, epochs=2)
