@@ -21,7 +21,14 @@ from collections.abc import Callable, Sequence
 
 from chronica.core.checks import check_int
 
-__all__ = ["Agreement", "KeyValueAgreement", "agreement_timeout", "key_prefix", "unanimous"]
+__all__ = [
+    "Agreement",
+    "KeyValueAgreement",
+    "agreement_timeout",
+    "key_prefix",
+    "key_value_agreement",
+    "unanimous",
+]
 
 Agreement = Callable[[int], bool]
 
@@ -100,3 +107,26 @@ class KeyValueAgreement:
         if self._delete is not None and round_ >= 1:
             self._delete(f"{self.prefix}/{round_ - 1}/{self.rank}")
         return unanimous(tokens)
+
+
+def key_value_agreement(
+    put: Callable[[str, str], None],
+    get: Callable[[str, int], str],
+    delete: Callable[[str], None] | None,
+    rank: int,
+    world: int,
+    digest: str,
+    timeout: float,
+) -> KeyValueAgreement:
+    """A ``KeyValueAgreement`` for rank ``rank`` of ``world`` over a store's ``put``/``get``/
+    ``delete``, keyed by the stream's configuration ``digest`` (``key_prefix``) and waiting
+    ``agreement_timeout(timeout)`` for the other ranks."""
+    return KeyValueAgreement(
+        put,
+        get,
+        rank,
+        world,
+        prefix=key_prefix(digest),
+        timeout_ms=int(1000 * agreement_timeout(timeout)),
+        delete=delete,
+    )

@@ -28,6 +28,7 @@ __all__ = [
     "open_stream",
     "resolve_world",
     "schedule_config",
+    "scheduling_arguments",
 ]
 
 logger = logging.getLogger("chronica")
@@ -45,15 +46,24 @@ SCHEDULING: Mapping[str, Any] = {
 }
 
 
+def scheduling_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``SCHEDULING`` keywords out of a face's arguments (its ``locals()``)."""
+    return {name: arguments[name] for name in SCHEDULING}
+
+
 def resolve_world(
     num_replicas: Any,
     rank: Any,
     detect: Callable[[], tuple[int, int]] | None,
-    missing: str,
+    missing: str = "",
+    config: ScheduleConfig | None = None,
 ) -> tuple[int, int]:
-    """``(num_replicas, rank)``: the given values, the missing ones from ``detect()`` (the
-    framework's own world), validated. Without ``detect`` a missing value raises
-    ``ValueError`` with ``missing`` (how to give it); numpy integers are accepted."""
+    """``(num_replicas, rank)``: the given values, else ``config``'s world size with a given
+    rank, else the framework's own world from ``detect()``, validated. Without ``detect`` a
+    missing value raises ``ValueError`` with ``missing`` (how to give it); numpy integers
+    are accepted."""
+    if config is not None and num_replicas is None and rank is not None:
+        num_replicas = config.num_replicas
     if num_replicas is None or rank is None:
         if detect is None:
             raise ValueError(f"num_replicas and rank are required: {missing}")
@@ -151,12 +161,12 @@ def open_stream(
     labels: Any = None,
     partitions: Sequence[Any] | None = None,
     dynamic: DynamicOptions | None = None,
-    agree: Callable[[ScheduleConfig], Agreement | None] | None = None,
+    agree: Callable[[Scheduler], Agreement | None] | None = None,
     names: StateFormat | None = None,
 ) -> RankStream:
-    """A ``RankStream`` for ``rank`` over validated ``sizes``. ``agree(config)`` builds the
-    framework's all-ranks agreement; it is called only for ``kind="dynamic"`` at more than
-    one rank."""
+    """A ``RankStream`` for ``rank`` over validated ``sizes``. ``agree(scheduler)`` builds
+    the framework's all-ranks agreement; it is called only for ``kind="dynamic"`` at more
+    than one rank."""
     scheduler = Scheduler(sizes, config, labels=labels, partitions=partitions)
     if config.shuffle.partitioned and config.exact and config.batch_size:
         if scheduler.owners.sizes().max() == 1:
@@ -167,7 +177,7 @@ def open_stream(
             )
     agreement = None
     if config.kind == "dynamic" and config.num_replicas > 1 and agree is not None:
-        agreement = agree(config)
+        agreement = agree(scheduler)
     return RankStream(scheduler, rank, dynamic=dynamic, agree=agreement, names=names)
 
 

@@ -68,12 +68,13 @@ class StreamFace:
         """This rank's loss weight at ``step`` of the current epoch (see ``loss_weights``)."""
         return float(self.stream.loss_weights()[step])
 
-    def report(self, seconds: float, step: int | None = None) -> None:
+    def report(self, seconds: float, step: int | None = None, epoch: int | None = None) -> None:
         """Tell the dynamic scheduler this rank's own compute time for a step: forward and
         backward, *before* waiting for the gradient all-reduce (the synchronised step time
         is the same on every rank and says nothing). ``step`` defaults to the step after
-        the one reported last. Without ``kind="dynamic"`` this does nothing."""
-        self.stream.report(seconds, step)
+        the one reported last, ``epoch`` to the one being iterated. Without
+        ``kind="dynamic"`` this does nothing."""
+        self.stream.report(seconds, step, epoch)
 
     def movement(self, epoch: int | None = None, sample_bytes: Any = None) -> Movement:
         """Samples (and bytes, given ``sample_bytes`` per sample) each node fetches for

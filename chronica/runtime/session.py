@@ -171,7 +171,9 @@ class DynamicSession:
             if self.coordinator is not None:
                 self.coordinator.close()
             raise
-        self._loads: dict[int, float] = {}
+        # Loads of the steps yielded, by (epoch, step): a pipeline that prefetches reports the
+        # last steps of an epoch after it began yielding the next one.
+        self._loads: dict[tuple[int, int], float] = {}
         self._epoch = -1
         self._next_report = 0
         self.windows_dynamic = 0
@@ -186,7 +188,8 @@ class DynamicSession:
         num_steps = self.scheduler.num_steps()
         static = plan_epoch(self.scheduler, epoch)
         if epoch != self._epoch:
-            self._epoch, self._loads = epoch, {}
+            self._loads = {key: load for key, load in self._loads.items() if key[0] == self._epoch}
+            self._epoch = epoch
         self._next_report = start
         k = self.window
         for first in range(start - start % k, num_steps, k):
@@ -212,7 +215,7 @@ class DynamicSession:
                     indices = static.local(step, self.rank)
                     weight = static.loss_weights[step, self.rank]
                     load = static.loads[step, self.rank]
-                self._loads[step] = float(load)
+                self._loads[epoch, step] = float(load)
                 yield step, indices, float(weight)
             if stop >= num_steps:
                 self.client.prefetch(epoch + 1, 0)
@@ -234,16 +237,20 @@ class DynamicSession:
         )
         return False
 
-    def report(self, seconds: float, step: int | None = None) -> None:
-        """This rank spent ``seconds`` computing ``step`` (default: the step after the one
-        reported last, starting at the first step yielded this epoch)."""
+    def report(self, seconds: float, step: int | None = None, epoch: int | None = None) -> None:
+        """This rank spent ``seconds`` computing ``step`` of ``epoch`` (defaults: the epoch
+        being yielded, and the step after the one reported last, starting at the first step
+        yielded this epoch). Steps of the epoch before the current one can still be
+        reported; others that this rank did not yield are ignored."""
+        if epoch is None:
+            epoch = self._epoch
         if step is None:
             step = self._next_report
         self._next_report = step + 1
-        load = self._loads.get(step)
+        load = self._loads.get((epoch, step))
         if load is None:
-            return  # not a step this rank has yielded in this epoch
-        self.client.report(self._epoch, step, load, seconds)
+            return  # not a step this rank has yielded lately
+        self.client.report(epoch, step, load, seconds)
 
     def close(self) -> None:
         """Close the client and, on rank 0, stop the coordinator (idempotent)."""

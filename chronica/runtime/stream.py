@@ -180,6 +180,14 @@ class RankStream:
             self._resumed = None
         self.epoch = epoch
 
+    def rewind(self, epoch: int) -> None:
+        """Select ``epoch`` and start it from its first step, forgetting a position loaded
+        by ``load_state`` (a face whose every iteration starts afresh)."""
+        self.set_epoch(check_int("epoch", epoch, 0))
+        self._start = (0, 0)
+        self._step = self._offset = 0
+        self._resumed = None
+
     def advance(self, samples: int) -> None:
         """A sample-level face handed out ``samples`` more samples of the current step
         (``batches(whole=False)``); the step counts as completed once all were."""
@@ -222,12 +230,13 @@ class RankStream:
 
     # -- feedback and diagnostics -----------------------------------------------------------
 
-    def report(self, seconds: float, step: int | None = None) -> None:
+    def report(self, seconds: float, step: int | None = None, epoch: int | None = None) -> None:
         """This rank's own compute time for a step it yielded (forward and backward, before
         waiting for the gradient all-reduce); ``step`` defaults to the one after the step
-        reported last. Does nothing unless ``kind="dynamic"``."""
+        reported last, ``epoch`` to the one being yielded (a face that prefetches names the
+        previous one for its last steps). Does nothing unless ``kind="dynamic"``."""
         if self.session is not None:
-            self.session.report(seconds, step)
+            self.session.report(seconds, step, epoch)
 
     def loss_weights(self, epoch: int | None = None) -> np.ndarray:
         """This rank's loss weight at every step of ``epoch`` (the current one by default).

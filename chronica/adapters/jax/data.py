@@ -23,12 +23,17 @@ from typing import Any
 import jax
 import numpy as np
 
-from chronica.core import ScheduleConfig, resolve_sizes
+from chronica.core import ScheduleConfig, Scheduler, resolve_sizes
 from chronica.core.checks import check_int
-from chronica.core.sizes import defines_sizeof, sizes_digest
-from chronica.runtime import Agreement, DynamicOptions, KeyValueAgreement, LocalBatch
-from chronica.runtime.agreement import agreement_timeout, key_prefix
-from chronica.runtime.build import open_stream, resolve_world, schedule_config
+from chronica.core.sizes import defines_sizeof
+from chronica.runtime import Agreement, DynamicOptions, LocalBatch
+from chronica.runtime.agreement import key_value_agreement
+from chronica.runtime.build import (
+    open_stream,
+    resolve_world,
+    schedule_config,
+    scheduling_arguments,
+)
 from chronica.runtime.face import StreamFace
 from chronica.runtime.stream import state_format
 
@@ -114,29 +119,29 @@ def _jax_world() -> tuple[int, int]:
 
 
 def _kv_agreement(
-    rank: int, sizes: np.ndarray, options: DynamicOptions | None
-) -> Callable[[ScheduleConfig], Agreement | None]:
+    rank: int, options: DynamicOptions | None
+) -> Callable[[Scheduler], Agreement | None]:
     """The ranks' agreement over the key-value store of ``jax.distributed``'s coordination
     service (no device, any thread), or ``None`` when this job does not run one process per
     replica under ``jax.distributed`` (the runtime then warns)."""
-    timeout_ms = int(1000 * agreement_timeout((options or DynamicOptions()).timeout))
 
-    def build(config: ScheduleConfig) -> Agreement | None:
-        if not jax.distributed.is_initialized() or jax.process_count() != config.num_replicas:
+    def build(scheduler: Scheduler) -> Agreement | None:
+        world = scheduler.config.num_replicas
+        if not jax.distributed.is_initialized() or jax.process_count() != world:
             return None
         from jax._src.distributed import global_state
 
         client = global_state.client
         if client is None:
             return None
-        return KeyValueAgreement(
+        return key_value_agreement(
             client.key_value_set,
             client.blocking_key_value_get,
+            client.key_value_delete,
             rank,
-            config.num_replicas,
-            prefix=key_prefix(config.digest(sizes_digest(sizes))),
-            timeout_ms=timeout_ms,
-            delete=client.key_value_delete,
+            world,
+            scheduler.digest,
+            (options or DynamicOptions()).timeout,
         )
 
     return build
@@ -222,19 +227,8 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
             raise ValueError(f"sharding={sharding!r} must be a jax.sharding.Sharding or None")
         if sharding is not None and not as_jax:
             raise ValueError("sharding= places arrays on devices; pass as_jax=True with it")
-        if config is not None and num_replicas is None and rank is not None:
-            num_replicas = config.num_replicas
-        world, rank = resolve_world(num_replicas, rank, _jax_world, "")
-        scheduling = dict(
-            kind=kind,
-            exact=exact,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-            cost=cost,
-            groups=groups,
-            variable_batch=variable_batch,
-        )
+        world, rank = resolve_world(num_replicas, rank, _jax_world, config=config)
+        scheduling = scheduling_arguments(locals())
         cfg = schedule_config(
             config, world, global_batch_size, scheduling, dynamic, "global_batch_size"
         )
@@ -260,7 +254,7 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
             labels=labels,
             partitions=partitions,
             dynamic=dynamic,
-            agree=_kv_agreement(rank, sizes, dynamic),
+            agree=_kv_agreement(rank, dynamic),
             names=_NAMES,
         )
         self.source = source

@@ -26,11 +26,16 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from chronica.core import ScheduleConfig, validate_sizes
+from chronica.core import ScheduleConfig, Scheduler, validate_sizes
 from chronica.core.checks import check_bool, check_int
-from chronica.runtime import Agreement, DynamicOptions, KeyValueAgreement, LocalBatch, RankStream
-from chronica.runtime.agreement import agreement_timeout, key_prefix
-from chronica.runtime.build import open_stream, resolve_world, schedule_config
+from chronica.runtime import Agreement, DynamicOptions, LocalBatch, RankStream
+from chronica.runtime.agreement import key_value_agreement
+from chronica.runtime.build import (
+    open_stream,
+    resolve_world,
+    schedule_config,
+    scheduling_arguments,
+)
 from chronica.runtime.face import StreamFace
 from chronica.runtime.stream import state_format
 
@@ -141,34 +146,39 @@ class _Store:
 
 
 def _coordination_agreement(
-    config: ScheduleConfig, rank: int, options: DynamicOptions
-) -> KeyValueAgreement | None:
+    rank: int, options: DynamicOptions | None
+) -> Callable[[Scheduler], Agreement | None]:
     """The ranks' agreement over the key-value store of TensorFlow's coordination service
     (``MultiWorkerMirroredStrategy`` from ``TF_CONFIG`` starts it), or ``None`` where there
-    is none (the runtime then warns). The key prefix is set once the stream exists."""
-    if not os.environ.get("TF_CONFIG"):
-        return None
-    from tensorflow.python.eager import context
+    is none (the runtime then warns)."""
 
-    ctx = context.context()
-    service = ctx.coordination_service
-    if not service:
-        return None
-    tasks = sum(job.num_tasks for job in service.coordinated_job_list)
-    if tasks and tasks != config.num_replicas:
-        raise ValueError(
-            f"num_replicas={config.num_replicas} differs from the {tasks} tasks of the "
-            f"TensorFlow cluster (TF_CONFIG); kind='dynamic' needs one replica per worker"
+    def build(scheduler: Scheduler) -> Agreement | None:
+        if not os.environ.get("TF_CONFIG"):
+            return None
+        from tensorflow.python.eager import context
+
+        ctx = context.context()
+        service = ctx.coordination_service
+        if not service:
+            return None
+        world = scheduler.config.num_replicas
+        tasks = sum(job.num_tasks for job in service.coordinated_job_list)
+        if tasks and tasks != world:
+            raise ValueError(
+                f"num_replicas={world} differs from the {tasks} tasks of the TensorFlow "
+                f"cluster (TF_CONFIG); kind='dynamic' needs one replica per worker"
+            )
+        return key_value_agreement(
+            ctx.set_config_key_value,
+            lambda key, ms: ctx.get_config_key_value(key, timeout_in_ms=ms),
+            ctx.delete_config_key_value,
+            rank,
+            world,
+            scheduler.digest,
+            (options or DynamicOptions()).timeout,
         )
-    return KeyValueAgreement(
-        ctx.set_config_key_value,
-        lambda key, ms: ctx.get_config_key_value(key, timeout_in_ms=ms),
-        rank,
-        config.num_replicas,
-        prefix="",
-        timeout_ms=int(1000 * agreement_timeout(options.timeout)),
-        delete=ctx.delete_config_key_value,
-    )
+
+    return build
 
 
 def _scalar(name: str, value: Any) -> int:
@@ -268,8 +278,6 @@ class Schedule(StreamFace):
             rank = int(input_context.input_pipeline_id) * (world // pipelines)
             served = world // pipelines
         else:
-            if config is not None and num_replicas is None and rank is not None:
-                num_replicas = config.num_replicas
             served = 1
         world, rank = resolve_world(
             num_replicas,
@@ -277,17 +285,9 @@ class Schedule(StreamFace):
             None,
             "pass both, or call schedule(..., input_context=ctx) inside the dataset_fn "
             "given to strategy.distribute_datasets_from_function",
+            config,
         )
-        scheduling = dict(
-            kind=kind,
-            exact=exact,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-            cost=cost,
-            groups=groups,
-            variable_batch=variable_batch,
-        )
+        scheduling = scheduling_arguments(locals())
         self.config = schedule_config(
             config, world, global_batch_size, scheduling, dynamic, batch_name="global_batch_size"
         )
@@ -346,7 +346,7 @@ class Schedule(StreamFace):
         self.first_epoch = check_int("epoch", epoch, 0)
         self._start = None
         for stream in self._streams:
-            _rewind(stream, self.first_epoch)
+            stream.rewind(self.first_epoch)
 
     def get_state(self, delivered: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Resumable position, the common state of every adapter (see
@@ -386,11 +386,12 @@ class Schedule(StreamFace):
             stream.load_state(state)
         self._start = copy.deepcopy(state)
 
-    def report(self, seconds: float, step: int | None = None) -> None:
+    def report(self, seconds: float, step: int | None = None, epoch: int | None = None) -> None:
         """Tell the dynamic scheduler this replica's own compute time for a step: forward
-        and backward, *before* waiting for the gradient all-reduce. ``step`` defaults to
-        the step after the one reported last (the batches the training loop took, in order,
-        not what ``tf.data`` prefetched). Without ``kind="dynamic"`` this does nothing."""
+        and backward, *before* waiting for the gradient all-reduce. ``step`` and ``epoch``
+        default to the batch after the one reported last, in the order the training loop
+        took them (not what ``tf.data`` prefetched). Without ``kind="dynamic"`` this does
+        nothing."""
         stream = self.stream
         if stream.session is None:
             return
@@ -398,9 +399,7 @@ class Schedule(StreamFace):
             if not self._unreported:
                 return
             epoch, step = self._unreported.popleft()
-            if epoch != stream.epoch:
-                return  # the pipeline already planned the next epoch; that step is gone
-        stream.report(seconds, step)
+        stream.report(seconds, step, epoch)
 
     def close(self) -> None:
         """Release the coordinator connection (and, on the first rank, stop the
@@ -421,14 +420,6 @@ class Schedule(StreamFace):
             name="sizes" if store.sizes is None else "size_fn results",
         )
         self.close()
-        agreements: list[KeyValueAgreement] = []
-
-        def agree(config: ScheduleConfig) -> Agreement | None:
-            options = self.dynamic_options or DynamicOptions()
-            made = _coordination_agreement(config, self.ranks[0], options)
-            agreements.extend([made] if made is not None else [])
-            return made
-
         first = open_stream(
             sizes,
             self.config,
@@ -436,16 +427,14 @@ class Schedule(StreamFace):
             labels=self._labels,
             partitions=self._partitions,
             dynamic=self.dynamic_options,
-            agree=agree,
+            agree=_coordination_agreement(self.ranks[0], self.dynamic_options),
             names=_NAMES,
         )
-        for agreement in agreements:
-            agreement.prefix = key_prefix(first.scheduler.digest)
         others = [RankStream(first.scheduler, r, names=_NAMES) for r in self.ranks[1:]]
         self._streams = [first, *others]
         self._source, self._store = dataset, store
         for stream in self._streams:
-            _rewind(stream, self.first_epoch)
+            stream.rewind(self.first_epoch)
         if self._start is not None:
             self.set_state(self._start)
         return store
@@ -459,7 +448,7 @@ class Schedule(StreamFace):
                 stream.load_state(self._start)
         else:
             for stream in streams:
-                _rewind(stream, self.first_epoch)
+                stream.rewind(self.first_epoch)
         self._unreported.clear()
         self._epoch_starts.clear()
         end = None if self.epochs is None else self.first_epoch + self.epochs
@@ -497,13 +486,6 @@ class Schedule(StreamFace):
             return steps.map(gather).prefetch(1)
         batches = steps.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return batches.prefetch(tf.data.AUTOTUNE)
-
-
-def _rewind(stream: RankStream, epoch: int) -> None:
-    """Put ``stream`` at the start of ``epoch``, dropping a loaded position (``set_epoch``
-    keeps one when the epoch does not change)."""
-    stream.set_epoch(epoch + 1)
-    stream.set_epoch(epoch)
 
 
 def schedule(

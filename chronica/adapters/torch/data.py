@@ -14,7 +14,7 @@ and torch's ``Sampler`` protocol.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -22,9 +22,14 @@ import torch.distributed as dist
 from torch.utils.data import Dataset as _TorchDataset
 from torch.utils.data import Sampler
 
-from chronica.core import ScheduleConfig, resolve_sizes
+from chronica.core import ScheduleConfig, Scheduler, resolve_sizes
 from chronica.runtime import Agreement, DynamicOptions
-from chronica.runtime.build import open_stream, resolve_world, schedule_config
+from chronica.runtime.build import (
+    open_stream,
+    resolve_world,
+    schedule_config,
+    scheduling_arguments,
+)
 from chronica.runtime.face import StreamFace
 from chronica.runtime.stream import state_format
 
@@ -61,11 +66,12 @@ def _torch_world() -> tuple[int, int]:
     return dist.get_world_size(), dist.get_rank()
 
 
-def _gloo_agreement(config: ScheduleConfig) -> Agreement | None:
+def _gloo_agreement(scheduler: Scheduler) -> Agreement | None:
     """Whether all ranks hold the same positive token, by one all-reduce over a gloo group
     of their own; ``None`` without a process group (each rank then decides alone)."""
     if not (dist.is_available() and dist.is_initialized()):
         return None
+    config = scheduler.config
     if dist.get_world_size() != config.num_replicas:
         raise ValueError(
             f"num_replicas={config.num_replicas} differs from the process group's world size "
@@ -86,29 +92,20 @@ def _gloo_agreement(config: ScheduleConfig) -> Agreement | None:
 class _ScheduledSampler(StreamFace):
     """What both samplers share: building the stream from torch-style arguments."""
 
-    def __init__(
-        self,
-        dataset: Any,
-        num_replicas: int | None,
-        rank: int | None,
-        batch_size: int | None,
-        sizes: Any,
-        labels: Any,
-        partitions: Sequence[Any] | None,
-        config: ScheduleConfig | None,
-        dynamic: DynamicOptions | None,
-        scheduling: dict[str, Any],
-    ) -> None:
-        if config is not None and num_replicas is None and rank is not None:
-            num_replicas = config.num_replicas
-        world, rank = resolve_world(num_replicas, rank, _torch_world, "")
-        cfg = schedule_config(config, world, batch_size, scheduling, dynamic)
+    def __init__(self, arguments: Mapping[str, Any]) -> None:
+        # ``arguments``: the subclass's constructor arguments (its ``locals()``).
+        config, dynamic = arguments["config"], arguments["dynamic"]
+        num_replicas, rank = arguments["num_replicas"], arguments["rank"]
+        dataset = arguments["dataset"]
+        world, rank = resolve_world(num_replicas, rank, _torch_world, config=config)
+        scheduling = scheduling_arguments(arguments)
+        cfg = schedule_config(config, world, arguments["batch_size"], scheduling, dynamic)
         self.stream = open_stream(
-            resolve_sizes(dataset, sizes),
+            resolve_sizes(dataset, arguments["sizes"]),
             cfg,
             rank,
-            labels=labels,
-            partitions=partitions,
+            labels=arguments["labels"],
+            partitions=arguments["partitions"],
             dynamic=dynamic,
             agree=_gloo_agreement,
             names=_NAMES,
@@ -193,28 +190,7 @@ class DistributedSampler(_ScheduledSampler, Sampler[int]):
                 "variable_batch=True changes local batch sizes, which a DataLoader's fixed "
                 "batch_size cannot follow; use DistributedBatchSampler (batch_sampler=...)"
             )
-        scheduling = dict(
-            kind=kind,
-            exact=exact,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-            cost=cost,
-            groups=groups,
-            variable_batch=variable_batch,
-        )
-        super().__init__(
-            dataset,
-            num_replicas,
-            rank,
-            batch_size,
-            sizes,
-            labels,
-            partitions,
-            config,
-            dynamic,
-            scheduling,
-        )
+        super().__init__(locals())
 
     def __iter__(self) -> Iterator[int]:
         stream = self.stream
@@ -262,28 +238,7 @@ class DistributedBatchSampler(_ScheduledSampler, Sampler[list[int]]):
     ) -> None:
         if batch_size is None and config is None:
             raise ValueError("batch_size (the global batch over all ranks) is required")
-        scheduling = dict(
-            kind=kind,
-            exact=exact,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-            cost=cost,
-            groups=groups,
-            variable_batch=variable_batch,
-        )
-        super().__init__(
-            dataset,
-            num_replicas,
-            rank,
-            batch_size,
-            sizes,
-            labels,
-            partitions,
-            config,
-            dynamic,
-            scheduling,
-        )
+        super().__init__(locals())
         if self.batch_size is None:
             raise ValueError("config.batch_size (the global batch over all ranks) is required")
 
