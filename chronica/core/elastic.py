@@ -35,9 +35,9 @@ or after its last resumes at any world for every kind and policy. Mid-epoch, nod
 policies (``local``, ``partial``) and ``kind="dynamic"`` refuse a new world or batch size
 (``check_elastic`` says why); they still resume at the saved one.
 
-Adapters share the state format: ``state_fields`` writes what a change of world needs and
-``load_state`` decides, from a saved state, where an adapter's iteration continues (the
-torch samplers' ``state_dict`` and the JAX iterator's ``get_state`` both use them).
+``state_fields`` writes what a change of world needs and ``load_state`` decides, from a
+saved state, where iteration continues; ``chronica.runtime.RankStream`` builds the one
+state format of every adapter on them.
 """
 
 from __future__ import annotations
@@ -110,31 +110,27 @@ class Resumption(NamedTuple):
 _NAMES = StateFormat(versions=())
 
 
-def fingerprint(scheduler: Scheduler, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def fingerprint(scheduler: Scheduler) -> dict[str, Any]:
     """Everything an epoch's plan depends on except the world and batch size: the number of
     samples, the data digest (sizes, labels, partitions), kind, shuffle, seed, cost model,
-    ``drop_last``... and an adapter's ``extra`` fields (what else must not change, such as the
-    JAX iterator's buckets). JSON-ready; equal fingerprints mean equal epoch orders at every
-    world."""
+    ``drop_last``... JSON-ready; equal fingerprints mean equal epoch orders at every world."""
     described = scheduler.config.describe(scheduler.data_digest)
     out = {key: value for key, value in described.items() if key not in _WORLD_FIELDS}
     out["num_samples"] = scheduler.num_samples
-    out.update(extra or {})
     return _jsonable(out)
 
 
 def check_fingerprint(
     saved: Any,
     scheduler: Scheduler,
-    extra: Mapping[str, Any] | None = None,
     names: StateFormat = _NAMES,
 ) -> None:
     """Raise ``ValueError`` naming every field in which ``saved`` (a ``fingerprint``) and
-    ``scheduler`` (with ``extra``) differ; the message contains ``configuration digest
+    ``scheduler`` differ; the message contains ``configuration digest
     differs`` and uses ``names``' words for the state and what builds it."""
     if not isinstance(saved, Mapping):
         raise ValueError(f"state fingerprint must be a mapping, got {type(saved).__name__}")
-    here = fingerprint(scheduler, extra)
+    here = fingerprint(scheduler)
     saved = _jsonable(dict(saved))
     differ = [
         f"{key}: saved {saved.get(key)!r}, now {here.get(key)!r}"
@@ -154,19 +150,18 @@ def state_fields(
     scheduler: Scheduler,
     history: Sequence[Segment],
     step: int,
-    extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What a state needs for a change of world, JSON-ready: ``num_replicas``,
     ``batch_size``, ``step`` (the completed steps of the plan being iterated), ``history``
     (``[W, B, step]`` of the worlds the epoch ran at before, oldest first) and
-    ``fingerprint`` (with ``extra``)."""
+    ``fingerprint``."""
     cfg = scheduler.config
     return {
         "num_replicas": cfg.num_replicas,
         "batch_size": cfg.batch_size,
         "step": int(step),
         "history": [list(segment) for segment in history],
-        "fingerprint": fingerprint(scheduler, extra),
+        "fingerprint": fingerprint(scheduler),
     }
 
 
@@ -175,17 +170,16 @@ def load_state(
     scheduler: Scheduler,
     digest: str,
     names: StateFormat,
-    extra: Mapping[str, Any] | None = None,
 ) -> Resumption:
     """Where an adapter built with ``scheduler`` (whose own configuration digest is
     ``digest``) continues from ``state``, a dict with ``version``, ``epoch``, the position
-    key, ``digest`` and, from elastic versions on, the ``state_fields``.
+    key, ``digest`` and the ``state_fields``.
 
     Equal digests: the saved epoch, history and position (the remainder's plan again when
     the history is not empty). Otherwise the saved world becomes the history's last segment
     and the remainder is planned for this world from its start (``resume_plan``). Raises
-    ``ValueError`` for an unknown version, invalid fields, a state without fingerprint (it
-    predates elastic resume) or with another one (``check_fingerprint``), the same world and
+    ``ValueError`` for an unknown version, invalid fields, a state without fingerprint or
+    with another one (``check_fingerprint``), the same world and
     batch size under another digest, and what ``resume_plan`` refuses."""
     if not isinstance(state, dict) or state.get("version") not in names.versions:
         version = state.get("version") if isinstance(state, dict) else None
@@ -203,12 +197,10 @@ def load_state(
         return Resumption(epoch, kept, plan, position, True)
     if "fingerprint" not in state:
         raise ValueError(
-            f"{names.name} was saved with different sizes or {names.owner} arguments "
-            f"(configuration digest differs); build the {names.owner} exactly as when the "
-            "state was saved (this state predates elastic resume, so the world size cannot "
-            "change either)"
+            f"{names.name} has another configuration digest and no fingerprint to compare; "
+            f"build the {names.owner} exactly as when the state was saved"
         )
-    check_fingerprint(state["fingerprint"], scheduler, extra, names)
+    check_fingerprint(state["fingerprint"], scheduler, names)
     saved = _segment(state.get("num_replicas"), state.get("batch_size"), state.get("step"))
     cfg = scheduler.config
     if saved[:2] == (cfg.num_replicas, cfg.batch_size):
