@@ -20,10 +20,12 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from chronica.core.checks import check_int
+from chronica.core.scheduler import Scheduler
 
 __all__ = [
     "Agreement",
     "KeyValueAgreement",
+    "KeyValueStore",
     "agreement_timeout",
     "key_prefix",
     "key_value_agreement",
@@ -109,24 +111,32 @@ class KeyValueAgreement:
         return unanimous(tokens)
 
 
+KeyValueStore = tuple[Callable[[str, str], None], Callable[[str, int], str], Callable[[str], None]]
+
+
 def key_value_agreement(
-    put: Callable[[str, str], None],
-    get: Callable[[str, int], str],
-    delete: Callable[[str], None] | None,
-    rank: int,
-    world: int,
-    digest: str,
-    timeout: float,
-) -> KeyValueAgreement:
-    """A ``KeyValueAgreement`` for rank ``rank`` of ``world`` over a store's ``put``/``get``/
-    ``delete``, keyed by the stream's configuration ``digest`` (``key_prefix``) and waiting
-    ``agreement_timeout(timeout)`` for the other ranks."""
-    return KeyValueAgreement(
-        put,
-        get,
-        rank,
-        world,
-        prefix=key_prefix(digest),
-        timeout_ms=int(1000 * agreement_timeout(timeout)),
-        delete=delete,
-    )
+    rank: int, timeout: float, store: Callable[[int], KeyValueStore | None]
+) -> Callable[[Scheduler], Agreement | None]:
+    """What an adapter hands ``open_stream`` as ``agree``: for a stream's scheduler, a
+    ``KeyValueAgreement`` of rank ``rank`` over ``store(world)`` (the framework's
+    ``(put, get, delete)`` when it runs one process per rank of ``world``, else ``None``:
+    no agreement, and the runtime warns), keyed by the stream's configuration digest
+    (``key_prefix``) and waiting ``agreement_timeout(timeout)`` for the other ranks."""
+
+    def build(scheduler: Scheduler) -> Agreement | None:
+        world = scheduler.config.num_replicas
+        calls = store(world)
+        if calls is None:
+            return None
+        put, get, delete = calls
+        return KeyValueAgreement(
+            put,
+            get,
+            rank,
+            world,
+            prefix=key_prefix(scheduler.digest),
+            timeout_ms=int(1000 * agreement_timeout(timeout)),
+            delete=delete,
+        )
+
+    return build

@@ -17,17 +17,17 @@ static so that ``jax.jit`` compiles a bounded number of programs (``num_shapes``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from chronica.core import ScheduleConfig, Scheduler, resolve_sizes
+from chronica.core import ScheduleConfig, resolve_sizes
 from chronica.core.checks import check_int
 from chronica.core.sizes import defines_sizeof
-from chronica.runtime import Agreement, DynamicOptions, LocalBatch
-from chronica.runtime.agreement import key_value_agreement
+from chronica.runtime import DynamicOptions, LocalBatch
+from chronica.runtime.agreement import KeyValueStore, key_value_agreement
 from chronica.runtime.build import (
     open_stream,
     resolve_world,
@@ -118,33 +118,17 @@ def _jax_world() -> tuple[int, int]:
     return jax.process_count(), jax.process_index()
 
 
-def _kv_agreement(
-    rank: int, options: DynamicOptions | None
-) -> Callable[[Scheduler], Agreement | None]:
-    """The ranks' agreement over the key-value store of ``jax.distributed``'s coordination
-    service (no device, any thread), or ``None`` when this job does not run one process per
-    replica under ``jax.distributed`` (the runtime then warns)."""
+def _jax_store(world: int) -> KeyValueStore | None:
+    """The key-value store of ``jax.distributed``'s coordination service (no device, any
+    thread), when this job runs one process per rank of ``world`` under it."""
+    if not jax.distributed.is_initialized() or jax.process_count() != world:
+        return None
+    from jax._src.distributed import global_state
 
-    def build(scheduler: Scheduler) -> Agreement | None:
-        world = scheduler.config.num_replicas
-        if not jax.distributed.is_initialized() or jax.process_count() != world:
-            return None
-        from jax._src.distributed import global_state
-
-        client = global_state.client
-        if client is None:
-            return None
-        return key_value_agreement(
-            client.key_value_set,
-            client.blocking_key_value_get,
-            client.key_value_delete,
-            rank,
-            world,
-            scheduler.digest,
-            (options or DynamicOptions()).timeout,
-        )
-
-    return build
+    client = global_state.client
+    if client is None:
+        return None
+    return client.key_value_set, client.blocking_key_value_get, client.key_value_delete
 
 
 def _power_of_two(count: int) -> int:
@@ -182,6 +166,28 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
     ``(rows, length)``), ``lengths`` (int32), ``indices`` (int64, ``-1`` for padding rows),
     ``loss_weight`` (float32 scalar: multiply the local mean loss by it), ``valid`` (bool,
     ``(rows,)``). Scalar dict fields (labels) are stacked to ``(rows,)`` with padding 0.
+
+    Arguments (``chronica.jax.iterator`` is this class under the name the docs use):
+
+    ``source``: random-access data (numpy array, list of variable-length arrays, a dict of
+    equal-length columns, or anything with ``__len__``/``__getitem__``); each sample is a
+    sequence along its first axis, or a dict of such sequences and scalars. ``sizes``: one
+    cost proxy per sample (default: the data set's ``sizes``/``__sizeof__`` as in
+    ``chronica.core.resolve_sizes``, else every sample's length). ``global_batch_size``: the
+    batch over all processes, a multiple of ``num_replicas`` (default
+    ``jax.process_count()``); ``rank`` defaults to ``jax.process_index()``. ``kind``,
+    ``exact``, ``shuffle``, ``seed``, ``drop_last``, ``cost``, ``groups``, ``labels``,
+    ``partitions``, ``variable_batch`` and ``config`` (a whole ``ScheduleConfig`` instead
+    of the scheduling keywords) mean what they mean for ``chronica.torch``'s samplers.
+    ``kind="dynamic"``: steps re-split window by window by a coordinator (started by rank
+    0) from the compute time every process reports with ``it.report(seconds)``;
+    ``dynamic``, a ``chronica.runtime.DynamicOptions``, configures it. Under
+    ``jax.distributed`` the processes agree on every window over its key-value store.
+    ``epochs``: how many epochs to yield (``None``: forever). ``bucket_boundaries``: padded
+    sequence lengths (default: powers of two below the longest sample, then the longest).
+    ``as_jax``: put array fields on device with ``jax.device_put`` (``sharding`` given: on
+    it; a sharding spanning processes assembles a global array from every process's rows);
+    ``indices`` and ``loss_weight`` stay numpy.
     """
 
     def __init__(
@@ -254,7 +260,7 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
             labels=labels,
             partitions=partitions,
             dynamic=dynamic,
-            agree=_kv_agreement(rank, dynamic),
+            agree=key_value_agreement(rank, (dynamic or DynamicOptions()).timeout, _jax_store),
             names=_NAMES,
         )
         self.source = source
@@ -460,74 +466,4 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
         self.stream.close()
 
 
-def iterator(
-    source: Any,
-    sizes: Any = None,
-    *,
-    global_batch_size: int | None = None,
-    num_replicas: int | None = None,
-    rank: int | None = None,
-    kind: str = "static",
-    exact: bool = True,
-    shuffle: Any = True,
-    seed: int = 0,
-    drop_last: bool = False,
-    cost: Any = None,
-    groups: Sequence[Any] | None = None,
-    labels: Any = None,
-    partitions: Sequence[Any] | None = None,
-    variable_batch: bool = False,
-    config: ScheduleConfig | None = None,
-    dynamic: DynamicOptions | None = None,
-    epochs: int | None = 1,
-    bucket_boundaries: Sequence[int] | None = None,
-    pad_value: Any = 0,
-    sharding: jax.sharding.Sharding | None = None,
-    as_jax: bool = False,
-) -> ScheduledIterator:
-    """This process's scheduled, padded batches of ``source``; see ``ScheduledIterator``.
-
-    ``source``: random-access data (numpy array, list of variable-length arrays, a dict of
-    equal-length columns, or anything with ``__len__``/``__getitem__``); each sample is a
-    sequence along its first axis, or a dict of such sequences and scalars. ``sizes``: one
-    cost proxy per sample (default: the data set's ``sizes``/``__sizeof__`` as in
-    ``chronica.core.resolve_sizes``, else every sample's length). ``global_batch_size``: the
-    batch over all processes, a multiple of ``num_replicas`` (default
-    ``jax.process_count()``); ``rank`` defaults to ``jax.process_index()``. ``kind``,
-    ``exact``, ``shuffle``, ``seed``, ``drop_last``, ``cost``, ``groups``, ``labels``,
-    ``partitions``, ``variable_batch`` and ``config`` (a whole ``ScheduleConfig`` instead
-    of the scheduling keywords) mean what they mean for ``chronica.torch``'s samplers.
-    ``kind="dynamic"``: steps re-split window by window by a coordinator (started by rank
-    0) from the compute time every process reports with ``it.report(seconds)``;
-    ``dynamic``, a ``chronica.runtime.DynamicOptions``, configures it. Under
-    ``jax.distributed`` the processes agree on every window over its key-value store.
-    ``epochs``: how many epochs to yield (``None``: forever). ``bucket_boundaries``: padded
-    sequence lengths (default: powers of two below the longest sample, then the longest).
-    ``as_jax``: put array fields on device with ``jax.device_put`` (``sharding`` given: on
-    it; a sharding spanning processes assembles a global array from every process's rows);
-    ``indices`` and ``loss_weight`` stay numpy.
-    """
-    return ScheduledIterator(
-        source,
-        sizes,
-        global_batch_size=global_batch_size,
-        num_replicas=num_replicas,
-        rank=rank,
-        kind=kind,
-        exact=exact,
-        shuffle=shuffle,
-        seed=seed,
-        drop_last=drop_last,
-        cost=cost,
-        groups=groups,
-        labels=labels,
-        partitions=partitions,
-        variable_batch=variable_batch,
-        config=config,
-        dynamic=dynamic,
-        epochs=epochs,
-        bucket_boundaries=bucket_boundaries,
-        pad_value=pad_value,
-        sharding=sharding,
-        as_jax=as_jax,
-    )
+iterator = ScheduledIterator

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from chronica.core import ScheduleConfig, Scheduler, validate_sizes
+from chronica.core import ScheduleConfig, validate_sizes
 from chronica.core.checks import check_bool, check_int
-from chronica.runtime import Agreement, DynamicOptions, LocalBatch, RankStream
-from chronica.runtime.agreement import key_value_agreement
+from chronica.runtime import DynamicOptions, LocalBatch, RankStream
+from chronica.runtime.agreement import KeyValueStore, key_value_agreement
 from chronica.runtime.build import (
     open_stream,
     resolve_world,
@@ -145,40 +145,29 @@ class _Store:
         return gather
 
 
-def _coordination_agreement(
-    rank: int, options: DynamicOptions | None
-) -> Callable[[Scheduler], Agreement | None]:
-    """The ranks' agreement over the key-value store of TensorFlow's coordination service
-    (``MultiWorkerMirroredStrategy`` from ``TF_CONFIG`` starts it), or ``None`` where there
-    is none (the runtime then warns)."""
+def _coordination_store(world: int) -> KeyValueStore | None:
+    """The key-value store of TensorFlow's coordination service (``MultiWorkerMirroredStrategy``
+    from ``TF_CONFIG`` starts it), when there is one; a cluster of another size than
+    ``world`` is an error."""
+    if not os.environ.get("TF_CONFIG"):
+        return None
+    from tensorflow.python.eager import context
 
-    def build(scheduler: Scheduler) -> Agreement | None:
-        if not os.environ.get("TF_CONFIG"):
-            return None
-        from tensorflow.python.eager import context
-
-        ctx = context.context()
-        service = ctx.coordination_service
-        if not service:
-            return None
-        world = scheduler.config.num_replicas
-        tasks = sum(job.num_tasks for job in service.coordinated_job_list)
-        if tasks and tasks != world:
-            raise ValueError(
-                f"num_replicas={world} differs from the {tasks} tasks of the TensorFlow "
-                f"cluster (TF_CONFIG); kind='dynamic' needs one replica per worker"
-            )
-        return key_value_agreement(
-            ctx.set_config_key_value,
-            lambda key, ms: ctx.get_config_key_value(key, timeout_in_ms=ms),
-            ctx.delete_config_key_value,
-            rank,
-            world,
-            scheduler.digest,
-            (options or DynamicOptions()).timeout,
+    ctx = context.context()
+    service = ctx.coordination_service
+    if not service:
+        return None
+    tasks = sum(job.num_tasks for job in service.coordinated_job_list)
+    if tasks and tasks != world:
+        raise ValueError(
+            f"num_replicas={world} differs from the {tasks} tasks of the TensorFlow cluster "
+            f"(TF_CONFIG); kind='dynamic' needs one replica per worker"
         )
 
-    return build
+    def get(key: str, timeout_ms: int) -> str:
+        return ctx.get_config_key_value(key, timeout_in_ms=timeout_ms)
+
+    return ctx.set_config_key_value, get, ctx.delete_config_key_value
 
 
 def _scalar(name: str, value: Any) -> int:
@@ -228,6 +217,33 @@ class Schedule(StreamFace):
     prefetched. ``set_state(state)`` (before applying or before iterating) makes the next
     iteration continue from ``state``, saved by any adapter, at this or another world size
     or global batch size.
+
+    Args (``chronica.tf.schedule`` is this class under the name the docs use:
+    ``ds.apply(chronica.tf.schedule(...))``):
+        sizes: one non-negative number per example (tokens, frames); or give ``size_fn``.
+        size_fn: called once per example (numpy values, as ``as_numpy_iterator`` yields
+            them) when first applied, returning its size; exactly one of the two is required.
+        global_batch_size: examples per step over all replicas, a multiple of the replica
+            count (required unless ``config`` holds it).
+        num_replicas, rank: the world size and this process's replica; required unless
+            ``input_context`` is given.
+        input_context: the ``tf.distribute.InputContext`` handed to the ``dataset_fn`` of
+            ``strategy.distribute_datasets_from_function``; the world is
+            ``num_replicas_in_sync`` and this pipeline serves its
+            ``num_replicas_in_sync // num_input_pipelines`` replicas, interleaving their
+            local batches step by step (the order tf.distribute deals them to its devices).
+        kind, exact, shuffle, seed, drop_last, cost, groups, labels, partitions,
+            variable_batch: as for ``chronica.torch``'s samplers (equal values give
+            identical plans); ``kind="dynamic"`` re-plans every window from the replicas'
+            ``report``-ed times, configured by ``dynamic`` (a ``DynamicOptions``).
+        config: a whole ``ScheduleConfig`` instead of the scheduling keywords.
+        padded: pad variable-length features per batch and add ``_length``/``_mask``
+            features (``True``) or keep them ragged (``False``).
+        epochs: how many epochs the output holds, starting at ``epoch`` (default 1;
+            ``None``: forever).
+
+    Raises ``ValueError`` for missing or doubled sizes, a bad argument value, and (when
+    applied) an infinite data set or sizes of the wrong length.
     """
 
     def __init__(
@@ -427,7 +443,11 @@ class Schedule(StreamFace):
             labels=self._labels,
             partitions=self._partitions,
             dynamic=self.dynamic_options,
-            agree=_coordination_agreement(self.ranks[0], self.dynamic_options),
+            agree=key_value_agreement(
+                self.ranks[0],
+                (self.dynamic_options or DynamicOptions()).timeout,
+                _coordination_store,
+            ),
             names=_NAMES,
         )
         others = [RankStream(first.scheduler, r, names=_NAMES) for r in self.ranks[1:]]
@@ -488,79 +508,4 @@ class Schedule(StreamFace):
         return batches.prefetch(tf.data.AUTOTUNE)
 
 
-def schedule(
-    sizes: Any = None,
-    size_fn: Callable[[Any], Any] | None = None,
-    *,
-    global_batch_size: int | None = None,
-    num_replicas: int | None = None,
-    rank: int | None = None,
-    kind: str = "static",
-    exact: bool = True,
-    shuffle: Any = True,
-    seed: int = 0,
-    drop_last: bool = False,
-    cost: Any = None,
-    groups: Sequence[Any] | None = None,
-    labels: Any = None,
-    partitions: Sequence[Any] | None = None,
-    variable_batch: bool = False,
-    config: ScheduleConfig | None = None,
-    dynamic: DynamicOptions | None = None,
-    padded: bool = True,
-    epochs: int | None = 1,
-    epoch: int = 0,
-    input_context: tf.distribute.InputContext | None = None,
-) -> Schedule:
-    """A ``tf.data`` transformation yielding balanced local batches: ``ds.apply(schedule(...))``.
-
-    Args:
-        sizes: one non-negative number per example (tokens, frames); or give ``size_fn``.
-        size_fn: called once per example (numpy values, as ``as_numpy_iterator`` yields
-            them) when first applied, returning its size; exactly one of the two is required.
-        global_batch_size: examples per step over all replicas, a multiple of the replica
-            count (required unless ``config`` holds it).
-        num_replicas, rank: the world size and this process's replica; required unless
-            ``input_context`` is given.
-        input_context: the ``tf.distribute.InputContext`` handed to the ``dataset_fn`` of
-            ``strategy.distribute_datasets_from_function``; the world is
-            ``num_replicas_in_sync`` and this pipeline serves its
-            ``num_replicas_in_sync // num_input_pipelines`` replicas, interleaving their
-            local batches step by step (the order tf.distribute deals them to its devices).
-        kind, exact, shuffle, seed, drop_last, cost, groups, labels, partitions,
-            variable_batch: as for ``chronica.torch``'s samplers (equal values give
-            identical plans); ``kind="dynamic"`` re-plans every window from the replicas'
-            ``report``-ed times, configured by ``dynamic`` (a ``DynamicOptions``).
-        config: a whole ``ScheduleConfig`` instead of the scheduling keywords.
-        padded: pad variable-length features per batch and add ``_length``/``_mask``
-            features (``True``) or keep them ragged (``False``).
-        epochs: how many epochs the output holds, starting at ``epoch`` (default 1;
-            ``None``: forever).
-
-    Raises ``ValueError`` for missing or doubled sizes, a bad argument value, and (when
-    applied) an infinite data set or sizes of the wrong length. See :class:`Schedule` for
-    what the output guarantees and how to save and resume it.
-    """
-    return Schedule(
-        sizes,
-        size_fn,
-        global_batch_size=global_batch_size,
-        num_replicas=num_replicas,
-        rank=rank,
-        kind=kind,
-        exact=exact,
-        shuffle=shuffle,
-        seed=seed,
-        drop_last=drop_last,
-        cost=cost,
-        groups=groups,
-        labels=labels,
-        partitions=partitions,
-        variable_batch=variable_batch,
-        config=config,
-        dynamic=dynamic,
-        padded=padded,
-        epochs=epochs,
-        epoch=epoch,
-        input_context=input_context,
-    )
+schedule = Schedule
