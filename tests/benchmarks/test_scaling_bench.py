@@ -5,15 +5,15 @@ step from the coordinator's own encoder; these cases pin both to what they claim
 """
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from workers import ROOT
 
 from chronica.comm.protocol import decode, topic
 from chronica.core import ScheduleConfig, Scheduler
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 import scaling
 
 

@@ -23,9 +23,7 @@ from chronica.core import ScheduleConfig, Scheduler, as_cost_model, as_shuffle_p
 from chronica.runtime import DynamicOptions  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from workers import base_env, free_port, free_ports, start_workers, wait_workers  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
+from workers import HELPERS, ROOT, base_env, free_port, free_ports, start_workers, wait_workers  # noqa: E402
 
 
 def make_dataset(lengths: np.ndarray) -> tf.data.Dataset:
@@ -238,7 +236,7 @@ def test_two_multiworker_processes_cover_every_sample_once(tmp_path):
         subprocess.Popen(
             [
                 sys.executable,
-                str(ROOT / "tests" / "tf_worker.py"),
+                str(HELPERS / "tf_worker.py"),
                 "multiworker",
                 str(r),
                 ports,
@@ -437,7 +435,7 @@ def _tf_config_workers(tmp_path, scenario, coordinator, extra_env=None):
     ports = ",".join(str(free_port()) for _ in range(2))
     env = base_env(ROOT, TF_CPP_MIN_LOG_LEVEL="2", **(extra_env or {}))
     env.pop("TF_CONFIG", None)
-    worker = str(ROOT / "tests" / "tf_dynamic_worker.py")
+    worker = str(HELPERS / "tf_dynamic_worker.py")
     commands = [
         [sys.executable, worker, str(r), ports, str(coordinator), scenario, str(tmp_path)]
         for r in range(2)

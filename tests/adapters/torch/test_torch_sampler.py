@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 from torch.utils.data import DistributedSampler as TorchSampler
+from workers import HELPERS
 
 from chronica.torch.utils.data import Dataset, DistributedBatchSampler, DistributedSampler
 
@@ -162,7 +163,7 @@ def _free_port() -> int:
 @pytest.mark.parametrize("world", [2, 3])
 def test_real_gloo_job_covers_every_sample_once(tmp_path: Path, world: int):
     port = _free_port()
-    worker = Path(__file__).with_name("dist_worker.py")
+    worker = HELPERS / "dist_worker.py"
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world))

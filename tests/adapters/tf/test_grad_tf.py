@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,13 +20,12 @@ keras = pytest.importorskip("keras")
 
 from grad_tf_worker import KNOBS, Net, make_optimizer  # noqa: E402
 from partitions import assert_tiled, spans_by_tensor  # noqa: E402
-from workers import base_env, free_port, run_workers  # noqa: E402
+from workers import HELPERS, ROOT, base_env, free_port, run_workers  # noqa: E402
 
 import chronica.tf  # noqa: E402
 from chronica.adapters.tf.grad import pack_partitions, unpack_partitions  # noqa: E402
 from chronica.core.priority import build_layout, fifo_order, simulate_order  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("sgd", "adam", "adamw")
 
 
@@ -39,7 +37,7 @@ def job(tmp_path_factory):
     env = base_env(ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     for name in ("TF_CONFIG", "CHRONICA_PARTITION_BYTES", "CHRONICA_CREDIT_BYTES"):
         env.pop(name, None)
-    worker = str(ROOT / "tests" / "grad_tf_worker.py")
+    worker = str(HELPERS / "grad_tf_worker.py")
     trace = str(tmp / "trace.json")
     run_workers(
         [[sys.executable, worker, str(r), ports, str(out), trace] for r, out in enumerate(outs)],

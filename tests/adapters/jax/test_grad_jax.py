@@ -5,7 +5,6 @@ timeline, agreed auto-tuning; plus forward_order, the single-process path and ba
 
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,11 +13,10 @@ jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
 from partitions import assert_tiled, spans_by_tensor  # noqa: E402
-from workers import base_env, free_port, run_workers  # noqa: E402
+from workers import HELPERS, ROOT, base_env, free_port, run_workers  # noqa: E402
 
 import chronica.jax as cj  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 FORWARD = [
     "['stem']['w']",
     "['stem']['b']",
@@ -39,7 +37,7 @@ def job(tmp_path_factory):
     env = base_env(ROOT, JAX_PLATFORMS="cpu", OMP_NUM_THREADS="1")
     for knob in ("CHRONICA_PARTITION_BYTES", "CHRONICA_CREDIT_BYTES", "CHRONICA_AUTOTUNE"):
         env.pop(knob, None)
-    worker = str(ROOT / "tests" / "grad_jax_worker.py")
+    worker = str(HELPERS / "grad_jax_worker.py")
     trace = str(tmp / "trace.json")
     commands = [
         [sys.executable, worker, str(port), str(rank), "2", str(out), trace]

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +15,8 @@ jax = pytest.importorskip("jax")
 
 from test_dynamic import _check_exactly_once, _static_plan  # noqa: E402
 from workers import (  # noqa: E402
+    HELPERS,
+    ROOT,
     base_env,
     free_port,
     free_ports,
@@ -31,8 +32,6 @@ from chronica.core import (  # noqa: E402
     as_cost_model,
     as_shuffle_policy,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _data(n=203, seed=0):
@@ -389,7 +388,7 @@ def test_two_jax_processes_cover_every_sample_once(tmp_path):
     world = 2
     port = free_port()
     outs = [tmp_path / f"rank{i}.json" for i in range(world)]
-    worker = str(ROOT / "tests" / "jax_worker.py")
+    worker = str(HELPERS / "jax_worker.py")
     run_workers(
         [[sys.executable, worker, str(port), str(i), "2", str(out)] for i, out in enumerate(outs)],
         base_env(ROOT, JAX_PLATFORMS="cpu"),
@@ -430,7 +429,7 @@ def test_jax_train_example_runs():
 
 # -- kind="dynamic" over a real 2-process jax.distributed job --------------------------------
 
-DYNAMIC_WORKER = ROOT / "tests" / "jax_dynamic_worker.py"
+DYNAMIC_WORKER = HELPERS / "jax_dynamic_worker.py"
 
 
 def _dynamic_job(tmp_path, scenario, port, env_extra=None, between=None):

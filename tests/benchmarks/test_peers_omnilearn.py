@@ -7,14 +7,14 @@ where chronica's controller keeps the total exact, the bounds held and the times
 """
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from workers import ROOT
 
 from chronica.core.controller import BatchController, water_fill
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 from peers import omnilearn_batches
 
 HL8 = np.array([6.0, 6.0, 4.0, 32.0])

@@ -20,12 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from workers import base_env, free_port, free_ports, start_workers, wait_workers
+from workers import HELPERS, ROOT, base_env, free_port, free_ports, start_workers, wait_workers
 
 from chronica.core import ScheduleConfig, Scheduler
 
-WORKER = Path(__file__).with_name("fault_worker.py")
-ROOT = Path(__file__).resolve().parents[1]
+WORKER = HELPERS / "fault_worker.py"
 N, PER_RANK, WINDOW, WORLD = 300, 8, 4, 2
 SILENT_AFTER, DELAYED_FIRST = 5, 8  # as in fault_worker.py
 KILL_AFTER, RESTART_AFTER, CRASH_AFTER = 5, 13, 9

@@ -4,18 +4,15 @@ ranks, bounded bytes in flight, and a loadable timeline."""
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from partitions import assert_tiled, spans_by_tensor  # noqa: E402
-from workers import base_env, free_port, run_workers  # noqa: E402
+from workers import HELPERS, ROOT, base_env, free_port, run_workers  # noqa: E402
 
 from chronica.torch.distributed import ScheduledOptimizer  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +20,7 @@ def job(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grad_torch")
     port = free_port()
     outs = [tmp / f"rank{r}.json" for r in range(2)]
-    worker = str(ROOT / "tests" / "grad_torch_worker.py")
+    worker = str(HELPERS / "grad_torch_worker.py")
     run_workers(
         [[sys.executable, worker, str(out), str(tmp / "trace.json")] for out in outs],
         [

@@ -6,15 +6,14 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-from workers import free_port, free_ports
+from workers import HELPERS, free_port, free_ports
 
 from chronica.core import ScheduleConfig, Scheduler
 
-WORKER = Path(__file__).with_name("dynamic_worker.py")
+WORKER = HELPERS / "dynamic_worker.py"
 N, PER_RANK = 300, 8
 
 

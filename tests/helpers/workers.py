@@ -6,8 +6,11 @@ import os
 import socket
 import subprocess
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 __all__ = [
+    "HELPERS",
+    "ROOT",
     "base_env",
     "free_port",
     "free_ports",
@@ -15,6 +18,11 @@ __all__ = [
     "start_workers",
     "wait_workers",
 ]
+
+
+# The repository root, and this folder (the worker scripts).
+ROOT = Path(__file__).resolve().parents[2]
+HELPERS = Path(__file__).resolve().parent
 
 
 def free_port() -> int:
