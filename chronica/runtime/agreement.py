@@ -71,7 +71,7 @@ class KeyValueAgreement:
     exists and raises when the time is up, which ``__call__`` re-raises as ``TimeoutError``
     naming the rank that did not answer (a rank that stopped; the job cannot go on).
     ``delete(key)``, when given, drops this rank's key of the round before the last, so
-    the store holds at most two rounds per rank.
+    the store holds at most two rounds of keys per rank.
     """
 
     def __init__(

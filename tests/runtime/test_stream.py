@@ -1,0 +1,306 @@
+"""The per-rank runtime without any framework: RankStream's position and state, the
+agreements, argument assembly, and a dynamic job of two ranks over a real coordinator."""
+
+import threading
+from collections import Counter
+
+import numpy as np
+import pytest
+from workers import free_ports
+
+from chronica.core import ScheduleConfig, Scheduler
+from chronica.runtime import DynamicOptions, KeyValueAgreement, RankStream
+from chronica.runtime.agreement import key_value_agreement, unanimous
+from chronica.runtime.build import open_stream, resolve_world, schedule_config
+
+
+def _sizes(n=203, seed=0):
+    return np.random.default_rng(seed).lognormal(3, 1, n).astype(int) + 1
+
+
+def _streams(world=4, batch=16, n=203, **config):
+    scheduler = Scheduler(_sizes(n), ScheduleConfig(num_replicas=world, batch_size=batch, **config))
+    return [RankStream(scheduler, rank) for rank in range(world)]
+
+
+def test_batches_are_the_plan_and_the_state_does_not_depend_on_the_rank():
+    streams = _streams()
+    plan = streams[0].plan()
+    for stream in streams:
+        got = [b.indices.tolist() for b in stream.batches()]
+        assert got == [plan.local(s, stream.rank).tolist() for s in range(plan.num_steps)]
+    for stream in streams:
+        stream.set_epoch(1)
+        batches = stream.batches()
+        for _ in range(5):
+            next(batches)
+    states = [stream.state() for stream in streams]
+    assert all(state == states[0] for state in states)
+    assert (states[0]["epoch"], states[0]["step"], states[0]["offset"]) == (1, 5, 0)
+
+
+def test_any_ranks_state_resumes_every_rank_exactly():
+    streams = _streams(drop_last=True)
+    for stream in streams:
+        stream.set_epoch(2)
+    head = streams[3].batches()
+    for _ in range(4):
+        next(head)
+    saved = streams[3].state()
+    for stream in _streams(drop_last=True):
+        expected = stream.plan(2)
+        stream.load_state(saved)
+        rest = [b.step for b in stream.batches()]
+        assert rest == list(range(4, expected.num_steps))
+        stream.load_state(saved)
+        assert next(stream.batches()).indices.tolist() == expected.local(4, stream.rank).tolist()
+
+
+def test_a_sample_level_face_resumes_mid_step():
+    stream = _streams()[1]
+    batches = stream.batches(whole=False)
+    first = next(batches)
+    stream.advance(first.indices.shape[0])
+    second = next(batches)
+    stream.advance(3)
+    state = stream.state()
+    assert (state["step"], state["offset"]) == (1, 3)
+    again = _streams()[1]
+    again.load_state(state)
+    resumed = next(again.batches(whole=False))
+    assert resumed.step == 1 and again.offset == 3  # the face skips the first 3 samples
+    assert resumed.indices.tolist() == second.indices.tolist()
+    stream.advance(second.indices.shape[0] - 3)  # the step is complete
+    assert (stream.state()["step"], stream.state()["offset"]) == (2, 0)
+
+
+def test_set_epoch_keeps_a_loaded_position_and_rewind_forgets_it():
+    source = _streams()[0]
+    batches = source.batches()
+    for _ in range(3):
+        next(batches)
+    stream = _streams()[0]
+    stream.load_state(source.state())
+    stream.set_epoch(0)
+    assert next(stream.batches()).step == 3
+    stream.load_state(source.state())
+    stream.rewind(0)
+    assert next(stream.batches()).step == 0
+
+
+def test_states_of_other_versions_and_positions_are_refused_by_name():
+    stream = _streams()[0]
+    state = stream.state()
+    with pytest.raises(ValueError, match="state version 2 is not supported"):
+        stream.load_state({**state, "version": 2})
+    with pytest.raises(ValueError, match="step=99 is outside"):
+        stream.load_state({**state, "step": 99})
+    with pytest.raises(ValueError, match="offset"):
+        stream.load_state({**state, "step": 1, "offset": 99})
+
+
+def test_elastic_state_moves_to_another_world_with_every_sample_once():
+    old = _streams(world=4, batch=16)
+    trained = Counter()
+    for stream in old:
+        batches = stream.batches()
+        for _ in range(5):
+            trained.update(next(batches).indices.tolist())
+    new = _streams(world=3, batch=12)
+    rest = Counter()
+    for stream in new:
+        stream.load_state(old[0].state())
+        for batch in stream.batches():
+            rest.update(batch.indices.tolist())
+    assert set(trained) | set(rest) == set(range(203))
+    assert sum((trained & rest).values()) == 0
+    assert max(trained.values()) == 1  # no padding inside the first five steps
+    assert sum(rest.values()) == 203 - sum(trained.values()) + new[0].plan().num_padded
+
+
+def _store():
+    values: dict[str, str] = {}
+    changed = threading.Condition()
+
+    def put(key, value):
+        with changed:
+            assert key not in values, f"{key} written twice"
+            values[key] = value
+            changed.notify_all()
+
+    def get(key, timeout_ms):
+        with changed:
+            if not changed.wait_for(lambda: key in values, timeout_ms / 1000):
+                raise RuntimeError(f"DEADLINE_EXCEEDED {key}")
+            return values[key]
+
+    def delete(key):
+        with changed:
+            values.pop(key, None)
+
+    return values, put, get, delete
+
+
+def _agree_in_threads(agreements, tokens_per_round):
+    results = [[] for _ in agreements]
+
+    def run(i):
+        for tokens in tokens_per_round:
+            results[i].append(agreements[i](tokens[i]))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(agreements))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return results
+
+
+def test_key_value_agreement_gives_every_rank_the_same_answer():
+    values, put, get, delete = _store()
+    world = 3
+    agreements = [
+        KeyValueAgreement(put, get, r, world, prefix="job", timeout_ms=30_000, delete=delete)
+        for r in range(world)
+    ]
+    rounds = [(7, 7, 7), (7, 0, 7), (7, 8, 7), (0, 0, 0), (9, 9, 9)]
+    results = _agree_in_threads(agreements, rounds)
+    expected = [unanimous(tokens) for tokens in rounds]
+    assert expected == [True, False, False, False, True]
+    assert results == [expected] * world
+    # Each rank dropped its key of a round once every rank had read it.
+    assert sorted(values) == [f"job/4/{r}" for r in range(world)]
+
+
+def test_a_rank_that_never_answers_is_named_in_a_time_out():
+    _, put, get, delete = _store()
+    alone = KeyValueAgreement(put, get, 0, 2, prefix="job", timeout_ms=50, delete=delete)
+    with pytest.raises(TimeoutError, match="rank 1 did not take part in agreement round 0"):
+        alone(5)
+
+
+def test_key_value_agreement_factory_keys_by_digest_and_needs_a_store():
+    _, put, get, delete = _store()
+    scheduler = Scheduler(_sizes(), ScheduleConfig(num_replicas=2, batch_size=8))
+    assert key_value_agreement(0, 1.0, lambda world: None)(scheduler) is None
+    built = key_value_agreement(1, 1.0, lambda world: (put, get, delete))(scheduler)
+    assert isinstance(built, KeyValueAgreement)
+    assert built.prefix.startswith(f"chronica/agree/{scheduler.digest[:16]}/")
+    assert (built.rank, built.world, built.timeout_ms) == (1, 2, 60_000)
+
+
+def test_world_and_config_assembly_refuse_bad_arguments_by_name():
+    assert resolve_world(np.int64(4), np.int64(3), None) == (4, 3)
+    assert resolve_world(None, None, lambda: (2, 1)) == (2, 1)
+    with pytest.raises(
+        ValueError, match=r"Invalid rank 4, rank should be in the interval \[0, 3\]"
+    ):
+        resolve_world(4, 4, None)
+    with pytest.raises(ValueError, match="num_replicas and rank are required: pass both"):
+        resolve_world(None, 0, None, "pass both")
+    config = ScheduleConfig(num_replicas=2, batch_size=8)
+    assert resolve_world(None, 1, None, config=config) == (2, 1)
+    kw = {"kind": "static", "exact": True, "shuffle": True, "seed": 0, "drop_last": False,
+          "cost": None, "groups": None, "variable_batch": False}  # fmt: skip
+    assert schedule_config(config, 2, None, kw, None) is config
+    with pytest.raises(ValueError, match="pass seed inside it"):
+        schedule_config(config, 2, None, {**kw, "seed": 3}, None)
+    with pytest.raises(ValueError, match=r"config\.num_replicas=2 differs from the world size 4"):
+        schedule_config(config, 4, None, kw, None)
+    with pytest.raises(ValueError, match=r"^global_batch_size=10 \(global\) must be a multiple"):
+        schedule_config(None, 4, 10, kw, None, batch_name="global_batch_size")
+    with pytest.raises(ValueError, match=r"dynamic=.* must be a chronica\.runtime\.DynamicOptions"):
+        schedule_config(None, 4, 8, kw, {"window": 4})
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("window", 0, "window=0 must be an int >= 1"),
+        ("timeout", 0, "timeout=0 must be > 0 seconds"),
+        ("timeout", float("nan"), "timeout=nan must be a finite number"),
+        ("port", 70000, r"port=70000 must be an int in \[0, 65534\]"),
+        ("min_batch", True, "min_batch=True must be an int >= 1"),
+        ("host", " ", "host=' ' must be a host name or address"),
+    ],
+)
+def test_dynamic_options_refuse_bad_values_by_name(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        DynamicOptions(**{field: value})
+
+
+def test_a_dynamic_job_of_two_ranks_splits_every_step_once_over_a_real_coordinator():
+    """Two ranks (threads) of kind="dynamic", variable batches: rank 0's stream runs the
+    ZeroMQ coordinator, both agree on every window through a shared key-value store, rank 1
+    reports 3x the compute time; every step holds exactly the static plan's samples."""
+    _, put, get, delete = _store()
+    sizes = _sizes(300, seed=1)
+    config = ScheduleConfig(
+        num_replicas=2, batch_size=16, kind="dynamic", variable_batch=True, window=4
+    )
+    options = DynamicOptions(window=4, port=free_ports(2)[0], timeout=30.0)
+
+    def agree(r):
+        # key_prefix numbers a process's streams of one configuration, and both ranks
+        # live in this process here: name the job's prefix instead.
+        return lambda scheduler: KeyValueAgreement(
+            put, get, r, 2, prefix="job", timeout_ms=60_000, delete=delete
+        )
+
+    streams: list[RankStream | None] = [None, None]
+    ready = threading.Barrier(2, timeout=60)
+    got: list[list[list[list[int]]]] = [[], []]
+    weights: list[list[list[float]]] = [[], []]
+    errors: list[BaseException] = []
+
+    def rank(r: int) -> None:
+        try:
+            if r == 1:
+                ready.wait()  # rank 0's coordinator listens first
+            stream = open_stream(
+                sizes,
+                config,
+                r,
+                dynamic=options,
+                agree=agree(r),
+            )
+            streams[r] = stream
+            if r == 0:
+                ready.wait()
+            for epoch in range(2):
+                stream.set_epoch(epoch)
+                got[r].append([])
+                weights[r].append([])
+                for batch in stream.batches():
+                    got[r][epoch].append(batch.indices.tolist())
+                    weights[r][epoch].append(batch.loss_weight)
+                    slow = 3.0 if r == 1 else 1.0
+                    stream.report(float(sizes[batch.indices].sum()) * 1e-6 * slow)
+        except BaseException as error:  # reported by the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    try:
+        assert not errors, errors
+        assert not any(t.is_alive() for t in threads)
+        static = Scheduler(sizes, config)
+        for epoch in range(2):
+            plan = static.plan_epoch(epoch)
+            assert len(got[0][epoch]) == len(got[1][epoch]) == plan.num_steps
+            for step in range(plan.num_steps):
+                whole = plan.indices[plan.bounds[step, 0] : plan.bounds[step, -1]]
+                assert sorted(got[0][epoch][step] + got[1][epoch][step]) == sorted(whole)
+                total = weights[0][epoch][step] + weights[1][epoch][step]
+                assert total == pytest.approx(2.0)
+        assert streams[0].session.windows_dynamic == streams[1].session.windows_dynamic > 0
+        assert streams[0].session.windows_static == streams[1].session.windows_static
+        slow_counts = [len(b) for b in got[1][1]]
+        assert np.mean(slow_counts) < 6  # about a quarter of 16 for a 3x slower rank
+    finally:
+        for stream in streams:
+            if stream is not None:
+                stream.close()
