@@ -147,9 +147,10 @@ def render_markdown(result: dict[str, Any], img_dir: Path) -> str:
             f"{result['coordinator']['reports']} reports, {result['coordinator']['fetches']} "
             f"fetches and {result['coordinator']['windows']} windows of "
             f"{result['world']} messages each. Nothing is injected: faults are covered by the "
-            f"tests (`tests/test_faults.py`). The process's memory also holds ZeroMQ's queues "
-            f"for ranks that lag behind (up to the p99 below), so it is measured a second "
-            f"way: the coordinator alone in a fresh process for {alone['epochs']} epochs, "
+            f"tests (`tests/adapters/torch/test_faults.py`). The process's memory also holds "
+            f"ZeroMQ's queues for ranks that lag behind (up to the p99 below), so it is "
+            f"measured a second way: the coordinator alone in a fresh process for "
+            f"{alone['epochs']} epochs, "
             f"every window planned and published and every rank's report of every step "
             f"taken, with no client connected.",
             "",
