@@ -10,29 +10,16 @@ from datetime import timedelta
 import numpy as np
 import torch
 import torch.distributed as dist
+from sized_dataset import Sized
 from torch.utils.data import DataLoader
 
-from chronica.torch.utils.data import Dataset, DistributedSampler
-
-
-class Tokens(Dataset):
-    def __init__(self, n):
-        self.lengths = np.random.default_rng(0).lognormal(4, 1, n).astype(int) + 1
-
-    def __len__(self):
-        return len(self.lengths)
-
-    def __getitem__(self, index):
-        return index
-
-    def __sizeof__(self, index=None):
-        return int(self.lengths[index]) if index is not None else super().__sizeof__()
+from chronica.torch.utils.data import DistributedSampler
 
 
 def main(out_path: str) -> None:
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=60))
     world, rank = dist.get_world_size(), dist.get_rank()
-    dataset = Tokens(203)
+    dataset = Sized(np.random.default_rng(0).lognormal(4, 1, 203).astype(int) + 1)
     sampler = DistributedSampler(dataset, batch_size=8 * world, kind="static")
     loader = DataLoader(dataset, batch_size=8, sampler=sampler)
     epochs = []

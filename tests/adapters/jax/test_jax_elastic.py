@@ -12,7 +12,7 @@ import pytest
 jax = pytest.importorskip("jax")
 tud = pytest.importorskip("chronica.torch.utils.data")
 
-from test_elastic import _check_exactly_once  # noqa: E402
+from elastic_checks import check_resume_exactly_once  # noqa: E402
 
 import chronica.jax as cj  # noqa: E402
 from chronica.core import ScheduleConfig, Scheduler  # noqa: E402
@@ -121,7 +121,7 @@ def test_remainder_covers_the_epoch_exactly_once_and_matches_torch(w2, b2, steps
         other = _resume(data, state, w2, b2, **kw)[0]
         assert other.plan().indices.tobytes() == plan.indices.tobytes()
     rest = _remainder(new)
-    _check_exactly_once(N, _flat(trained), rest, plan, kw.get("drop_last", False))
+    check_resume_exactly_once(N, _flat(trained), rest, plan, kw.get("drop_last", False))
     assert len({len(r) for r in rest}) == 1  # equal step counts on every rank
     # Cross-adapter parity: the torch samplers resumed from the same point yield the same
     # indices at every step of the remainder, on every rank.
@@ -167,7 +167,7 @@ def test_chain_of_worlds_4_2_3():
     c = _resume(data, states[1], 3, 12, **kw)
     assert c[0].get_state()["history"] == [[4, 16, 3], [2, 10, 4]]
     rest = _remainder(c)
-    _check_exactly_once(257, _flat(trained), rest, c[0].plan(), False)
+    check_resume_exactly_once(257, _flat(trained), rest, c[0].plan(), False)
     # The torch samplers chained through the same worlds yield the same batches.
     ta = _samplers(data, 4, 16, **kw)
     for s, ours in zip(ta, trained[:4], strict=True):

@@ -5,9 +5,10 @@ import json
 
 import numpy as np
 import pytest
+from elastic_checks import check_resume_exactly_once
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_torch_sampler import Sized
+from sized_dataset import Sized
 
 from chronica.core import ScheduleConfig, Scheduler
 from chronica.core.elastic import Segment, resume_plan
@@ -50,20 +51,6 @@ def _run(n, w, b, w2, b2, steps, epoch=1, save_rank=0, **kw):
     return consumed, rest, new
 
 
-def _check_exactly_once(n, consumed, rest, plan, drop_last):
-    """Consumed and remainder are disjoint, cover the epoch (minus the new world's dropped
-    tail) and repeat only the documented padding."""
-    remainder = [i for steps in rest for batch in steps for i in batch]
-    assert not set(consumed) & set(remainder)
-    covered = set(consumed) | set(remainder)
-    assert len(covered) == n - plan.num_dropped
-    assert len(remainder) - len(set(remainder)) == plan.num_padded
-    if drop_last:
-        assert plan.num_padded == 0
-    else:
-        assert plan.num_dropped == 0 and covered == set(range(n))
-
-
 CASES = [
     # n, w, b, w2, b2, steps, drop_last, shuffle, (kind, exact)
     (211, 4, 16, 6, 24, 5, False, True, MODES[0]),  # W' > W
@@ -88,7 +75,7 @@ def test_remainder_covers_the_epoch_exactly_once(n, w, b, w2, b2, steps, drop_la
     consumed, rest, new = _run(n, w, b, w2, b2, steps, save_rank=w - 1, **kw)
     plan = new[0].plan()
     assert all(s.plan().indices.tobytes() == plan.indices.tobytes() for s in new)
-    _check_exactly_once(n, consumed, rest, plan, drop_last)
+    check_resume_exactly_once(n, consumed, rest, plan, drop_last)
     # Equal step counts, equal local batches at every step, global batch B' but the last.
     assert len({len(r) for r in rest}) == 1
     assert [len(s) for s in new] == [len(r) for r in rest]
@@ -154,7 +141,7 @@ def test_distributed_sampler_mid_step_save_replans_the_partial_step():
     rest = [list(s) for s in new]
     assert [len(s) for s in new] == [len(r) for r in rest]
     plan = new[0].plan()
-    _check_exactly_once(n, completed, [[r] for r in rest], plan, False)
+    check_resume_exactly_once(n, completed, [[r] for r in rest], plan, False)
     partial = set(yielded) - set(completed)  # yielded, but its step never completed
     assert partial and partial <= {i for r in rest for i in r}
 
@@ -208,7 +195,7 @@ def test_chain_of_worlds_within_one_epoch():
         s.load_state_dict(state)
     assert c[0].state_dict()["history"] == [[4, 16, 3], [2, 10, 4]]
     rest = [list(s) for s in c]
-    _check_exactly_once(n, consumed, rest, c[0].plan(), False)
+    check_resume_exactly_once(n, consumed, rest, c[0].plan(), False)
 
 
 def test_epoch_boundaries_resume_at_any_world_for_every_policy():

@@ -1,7 +1,4 @@
 import json
-import os
-import socket
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -11,25 +8,12 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from sized_dataset import Sized
 from torch.utils.data import DataLoader
 from torch.utils.data import DistributedSampler as TorchSampler
-from workers import HELPERS
+from workers import HELPERS, ROOT, base_env, free_port, run_workers
 
-from chronica.torch.utils.data import Dataset, DistributedBatchSampler, DistributedSampler
-
-
-class Sized(Dataset):
-    def __init__(self, sizes):
-        self.sizes_ = np.asarray(sizes)
-
-    def __len__(self):
-        return len(self.sizes_)
-
-    def __getitem__(self, index):
-        return index
-
-    def __sizeof__(self, index=None):
-        return float(self.sizes_[index]) if index is not None else super().__sizeof__()
+from chronica.torch.utils.data import DistributedBatchSampler, DistributedSampler
 
 
 @given(n=st.integers(0, 40), w=st.integers(1, 6), drop_last=st.booleans())
@@ -154,25 +138,19 @@ def test_stats_report_balance_and_padding():
     assert 0.0 < stats.padding_fraction < 1.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("world", [2, 3])
 def test_real_gloo_job_covers_every_sample_once(tmp_path: Path, world: int):
-    port = _free_port()
-    worker = HELPERS / "dist_worker.py"
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world))
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        out = tmp_path / f"rank{rank}.json"
-        procs.append((subprocess.Popen([sys.executable, str(worker), str(out)], env=env), out))
-    for proc, _ in procs:
-        assert proc.wait(timeout=120) == 0
-    results = [json.loads(out.read_text()) for _, out in procs]
+    env = base_env(
+        ROOT, WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())
+    )
+    outs = [tmp_path / f"rank{rank}.json" for rank in range(world)]
+    worker = str(HELPERS / "dist_worker.py")
+    run_workers(
+        [[sys.executable, worker, str(out)] for out in outs],
+        [{**env, "RANK": str(rank), "OMP_NUM_THREADS": "1"} for rank in range(world)],
+        timeout=120,
+    )
+    results = [json.loads(out.read_text()) for out in outs]
     n = 203
     per_rank = -(-n // world)
     for epoch in range(2):
