@@ -1,4 +1,5 @@
-"""One rank of a real gloo job with kind="dynamic", started by test_dynamic.
+"""One rank of a real gloo job with kind="dynamic" (the job of dynamic_job.py), started by
+tests/adapters/torch/test_dynamic.py.
 
 Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and CHRONICA_COORDINATOR when the
 coordinator runs on its own); argv: output JSON path, scenario, coordinator port, sync dir.
@@ -8,51 +9,33 @@ the whole step's gradient), "kill" (the test kills the coordinator after step 3 
 
 import json
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
+from dynamic_job import KILL_AT, PER_RANK, WINDOW, N, features, kill_point, sizes
 
 from chronica.runtime import DynamicOptions
 from chronica.torch.utils.data import DistributedBatchSampler
 
-N, PER_RANK = 300, 8
-
-
-def features(indices):
-    """Fixed inputs and targets per sample index, float64."""
-    idx = torch.as_tensor(indices, dtype=torch.float64)
-    x = torch.stack([torch.sin(idx), torch.cos(idx * 0.7), idx / N, torch.ones_like(idx)], 1)
-    return x, torch.tanh(idx * 0.01)
-
 
 def step_loss(model, indices):
-    x, y = features(indices)
+    x, y = map(torch.from_numpy, features(indices))
     return ((model(x).squeeze(1) - y) ** 2).mean()
-
-
-def wait_for(path: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear")
-        time.sleep(0.02)
 
 
 def main(out_path: str, scenario: str, port: str, sync: str) -> None:
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=60))
     world, rank = dist.get_world_size(), dist.get_rank()
-    sizes = np.random.default_rng(0).lognormal(4, 1, N).astype(int) + 1
+    lengths = sizes()
     sampler = DistributedBatchSampler(
         list(range(N)),
         batch_size=PER_RANK * world,
         kind="dynamic",
         variable_batch=True,
-        sizes=sizes,
-        dynamic=DynamicOptions(window=4, port=int(port), timeout=3.0),
+        sizes=lengths,
+        dynamic=DynamicOptions(window=WINDOW, port=int(port), timeout=3.0),
     )
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1).double()
@@ -62,10 +45,8 @@ def main(out_path: str, scenario: str, port: str, sync: str) -> None:
         sampler.set_epoch(epoch)
         steps, step_weights = [], []
         for step, batch in enumerate(sampler):
-            if scenario == "kill" and epoch == 0 and step == 3:
-                if rank == 0:
-                    (Path(sync) / "killme").touch()
-                wait_for(Path(sync) / "killed")
+            if scenario == "kill" and (epoch, step) == KILL_AT:
+                kill_point(Path(sync), rank)
             weight = sampler.loss_weight(step)
             steps.append(batch)
             step_weights.append(weight)
@@ -80,7 +61,7 @@ def main(out_path: str, scenario: str, port: str, sync: str) -> None:
             step_loss(model, [i for part in everyone for i in part]).backward()
             whole = torch.cat([p.grad.flatten() for p in model.parameters()])
             grad_errors.append(float((grads - whole).abs().max()))
-            sampler.report(sizes[batch].sum() * 1e-6 * slow)
+            sampler.report(lengths[batch].sum() * 1e-6 * slow)
         epochs.append(steps)
         weights.append(step_weights)
     session = sampler.stream.session

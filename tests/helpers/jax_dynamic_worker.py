@@ -1,5 +1,6 @@
-"""One process of a real 2-process ``jax.distributed`` job with kind="dynamic", started by
-tests/test_jax.py (the JAX twin of tests/dynamic_worker.py).
+"""One process of a real 2-process ``jax.distributed`` job with kind="dynamic" (the job of
+dynamic_job.py), started by tests/adapters/jax/test_jax.py (the JAX twin of
+dynamic_worker.py).
 
 argv: output JSON path, scenario, jax.distributed coordinator port, chronica coordinator
 port (and the next three, for a second coordinator), sync dir, process id. Scenarios:
@@ -13,34 +14,19 @@ gradient all-reduce would, so every step ends in lockstep.
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import jax
 import numpy as np
+from dynamic_job import KILL_AT, PER_RANK, WINDOW, N, features, kill_point, sizes
 
-N, BATCH, SLOW = 300, 16, 3.0
-
-
-def features(indices):
-    """Fixed inputs and targets per sample index, float64."""
-    i = np.asarray(indices, dtype=np.float64)
-    x = np.stack([np.sin(i), np.cos(i * 0.7), i / N, np.ones_like(i)], 1)
-    return x, np.tanh(i * 0.01)
+SLOW = 3.0
 
 
 def whole_step_gradient(w, indices):
     """Gradient of the mean squared error over ``indices`` (numpy, closed form)."""
     x, y = features(indices)
     return 2.0 * x.T @ (x @ w - y) / len(indices)
-
-
-def wait_for(path: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear")
-        time.sleep(0.02)
 
 
 def main(out_path: str, scenario: str, jax_port: str, port: str, sync: str, pid: str) -> None:
@@ -60,14 +46,14 @@ def main(out_path: str, scenario: str, jax_port: str, port: str, sync: str, pid:
 
     kv = global_state.client
     world, rank = jax.process_count(), jax.process_index()
-    sizes = np.random.default_rng(0).lognormal(4, 1, N).astype(int) + 1
+    lengths = sizes()
     it = cj.iterator(
         np.arange(N, dtype=np.float64)[:, None],  # sample i is the sequence [i]
-        sizes,
-        global_batch_size=BATCH,
+        lengths,
+        global_batch_size=PER_RANK * world,
         kind="dynamic",
         variable_batch=True,
-        dynamic=DynamicOptions(window=4, port=int(port), timeout=3.0),
+        dynamic=DynamicOptions(window=WINDOW, port=int(port), timeout=3.0),
         epochs=2,
     )
     w = np.array([0.3, -0.2, 0.5, 0.1])
@@ -95,10 +81,8 @@ def main(out_path: str, scenario: str, jax_port: str, port: str, sync: str, pid:
             batch = next(it)
         except StopIteration:
             break
-        if scenario == "kill" and epoch == 0 and step == 3:
-            if rank == 0:
-                (Path(sync) / "killme").touch()
-            wait_for(Path(sync) / "killed")
+        if scenario == "kill" and (epoch, step) == KILL_AT:
+            kill_point(Path(sync), rank)
         indices = batch["indices"][batch["valid"]].tolist()
         rows.add(batch["inputs"].shape[0])
         weight = float(batch["loss_weight"])
@@ -117,7 +101,7 @@ def main(out_path: str, scenario: str, jax_port: str, port: str, sync: str, pid:
         average = np.mean([p["grad"] for p in parts], axis=0)
         whole = whole_step_gradient(w, [i for p in parts for i in p["indices"]])
         grad_errors.append(float(np.abs(average - whole).max()))
-        it.report(float(sizes[indices].sum()) * 1e-6 * slow)
+        it.report(float(lengths[indices].sum()) * 1e-6 * slow)
     session = it.stream.session
     it.close()
     global_shapes, local_counts = set(), []
@@ -128,11 +112,11 @@ def main(out_path: str, scenario: str, jax_port: str, port: str, sync: str, pid:
         sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
         placed = cj.iterator(
             np.arange(N, dtype=np.float64)[:, None],
-            sizes,
-            global_batch_size=BATCH,
+            lengths,
+            global_batch_size=PER_RANK * world,
             kind="dynamic",
             variable_batch=True,
-            dynamic=DynamicOptions(window=4, port=int(port) + 2, timeout=3.0),
+            dynamic=DynamicOptions(window=WINDOW, port=int(port) + 2, timeout=3.0),
             as_jax=True,
             sharding=sharding,
         )
@@ -140,7 +124,7 @@ def main(out_path: str, scenario: str, jax_port: str, port: str, sync: str, pid:
             global_shapes.add(tuple(batch["inputs"].shape))
             real = batch["indices"][batch["indices"] >= 0]
             local_counts.append(len(real))
-            placed.report(float(sizes[real].sum()) * 1e-6 * slow)
+            placed.report(float(lengths[real].sum()) * 1e-6 * slow)
         placed.close()
     result = {
         "rank": rank,

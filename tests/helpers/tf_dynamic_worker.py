@@ -1,6 +1,8 @@
-"""One TensorFlow worker of a kind="dynamic" job (run by tests/test_tf.py, not by pytest).
+"""One TensorFlow worker of a kind="dynamic" job (the job of dynamic_job.py; run by
+tests/adapters/tf/test_tf.py, not by pytest).
 
-Usage: ``python tests/tf_dynamic_worker.py RANK PORT0,PORT1 COORDINATOR_PORT SCENARIO SYNC``:
+Usage:
+``python tests/helpers/tf_dynamic_worker.py RANK PORT0,PORT1 COORDINATOR_PORT SCENARIO SYNC``:
 a ``MultiWorkerMirroredStrategy`` from ``TF_CONFIG`` on 127.0.0.1 (its coordination service
 carries the ranks' agreement), fed by ``distribute_datasets_from_function`` with
 ``chronica.tf.schedule(kind="dynamic", variable_batch=True)``; the last worker is emulated
@@ -17,19 +19,18 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 import tensorflow as tf
+from dynamic_job import KILL_AT, PER_RANK, WINDOW, N, kill_point, sizes, static_plan
 
 import chronica.tf
-from chronica.core import ScheduleConfig, Scheduler
 from chronica.runtime import DynamicOptions
 
-N, GLOBAL_BATCH, EPOCHS, SLOW = 300, 16, 2, 3.0
+EPOCHS, SLOW = 2, 3.0
 W = np.array([0.1, -0.2, 0.3, 0.05])
 
 
@@ -49,14 +50,6 @@ def mean_loss_grad(index) -> tf.Tensor:
     return tape.gradient(loss, w)
 
 
-def wait_for(path: Path, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear")
-        time.sleep(0.02)
-
-
 def main(rank: int, ports: list[str], port: int, scenario: str, sync: Path) -> None:
     os.environ["TF_CONFIG"] = json.dumps(
         {
@@ -66,18 +59,18 @@ def main(rank: int, ports: list[str], port: int, scenario: str, sync: Path) -> N
     )
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     world = strategy.num_replicas_in_sync
-    sizes = np.random.default_rng(0).lognormal(4, 1, N).astype(int) + 1
+    lengths = sizes()
     examples = tf.data.Dataset.from_tensor_slices({"idx": tf.range(N, dtype=tf.int64)})
     made: list[chronica.tf.Schedule] = []
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         made.append(
             chronica.tf.schedule(
-                sizes,
-                global_batch_size=GLOBAL_BATCH,
+                lengths,
+                global_batch_size=PER_RANK * world,
                 kind="dynamic",
                 variable_batch=True,
-                dynamic=DynamicOptions(window=4, port=port, timeout=3.0),
+                dynamic=DynamicOptions(window=WINDOW, port=port, timeout=3.0),
                 epochs=EPOCHS,
                 input_context=ctx,
             )
@@ -94,14 +87,7 @@ def main(rank: int, ports: list[str], port: int, scenario: str, sync: Path) -> N
 
         return strategy.reduce("MEAN", strategy.run(replica, args=(batch,)), axis=None)
 
-    config = ScheduleConfig(
-        num_replicas=world,
-        batch_size=GLOBAL_BATCH,
-        kind="dynamic",
-        variable_batch=True,
-        window=4,
-    )
-    static = Scheduler(sizes, config)
+    plans = [static_plan(world, epoch) for epoch in range(EPOCHS)]
     slow = SLOW if rank == world - 1 else 1.0
     epochs: list[list[list[int]]] = [[] for _ in range(EPOCHS)]
     weights: list[list[float]] = [[] for _ in range(EPOCHS)]
@@ -111,18 +97,16 @@ def main(rank: int, ports: list[str], port: int, scenario: str, sync: Path) -> N
         batch = {k: strategy.experimental_local_results(v)[0] for k, v in last.items()}
         epoch, step = int(batch["epoch"]), int(batch["step"])
         assert step == len(epochs[epoch]), (epoch, step)
-        if scenario == "kill" and epoch == 0 and step == 3:
-            if rank == 0:
-                (sync / "killme").touch()
-            wait_for(sync / "killed")
+        if scenario == "kill" and (epoch, step) == KILL_AT:
+            kill_point(sync, rank, timeout=120.0)
         local = batch["idx"].numpy()
         epochs[epoch].append(local.tolist())
         weights[epoch].append(float(batch["loss_weight"]))
-        plan = static.plan_epoch(epoch)
+        plan = plans[epoch]
         whole = plan.indices[plan.bounds[step, 0] : plan.bounds[step, -1]]
         got = weighted_grad(last).numpy()
         grad_error = max(grad_error, float(np.abs(got - mean_loss_grad(whole).numpy()).max()))
-        schedule.report(float(sizes[local].sum()) * 1e-6 * slow)
+        schedule.report(float(lengths[local].sum()) * 1e-6 * slow)
     session = schedule.stream.session
     # The distributed element itself says where training stands: after the last step.
     final = schedule.get_state(delivered=last)

@@ -3,17 +3,15 @@ errors, and a real 2-process jax.distributed job on loopback."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
 
-from test_dynamic import _check_exactly_once, _static_plan  # noqa: E402
+from dynamic_job import check_exactly_once, standalone_coordinator, static_plan  # noqa: E402
 from workers import (  # noqa: E402
     HELPERS,
     ROOT,
@@ -455,14 +453,14 @@ def _dynamic_job(tmp_path, scenario, port, env_extra=None, between=None):
 
 def test_dynamic_two_processes_every_step_once_exact_gradients_slow_rank_smaller(tmp_path):
     results = _dynamic_job(tmp_path, "train", free_ports(4)[0])  # two coordinators
-    _check_exactly_once(results, 2)  # equal step counts, every step exactly the static one's
+    check_exactly_once(results, 2)  # equal step counts, every step exactly the static one's
     slow = results[1]
     for r in results:
         assert r["static_windows"] == 0  # the coordinator delivered every window
         assert r["grad_error"] < 1e-6  # loss weights make the average the whole-step mean
         assert set(r["rows"]) <= {1, 2, 4, 8, 16} and r["num_shapes"] == 5
     for epoch in range(2):
-        static = _static_plan(2, epoch)
+        static = static_plan(2, epoch)
         for step in range(static.num_steps):
             counts = [len(r["epochs"][epoch][step]) for r in results]
             if static.bounds[step, -1] - static.bounds[step, 0] == 16:
@@ -475,47 +473,17 @@ def test_dynamic_two_processes_every_step_once_exact_gradients_slow_rank_smaller
     # while the processes' real counts differ.
     assert results[0]["global_shapes"] == results[1]["global_shapes"] == [[32, 1]]
     counts = [r["local_counts"] for r in results]
-    assert len(counts[0]) == len(counts[1]) == _static_plan(2, 0).num_steps
+    assert len(counts[0]) == len(counts[1]) == static_plan(2, 0).num_steps
     assert counts[0] != counts[1]
 
 
 def test_dynamic_coordinator_killed_mid_epoch_falls_back_without_losing_a_sample(tmp_path):
     port = free_ports(2)[0]
-    sizes = np.random.default_rng(0).lognormal(4, 1, 300).astype(int) + 1
-    np.save(tmp_path / "sizes.npy", sizes)
-    coordinator = subprocess.Popen(
-        [sys.executable, "-m", "chronica.comm.standalone", "--sizes", str(tmp_path / "sizes.npy")]
-        + ["--world", "2", "--batch-size", "16", "--variable-batch", "--window", "4"]
-        + ["--port", str(port)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=base_env(ROOT),
-    )
-
-    def kill_after_step_3(procs):
-        deadline = time.monotonic() + 90
-        while not (tmp_path / "killme").exists():
-            assert time.monotonic() < deadline, "the workers did not reach step 3"
-            assert all(p.poll() is None for p in procs), "a worker ended early"
-            time.sleep(0.02)
-        coordinator.send_signal(signal.SIGKILL)
-        coordinator.wait(timeout=30)
-        (tmp_path / "killed").touch()
-
-    try:
-        assert "chronica coordinator on" in coordinator.stdout.readline()
+    with standalone_coordinator(tmp_path, 2, port) as kill_on_request:
         results = _dynamic_job(
-            tmp_path,
-            "kill",
-            port,
-            {"CHRONICA_COORDINATOR": f"127.0.0.1:{port}"},
-            kill_after_step_3,
+            tmp_path, "kill", port, {"CHRONICA_COORDINATOR": f"127.0.0.1:{port}"}, kill_on_request
         )
-    finally:
-        if coordinator.poll() is None:
-            coordinator.kill()
-        coordinator.wait(timeout=30)
-    _check_exactly_once(results, 2)
+    check_exactly_once(results, 2)
     for r in results:
         assert r["dynamic_windows"] >= 1  # before the kill
         assert r["static_windows"] >= 1  # after it

@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,24 +14,22 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
 
+from dynamic_job import check_exactly_once, standalone_coordinator  # noqa: E402
+from tf_data import make_dataset  # noqa: E402
+from workers import (  # noqa: E402
+    HELPERS,
+    ROOT,
+    base_env,
+    free_port,
+    free_ports,
+    run_workers,
+    start_workers,
+    wait_workers,
+)
+
 import chronica.tf  # noqa: E402
 from chronica.core import ScheduleConfig, Scheduler, as_cost_model, as_shuffle_policy  # noqa: E402
 from chronica.runtime import DynamicOptions  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).parent))
-from workers import HELPERS, ROOT, base_env, free_port, free_ports, start_workers, wait_workers  # noqa: E402
-
-
-def make_dataset(lengths: np.ndarray) -> tf.data.Dataset:
-    """Examples {"idx": sample index, "tok": variable-length int32 tokens idx*1000 + j}."""
-    n = len(lengths)
-    values = np.concatenate(
-        [i * 1000 + np.arange(n_i, dtype=np.int32) for i, n_i in enumerate(lengths)]
-        or [np.empty(0, np.int32)]
-    )
-    tokens = tf.RaggedTensor.from_row_lengths(values.astype(np.int32), lengths.astype(np.int64))
-    ds = tf.data.Dataset.from_tensor_slices({"idx": tf.range(n, dtype=tf.int64), "tok": tokens})
-    return ds.map(lambda e: {"idx": e["idx"], "tok": e["tok"]})
 
 
 def lengths_of(n: int, seed: int = 0) -> np.ndarray:
@@ -72,27 +66,16 @@ def test_parity_with_core_plan_and_torch_sampler(n, world, batch, shuffle, drop_
     sch = core_plan(lengths, world, batch, shuffle=shuffle, seed=seed, drop_last=drop_last)
     first, epochs = 1, 2
     for rank in range(world):
+        # What the transformation and the sampler are both given.
+        common = dict(
+            num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+        )
         transform = chronica.tf.schedule(
-            lengths,
-            global_batch_size=batch,
-            num_replicas=world,
-            rank=rank,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-            epochs=epochs,
-            epoch=first,
+            lengths, global_batch_size=batch, epochs=epochs, epoch=first, **common
         )
         got = tf_steps(ds.apply(transform))
         sampler = torch_data.DistributedBatchSampler(
-            list(range(n)),
-            batch_size=batch,
-            num_replicas=world,
-            rank=rank,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-            sizes=lengths,
+            list(range(n)), batch_size=batch, sizes=lengths, **common
         )
         want_core, want_torch = [], []
         for e in range(first, first + epochs):
@@ -221,41 +204,17 @@ def test_import_chronica_loads_no_tensorflow_and_adapter_no_torch():
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_multiworker_processes_cover_every_sample_once(tmp_path):
     """Two TF processes, MultiWorkerMirroredStrategy over 127.0.0.1, one replica each."""
-    ports = ",".join(str(_free_port()) for _ in range(2))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    ports = ",".join(str(free_port()) for _ in range(2))
+    env = base_env(ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TF_CONFIG", None)
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(HELPERS / "tf_worker.py"),
-                "multiworker",
-                str(r),
-                ports,
-                str(tmp_path / f"w{r}.json"),
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
+    worker = str(HELPERS / "tf_worker.py")
+    commands = [
+        [sys.executable, worker, "multiworker", str(r), ports, str(tmp_path / f"w{r}.json")]
         for r in range(2)
     ]
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=60)
-            assert p.returncode == 0, out.decode()[-3000:]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    run_workers(commands, env, timeout=60)
     reports = [json.loads((tmp_path / f"w{r}.json").read_text()) for r in range(2)]
     n, batch, epochs = 53, 8, 2
     sch = core_plan(np.random.default_rng(7).integers(1, 30, size=n), 2, batch)
@@ -366,8 +325,8 @@ def test_state_after_a_delivered_batch_resumes_exactly_in_a_fresh_process(tmp_pa
     code = f"""
 import json, sys
 import numpy as np
-sys.path.insert(0, {str(ROOT / "tests")!r})
-from test_tf import make_dataset
+sys.path.insert(0, {str(HELPERS)!r})
+from tf_data import make_dataset
 import chronica.tf
 lengths = np.load({str(tmp_path / "lengths.npy")!r})
 t = chronica.tf.schedule(lengths, **{kw!r})
@@ -447,29 +406,14 @@ def _dynamic_results(tmp_path):
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
 
 
-def _check_exactly_once(results):
-    sizes = np.random.default_rng(0).lognormal(4, 1, 300).astype(int) + 1
-    config = ScheduleConfig(
-        num_replicas=2, batch_size=16, kind="dynamic", variable_batch=True, window=4
-    )
-    for epoch in range(2):
-        static = Scheduler(sizes, config).plan_epoch(epoch)
-        assert {len(r["epochs"][epoch]) for r in results} == {static.num_steps}
-        for step in range(static.num_steps):
-            got = sorted(i for r in results for i in r["epochs"][epoch][step])
-            expect = sorted(static.indices[static.bounds[step, 0] : static.bounds[step, -1]])
-            assert got == expect, (epoch, step)
-    for r in results:
-        assert r["grad_error"] < 1e-6  # loss weights make the mean the whole step's gradient
-
-
 def test_dynamic_two_workers_rebalance_a_slow_worker_exactly_once(tmp_path):
     procs = _tf_config_workers(tmp_path, "train", free_ports(2)[0])
     wait_workers(procs, timeout=150)
     results = _dynamic_results(tmp_path)
-    _check_exactly_once(results)
+    check_exactly_once(results, 2)
     for r in results:
         assert r["static_windows"] == 0  # the coordinator delivered every window
+        assert r["grad_error"] < 1e-6  # loss weights make the mean the whole step's gradient
     last = [[len(b) for b in r["epochs"][1]] for r in results]
     full = [s for s in range(len(last[0])) if last[0][s] + last[1][s] == 16]
     assert len(full) >= len(last[0]) - 1  # the global batch is exact at every full step
@@ -480,37 +424,21 @@ def test_dynamic_two_workers_rebalance_a_slow_worker_exactly_once(tmp_path):
 
 def test_dynamic_coordinator_killed_mid_epoch_falls_back_together(tmp_path):
     router = free_ports(2)[0]
-    sizes = np.random.default_rng(0).lognormal(4, 1, 300).astype(int) + 1
-    np.save(tmp_path / "sizes.npy", sizes)
-    coordinator = subprocess.Popen(
-        [sys.executable, "-m", "chronica.comm.standalone", "--sizes", str(tmp_path / "sizes.npy")]
-        + ["--world", "2", "--batch-size", "16", "--variable-batch", "--window", "4"]
-        + ["--port", str(router)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=base_env(ROOT),
-    )
-    procs = []
-    try:
-        assert "chronica coordinator on" in coordinator.stdout.readline()
+    with standalone_coordinator(tmp_path, 2, router) as kill_on_request:
         env = {"CHRONICA_COORDINATOR": f"127.0.0.1:{router}"}
         procs = _tf_config_workers(tmp_path, "kill", router, env)
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "killme").exists():
-            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
-            time.sleep(0.02)
-        coordinator.send_signal(signal.SIGKILL)
-        coordinator.wait(timeout=30)
-        (tmp_path / "killed").touch()
-        wait_workers(procs, timeout=150)
-    finally:
-        for p in [coordinator, *procs]:
-            if p.poll() is None:
-                p.kill()
+        try:
+            kill_on_request(procs)
+            wait_workers(procs, timeout=150)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
     results = _dynamic_results(tmp_path)
-    _check_exactly_once(results)
+    check_exactly_once(results, 2)
     for r in results:
         assert r["dynamic_windows"] >= 1 and r["static_windows"] >= 1
+        assert r["grad_error"] < 1e-6
     # Both workers took the same source for every window (agreed over the coordination
     # service's key-value store).
     assert len({(r["dynamic_windows"], r["static_windows"]) for r in results}) == 1
