@@ -1,4 +1,5 @@
-"""One rank of a real gloo job with kind="dynamic" under a fault, started by test_faults.
+"""One rank of a real gloo job with kind="dynamic" under a fault, started by
+tests/adapters/torch/test_faults.py (the job of dynamic_job.py).
 
 Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and CHRONICA_TEST_PORT (the port of rank
 0's coordinator; it also uses port + 1) or CHRONICA_COORDINATOR (a standalone one); argv:
@@ -27,14 +28,13 @@ from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 
-import numpy as np
 import torch.distributed as dist
+from dynamic_job import PER_RANK, WINDOW, N, sizes
 
 from chronica.comm.coordinator import Coordinator
 from chronica.runtime import DynamicOptions
 from chronica.torch.utils.data import DistributedBatchSampler
 
-N, PER_RANK, WINDOW = 300, 8, 4
 SILENT_AFTER = 5
 DELAYED_FIRST, DELAY, SHORT_TIMEOUT, TIMEOUT = 8, 2.5, 0.5, 10.0
 KILL_AFTER, RESTART_AFTER, RESTART_TIMEOUT, STEP_SECONDS = 5, 13, 3.0, 0.05
@@ -77,13 +77,13 @@ def main(out_path: str, scenario: str) -> None:
     world, rank = dist.get_world_size(), dist.get_rank()
     if scenario == "delay" and rank == 0:
         delay_window()
-    sizes = np.random.default_rng(0).lognormal(4, 1, N).astype(int) + 1
+    lengths = sizes()
     sampler = DistributedBatchSampler(
         list(range(N)),
         batch_size=PER_RANK * world,
         kind="dynamic",
         variable_batch=True,
-        sizes=sizes,
+        sizes=lengths,
         dynamic=DynamicOptions(
             window=WINDOW,
             port=int(os.environ.get("CHRONICA_TEST_PORT", 0)) or None,
@@ -134,7 +134,7 @@ def main(out_path: str, scenario: str) -> None:
                 dist.barrier()
             silent = scenario == "silent" and rank == world - 1
             if not (silent and (epoch > 0 or step > SILENT_AFTER)):
-                sampler.report(sizes[batch].sum() * 1e-6 * slow)
+                sampler.report(lengths[batch].sum() * 1e-6 * slow)
                 reported += 1 if session.client.attached else 0
         epochs.append(steps)
     result = {

@@ -20,29 +20,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from dynamic_job import PER_RANK, WINDOW, check_exactly_once, sizes, static_plan
 from workers import HELPERS, ROOT, base_env, free_port, free_ports, start_workers, wait_workers
 
-from chronica.core import ScheduleConfig, Scheduler
-
 WORKER = HELPERS / "fault_worker.py"
-N, PER_RANK, WINDOW, WORLD = 300, 8, 4, 2
+WORLD = 2
 SILENT_AFTER, DELAYED_FIRST = 5, 8  # as in fault_worker.py
 KILL_AFTER, RESTART_AFTER, CRASH_AFTER = 5, 13, 9
-
-
-def _sizes() -> np.ndarray:
-    return np.random.default_rng(0).lognormal(4, 1, N).astype(int) + 1
-
-
-def _static_plan(epoch: int):
-    config = ScheduleConfig(
-        num_replicas=WORLD,
-        batch_size=PER_RANK * WORLD,
-        kind="dynamic",
-        variable_batch=True,
-        window=WINDOW,
-    )
-    return Scheduler(_sizes(), config).plan_epoch(epoch)
 
 
 def _outputs(tmp_path: Path) -> list[Path]:
@@ -75,7 +59,7 @@ def _journals(tmp_path: Path) -> list[dict]:
     for out in _outputs(tmp_path):
         lines = [json.loads(line) for line in Path(f"{out}.journal").read_text().splitlines()]
         keys = [(epoch, step) for epoch, step, _ in lines]
-        steps = _static_plan(0).num_steps
+        steps = static_plan(WORLD, 0).num_steps
         assert keys == [(e, s) for e in range(2) for s in range(steps)], keys
         results.append({"epochs": [[b for e, _, b in lines if e == epoch] for epoch in range(2)]})
     return results
@@ -90,10 +74,10 @@ def _wait_for(predicate, what: str, timeout: float = 60) -> None:
 
 def _coordinator(tmp_path: Path, port: int, name: str) -> subprocess.Popen:
     """``chronica coordinator`` for the workers' sampler, once it serves on ``port``."""
-    sizes = tmp_path / "sizes.npy"
-    np.save(sizes, _sizes())
+    saved = tmp_path / "sizes.npy"
+    np.save(saved, sizes())
     log = tmp_path / f"{name}.log"
-    command = [sys.executable, "-m", "chronica.cli", "coordinator", "--sizes", str(sizes)]
+    command = [sys.executable, "-m", "chronica.cli", "coordinator", "--sizes", str(saved)]
     command += ["--world", str(WORLD), "--batch-size", str(PER_RANK * WORLD)]
     command += ["--variable-batch", "--window", str(WINDOW), "--port", str(port)]
     with log.open("w") as out:
@@ -103,27 +87,11 @@ def _coordinator(tmp_path: Path, port: int, name: str) -> subprocess.Popen:
     return proc
 
 
-def _check_exactly_once(results: list[dict]) -> None:
-    """Every rank ran every step of both epochs; every step holds exactly the static plan's
-    samples of that step (its padding included), split over the ranks."""
-    for epoch in range(2):
-        static = _static_plan(epoch)
-        assert [len(r["epochs"][epoch]) for r in results] == [static.num_steps] * WORLD
-        for step in range(static.num_steps):
-            got = sorted(i for r in results for i in r["epochs"][epoch][step])
-            expect = sorted(static.indices[static.bounds[step, 0] : static.bounds[step, -1]])
-            assert got == expect, (epoch, step)
-        # Over the epoch: every sample of the dataset, once (apart from the plan's padding).
-        consumed = [i for r in results for batch in r["epochs"][epoch] for i in batch]
-        assert sorted(consumed) == sorted(static.indices)
-        assert set(consumed) == set(range(N))
-
-
 @pytest.mark.timeout(120)
 def test_rank_that_stops_reporting_neither_stalls_nor_loses_a_sample(tmp_path):
     results, log = _run(tmp_path, "silent")
-    _check_exactly_once(results)
-    windows = 2 * -(-_static_plan(0).num_steps // WINDOW)  # two epochs
+    check_exactly_once(results, WORLD)
+    windows = 2 * -(-static_plan(WORLD, 0).num_steps // WINDOW)  # two epochs
     for r in results:
         # No stall: every window came from the coordinator, none waited out a time-out.
         assert r["static_windows"] == 0 and r["client"]["fallbacks"] == 0
@@ -147,7 +115,7 @@ def test_rank_that_stops_reporting_neither_stalls_nor_loses_a_sample(tmp_path):
 @pytest.mark.timeout(120)
 def test_plan_delayed_past_a_ranks_timeout_falls_back_on_every_rank_together(tmp_path):
     results, log = _run(tmp_path, "delay")
-    _check_exactly_once(results)
+    check_exactly_once(results, WORLD)
     delayed = DELAYED_FIRST // WINDOW  # the delayed window's position in epoch 0's votes
     late, others = results[-1], results[:-1]
     # The rank with the short time-out gave up on the window and voted for the static plan;
@@ -156,7 +124,7 @@ def test_plan_delayed_past_a_ranks_timeout_falls_back_on_every_rank_together(tmp
     assert all(r["votes"][delayed][0] > 0 and not r["votes"][delayed][1] for r in others)
     # ... so every rank took the static plan for that window: its own part of each step.
     for r in results:
-        static = _static_plan(0)
+        static = static_plan(WORLD, 0)
         for step in range(DELAYED_FIRST, DELAYED_FIRST + WINDOW):
             assert sorted(r["epochs"][0][step]) == sorted(static.local(step, r["rank"]))
     # Every rank took the same source for every window, and the coordinator's for most.
@@ -201,8 +169,8 @@ def test_coordinator_killed_and_restarted_mid_epoch(tmp_path):
             if proc is not None and proc.poll() is None:
                 proc.kill()
     results = [json.loads(out.read_text()) for out in _outputs(tmp_path)]
-    _check_exactly_once(results)
-    windows = -(-_static_plan(0).num_steps // WINDOW)
+    check_exactly_once(results, WORLD)
+    windows = -(-static_plan(WORLD, 0).num_steps // WINDOW)
     votes = [r["votes"] for r in results]
     agreed = [[a for _, a in v] for v in votes]
     assert all(a == agreed[0] for a in agreed)  # one source per window on every rank
@@ -246,4 +214,4 @@ def test_rank_killed_and_job_restarted_from_checkpoints_resumes_exactly(tmp_path
     for out in _outputs(tmp_path):  # both stopped after the same step
         assert json.loads(Path(f"{out}.state").read_text())["step"] == CRASH_AFTER + 1
     wait_workers(_start(tmp_path, "resume"), timeout=120)
-    _check_exactly_once(_journals(tmp_path))
+    check_exactly_once(_journals(tmp_path), WORLD)
