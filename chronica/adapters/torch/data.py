@@ -14,6 +14,7 @@ and torch's ``Sampler`` protocol.
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -191,13 +192,34 @@ class DistributedSampler(_ScheduledSampler, Sampler[int]):
                 "batch_size cannot follow; use DistributedBatchSampler (batch_sampler=...)"
             )
         super().__init__(locals())
+        self._taking: tuple[Iterator[int], int] | None = None  # the step being handed out
 
     def __iter__(self) -> Iterator[int]:
         stream = self.stream
         for batch in stream.batches(whole=False):
-            for index in batch.indices[stream.offset :].tolist():
-                stream.advance(1)
-                yield index
+            rest = batch.indices[stream.offset :].tolist()
+            # The position is counted when asked for (``_count_taken``), not per index: the
+            # list iterator knows how many indices the consumer has taken.
+            self._taking = (iter(rest), len(rest))
+            yield from self._taking[0]
+            self._count_taken()
+            self._taking = None
+
+    def _count_taken(self) -> None:
+        if self._taking is not None:
+            indices, size = self._taking
+            left = operator.length_hint(indices)
+            if size > left:
+                self.stream.advance(size - left)
+                self._taking = (indices, left)
+
+    def get_state(self) -> dict[str, Any]:
+        self._count_taken()
+        return super().get_state()
+
+    def set_state(self, state: Any) -> None:
+        self._taking = None
+        super().set_state(state)
 
     def __len__(self) -> int:
         """Indices one iteration of the current epoch yields: torch's ``num_samples``, or
