@@ -360,9 +360,9 @@ class Coordinator:
             what = "port" if role == "router" else f"port {port} (port + 1, for publishing) of"
             return (
                 f"chronica coordinator cannot bind {where}: {what} {where} is already in use "
-                f"(another job, or a coordinator still running); pass port= (chronica "
-                f"coordinator --port) or set CHRONICA_PORT to a free port P with P+1 free too, "
-                f"or port 0 for any free ports"
+                f"(another job, or a coordinator still running); pass "
+                f"DynamicOptions(port=...) (chronica coordinator --port) or set CHRONICA_PORT "
+                f"to a free port P with P+1 free too, or port 0 for any free ports"
             )
         if exc.errno == errno.EADDRNOTAVAIL:
             return (
