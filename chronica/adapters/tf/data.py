@@ -491,21 +491,65 @@ class Schedule(StreamFace):
         if not isinstance(dataset, tf.data.Dataset):
             raise ValueError(f"expected a tf.data.Dataset, got {type(dataset).__name__}")
         store = self._prepare(dataset)
-        steps = tf.data.Dataset.from_generator(
-            self._batches,
-            output_signature=(
-                tf.TensorSpec([], tf.int64),
-                tf.TensorSpec([], tf.int64),
-                tf.TensorSpec([None], tf.int64),
-                tf.TensorSpec([], tf.float32),
-            ),
-        )
         gather = store.gather(self.padded)
         if self.stream.session is not None:
-            # Dynamic plans follow the reports of the batches trained: read little ahead.
+            # Dynamic plans arrive window by window and follow the reports of the batches
+            # trained: one step at a time, reading little ahead.
+            steps = tf.data.Dataset.from_generator(self._batches, output_signature=_STEP_SPEC)
             return steps.map(gather).prefetch(1)
+        # Static plans are known per epoch: one Python call per epoch hands tf.data the
+        # epoch's whole index table, and the steps are sliced from it in the graph.
+        tables = tf.data.Dataset.from_generator(self._epoch_tables, output_signature=_TABLE_SPEC)
+        steps = tables.flat_map(_table_steps)
         batches = steps.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return batches.prefetch(tf.data.AUTOTUNE)
+
+    def _epoch_tables(self) -> Iterator[tuple[np.ndarray, ...]]:
+        """``_batches`` grouped by epoch: (epochs, steps, flat indices, row lengths,
+        weights) of each epoch's batches."""
+        rows: list[tuple[int, int, np.ndarray, float]] = []
+        for row in self._batches():
+            if rows and rows[0][0] != row[0]:
+                yield _table(rows)
+                rows = []
+            rows.append(row)
+        if rows:
+            yield _table(rows)
+
+
+_STEP_SPEC = (
+    tf.TensorSpec([], tf.int64),
+    tf.TensorSpec([], tf.int64),
+    tf.TensorSpec([None], tf.int64),
+    tf.TensorSpec([], tf.float32),
+)
+_TABLE_SPEC = (
+    tf.TensorSpec([None], tf.int64),
+    tf.TensorSpec([None], tf.int64),
+    tf.TensorSpec([None], tf.int64),
+    tf.TensorSpec([None], tf.int64),
+    tf.TensorSpec([None], tf.float32),
+)
+
+
+def _table(rows: list[tuple[int, int, np.ndarray, float]]) -> tuple[np.ndarray, ...]:
+    epochs, steps, indices, weights = zip(*rows, strict=True)
+    lengths = np.fromiter((len(x) for x in indices), dtype=np.int64, count=len(indices))
+    flat = np.concatenate(indices).astype(np.int64, copy=False)
+    return (
+        np.asarray(epochs, dtype=np.int64),
+        np.asarray(steps, dtype=np.int64),
+        flat,
+        lengths,
+        np.asarray(weights, dtype=np.float32),
+    )
+
+
+def _table_steps(
+    epochs: tf.Tensor, steps: tf.Tensor, flat: tf.Tensor, lengths: tf.Tensor, weights: tf.Tensor
+) -> tf.data.Dataset:
+    indices = tf.RaggedTensor.from_row_lengths(flat, lengths)
+    return tf.data.Dataset.from_tensor_slices((epochs, steps, indices, weights))
 
 
 schedule = Schedule
