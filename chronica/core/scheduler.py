@@ -93,11 +93,14 @@ class ScheduleConfig:
     controller: ControllerOptions = field(default_factory=ControllerOptions)
 
     def __post_init__(self) -> None:
-        check_int("num_replicas", self.num_replicas, 1)
+        # numpy integers are accepted (as torch does) and stored as Python ints, so that
+        # digests and states serialise the same whatever the caller passed.
+        object.__setattr__(self, "num_replicas", check_int("num_replicas", self.num_replicas, 1))
         if self.batch_size is not None:
-            check_int(
+            batch = check_int(
                 "batch_size", self.batch_size, 1, hint=" (the global batch over all ranks) or None"
             )
+            object.__setattr__(self, "batch_size", batch)
             if self.batch_size % self.num_replicas:
                 raise ValueError(
                     f"batch_size={self.batch_size} (global) must be a multiple of "
@@ -111,7 +114,7 @@ class ScheduleConfig:
                 f"kind={self.kind!r}, exact={self.exact} balances whole steps and needs "
                 f"batch_size= (the global batch)"
             )
-        check_int("seed", self.seed)
+        object.__setattr__(self, "seed", check_int("seed", self.seed))
         object.__setattr__(self, "shuffle", as_shuffle_policy(self.shuffle))
         if self.groups is not None:
             object.__setattr__(self, "groups", tuple(self.groups))
@@ -135,7 +138,9 @@ class ScheduleConfig:
                 "kind='dynamic' re-splits the exact global batches; exact=False (pool) is a "
                 "static-only mode"
             )
-        check_int("window", self.window, 1, hint=" (steps per plan)")
+        object.__setattr__(
+            self, "window", check_int("window", self.window, 1, hint=" (steps per plan)")
+        )
         share = self.batch_size // self.num_replicas
         low, high = self.batch_bounds()
         if not 1 <= low <= share <= high:

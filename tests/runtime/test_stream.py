@@ -1,6 +1,7 @@
 """The per-rank runtime without any framework: RankStream's position and state, the
 agreements, argument assembly, and a dynamic job of two ranks over a real coordinator."""
 
+import json
 import threading
 from collections import Counter
 
@@ -304,3 +305,15 @@ def test_a_dynamic_job_of_two_ranks_splits_every_step_once_over_a_real_coordinat
         for stream in streams:
             if stream is not None:
                 stream.close()
+
+
+def test_numpy_integers_plan_and_save_as_python_ints_do():
+    numpy_config = ScheduleConfig(
+        num_replicas=np.int64(4), batch_size=np.int32(16), seed=np.int64(3), window=np.int16(4)
+    )
+    python_config = ScheduleConfig(num_replicas=4, batch_size=16, seed=3, window=4)
+    a = open_stream(_sizes(), numpy_config, np.int64(2))
+    b = open_stream(_sizes(), python_config, 2)
+    assert a.scheduler.digest == b.scheduler.digest
+    assert [x.indices.tolist() for x in a.batches()] == [x.indices.tolist() for x in b.batches()]
+    assert json.dumps(a.state()) == json.dumps(b.state())

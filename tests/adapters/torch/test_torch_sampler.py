@@ -186,3 +186,13 @@ def test_partitioned_sampler_stays_on_its_node(monkeypatch):
     with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE=3"):
         monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
         DistributedSampler(range(8), 4, 0, shuffle="local")
+
+
+def test_numpy_integer_arguments_are_accepted_as_torch_accepts_them():
+    kw = dict(batch_size=8, seed=3)
+    ours = DistributedSampler(
+        range(100), np.int64(4), np.int64(1), **{k: np.int64(v) for k, v in kw.items()}
+    )
+    same = DistributedSampler(range(100), 4, 1, **kw)
+    assert list(ours) == list(same)
+    assert json.dumps(ours.state_dict()) == json.dumps(same.state_dict())
