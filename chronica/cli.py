@@ -59,7 +59,13 @@ def main(argv: list[str] | None = None) -> int:
         prog="chronica",
         description="Data scheduling for distributed deep learning on imbalanced data.",
     )
-    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    parser.add_argument(
+        "--log-level",
+        default="WARNING",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+        help="logging level (default WARNING)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser(
         "demo",
@@ -80,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         add_help=False,
     )
     args, rest = parser.parse_known_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=args.log_level, format="%(name)s %(levelname)s %(message)s")
     runners = {
         "demo": _run_demo,
         "simulate": _run_simulate,

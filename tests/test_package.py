@@ -46,3 +46,14 @@ def test_unknown_attribute_is_an_attribute_error():
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         chronica.nope  # noqa: B018
     assert chronica.DynamicOptions().window == 16
+
+
+def test_the_command_refuses_an_unknown_log_level_by_name():
+    out = subprocess.run(
+        [sys.executable, "-m", "chronica.cli", "--log-level", "bogus", "simulate", "--help"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2
+    assert "--log-level: invalid choice: 'BOGUS'" in out.stderr
+    assert "Traceback" not in out.stderr
