@@ -108,9 +108,25 @@ def resolve_endpoint(host: str | None = None, port: int | None = None) -> tuple[
         raise ValueError(f"host={host!r} must be a host name or address")
     master = os.environ.get("MASTER_ADDR") or "127.0.0.1"
     host = host or master
-    if host in _WILDCARDS:
-        host = master if master not in _WILDCARDS else "127.0.0.1"
+    if _everywhere(host):
+        host = master if not _everywhere(master) else "127.0.0.1"
     return host, resolve_port(port)
+
+
+def _everywhere(host: str) -> bool:
+    """Whether ``host`` is a spelling of "all interfaces" (``*``, ``0.0.0.0``, ``0``,
+    ``0.0``, ``::``, ``::0``...), which binds everywhere and connects nowhere."""
+    literal = host.strip().removeprefix("[").removesuffix("]")
+    if literal in _WILDCARDS:
+        return True
+    try:
+        return ipaddress.ip_address(literal).is_unspecified
+    except ValueError:
+        pass
+    try:
+        return socket.inet_aton(literal) == bytes(4)  # the short IPv4 forms: "0", "0.0"
+    except OSError:
+        return False
 
 
 def resolve_bind(host: str | None = None) -> tuple[str, str]:
@@ -118,8 +134,9 @@ def resolve_bind(host: str | None = None) -> tuple[str, str]:
 
     ``host`` if given, else ``CHRONICA_BIND``, else ``MASTER_ADDR``, else ``127.0.0.1``; a
     host name is resolved (ZeroMQ binds addresses, not names). Every interface (``*``,
-    ``0.0.0.0``, ``::``) is bound only when ``host`` or ``CHRONICA_BIND`` says so: a
-    ``MASTER_ADDR`` of ``0.0.0.0`` is an error, never a silent bind to every interface.
+    ``0.0.0.0``, ``::`` or any other spelling: ``0``, ``0.0``, ``::0``, a name resolving to
+    one) is bound only when ``host`` or ``CHRONICA_BIND`` says so: a ``MASTER_ADDR`` that
+    means every interface is an error, never a silent bind to every interface.
     """
     candidates = (
         ("host", host),
@@ -132,15 +149,16 @@ def resolve_bind(host: str | None = None) -> tuple[str, str]:
         if not isinstance(value, str) or not value.strip():
             raise ValueError(f"{source}={value!r} must be a host name or address")
         value = value.strip()
-        if value in _WILDCARDS:
-            if source == "MASTER_ADDR":
-                raise ValueError(
-                    f"MASTER_ADDR={value!r} would make the coordinator listen on every "
-                    f"interface; set MASTER_ADDR to this node's address, or {ENV_BIND}=0.0.0.0 "
-                    f"to listen everywhere on purpose (then enable CURVE: see SECURITY.md)"
-                )
-            return _WILDCARDS[value], source
-        return _numeric(value, source), source
+        address = _WILDCARDS.get(value) or _numeric(value, source)
+        # Every spelling of "all interfaces", a name that resolves to one included.
+        if _everywhere(address.split("%")[0]) and source == "MASTER_ADDR":
+            raise ValueError(
+                f"MASTER_ADDR={value!r} would make the coordinator listen on every "
+                f"interface; set MASTER_ADDR to this node's address, or {ENV_BIND}=0.0.0.0 "
+                f"to listen everywhere on purpose (then enable CURVE: see SECURITY.md)"
+            )
+        return address, source
+        return address, source
     return "127.0.0.1", "default"
 
 

@@ -85,7 +85,7 @@ def test_master_addr_names_the_interface_and_names_are_resolved(scheduler, monke
     assert resolve_bind("::1") == ("::1", "host")
 
 
-@pytest.mark.parametrize("wildcard", ["0.0.0.0", "*", "::"])
+@pytest.mark.parametrize("wildcard", ["0.0.0.0", "*", "::", "0", "0.0", "::0", "[::]"])
 def test_every_interface_is_never_taken_from_master_addr(scheduler, monkeypatch, wildcard):
     monkeypatch.setenv("MASTER_ADDR", wildcard)
     with pytest.raises(
