@@ -45,13 +45,20 @@ _SINGLE_KEY = "x"
 _LOSS_WEIGHT, _EPOCH, _STEP = "loss_weight", "epoch", "step"
 _RESERVED = (_LOSS_WEIGHT, _EPOCH, _STEP)
 _NAMES = state_format("schedule")
+# Examples read from a data set of unknown length before it counts as endless.
+_UNKNOWN_LENGTH_LIMIT = 10_000_000
 _KEPT_EPOCHS = 64  # epochs whose start a delivered batch may still refer to
 
 
 class _Store:
     """Every example of the data set, one dense or ragged tensor per feature."""
 
-    def __init__(self, dataset: tf.data.Dataset, size_fn: Callable[[Any], Any] | None) -> None:
+    def __init__(
+        self,
+        dataset: tf.data.Dataset,
+        size_fn: Callable[[Any], Any] | None,
+        expected: int | None,
+    ) -> None:
         spec = dataset.element_spec
         if isinstance(spec, Mapping):
             self.is_dict = True
@@ -85,9 +92,24 @@ class _Store:
                 "chronica.tf.schedule to the finite data set and pass epochs= instead of "
                 "repeating"
             )
+        # A data set of unknown length (from_generator, filter) is read with a bound, so an
+        # endless one ends in an error instead of filling memory: the sizes' length plus one
+        # when sizes were given, else _UNKNOWN_LENGTH_LIMIT examples.
+        limit = None
+        if cardinality == int(tf.data.UNKNOWN_CARDINALITY):
+            limit = _UNKNOWN_LENGTH_LIMIT if expected is None else expected + 1
         columns: list[list[np.ndarray]] = [[] for _ in self.keys]
         sizes: list[Any] = []
-        for element in dataset.as_numpy_iterator():
+        for count, element in enumerate(dataset.as_numpy_iterator()):
+            if limit is not None and count >= limit:
+                raise ValueError(
+                    f"the data set's length is unknown (e.g. from_generator) and it yielded "
+                    f"more than {limit - 1:,} examples"
+                    + (f" (len(sizes)={expected})" if expected is not None else "")
+                    + "; if it is endless, apply chronica.tf.schedule to a finite one and "
+                    "pass epochs=; if it is finite, state its length with "
+                    "dataset.apply(tf.data.experimental.assert_cardinality(N))"
+                )
             values = [element[k] for k in self.keys] if self.is_dict else [element]
             for column, value in zip(columns, values, strict=True):
                 column.append(np.asarray(value))
@@ -428,7 +450,8 @@ class Schedule(StreamFace):
     def _prepare(self, dataset: tf.data.Dataset) -> _Store:
         if self._store is not None and self._source is dataset:
             return self._store
-        store = _Store(dataset, self._size_fn)
+        given = self._given_sizes
+        store = _Store(dataset, self._size_fn, None if given is None else len(given))
         raw = store.sizes if store.sizes is not None else self._given_sizes
         sizes = validate_sizes(
             raw,

@@ -3,6 +3,7 @@ sizes read once, input errors, and two real TensorFlow worker processes on loopb
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -442,3 +443,18 @@ def test_dynamic_coordinator_killed_mid_epoch_falls_back_together(tmp_path):
     # Both workers took the same source for every window (agreed over the coordination
     # service's key-value store).
     assert len({(r["dynamic_windows"], r["static_windows"]) for r in results}) == 1
+
+
+def test_an_endless_generator_is_refused_after_a_bound_and_a_finite_one_is_read():
+    def examples(count=None):
+        n = itertools.count() if count is None else range(count)
+        return tf.data.Dataset.from_generator(
+            lambda: ({"x": np.arange(3)} for _ in n),
+            output_signature={"x": tf.TensorSpec([None], tf.int64)},
+        )
+
+    kw = dict(sizes=np.ones(50), global_batch_size=4, num_replicas=1, rank=0)
+    with pytest.raises(ValueError, match=r"unknown .* more than 50 examples \(len\(sizes\)=50\)"):
+        examples().apply(chronica.tf.schedule(**kw))
+    out = examples(50).apply(chronica.tf.schedule(**kw))
+    assert sum(int(tf.shape(batch["x"])[0]) for batch in out) == 50
