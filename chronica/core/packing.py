@@ -1,0 +1,462 @@
+"""Token budgets and packing: each rank's share of a step as micro-batches under a token cap.
+
+A *document* is a sample whose size is its length in tokens. With ``Packing`` a step's
+documents are not dealt out in equal counts: every rank's share is cut into the same number
+of micro-batches (gradient accumulation), each holding at most ``max_tokens`` tokens laid out
+as ``max_tokens // row_length`` rows of ``row_length`` tokens with several documents per row.
+Documents never attend across their boundaries, so a micro-batch costs the sum of its
+documents' costs ``a + b·L + c·L²``.
+
+``pack_step`` decides one step: the fewest micro-batches per rank at which every document
+fits (or ``Packing.micro_batches``), every document to a rank, a micro-batch and a row, so
+that the slowest rank's predicted time (its cost over its speed) is as small as the kernel
+finds and a rank's micro-batches carry similar costs:
+
+1. LPT under capacities: documents in descending cost order (ties by position), each to
+   the rank whose predicted time after taking it is lowest among those with a row it fits
+   in; within the rank, to the cheapest micro-batch with such a row, and there to the
+   fullest row it fits in (best fit).
+2. Refinement: while the slowest rank can give a document to another rank, or trade one
+   for a cheaper one, so that the larger of the two new times falls, make the best such
+   move; trades keep each document's row slot, so the cap holds throughout.
+
+If a document fits nowhere the step takes one more micro-batch per rank and starts again.
+The result depends on the lengths, costs and speeds only (deterministic on every machine).
+
+Loss normalisation: ``micro_weights`` gives each micro-batch the factor that turns its mean
+loss (per token or per document) into its share of the global batch's mean, so that summing
+the micro-batches' gradients and averaging over ranks gives the global-mean gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from chronica.core.balance import _argsort_descending
+from chronica.core.checks import check_int
+
+__all__ = [
+    "LONG_DOCUMENTS",
+    "LOSS_NORMALISATIONS",
+    "PackedStep",
+    "Packing",
+    "Pieces",
+    "micro_weights",
+    "pack_step",
+    "pieces",
+    "step_starts",
+]
+
+LONG_DOCUMENTS = ("error", "split", "truncate")
+LOSS_NORMALISATIONS = ("token", "sample")
+# Trades that gain less than this fraction of the top time are not worth an iteration.
+_REL_TOL = 1e-9
+# Ranks a trade partner is looked for among (the lightest ones).
+_PARTNERS = 4
+
+
+@dataclass(frozen=True)
+class Packing:
+    """How steps are cut into token-capped, packed micro-batches. Validated on construction.
+
+    ``max_tokens``: the hard cap of tokens in one micro-batch (memory). ``row_length``: the
+    length of a packed row (default ``max_tokens``: one row, flat packing as flash-attention's
+    variable-length path consumes); a micro-batch holds ``max_tokens // row_length`` rows.
+    ``tokens_per_step``: a global token budget per step (the step's documents are the next
+    ones of the epoch's order up to about that many tokens); ``None`` keeps the configuration's
+    ``batch_size`` documents per step. ``micro_batches``: a fixed count per rank and step
+    (more are taken only where the documents do not fit); ``None``: the fewest that fit.
+    ``long_documents``: what a document longer than a row does: ``"error"`` (default),
+    ``"split"`` into row-long pieces trained as separate sequences, or ``"truncate"`` to
+    its first ``row_length`` tokens. ``loss``: ``"token"`` (mean over every token of the
+    global batch, the language-model default) or ``"sample"`` (mean over documents).
+    """
+
+    max_tokens: int
+    row_length: int | None = None
+    tokens_per_step: int | None = None
+    micro_batches: int | None = None
+    long_documents: str = "error"
+    loss: str = "token"
+
+    def __post_init__(self) -> None:
+        hint = " (tokens in one micro-batch: the memory cap)"
+        object.__setattr__(
+            self, "max_tokens", check_int("max_tokens", self.max_tokens, 1, hint=hint)
+        )
+        if self.row_length is None:
+            object.__setattr__(self, "row_length", self.max_tokens)
+        object.__setattr__(
+            self,
+            "row_length",
+            check_int("row_length", self.row_length, 1, self.max_tokens, hint=" (<= max_tokens)"),
+        )
+        if self.tokens_per_step is not None:
+            object.__setattr__(
+                self, "tokens_per_step", check_int("tokens_per_step", self.tokens_per_step, 1)
+            )
+        if self.micro_batches is not None:
+            object.__setattr__(
+                self, "micro_batches", check_int("micro_batches", self.micro_batches, 1)
+            )
+        if self.long_documents not in LONG_DOCUMENTS:
+            raise ValueError(
+                f"long_documents={self.long_documents!r} must be one of {LONG_DOCUMENTS}"
+            )
+        if self.loss not in LOSS_NORMALISATIONS:
+            raise ValueError(f"loss={self.loss!r} must be one of {LOSS_NORMALISATIONS}")
+
+    @property
+    def rows(self) -> int:
+        """Packed rows in one micro-batch."""
+        assert self.row_length is not None
+        return self.max_tokens // self.row_length
+
+    @property
+    def length(self) -> int:
+        """The row length (``row_length`` with its default filled in)."""
+        assert self.row_length is not None
+        return self.row_length
+
+    def to_tuple(self) -> tuple[object, ...]:
+        """Every field, JSON-ready (part of the configuration digest)."""
+        return (
+            self.max_tokens,
+            self.row_length,
+            self.tokens_per_step,
+            self.micro_batches,
+            self.long_documents,
+            self.loss,
+        )
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """The sequences documents are trained as: piece ``p`` is tokens ``start[p] ..
+    start[p] + length[p]`` of document ``doc[p]``; document ``d``'s pieces are ``first[d] ..
+    first[d + 1] - 1``, in order. Without splitting or truncation every document is one
+    piece of its own length."""
+
+    doc: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    first: np.ndarray
+
+    def of(self, docs: np.ndarray) -> np.ndarray:
+        """The pieces of ``docs`` (document indices), document after document."""
+        counts = self.first[docs + 1] - self.first[docs]
+        offsets = np.repeat(self.first[docs] - np.cumsum(counts) + counts, counts)
+        return offsets + np.arange(int(counts.sum()), dtype=np.int64)
+
+
+def pieces(sizes: np.ndarray, packing: Packing) -> Pieces:
+    """The pieces of documents of lengths ``sizes`` (whole numbers of tokens) under
+    ``packing.long_documents``; ``ValueError`` names the first document too long for a row
+    (``"error"``) or the first size that is not a whole number."""
+    whole = np.floor(sizes)
+    if (whole != sizes).any():
+        first = int(np.flatnonzero(whole != sizes)[0])
+        raise ValueError(
+            f"sizes[{first}] is {sizes[first]}; with packing= sizes are document lengths in "
+            "tokens (whole numbers)"
+        )
+    lengths = sizes.astype(np.int64)
+    limit = packing.length
+    long = lengths > limit
+    n = lengths.shape[0]
+    if not long.any() or packing.long_documents == "truncate":
+        counts = np.ones(n, dtype=np.int64)
+        doc = np.arange(n, dtype=np.int64)
+        start = np.zeros(n, dtype=np.int64)
+        length = np.minimum(lengths, limit)
+    elif packing.long_documents == "error":
+        first = int(np.flatnonzero(long)[0])
+        raise ValueError(
+            f"document {first} has {lengths[first]} tokens, more than a row holds "
+            f"(row_length={limit}); raise max_tokens/row_length or pass "
+            "Packing(long_documents='split') or 'truncate'"
+        )
+    else:
+        counts = np.maximum(1, -(-lengths // limit))
+        doc = np.repeat(np.arange(n, dtype=np.int64), counts)
+        first_piece = np.cumsum(counts) - counts
+        within = np.arange(doc.shape[0], dtype=np.int64) - np.repeat(first_piece, counts)
+        start = within * limit
+        length = np.minimum(lengths[doc] - start, limit)
+    first = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(counts)])
+    out = Pieces(doc, start, length, first)
+    for array in (out.doc, out.start, out.length, out.first):
+        array.setflags(write=False)
+    return out
+
+
+def step_starts(
+    tokens: np.ndarray, batch_size: int | None, tokens_per_step: int | None
+) -> np.ndarray:
+    """Where each step starts in a stream of documents with ``tokens`` tokens each, plus the
+    stream's end: ``batch_size`` documents per step, or (``tokens_per_step`` given) the next
+    documents up to that many tokens (at least one document per step). A trailing partial
+    step is kept; the caller drops it for ``drop_last``."""
+    n = tokens.shape[0]
+    if tokens_per_step is None:
+        if batch_size is None:
+            raise ValueError("packing needs batch_size= (documents per step) or tokens_per_step=")
+        return np.append(np.arange(0, n, batch_size, dtype=np.int64), n)
+    return np.append(_budget_starts(tokens.astype(np.int64), tokens_per_step), n)
+
+
+@njit(cache=True)
+def _budget_starts(tokens: np.ndarray, budget: int) -> np.ndarray:
+    starts = np.empty(tokens.shape[0] + 1, np.int64)
+    count = 0
+    used = 0
+    for i in range(tokens.shape[0]):
+        if i == 0 or used + tokens[i] > budget:
+            starts[count] = i
+            count += 1
+            used = 0
+        used += tokens[i]
+    return starts[:count]
+
+
+@dataclass(frozen=True)
+class PackedStep:
+    """One step packed for ``num_replicas`` ranks: document ``i`` (in the step's order) goes
+    to rank ``rank[i]``, micro-batch ``micro[i]`` of that rank, row ``row[i]`` of it.
+    Every rank runs ``num_micro`` micro-batches; ``loads[r]`` is rank ``r``'s predicted cost
+    (its time is ``loads[r] / speeds[r]``); no micro-batch holds more than ``max_tokens``
+    tokens and no row more than ``row_length``."""
+
+    rank: np.ndarray
+    micro: np.ndarray
+    row: np.ndarray
+    num_micro: int
+    loads: np.ndarray
+
+    def order(self) -> np.ndarray:
+        """Positions of the step's documents rank after rank, micro-batch after micro-batch,
+        row after row (step order within a row)."""
+        return np.lexsort((self.row, self.micro, self.rank))
+
+
+def pack_step(
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    num_replicas: int,
+    packing: Packing,
+    speeds: np.ndarray | None = None,
+    num_micro: int | None = None,
+) -> PackedStep:
+    """Pack one step's documents (token ``lengths`` at most ``packing.row_length`` each,
+    predicted ``costs``) for ``num_replicas`` ranks of relative ``speeds`` (default equal);
+    ``num_micro`` micro-batches per rank at least (default ``packing.micro_batches``, else
+    the fewest the tokens need). See the module docstring."""
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    costs = np.ascontiguousarray(costs, dtype=np.float64)
+    w = int(num_replicas)
+    speed = np.ones(w) if speeds is None else np.ascontiguousarray(speeds, dtype=np.float64)
+    if lengths.shape[0] and int(lengths.max()) > packing.length:
+        raise ValueError(
+            f"a document of {int(lengths.max())} tokens is longer than row_length="
+            f"{packing.length}; cut documents with chronica.core.packing.pieces first"
+        )
+    fewest = max(1, math.ceil(int(lengths.sum()) / (w * packing.rows * packing.length)))
+    m = max(fewest, num_micro or packing.micro_batches or 1)
+    order = _argsort_descending(costs)
+    rank = np.empty(lengths.shape[0], np.int64)
+    micro = np.empty_like(rank)
+    row = np.empty_like(rank)
+    loads = np.zeros(w)
+    # Every document fits alone in a row, so one micro-batch per document always suffices.
+    while not _pack(
+        lengths, costs, order, speed, m, packing.rows, packing.length, rank, micro, row, loads
+    ):
+        m += 1
+    return PackedStep(rank, micro, row, m, loads)
+
+
+@njit(cache=True)
+def _fit_row(free: np.ndarray, length: int) -> int:
+    """The fullest row of ``free`` (free tokens per row) that ``length`` fits in, or -1."""
+    best = -1
+    for k in range(free.shape[0]):
+        if free[k] >= length and (best < 0 or free[k] < free[best]):
+            best = k
+    return best
+
+
+@njit(cache=True)
+def _fit_micro(free: np.ndarray, micro_loads: np.ndarray, length: int) -> tuple[int, int]:
+    """The cheapest micro-batch of one rank (``free``: rows per micro-batch) with a row
+    that ``length`` fits in, and that row; ``(-1, -1)`` if none."""
+    best_m, best_k = -1, -1
+    for m in range(free.shape[0]):
+        if best_m >= 0 and micro_loads[m] >= micro_loads[best_m]:
+            continue
+        k = _fit_row(free[m], length)
+        if k >= 0:
+            best_m, best_k = m, k
+    return best_m, best_k
+
+
+@njit(cache=True)
+def _room(free: np.ndarray) -> int:
+    """The largest free space of any row of one rank."""
+    top = 0
+    for m in range(free.shape[0]):
+        for k in range(free.shape[1]):
+            top = max(top, free[m, k])
+    return top
+
+
+@njit(cache=True)
+def _pack(
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    order: np.ndarray,
+    speeds: np.ndarray,
+    num_micro: int,
+    rows: int,
+    row_length: int,
+    rank: np.ndarray,
+    micro: np.ndarray,
+    row: np.ndarray,
+    loads: np.ndarray,
+) -> bool:
+    """LPT under row capacities, then refinement; ``False`` if a document fits nowhere."""
+    w = speeds.shape[0]
+    n = lengths.shape[0]
+    free = np.full((w, num_micro, rows), row_length, np.int64)
+    micro_loads = np.zeros((w, num_micro))
+    room = np.full(w, row_length, np.int64)
+    loads[:] = 0.0
+    for t in range(n):
+        i = order[t]
+        best = -1
+        best_time = np.inf
+        for r in range(w):
+            if room[r] >= lengths[i]:
+                time = (loads[r] + costs[i]) / speeds[r]
+                if time < best_time:
+                    best, best_time = r, time
+        if best < 0:
+            return False
+        m, k = _fit_micro(free[best], micro_loads[best], lengths[i])
+        rank[i], micro[i], row[i] = best, m, k
+        free[best, m, k] -= lengths[i]
+        micro_loads[best, m] += costs[i]
+        loads[best] += costs[i]
+        room[best] = _room(free[best])
+    _refine(lengths, costs, speeds, free, micro_loads, room, rank, micro, row, loads)
+    return True
+
+
+@njit(cache=True)
+def _refine(
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    speeds: np.ndarray,
+    free: np.ndarray,
+    micro_loads: np.ndarray,
+    room: np.ndarray,
+    rank: np.ndarray,
+    micro: np.ndarray,
+    row: np.ndarray,
+    loads: np.ndarray,
+) -> None:
+    w = speeds.shape[0]
+    n = lengths.shape[0]
+    if w < 2 or n == 0:
+        return
+    bound = loads.sum() / speeds.sum() * (1.0 + _REL_TOL)
+    for _ in range(4 * n + 16):
+        times = loads / speeds
+        a = int(np.argmax(times))
+        top = times[a]
+        if top <= bound:
+            return
+        # The best move of one document of ``a`` to another rank with room for it.
+        gain, move_i, move_b = top * _REL_TOL, -1, -1
+        for i in range(n):
+            if rank[i] != a:
+                continue
+            after_a = (loads[a] - costs[i]) / speeds[a]
+            for b in range(w):
+                if b == a or room[b] < lengths[i]:
+                    continue
+                new_top = max(after_a, (loads[b] + costs[i]) / speeds[b])
+                if top - new_top > gain:
+                    gain, move_i, move_b = top - new_top, i, b
+        if move_i >= 0:
+            i, b = move_i, move_b
+            free[a, micro[i], row[i]] += lengths[i]
+            micro_loads[a, micro[i]] -= costs[i]
+            m, k = _fit_micro(free[b], micro_loads[b], lengths[i])
+            rank[i], micro[i], row[i] = b, m, k
+            free[b, m, k] -= lengths[i]
+            micro_loads[b, m] += costs[i]
+            loads[a] -= costs[i]
+            loads[b] += costs[i]
+            room[a] = _room(free[a])
+            room[b] = _room(free[b])
+            continue
+        # No move helps: the best trade of a document of ``a`` for a cheaper one of one of
+        # the lightest ranks, each taking the other's row slot.
+        partner = np.zeros(w, np.bool_)
+        partner[np.argsort(times)[:_PARTNERS]] = True
+        partner[a] = False
+        theirs = np.empty(n, np.int64)
+        mine = np.empty(n, np.int64)
+        num_theirs = num_mine = 0
+        for i in range(n):
+            if rank[i] == a:
+                mine[num_mine] = i
+                num_mine += 1
+            elif partner[rank[i]]:
+                theirs[num_theirs] = i
+                num_theirs += 1
+        trade_i, trade_j = -1, -1
+        for i in mine[:num_mine]:
+            slot_a = free[a, micro[i], row[i]] + lengths[i]
+            for j in theirs[:num_theirs]:
+                b = rank[j]
+                if costs[j] >= costs[i]:
+                    continue
+                if lengths[j] > slot_a or lengths[i] > free[b, micro[j], row[j]] + lengths[j]:
+                    continue
+                d = costs[i] - costs[j]
+                new_top = max((loads[a] - d) / speeds[a], (loads[b] + d) / speeds[b])
+                if top - new_top > gain:
+                    gain, trade_i, trade_j = top - new_top, i, j
+        if trade_i < 0:
+            return
+        i, j = trade_i, trade_j
+        b = rank[j]
+        d = costs[i] - costs[j]
+        free[a, micro[i], row[i]] += lengths[i] - lengths[j]
+        free[b, micro[j], row[j]] += lengths[j] - lengths[i]
+        micro_loads[a, micro[i]] -= d
+        micro_loads[b, micro[j]] += d
+        rank[i], rank[j] = b, a
+        mi, ri = micro[i], row[i]
+        micro[i], row[i] = micro[j], row[j]
+        micro[j], row[j] = mi, ri
+        loads[a] -= d
+        loads[b] += d
+        room[a] = _room(free[a])
+        room[b] = _room(free[b])
+
+
+def micro_weights(tokens: np.ndarray, docs: np.ndarray, num_replicas: int, loss: str) -> np.ndarray:
+    """The loss weight of every micro-batch of one step: ``tokens``/``docs`` hold each
+    micro-batch's token and document (piece) counts, any shape. Multiplying a micro-batch's
+    mean loss (over its tokens for ``loss="token"``, over its documents for ``"sample"``)
+    by its weight, summing over a rank's micro-batches and averaging over ``num_replicas``
+    ranks gives the mean over the whole step; an empty micro-batch weighs 0."""
+    share = np.asarray(tokens if loss == "token" else docs, dtype=np.float64)
+    total = share.sum()
+    return share * num_replicas / total if total > 0 else np.zeros_like(share)
