@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from chronica.core import (
     CostModel,
     EpochPlan,
+    Packing,
     PlanStats,
     ScheduleConfig,
     Scheduler,
@@ -31,6 +32,7 @@ __all__ = [
     "CostModel",
     "DynamicOptions",
     "EpochPlan",
+    "Packing",
     "PlanStats",
     "ScheduleConfig",
     "Scheduler",

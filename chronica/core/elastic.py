@@ -292,6 +292,16 @@ def remaining_samples(scheduler: Scheduler, epoch: int, segments: Sequence[Segme
     stream = stream[trained:]
     for seg in segments[1:]:
         # Later plans cut the remaining stream in order, so a prefix of it is trained.
+        if cfg.packing is not None:
+            later = _at_world(scheduler, seg.num_replicas, seg.batch_size).plan_stream(
+                epoch, stream
+            )
+            _check_step(seg, later.num_steps)
+            if seg.step == later.num_steps:
+                return np.empty(0, dtype=np.int64)
+            trained = np.unique(later.indices[: later.bounds[seg.step, 0]]).shape[0]
+            stream = stream[trained:]
+            continue
         counts = step_counts(
             per_replica(stream.shape[0], seg.num_replicas, cfg.drop_last),
             seg.batch_size,
@@ -317,8 +327,11 @@ def resume_plan(scheduler: Scheduler, epoch: int, segments: Sequence[Segment]) -
     if len(segments) == 1 and first.step == 0:
         return None
     cfg = scheduler.config
-    total = per_replica(scheduler.num_samples, first.num_replicas, cfg.drop_last)
-    steps = len(step_counts(total, first.batch_size, first.num_replicas))
+    if cfg.packing is not None:
+        steps = _at_world(scheduler, first.num_replicas, first.batch_size).num_steps(epoch)
+    else:
+        total = per_replica(scheduler.num_samples, first.num_replicas, cfg.drop_last)
+        steps = len(step_counts(total, first.batch_size, first.num_replicas))
     _check_step(first, steps)
     if first.step == steps:
         return scheduler.plan_stream(epoch, np.empty(0, dtype=np.int64))

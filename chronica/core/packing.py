@@ -31,6 +31,7 @@ the micro-batches' gradients and averaging over ranks gives the global-mean grad
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,10 +43,12 @@ from chronica.core.checks import check_int
 __all__ = [
     "LONG_DOCUMENTS",
     "LOSS_NORMALISATIONS",
+    "PackedEpoch",
     "PackedStep",
     "Packing",
     "Pieces",
     "micro_weights",
+    "pack_epoch",
     "pack_step",
     "pieces",
     "step_starts",
@@ -460,3 +463,145 @@ def micro_weights(tokens: np.ndarray, docs: np.ndarray, num_replicas: int, loss:
     share = np.asarray(tokens if loss == "token" else docs, dtype=np.float64)
     total = share.sum()
     return share * num_replicas / total if total > 0 else np.zeros_like(share)
+
+
+@dataclass(frozen=True)
+class PackedEpoch:
+    """The parts of a packed ``EpochPlan``: step-major ``indices`` (rank after rank, then
+    micro-batch and row), ``bounds`` ``(steps, W + 1)``, ``loads`` ``(steps, W)``, the
+    ``layout`` arrays of ``chronica.core.plan.MicroLayout`` and the documents
+    ``num_dropped`` by ``drop_last``."""
+
+    indices: np.ndarray
+    bounds: np.ndarray
+    loads: np.ndarray
+    layout: dict[str, np.ndarray]
+    num_dropped: int
+
+
+def pack_epoch(
+    streams: list[np.ndarray],
+    owner_ranks: list[np.ndarray],
+    num_replicas: int,
+    table: Pieces,
+    piece_costs: np.ndarray,
+    packing: Packing,
+    batch_size: int | None,
+    drop_last: bool,
+    progress: Callable[[int, int], None] | None = None,
+) -> PackedEpoch:
+    """Cut every owner's document ``streams[o]`` (trained by ranks ``owner_ranks[o]``) into
+    the same number of steps and pack each step for its ranks, every rank running the same
+    number of micro-batches in a step.
+
+    Steps take ``batch_size·ranks/W`` documents of an owner's stream, or its share
+    ``tokens_per_step·ranks/W`` of the token budget; owners whose streams would give
+    different step counts (a token budget over node partitions) cut theirs into the largest
+    count of steps of near-equal tokens. ``drop_last`` drops a last step smaller than a full
+    one (in tokens: smaller than half the budget). A document's pieces stay in one step.
+    ``progress(done, total)`` is called after every step."""
+    doc_tokens = (
+        np.add.reduceat(table.length, table.first[:-1]) if table.doc.shape[0] else table.length
+    )
+    cuts = [
+        _owner_steps(doc_tokens[s], batch_size, packing.tokens_per_step, r.shape[0] / num_replicas)
+        for s, r in zip(streams, owner_ranks, strict=True)
+    ]
+    steps = max(c.shape[0] - 1 for c in cuts)
+    if len({c.shape[0] for c in cuts}) > 1:
+        cuts = [_even_steps(doc_tokens[s], steps) for s in streams]
+    dropped = 0
+    if drop_last and steps and _partial(streams, cuts, doc_tokens, batch_size, packing):
+        steps -= 1
+        dropped = sum(int(s.shape[0] - c[steps]) for s, c in zip(streams, cuts, strict=True))
+    parts: list[list[np.ndarray]] = [[], [], [], [], []]  # piece, rank, micro, row, step
+    num_micro = np.zeros(steps, np.int64)
+    loads = np.zeros((steps, num_replicas))
+    for s in range(steps):
+        packed = []
+        for stream, cut, ranks in zip(streams, cuts, owner_ranks, strict=True):
+            owned = table.of(stream[cut[s] : cut[s + 1]])
+            lengths = table.length[owned]
+            step = pack_step(lengths, piece_costs[owned], ranks.shape[0], packing)
+            packed.append((owned, lengths, step))
+        m = max(step.num_micro for _, _, step in packed)
+        for (owned, lengths, step), ranks in zip(packed, owner_ranks, strict=True):
+            if step.num_micro < m:
+                step = pack_step(lengths, piece_costs[owned], ranks.shape[0], packing, num_micro=m)
+            loads[s, ranks] = step.loads
+            for part, values in zip(
+                parts, (owned, ranks[step.rank], step.micro, step.row), strict=False
+            ):
+                part.append(values)
+            parts[4].append(np.full(owned.shape[0], s, np.int64))
+        num_micro[s] = m
+        if progress is not None:
+            progress(s + 1, steps)
+    piece, rank, micro, row, step_of = (
+        np.concatenate(p) if p else np.empty(0, np.int64) for p in parts
+    )
+    position = np.arange(piece.shape[0])
+    order = np.lexsort((position, row, micro, rank, step_of))
+    piece, rank, micro, row, step_of = (
+        piece[order],
+        rank[order],
+        micro[order],
+        row[order],
+        step_of[order],
+    )
+    first = np.concatenate([[0], np.cumsum(num_micro * num_replicas)]).astype(np.int64)
+    slot = first[step_of] + rank * num_micro[step_of] + micro
+    total = int(first[-1])
+    tokens = np.bincount(slot, weights=table.length[piece], minlength=total)
+    docs = np.bincount(slot, minlength=total).astype(np.float64)
+    weights = np.empty(total)
+    for s in range(steps):
+        span = slice(first[s], first[s + 1])
+        weights[span] = micro_weights(tokens[span], docs[span], num_replicas, packing.loss)
+    bounds_micro = np.concatenate([[0], np.cumsum(docs.astype(np.int64))]).astype(np.int64)
+    rank_starts = first[:-1, None] + np.arange(num_replicas + 1)[None, :] * num_micro[:, None]
+    layout = {
+        "pieces": piece,
+        "starts": table.start[piece],
+        "lengths": table.length[piece],
+        "rows": row,
+        "num_micro": num_micro,
+        "first": first,
+        "bounds": bounds_micro,
+        "weights": weights,
+    }
+    return PackedEpoch(table.doc[piece], bounds_micro[rank_starts], loads, layout, dropped)
+
+
+def _owner_steps(
+    tokens: np.ndarray, batch_size: int | None, budget: int | None, share: float
+) -> np.ndarray:
+    """Step starts of one owner's stream (plus its end) for its ``share`` of the world."""
+    if budget is None:
+        assert batch_size is not None
+        return step_starts(tokens, max(1, round(batch_size * share)), None)
+    return step_starts(tokens, None, max(1, int(budget * share)))
+
+
+def _even_steps(tokens: np.ndarray, steps: int) -> np.ndarray:
+    """``steps`` consecutive steps of near-equal tokens over a stream (plus its end)."""
+    cumulative = np.cumsum(tokens)
+    total = cumulative[-1] if cumulative.shape[0] else 0
+    targets = total * np.arange(steps) / max(steps, 1)
+    starts = np.searchsorted(cumulative, targets, side="right")
+    starts[0] = 0
+    return np.append(np.maximum.accumulate(starts), tokens.shape[0]).astype(np.int64)
+
+
+def _partial(
+    streams: list[np.ndarray],
+    cuts: list[np.ndarray],
+    doc_tokens: np.ndarray,
+    batch_size: int | None,
+    packing: Packing,
+) -> bool:
+    """Whether the last step is smaller than a full one (``drop_last`` drops it)."""
+    last = [s[c[-2] : c[-1]] for s, c in zip(streams, cuts, strict=True)]
+    if packing.tokens_per_step is None:
+        return sum(x.shape[0] for x in last) < (batch_size or 0)
+    return 2 * sum(int(doc_tokens[x].sum()) for x in last) < packing.tokens_per_step

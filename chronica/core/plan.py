@@ -7,7 +7,46 @@ from functools import cached_property
 
 import numpy as np
 
-__all__ = ["EpochPlan", "PlanStats", "WindowPlan"]
+__all__ = ["EpochPlan", "MicroLayout", "PlanStats", "WindowPlan"]
+
+
+@dataclass(frozen=True)
+class MicroLayout:
+    """How a packed plan (``ScheduleConfig(packing=...)``) cuts every rank's share of a step
+    into micro-batches, aligned with the plan's ``indices``.
+
+    Entry ``e`` of the plan is tokens ``starts[e] .. starts[e] + lengths[e]`` of document
+    ``indices[e]`` (a whole document unless it was split or truncated), in row ``rows[e]`` of
+    its micro-batch; ``pieces[e]`` numbers that piece (``chronica.core.packing.Pieces``).
+    At step ``s`` every rank runs ``num_micro[s]`` micro-batches; micro-batch ``m`` of rank
+    ``r`` is entries ``bounds[j] .. bounds[j + 1]`` with ``j = first[s] + r·num_micro[s] + m``
+    and weighs ``weights[j]`` in the loss (``chronica.core.packing.micro_weights``). Within a
+    micro-batch, entries go row after row; ``capacity`` is a micro-batch's rows × row length.
+    """
+
+    pieces: np.ndarray
+    starts: np.ndarray
+    lengths: np.ndarray
+    rows: np.ndarray
+    num_micro: np.ndarray
+    first: np.ndarray
+    bounds: np.ndarray
+    weights: np.ndarray
+    capacity: int
+
+    def index(self, step: int, rank: int, micro: int = 0) -> int:
+        """The flat number ``j`` of micro-batch ``micro`` of ``rank`` at ``step``."""
+        return int(self.first[step] + rank * self.num_micro[step] + micro)
+
+    def rank_weights(self, num_replicas: int) -> np.ndarray:
+        """Every rank's summed micro-batch weights per step, shape ``(steps, W)``: the weight
+        of a rank's mean loss over all its tokens (or documents) of the step."""
+        steps = self.num_micro.shape[0]
+        out = np.zeros((steps, num_replicas))
+        for s in range(steps):
+            m = int(self.num_micro[s])
+            out[s] = self.weights[self.first[s] : self.first[s + 1]].reshape(num_replicas, m).sum(1)
+        return out
 
 
 @dataclass(frozen=True)
@@ -19,6 +58,10 @@ class EpochPlan:
     ``loss_weights[s, r] = n[s, r] * W / (samples in step s)``: scaling each rank's mean loss
     by it makes the all-reduced average gradient the mean over the whole step. Every rank has
     the same number of steps. Plans are plain numpy data; equal inputs give equal bytes.
+
+    A packed plan (``ScheduleConfig(packing=...)``) also has ``micro``, the micro-batches of
+    every (step, rank); its ranks may hold different sample counts, and ``loss_weights`` is
+    then each rank's share of the step's tokens (or documents) times ``W``.
     """
 
     epoch: int
@@ -29,6 +72,7 @@ class EpochPlan:
     num_padded: int
     num_dropped: int
     digest: str
+    micro: MicroLayout | None = None
 
     @property
     def num_steps(self) -> int:
@@ -42,6 +86,8 @@ class EpochPlan:
     @cached_property
     def loss_weights(self) -> np.ndarray:
         # Cached: adapters read one entry per step and rank.
+        if self.micro is not None:
+            return self.micro.rank_weights(self.num_replicas)
         return _loss_weights(self.bounds, self.num_replicas)
 
     def local(self, step: int, rank: int) -> np.ndarray:
@@ -122,8 +168,11 @@ class PlanStats:
     step lasts as long as its slowest rank). ``bound_*``: the same for the best split any
     equal-count scheduler could reach for these steps, max(mean, largest sample)/mean.
     ``padding_fraction``: share of a local batch that is padding when every sample is padded
-    to the longest one of its local batch. ``num_padded``/``num_dropped``: samples repeated
-    or left out to give every rank the same count (torch's ``drop_last`` semantics).
+    to the longest one of its local batch (of a packed plan: share of its micro-batches'
+    rows left empty). ``num_padded``/``num_dropped``: samples repeated or left out to give
+    every rank the same count (torch's ``drop_last`` semantics). ``costs`` (and ``sizes``)
+    are per sample, or per piece for a packed plan (``MicroLayout.pieces``), where the bound
+    counts the largest piece instead of the equal-count bound's largest sample.
     """
 
     epoch: int
@@ -146,7 +195,8 @@ class PlanStats:
         ratio = np.where(mean > 0, loads.max(axis=1) / safe, 1.0)
         step_start = plan.bounds[:, 0]
         step_len = plan.bounds[:, -1] - step_start
-        largest = np.maximum.reduceat(costs[plan.indices], step_start) * (step_len > 0)
+        entries = plan.indices if plan.micro is None else plan.micro.pieces
+        largest = np.maximum.reduceat(costs[entries], step_start) * (step_len > 0)
         bound = np.where(mean > 0, np.maximum(mean, largest) / safe, 1.0)
         return cls(
             epoch=plan.epoch,
@@ -162,6 +212,9 @@ class PlanStats:
 
 
 def _padding_fraction(plan: EpochPlan, sizes: np.ndarray) -> float:
+    if plan.micro is not None:
+        room = float(plan.micro.weights.shape[0]) * plan.micro.capacity
+        return 0.0 if room == 0 else 1.0 - float(plan.micro.lengths.sum()) / room
     starts = plan.bounds[:, :-1].ravel()
     counts = np.diff(plan.bounds, axis=1).ravel()
     keep = counts > 0

@@ -50,8 +50,9 @@ from chronica.core.balance import balance_steps
 from chronica.core.checks import check_bool, check_int, check_number
 from chronica.core.controller import ControllerOptions
 from chronica.core.cost import CostModel, as_cost_model
+from chronica.core.packing import Packing, pack_epoch, pieces
 from chronica.core.partition import Owners, _fitted, base_partitions, epoch_partitions
-from chronica.core.plan import EpochPlan, PlanStats
+from chronica.core.plan import EpochPlan, MicroLayout, PlanStats
 from chronica.core.pool import fill_slack, lpt_bins
 from chronica.core.rng import Stream, derive_key, permutation, uniforms
 from chronica.core.shuffle import as_shuffle_policy, epoch_order
@@ -74,6 +75,13 @@ class ScheduleConfig:
     re-evaluates once per window); ``variable_batch=True`` lets local batch sizes follow
     rank speeds, within ``[min_batch, max_batch]`` per rank (default 1 and the global
     batch), the global batch unchanged; ``controller`` tunes the feedback loop.
+
+    ``packing`` (a ``chronica.core.packing.Packing``): sizes are document lengths in
+    tokens; each step (``batch_size`` documents, or ``packing.tokens_per_step`` tokens)
+    is cut into token-capped micro-batches of packed rows, the same count on every rank,
+    balanced by predicted cost; ranks may then hold different document counts, and
+    ``batch_size`` need not be a multiple of ``num_replicas`` (unless the shuffle is
+    node-partitioned). Static exact mode only.
     """
 
     num_replicas: int
@@ -91,6 +99,7 @@ class ScheduleConfig:
     min_batch: int | None = None
     max_batch: int | None = None
     controller: ControllerOptions = field(default_factory=ControllerOptions)
+    packing: Packing | None = None
 
     def __post_init__(self) -> None:
         # numpy integers are accepted (as torch does) and stored as Python ints, so that
@@ -101,6 +110,9 @@ class ScheduleConfig:
                 "batch_size", self.batch_size, 1, hint=" (the global batch over all ranks) or None"
             )
             object.__setattr__(self, "batch_size", batch)
+        object.__setattr__(self, "shuffle", as_shuffle_policy(self.shuffle))
+        self._check_packing()
+        if self.batch_size is not None and (self.packing is None or self.shuffle.partitioned):
             if self.batch_size % self.num_replicas:
                 raise ValueError(
                     f"batch_size={self.batch_size} (global) must be a multiple of "
@@ -109,13 +121,16 @@ class ScheduleConfig:
                 )
         if self.kind not in KINDS:
             raise ValueError(f"kind={self.kind!r} is not one of {KINDS}")
-        if self.batch_size is None and (self.kind != "static" or not self.exact):
+        if (
+            self.batch_size is None
+            and self.packing is None
+            and (self.kind != "static" or not self.exact)
+        ):
             raise ValueError(
                 f"kind={self.kind!r}, exact={self.exact} balances whole steps and needs "
                 f"batch_size= (the global batch)"
             )
         object.__setattr__(self, "seed", check_int("seed", self.seed))
-        object.__setattr__(self, "shuffle", as_shuffle_policy(self.shuffle))
         if self.groups is not None:
             object.__setattr__(self, "groups", tuple(self.groups))
             Owners.of(self.groups, self.num_replicas)  # validates the length
@@ -125,6 +140,24 @@ class ScheduleConfig:
         if not isinstance(self.cost, CostModel):
             object.__setattr__(self, "cost", as_cost_model(self.cost))
         check_number("jitter", self.jitter, 0, 1)
+
+    def _check_packing(self) -> None:
+        if self.packing is None:
+            return
+        if not isinstance(self.packing, Packing):
+            raise ValueError(
+                f"packing={self.packing!r} must be a chronica.core.packing.Packing (or None)"
+            )
+        if self.kind != "static" or not self.exact:
+            raise ValueError(
+                f"packing= plans static exact steps; kind={self.kind!r}, exact={self.exact!r} "
+                "cannot be packed (pass kind='static', exact=True)"
+            )
+        if (self.batch_size is None) == (self.packing.tokens_per_step is None):
+            raise ValueError(
+                "packing= needs exactly one step size: batch_size= (documents per step) or "
+                "Packing(tokens_per_step=...) (a global token budget)"
+            )
 
     def _check_dynamic(self) -> None:
         if self.kind != "dynamic":
@@ -182,6 +215,8 @@ class ScheduleConfig:
             "dynamic": [self.variable_batch, self.window, *self.batch_bounds()]
             if self.kind == "dynamic"
             else None,
+            # Only when set, so that the digests of unpacked configurations stay as they were.
+            **({"packing": list(self.packing.to_tuple())} if self.packing is not None else {}),
         }
 
 
@@ -230,7 +265,14 @@ class Scheduler:
     ) -> None:
         self.sizes = validate_sizes(sizes)
         self.config = config
-        self.costs = config.cost(self.sizes)
+        # With packing, what is trained is pieces of documents (``Pieces``): their costs are
+        # what balance, and a document costs the sum of its pieces'.
+        self.pieces = None if config.packing is None else pieces(self.sizes, config.packing)
+        if self.pieces is None:
+            self.costs = config.cost(self.sizes)
+        else:
+            self.piece_costs = config.cost(self.pieces.length)
+            self.costs = np.add.reduceat(self.piece_costs, self.pieces.first[:-1])
         policy = config.shuffle
         # Nodes (or ranks, without groups) hold data; only partitioned policies tie samples
         # to them. Otherwise any rank may read any sample: one owner, every rank.
@@ -274,8 +316,14 @@ class Scheduler:
         """Samples each rank receives per epoch: torch's ``len(DistributedSampler)``."""
         return per_replica(self.num_samples, self.config.num_replicas, self.config.drop_last)
 
-    def num_steps(self) -> int:
-        """Steps per epoch, the same on every rank."""
+    def num_steps(self, epoch: int | None = None) -> int:
+        """Steps per epoch, the same on every rank. A packed plan's count may depend on the
+        epoch (a token budget cuts each epoch's order anew): ``epoch`` names it (default: the
+        epoch planned last, else 0)."""
+        if self.config.packing is not None:
+            if epoch is None:
+                epoch = 0 if self._cached is None else self._cached.epoch
+            return self.plan_epoch(epoch).num_steps
         return len(self.step_counts())
 
     def step_counts(self) -> list[int]:
@@ -300,6 +348,11 @@ class Scheduler:
             return cached
         epoch = int(epoch)
         cfg = self.config
+        if cfg.packing is not None:
+            streams, num_padded, _ = self._owner_streams(epoch, fitted=False)
+            plan = self._packed(epoch, streams, num_padded, progress)
+            self._cached = plan
+            return plan
         w, m = cfg.num_replicas, self.samples_per_replica()
         counts = self.step_counts()
         streams, num_padded, num_dropped = self._owner_streams(epoch)
@@ -337,15 +390,55 @@ class Scheduler:
         count what padding or cutting did to the stream. Regardless of ``kind`` and
         ``shuffle``, the stream decides every step's samples; equal inputs give equal bytes.
         Elastic resume plans the rest of an epoch with it (``chronica.core.elastic``).
+        A packed configuration packs the stream's steps instead, without padding.
         """
         cfg = self.config
         stream = np.asarray(stream, dtype=np.int64)
+        if cfg.packing is not None:
+            return self._packed(int(epoch), [stream], 0)
         w = cfg.num_replicas
         m = per_replica(stream.shape[0], w, cfg.drop_last)
         counts = step_counts(m, cfg.batch_size, w)
         order, padded, dropped = _fitted(stream, m * w)
         indices, loads = self._balanced(order, w, counts)
         return self._assemble(int(epoch), counts, indices, loads, padded, dropped)
+
+    def _packed(
+        self,
+        epoch: int,
+        streams: list[np.ndarray],
+        num_padded: int,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> EpochPlan:
+        """The packed plan of every owner's document stream (``chronica.core.packing``)."""
+        cfg = self.config
+        assert cfg.packing is not None and self.pieces is not None
+        packed = pack_epoch(
+            streams,
+            self.owners.ranks,
+            cfg.num_replicas,
+            self.pieces,
+            self.piece_costs,
+            cfg.packing,
+            cfg.batch_size,
+            cfg.drop_last,
+            progress,
+        )
+        micro = MicroLayout(**packed.layout, capacity=cfg.packing.rows * cfg.packing.length)
+        plan = EpochPlan(
+            epoch=epoch,
+            num_replicas=cfg.num_replicas,
+            indices=packed.indices,
+            bounds=packed.bounds,
+            loads=packed.loads,
+            num_padded=num_padded,
+            num_dropped=packed.num_dropped,
+            digest=self.digest,
+            micro=micro,
+        )
+        for array in (plan.indices, plan.bounds, plan.loads, *packed.layout.values()):
+            array.setflags(write=False)
+        return plan
 
     def _assemble(
         self,
@@ -377,7 +470,13 @@ class Scheduler:
 
     def stats(self, epoch: int) -> PlanStats:
         """Balance and padding diagnostics of ``epoch``'s plan."""
-        return self.plan_epoch(epoch).stats(self.sizes, self.costs)
+        return self.plan_stats(self.plan_epoch(epoch))
+
+    def plan_stats(self, plan: EpochPlan) -> PlanStats:
+        """Balance and padding diagnostics of one of this scheduler's plans."""
+        if self.pieces is not None and plan.micro is not None:
+            return plan.stats(self.pieces.length.astype(np.float64), self.piece_costs)
+        return plan.stats(self.sizes, self.costs)
 
     def node_samples(self, epoch: int) -> list[np.ndarray]:
         """The samples every node (every rank, without ``groups``) trains on in ``epoch``."""
@@ -391,13 +490,16 @@ class Scheduler:
 
     # -- epoch order ---------------------------------------------------------------------
 
-    def _owner_streams(self, epoch: int) -> tuple[list[np.ndarray], int, int]:
-        """Every owner's samples for the epoch in order, ``ranks × m`` each."""
+    def _owner_streams(self, epoch: int, fitted: bool = True) -> tuple[list[np.ndarray], int, int]:
+        """Every owner's samples for the epoch in order, ``ranks × m`` each (with ``fitted``
+        false, one owner's order is left as long as the data set)."""
         cfg = self.config
         if self._base is not None:
             base, padded, dropped = self._base
             return epoch_partitions(cfg.shuffle, base, cfg.seed, epoch), padded, dropped
         order = epoch_order(cfg.shuffle, self.num_samples, cfg.seed, epoch, self.labels)
+        if not fitted:
+            return [order], 0, 0
         order, padded, dropped = _fitted(order, self.samples_per_replica() * cfg.num_replicas)
         return [order], padded, dropped
 

@@ -8,7 +8,7 @@ and fallback, elastic resume, loss weights, diagnostics and one state format.
 
 from chronica.runtime.agreement import Agreement, KeyValueAgreement
 from chronica.runtime.options import DynamicOptions
-from chronica.runtime.stream import STATE_VERSION, LocalBatch, RankStream
+from chronica.runtime.stream import STATE_VERSION, LocalBatch, MicroBatch, RankStream
 
 __all__ = [
     "STATE_VERSION",
@@ -16,5 +16,6 @@ __all__ = [
     "DynamicOptions",
     "KeyValueAgreement",
     "LocalBatch",
+    "MicroBatch",
     "RankStream",
 ]

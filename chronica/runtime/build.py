@@ -43,6 +43,7 @@ SCHEDULING: Mapping[str, Any] = {
     "cost": None,
     "groups": None,
     "variable_batch": False,
+    "packing": None,
 }
 
 
@@ -142,6 +143,7 @@ def schedule_config(
             cost=scheduling["cost"],
             groups=groups,
             variable_batch=scheduling["variable_batch"],
+            packing=scheduling["packing"],
             window=options.window,
             min_batch=options.min_batch,
             max_batch=options.max_batch,

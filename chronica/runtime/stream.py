@@ -40,7 +40,7 @@ from chronica.runtime.options import DynamicOptions
 from chronica.runtime.progress import plan_epoch
 from chronica.runtime.session import DynamicSession
 
-__all__ = ["STATE_VERSION", "LocalBatch", "RankStream", "state_format"]
+__all__ = ["STATE_VERSION", "LocalBatch", "MicroBatch", "RankStream", "state_format"]
 
 logger = logging.getLogger("chronica")
 
@@ -55,14 +55,29 @@ def state_format(owner: str, batch: str = "global_batch_size") -> StateFormat:
     )
 
 
+class MicroBatch(NamedTuple):
+    """One packed micro-batch of a rank (``ScheduleConfig(packing=...)``): tokens
+    ``starts[i] .. starts[i] + lengths[i]`` of document ``indices[i]`` go in row ``rows[i]``,
+    rows filled in order; ``loss_weight`` turns its mean loss (per token or per document,
+    as ``Packing.loss`` says) into its share of the step's global mean (0 when empty)."""
+
+    indices: np.ndarray
+    starts: np.ndarray
+    lengths: np.ndarray
+    rows: np.ndarray
+    loss_weight: float
+
+
 class LocalBatch(NamedTuple):
     """This rank's part of one step: ``indices`` (int64) and the ``loss_weight`` to multiply
-    its local mean loss by (1.0 while every rank has the same count)."""
+    its local mean loss by (1.0 while every rank has the same count). A packed step also
+    has ``micro``: its micro-batches, the same number on every rank."""
 
     epoch: int
     step: int
     indices: np.ndarray
     loss_weight: float
+    micro: tuple[MicroBatch, ...] = ()
 
 
 class RankStream:
@@ -149,14 +164,26 @@ class RankStream:
         elastic ``load_state``)."""
         if self._resumed is not None:
             return self._resumed[1].num_steps
-        return self.scheduler.num_steps()
+        return self.scheduler.num_steps(self.epoch)
 
     def step_counts(self) -> np.ndarray:
         """This rank's sample count at every step of the current epoch's static plan (a
         dynamic plan's are known as its windows arrive)."""
-        if self._resumed is not None:
-            return self._resumed[1].counts[:, self.rank]
+        if self._resumed is not None or self.packed:
+            return self.plan().counts[:, self.rank]
         return np.asarray(self.scheduler.step_counts(), dtype=np.int64)
+
+    @property
+    def packed(self) -> bool:
+        """Whether steps come as micro-batches (``ScheduleConfig(packing=...)``)."""
+        return self.config.packing is not None
+
+    def _units(self, plan: EpochPlan, step: int) -> int:
+        """What a sample-level face counts of ``step`` of ``plan``: this rank's samples, or
+        its micro-batches when packed."""
+        if plan.micro is not None:
+            return int(plan.micro.num_micro[step])
+        return int(plan.counts[step, self.rank])
 
     # -- the position ----------------------------------------------------------------------
 
@@ -189,8 +216,9 @@ class RankStream:
         self._resumed = None
 
     def advance(self, samples: int) -> None:
-        """A sample-level face handed out ``samples`` more samples of the current step
-        (``batches(whole=False)``); the step counts as completed once all were."""
+        """A sample-level face handed out ``samples`` more samples (micro-batches, when
+        packed) of the current step (``batches(whole=False)``); the step counts as
+        completed once all were."""
         self._offset += samples
         if self._offset >= self._count:
             self._step, self._offset = self._step + 1, 0
@@ -213,13 +241,16 @@ class RankStream:
             source = self.session.steps(self.epoch, start)
         else:
             source = self._planned(start)
+        plan = None if self.dynamic else self.plan()
         for step, indices, weight in source:
             if self.session is not None:
                 self._weights[step] = weight
-            self._step, self._offset, self._count = step, offset, int(indices.shape[0])
+            micro = () if plan is None or plan.micro is None else self._micro(plan, step)
+            count = len(micro) if micro else int(indices.shape[0])
+            self._step, self._offset, self._count = step, offset, count
             if whole:
                 self._step, self._offset = step + 1, 0
-            yield LocalBatch(self.epoch, step, indices, weight)
+            yield LocalBatch(self.epoch, step, indices, weight, micro)
             offset = 0
 
     def _planned(self, start: int) -> Iterator[tuple[int, np.ndarray, float]]:
@@ -227,6 +258,24 @@ class RankStream:
         weights = plan.loss_weights[:, self.rank]
         for step in range(start, plan.num_steps):
             yield step, plan.local(step, self.rank), float(weights[step])
+
+    def _micro(self, plan: EpochPlan, step: int) -> tuple[MicroBatch, ...]:
+        layout = plan.micro
+        assert layout is not None
+        first = layout.index(step, self.rank)
+        out = []
+        for j in range(first, first + int(layout.num_micro[step])):
+            span = slice(layout.bounds[j], layout.bounds[j + 1])
+            out.append(
+                MicroBatch(
+                    plan.indices[span],
+                    layout.starts[span],
+                    layout.lengths[span],
+                    layout.rows[span],
+                    float(layout.weights[j]),
+                )
+            )
+        return tuple(out)
 
     # -- feedback and diagnostics -----------------------------------------------------------
 
@@ -245,7 +294,7 @@ class RankStream:
         current = epoch is None or epoch == self.epoch
         if self.session is None or (current and self._resumed is not None):
             return self.plan(epoch).loss_weights[:, self.rank]
-        weights = np.full(self.scheduler.num_steps(), np.nan)
+        weights = np.full(self.scheduler.num_steps(self.epoch), np.nan)
         if current:
             for step, weight in self._weights.items():
                 weights[step] = weight
@@ -253,7 +302,7 @@ class RankStream:
 
     def stats(self, epoch: int | None = None) -> PlanStats:
         """Balance and padding diagnostics of ``epoch``'s plan (the current one by default)."""
-        return self.plan(epoch).stats(self.scheduler.sizes, self.scheduler.costs)
+        return self.scheduler.plan_stats(self.plan(epoch))
 
     def movement(self, epoch: int | None = None, sample_bytes: Any = None) -> Movement:
         """Samples (and bytes, given ``sample_bytes`` per sample) each node fetches for
@@ -306,21 +355,17 @@ class RankStream:
         """
         resumed = load_state(state, self.scheduler, self.scheduler.digest, self.names)
         plan = resumed.plan
-        steps = self.scheduler.num_steps() if plan is None else plan.num_steps
+        steps = self.scheduler.num_steps(resumed.epoch) if plan is None else plan.num_steps
         if resumed.position > steps:
             raise ValueError(
                 f"{self.names.name} {self.names.position}={resumed.position} is outside "
                 f"this epoch's {steps} steps"
             )
         offset = state.get("offset", 0) if resumed.same_world else 0
+        count = 0
         if offset and resumed.position < steps:
-            count = int(
-                (plan.counts[:, self.rank] if plan is not None else self.step_counts())[
-                    resumed.position
-                ]
-            )
-        else:
-            count = 0
+            whole = plan_epoch(self.scheduler, resumed.epoch) if plan is None else plan
+            count = self._units(whole, resumed.position)
         offset = check_int(f"{self.names.name} offset", offset, 0, count)
         self.epoch = resumed.epoch
         self._resumed = None if plan is None else (resumed.history, plan)

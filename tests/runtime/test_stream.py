@@ -202,7 +202,7 @@ def test_world_and_config_assembly_refuse_bad_arguments_by_name():
     config = ScheduleConfig(num_replicas=2, batch_size=8)
     assert resolve_world(None, 1, None, config=config) == (2, 1)
     kw = {"kind": "static", "exact": True, "shuffle": True, "seed": 0, "drop_last": False,
-          "cost": None, "groups": None, "variable_batch": False}  # fmt: skip
+          "cost": None, "groups": None, "variable_batch": False, "packing": None}  # fmt: skip
     assert schedule_config(config, 2, None, kw, None) is config
     with pytest.raises(ValueError, match="pass seed inside it"):
         schedule_config(config, 2, None, {**kw, "seed": 3}, None)

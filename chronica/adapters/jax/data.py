@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from chronica.core import ScheduleConfig, resolve_sizes
+from chronica.core import Packing, ScheduleConfig, resolve_sizes
 from chronica.core.checks import check_int
 from chronica.core.sizes import defines_sizeof
 from chronica.runtime import DynamicOptions, LocalBatch
@@ -208,6 +208,7 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
         labels: Any = None,
         partitions: Sequence[Any] | None = None,
         variable_batch: bool = False,
+        packing: Packing | None = None,
         config: ScheduleConfig | None = None,
         dynamic: DynamicOptions | None = None,
         epochs: int | None = 1,
@@ -238,6 +239,11 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
         cfg = schedule_config(
             config, world, global_batch_size, scheduling, dynamic, "global_batch_size"
         )
+        if cfg.packing is not None:
+            raise ValueError(
+                "packing= is not delivered by chronica.jax.iterator yet; plan packed steps "
+                "with chronica.core.Scheduler (EpochPlan.micro) or use chronica.torch"
+            )
         if cfg.batch_size is None:
             raise ValueError("config.batch_size (the batch over all processes) is required")
         n = len(source)

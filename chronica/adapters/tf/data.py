@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from chronica.core import ScheduleConfig, validate_sizes
+from chronica.core import Packing, ScheduleConfig, validate_sizes
 from chronica.core.checks import check_bool, check_int
 from chronica.runtime import DynamicOptions, LocalBatch, RankStream
 from chronica.runtime.agreement import KeyValueStore, key_value_agreement
@@ -286,6 +286,7 @@ class Schedule(StreamFace):
         labels: Any = None,
         partitions: Sequence[Any] | None = None,
         variable_batch: bool = False,
+        packing: Packing | None = None,
         config: ScheduleConfig | None = None,
         dynamic: DynamicOptions | None = None,
         padded: bool = True,
@@ -329,6 +330,11 @@ class Schedule(StreamFace):
         self.config = schedule_config(
             config, world, global_batch_size, scheduling, dynamic, batch_name="global_batch_size"
         )
+        if self.config.packing is not None:
+            raise ValueError(
+                "packing= is not delivered by chronica.tf.schedule yet; plan packed steps "
+                "with chronica.core.Scheduler (EpochPlan.micro) or use chronica.torch"
+            )
         self.ranks = list(range(rank, rank + served))
         if self.config.kind == "dynamic" and served > 1:
             raise ValueError(

@@ -23,7 +23,9 @@ import torch.distributed as dist
 from torch.utils.data import Dataset as _TorchDataset
 from torch.utils.data import Sampler
 
+from chronica.adapters.torch.packed import PackedDataset, collate_packed, packed_indices
 from chronica.core import ScheduleConfig, Scheduler, resolve_sizes
+from chronica.core.packing import Packing
 from chronica.runtime import Agreement, DynamicOptions
 from chronica.runtime.build import (
     open_stream,
@@ -34,7 +36,13 @@ from chronica.runtime.build import (
 from chronica.runtime.face import StreamFace
 from chronica.runtime.stream import state_format
 
-__all__ = ["Dataset", "DistributedBatchSampler", "DistributedSampler"]
+__all__ = [
+    "Dataset",
+    "DistributedBatchSampler",
+    "DistributedSampler",
+    "PackedDataset",
+    "collate_packed",
+]
 
 logger = logging.getLogger("chronica")
 
@@ -183,9 +191,16 @@ class DistributedSampler(_ScheduledSampler, Sampler[int]):
         partitions: Sequence[Any] | None = None,
         variable_batch: bool = False,
         *,
+        packing: Packing | None = None,
         config: ScheduleConfig | None = None,
         dynamic: DynamicOptions | None = None,
     ) -> None:
+        if packing is not None or (config is not None and config.packing is not None):
+            raise ValueError(
+                "packing= cuts steps into micro-batches of packed documents, which a "
+                "DataLoader's fixed batch_size cannot follow; use DistributedBatchSampler "
+                "(batch_sampler=...) with PackedDataset and collate_packed"
+            )
         if variable_batch or (config is not None and config.variable_batch):
             raise ValueError(
                 "variable_batch=True changes local batch sizes, which a DataLoader's fixed "
@@ -230,6 +245,13 @@ class DistributedSampler(_ScheduledSampler, Sampler[int]):
 class DistributedBatchSampler(_ScheduledSampler, Sampler[list[int]]):
     """Yields this rank's local batch (a list of indices) for every step of the epoch.
 
+    With ``packing=`` (a ``chronica.core.packing.Packing``) it yields micro-batches instead:
+    every step's ``num_micro`` micro-batches of this rank, the same count on every rank,
+    each a list of ``PackedIndex`` (document index plus where its tokens go); use
+    ``DataLoader(PackedDataset(dataset), batch_sampler=..., collate_fn=collate_packed)``
+    and ``len(self)`` counts micro-batches. ``batch_size`` is then the documents per step,
+    or ``None`` with ``Packing(tokens_per_step=...)``.
+
     Use as ``DataLoader(dataset, batch_sampler=...)``. Same arguments and guarantees as
     ``DistributedSampler`` except that ``batch_size`` (the global batch) is required and
     ``variable_batch=True`` is allowed (with ``kind="dynamic"``: local batch sizes follow
@@ -255,20 +277,34 @@ class DistributedBatchSampler(_ScheduledSampler, Sampler[list[int]]):
         partitions: Sequence[Any] | None = None,
         variable_batch: bool = False,
         *,
+        packing: Packing | None = None,
         config: ScheduleConfig | None = None,
         dynamic: DynamicOptions | None = None,
     ) -> None:
-        if batch_size is None and config is None:
+        budget = packing is not None and packing.tokens_per_step is not None
+        if batch_size is None and config is None and not budget:
             raise ValueError("batch_size (the global batch over all ranks) is required")
         super().__init__(locals())
-        if self.batch_size is None:
+        if self.batch_size is None and self.stream.config.packing is None:
             raise ValueError("config.batch_size (the global batch over all ranks) is required")
 
     def __iter__(self) -> Iterator[list[int]]:
-        for batch in self.stream.batches():
-            yield batch.indices.tolist()
+        stream = self.stream
+        if not stream.packed:
+            for batch in stream.batches():
+                yield batch.indices.tolist()
+            return
+        for batch in stream.batches(whole=False):
+            micro = batch.micro
+            for m in range(stream.offset, len(micro)):
+                # Counted before it is handed out: a state taken once the consumer holds
+                # the micro-batch resumes with the next one.
+                stream.advance(1)
+                yield packed_indices(micro[m], batch.step, m, len(micro))
 
     def __len__(self) -> int:
         """Batches one iteration of the current epoch yields, equal on every rank: the
-        epoch's steps, or after an elastic ``set_state`` the steps of its remainder."""
-        return self.stream.num_steps
+        epoch's steps (micro-batches, when packed), or after an elastic ``set_state`` those
+        of its remainder."""
+        micro = self.stream.plan().micro
+        return self.stream.num_steps if micro is None else int(micro.num_micro.sum())

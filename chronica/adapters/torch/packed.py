@@ -1,0 +1,160 @@
+"""Packed micro-batches for torch: the indices a packed ``DistributedBatchSampler`` yields,
+the data set wrapper that carries them to the collate function, and the collate function.
+
+``collate_packed`` builds what variable-length attention consumes: one flat token tensor
+per micro-batch with ``cu_seqlens`` (flash-attention's varlen path), ``position_ids``
+restarting at every document, and ``segment_ids`` (a document mask for SDPA or
+``flex_attention``), plus the micro-batch's ``loss_weight`` and its place in the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from chronica.runtime.stream import MicroBatch
+
+__all__ = ["PackedDataset", "PackedIndex", "collate_packed", "packed_indices"]
+
+
+class PackedIndex(int):
+    """A document index (an ``int``, so any data set indexes with it) that also says which
+    tokens of the document this micro-batch trains (``start``, ``length``), in which row,
+    and where the micro-batch stands: ``step``, ``micro`` of ``num_micro``, its
+    ``loss_weight``. Pickles with its fields (DataLoader workers receive them)."""
+
+    start: int
+    length: int
+    row: int
+    step: int
+    micro: int
+    num_micro: int
+    loss_weight: float
+
+    def __new__(
+        cls,
+        index: int,
+        start: int,
+        length: int,
+        row: int,
+        step: int,
+        micro: int,
+        num_micro: int,
+        loss_weight: float,
+    ) -> PackedIndex:
+        out = super().__new__(cls, index)
+        out.start, out.length, out.row = start, length, row
+        out.step, out.micro, out.num_micro, out.loss_weight = step, micro, num_micro, loss_weight
+        return out
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        fields = (self.start, self.length, self.row, self.step, self.micro, self.num_micro)
+        return (PackedIndex, (int(self), *fields, self.loss_weight))
+
+
+def packed_indices(micro: MicroBatch, step: int, number: int, count: int) -> list[int]:
+    """Micro-batch ``number`` of ``count`` at ``step`` as ``PackedIndex`` values. An empty
+    micro-batch gives one zero-length entry (of document 0), so that its place in the step
+    still reaches the collate function."""
+    meta = (step, number, count, micro.loss_weight)
+    if micro.indices.shape[0] == 0:
+        return [PackedIndex(0, 0, 0, 0, *meta)]
+    return [
+        PackedIndex(int(i), int(s), int(n), int(r), *meta)
+        for i, s, n, r in zip(micro.indices, micro.starts, micro.lengths, micro.rows, strict=True)
+    ]
+
+
+class PackedDataset(Dataset):
+    """Wraps a data set of token sequences so that each item reaches ``collate_packed``
+    with its ``PackedIndex``: ``PackedDataset(docs)[i]`` is ``(docs[i], i)``."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: PackedIndex) -> tuple[Any, PackedIndex]:
+        if not isinstance(index, PackedIndex):
+            raise TypeError(
+                "PackedDataset is indexed by a packed DistributedBatchSampler's PackedIndex "
+                f"values, got {type(index).__name__}; pass the sampler as batch_sampler="
+            )
+        return self.dataset[index], index
+
+
+def collate_packed(
+    items: Sequence[tuple[Any, PackedIndex]],
+    key: str = "input_ids",
+    pad_to: int | None = None,
+    pad_value: int = 0,
+) -> dict[str, Any]:
+    """One micro-batch from ``PackedDataset`` items: each document is a 1-D token sequence
+    (a tensor, array or list) or a mapping holding one under ``key``.
+
+    Returns ``input_ids`` (the micro-batch's tokens, document after document, row after
+    row, ``int64``), ``position_ids`` (restarting at 0 in every document), ``segment_ids``
+    (the document's number within the micro-batch, from 0), ``cu_seqlens`` (``int32``, the
+    cumulative lengths from 0, flash-attention's varlen argument), ``max_seqlen``,
+    ``num_tokens``, ``indices`` (the documents, ``int64``), ``loss_weight``, ``step``,
+    ``micro``, ``num_micro`` and ``last`` (the step's last micro-batch: time for the
+    optimizer). ``pad_to`` (e.g. ``max_tokens``, for one static shape) pads the tokens with
+    ``pad_value`` and gives the padding ``segment_ids`` of -1 and its own ``cu_seqlens``
+    entry. An empty micro-batch has ``num_tokens`` 0 and ``loss_weight`` 0.
+    """
+    if not items:
+        raise ValueError("collate_packed got an empty micro-batch; use a packed sampler")
+    tokens, lengths, docs = [], [], []
+    for item, index in items:
+        if not isinstance(index, PackedIndex):
+            raise TypeError("collate_packed needs PackedDataset items ((document, PackedIndex))")
+        if index.length == 0:
+            continue
+        sequence = item[key] if isinstance(item, Mapping) else item
+        values = torch.as_tensor(np.asarray(sequence) if isinstance(sequence, list) else sequence)
+        if values.ndim != 1 or values.shape[0] < index.start + index.length:
+            raise ValueError(
+                f"document {int(index)} has {tuple(values.shape)} tokens but its size says "
+                f"at least {index.start + index.length}; sizes must be the documents' lengths"
+            )
+        tokens.append(values[index.start : index.start + index.length].to(torch.int64))
+        lengths.append(index.length)
+        docs.append(int(index))
+    count = sum(lengths)
+    if pad_to is not None and count > pad_to:
+        raise ValueError(f"pad_to={pad_to} is below the micro-batch's {count} tokens")
+    input_ids = torch.cat(tokens) if tokens else torch.empty(0, dtype=torch.int64)
+    position_ids = torch.cat([torch.arange(n) for n in lengths]) if lengths else input_ids
+    segment_ids = torch.repeat_interleave(
+        torch.arange(len(lengths)), torch.as_tensor(lengths, dtype=torch.int64)
+    )
+    seqlens = list(lengths)
+    if pad_to is not None and pad_to > count:
+        pad = pad_to - count
+        input_ids = torch.cat([input_ids, torch.full((pad,), pad_value, dtype=torch.int64)])
+        position_ids = torch.cat([position_ids, torch.arange(pad)])
+        segment_ids = torch.cat([segment_ids, torch.full((pad,), -1, dtype=torch.int64)])
+        seqlens.append(pad)
+    cu_seqlens = torch.zeros(len(seqlens) + 1, dtype=torch.int32)
+    if seqlens:
+        cu_seqlens[1:] = torch.cumsum(torch.as_tensor(seqlens, dtype=torch.int32), 0)
+    head = items[0][1]
+    return {
+        "input_ids": input_ids,
+        "position_ids": position_ids,
+        "segment_ids": segment_ids,
+        "cu_seqlens": cu_seqlens,
+        "max_seqlen": max(seqlens, default=0),
+        "num_tokens": count,
+        "indices": torch.as_tensor(docs, dtype=torch.int64),
+        "loss_weight": float(head.loss_weight),
+        "step": head.step,
+        "micro": head.micro,
+        "num_micro": head.num_micro,
+        "last": head.micro == head.num_micro - 1,
+    }
