@@ -74,7 +74,7 @@ def defines_sizeof(dataset: Any) -> bool:
     return False
 
 
-def resolve_sizes(dataset: Any = None, sizes: Any = None) -> np.ndarray:
+def resolve_sizes(dataset: Any = None, sizes: Any = None, missing: str | None = None) -> np.ndarray:
     """Find the per-sample sizes for ``dataset`` and validate them (see ``validate_sizes``).
 
     Sources, first match wins:
@@ -83,7 +83,8 @@ def resolve_sizes(dataset: Any = None, sizes: Any = None) -> np.ndarray:
     2. a ``sizes`` attribute of the data set, or a ``sizes()`` method returning one;
     3. a ``__sizeof__(self, index)`` override on the data set's class (the upstream
        Chronica convention), called once per index;
-    4. otherwise every sample has size 1.
+    4. otherwise every sample has size 1, or, when ``missing`` says why sizes are needed,
+       ``ValueError`` with that reason and the three ways to give them.
 
     The data set is only asked for ``len()`` when ``sizes`` is given; otherwise its own
     sizes are read once here, never again.
@@ -101,6 +102,11 @@ def resolve_sizes(dataset: Any = None, sizes: Any = None) -> np.ndarray:
     if defines_sizeof(dataset):
         values = _sizes_from_sizeof(dataset, n)
         return validate_sizes(values, expected_len=n, name=f"{type(dataset).__name__}.__sizeof__")
+    if missing is not None:
+        raise ValueError(
+            f"{missing}: pass sizes= (one per sample), give the data set a sizes attribute, "
+            "or define __sizeof__(self, index)"
+        )
     return validate_sizes(np.ones(n, dtype=np.float64), expected_len=n)
 
 

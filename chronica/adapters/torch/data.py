@@ -109,8 +109,11 @@ class _ScheduledSampler(StreamFace):
         world, rank = resolve_world(num_replicas, rank, _torch_world, config=config)
         scheduling = scheduling_arguments(arguments)
         cfg = schedule_config(config, world, arguments["batch_size"], scheduling, dynamic)
+        missing = (
+            None if cfg.packing is None else "packing= needs every document's length in tokens"
+        )
         self.stream = open_stream(
-            resolve_sizes(dataset, arguments["sizes"]),
+            resolve_sizes(dataset, arguments["sizes"], missing),
             cfg,
             rank,
             labels=arguments["labels"],
