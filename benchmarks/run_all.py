@@ -36,7 +36,16 @@ logger = logging.getLogger("chronica")
 HERE = Path(__file__).resolve().parent
 # Modules that render their own section of the page, in page order. simulate comes after
 # hetero_run: it calibrates on benchmarks/results/hetero_run.json.
-SECTIONS = ("dynamic", "soak", "hetero_run", "simulate", "adapters", "gradsched", "scaling")
+SECTIONS = (
+    "dynamic",
+    "soak",
+    "hetero_run",
+    "simulate",
+    "adapters",
+    "gradsched",
+    "scaling",
+    "packing",
+)
 BENCHMARKS = ("balance", "planning", "movement", "quality", *SECTIONS)
 DESCRIPTION = (
     "Run the benchmarks, store each result as JSON and regenerate docs/benchmarks.md "
@@ -74,7 +83,7 @@ def reproduce_command(name: str, quick: bool, data_dir: Path | None = None) -> s
     command = f"PYTHONPATH=. python benchmarks/run_all.py --only {name}"
     if quick:
         command += " --quick"
-    if name == "balance" and data_dir is not None:
+    if name in ("balance", "packing") and data_dir is not None:
         command += f" --data-dir {data_dir}"
     return command
 
@@ -110,7 +119,8 @@ def _parser() -> argparse.ArgumentParser:
         "--data-dir",
         type=Path,
         default=None,
-        help="folder of the real lengths files used by balance (default: ../shared/data "
+        help="folder of the real lengths files used by balance and packing (default: "
+        "../shared/data "
         "next to the repository)",
     )
     parser.add_argument(
@@ -137,7 +147,7 @@ def _run_one(name: str, args: argparse.Namespace, common: Any) -> tuple[dict, li
     if importlib.util.find_spec(name) is None:
         raise ModuleNotFoundError(f"benchmarks/{name}.py not found in {HERE}")
     module = importlib.import_module(name)
-    if name == "balance":
+    if name in ("balance", "packing"):
         result = module.run(args.quick, data_dir=args.data_dir)
     elif name == "simulate":  # calibrates on the hetero_run result beside it
         result = module.run(args.quick, results_dir=args.results_dir)
