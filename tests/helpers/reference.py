@@ -223,3 +223,168 @@ def shared_finish(work, cores):
             finish[r] = now
             del left[r]
     return np.array([finish[r] for r in range(len(work))])
+
+
+# Packing (``chronica.core.packing``): LPT under row capacities, then move/trade refinement.
+
+PACK_REL_TOL = 1e-9
+PACK_PARTNERS = 4
+
+
+def _seq_sum(values) -> float:
+    """Left-to-right float sum from 0.0, as a compiled loop adds (not numpy's pairwise)."""
+    total = 0.0
+    for v in values:
+        total += float(v)
+    return total
+
+
+def _fit_row(free_rows: list[int], length: int) -> int:
+    """The fullest row that ``length`` fits in (ties: lower row), or -1."""
+    fitting = [(free, k) for k, free in enumerate(free_rows) if free >= length]
+    return min(fitting)[1] if fitting else -1
+
+
+def _fit_micro(free: list[list[int]], micro_loads: list[float], length: int) -> tuple[int, int]:
+    """The cheapest micro-batch with a row ``length`` fits in (ties: lower index) and the
+    fullest such row in it; ``(-1, -1)`` if none."""
+    fitting = [(micro_loads[m], m) for m in range(len(free)) if _fit_row(free[m], length) >= 0]
+    if not fitting:
+        return -1, -1
+    m = min(fitting)[1]
+    return m, _fit_row(free[m], length)
+
+
+def _room(free: list[list[int]]) -> int:
+    return max(max(rows) for rows in free)
+
+
+def _pack_refine(lengths, costs, speeds, free, micro_loads, room, rank, micro, row, loads):
+    """``chronica.core.packing._refine`` on lists (mutated in place)."""
+    w, n = len(speeds), len(lengths)
+    if w < 2 or n == 0:
+        return
+    bound = _seq_sum(loads) / _seq_sum(speeds) * (1.0 + PACK_REL_TOL)
+
+    def place(i, b):
+        m, k = _fit_micro(free[b], micro_loads[b], lengths[i])
+        rank[i], micro[i], row[i] = b, m, k
+        free[b][m][k] -= lengths[i]
+        micro_loads[b][m] += costs[i]
+
+    for _ in range(4 * n + 16):
+        times = [loads[r] / speeds[r] for r in range(w)]
+        top = max(times)
+        a = times.index(top)  # the first slowest rank
+        if top <= bound:
+            return
+        mine = [i for i in range(n) if rank[i] == a]
+        # Moves: one document of ``a`` to another rank with a row it fits in.
+        gain, best = top * PACK_REL_TOL, None
+        for i in mine:
+            after_a = (loads[a] - costs[i]) / speeds[a]
+            for b in range(w):
+                if b != a and room[b] >= lengths[i]:
+                    new_top = max(after_a, (loads[b] + costs[i]) / speeds[b])
+                    if top - new_top > gain:
+                        gain, best = top - new_top, (i, b)
+        if best is not None:
+            i, b = best
+            free[a][micro[i]][row[i]] += lengths[i]
+            micro_loads[a][micro[i]] -= costs[i]
+            place(i, b)
+            loads[a] -= costs[i]
+            loads[b] += costs[i]
+            room[a], room[b] = _room(free[a]), _room(free[b])
+            continue
+        # Trades with the lightest ranks (ties: lower rank), each document taking the
+        # other's row slot; the cheaper one goes to ``a``.
+        partners = set(sorted(range(w), key=lambda r: (times[r], r))[:PACK_PARTNERS]) - {a}
+        theirs = [j for j in range(n) if rank[j] in partners]
+        for i in mine:
+            slot_a = free[a][micro[i]][row[i]] + lengths[i]
+            for j in theirs:
+                b = rank[j]
+                slot_b = free[b][micro[j]][row[j]] + lengths[j]
+                if costs[j] >= costs[i] or lengths[j] > slot_a or lengths[i] > slot_b:
+                    continue
+                d = costs[i] - costs[j]
+                new_top = max((loads[a] - d) / speeds[a], (loads[b] + d) / speeds[b])
+                if top - new_top > gain:
+                    gain, best = top - new_top, (i, j)
+        if best is None:
+            return
+        i, j = best
+        b = rank[j]
+        d = costs[i] - costs[j]
+        free[a][micro[i]][row[i]] += lengths[i] - lengths[j]
+        free[b][micro[j]][row[j]] += lengths[j] - lengths[i]
+        micro_loads[a][micro[i]] -= d
+        micro_loads[b][micro[j]] += d
+        rank[i], rank[j] = b, a
+        micro[i], micro[j] = micro[j], micro[i]
+        row[i], row[j] = row[j], row[i]
+        loads[a] -= d
+        loads[b] += d
+        room[a], room[b] = _room(free[a]), _room(free[b])
+
+
+def pack(lengths, costs, speeds, num_micro, rows, row_length, refine=True):
+    """Reference of ``chronica.core.packing._pack``: ``(rank, micro, row, loads)`` lists,
+    or ``None`` if LPT finds a document no rank has a row for (``refine=False``: LPT only)."""
+    lengths = [int(x) for x in lengths]
+    costs = [float(c) for c in costs]
+    speeds = [float(s) for s in speeds]
+    w, n = len(speeds), len(lengths)
+    free = [[[row_length] * rows for _ in range(num_micro)] for _ in range(w)]
+    micro_loads = [[0.0] * num_micro for _ in range(w)]
+    room = [row_length] * w
+    loads = [0.0] * w
+    rank, micro, row = [-1] * n, [-1] * n, [-1] * n
+    for i in descending_order(np.asarray(costs, dtype=np.float64)):
+        i = int(i)
+        # The rank with a row it fits in whose time after taking it is lowest (ties: lower).
+        best, best_time = -1, float("inf")
+        for r in range(w):
+            if room[r] >= lengths[i]:
+                time = (loads[r] + costs[i]) / speeds[r]
+                if time < best_time:
+                    best, best_time = r, time
+        if best < 0:
+            return None
+        m, k = _fit_micro(free[best], micro_loads[best], lengths[i])
+        rank[i], micro[i], row[i] = best, m, k
+        free[best][m][k] -= lengths[i]
+        micro_loads[best][m] += costs[i]
+        loads[best] += costs[i]
+        room[best] = _room(free[best])
+    if refine:
+        _pack_refine(lengths, costs, speeds, free, micro_loads, room, rank, micro, row, loads)
+    return rank, micro, row, loads
+
+
+def pack_step(lengths, costs, num_replicas, rows, row_length, speeds=None, num_micro=None):
+    """Reference of ``chronica.core.packing.pack_step``: ``(rank, micro, row, num_micro,
+    loads)`` as numpy arrays; micro-batches per rank from the fewest the tokens need (and at
+    least ``num_micro``) up until LPT places every document."""
+    speeds = [1.0] * num_replicas if speeds is None else list(speeds)
+    capacity = num_replicas * rows * row_length
+    m = max(1, -(-int(np.sum(lengths)) // capacity), num_micro or 1)
+    while (out := pack(lengths, costs, speeds, m, rows, row_length)) is None:
+        m += 1
+    rank, micro, row, loads = out
+    as_int = [np.array(x, dtype=np.int64) for x in (rank, micro, row)]
+    return (*as_int, m, np.array(loads, dtype=np.float64))
+
+
+def budget_starts(tokens, budget: int) -> list[int]:
+    """Reference of ``chronica.core.packing._budget_starts``: a step starts at the first
+    document and wherever the next document would take the step over ``budget`` tokens."""
+    starts: list[int] = []
+    used = 0
+    for i, t in enumerate(tokens):
+        if not starts or used + int(t) > budget:
+            starts.append(i)
+            used = 0
+        used += int(t)
+    return starts
