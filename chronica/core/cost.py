@@ -64,6 +64,68 @@ class CostModel:
         hidden = check_int("hidden", hidden, 1, hint=" (the model width)")
         return cls(0.0, 8.0 * hidden, 1.0)
 
+    @classmethod
+    def transformer(
+        cls,
+        hidden: int,
+        layers: int,
+        heads: int,
+        vocab: int = 0,
+        ffn: int | None = None,
+        head_dim: int | None = None,
+        causal: bool = True,
+    ) -> CostModel:
+        """Training FLOPs of one document of ``L`` tokens in a decoder-only transformer
+        (forward and backward, 3× the forward's multiply-adds × 2), documents attending only
+        within themselves: per token, per layer, the projections ``2·h·(2·h + 2·kv)`` with
+        ``kv = heads·head_dim`` for queries, keys, values and output and the feed-forward
+        ``4·h·ffn`` (default ``ffn = 4·h``), plus the vocabulary projection ``2·h·vocab``;
+        per token pair, per layer, scores and weighted values ``4·heads·head_dim``, halved
+        by a causal mask. ``b`` is the per-token FLOPs, ``c`` the per-pair ones, ``a`` 0."""
+        hidden = check_int("hidden", hidden, 1, hint=" (the model width)")
+        layers = check_int("layers", layers, 1)
+        heads = check_int("heads", heads, 1)
+        vocab = check_int("vocab", vocab, 0)
+        ffn = hidden * 4 if ffn is None else check_int("ffn", ffn, 1)
+        if head_dim is None:
+            if hidden % heads:
+                raise ValueError(
+                    f"hidden={hidden} is not a multiple of heads={heads}; pass head_dim="
+                )
+            head_dim = hidden // heads
+        head_dim = check_int("head_dim", head_dim, 1)
+        width = heads * head_dim
+        per_token = layers * (2 * hidden * (2 * hidden + 2 * width) + 4 * hidden * ffn)
+        per_token += 2 * hidden * vocab
+        per_pair = layers * 4 * width * (0.5 if causal else 1.0)
+        return cls(0.0, 3.0 * per_token, 3.0 * per_pair)
+
+    @classmethod
+    def fit(cls, counts: Any, tokens: Any, squares: Any, seconds: Any) -> CostModel:
+        """Calibrate ``a + b·L + c·L²`` from measured work: for every measurement (a
+        micro-batch or a rank's step) the number of documents, their summed tokens, their
+        summed squared tokens and the ``seconds`` it took. Non-negative least squares
+        (coefficients scaled to the data, the same answer in any time unit up to scale);
+        ``ValueError`` when the measurements cannot determine a non-zero model."""
+        columns = [np.asarray(v, dtype=np.float64).ravel() for v in (counts, tokens, squares)]
+        target = np.asarray(seconds, dtype=np.float64).ravel()
+        lengths = {c.shape[0] for c in columns} | {target.shape[0]}
+        if len(lengths) > 1 or target.shape[0] == 0:
+            raise ValueError(
+                "counts, tokens, squares and seconds must be equally long and not empty "
+                f"(got lengths {[c.shape[0] for c in (*columns, target)]})"
+            )
+        features = np.column_stack(columns)
+        if not (np.isfinite(features).all() and np.isfinite(target).all()):
+            raise ValueError("measurements must be finite (no NaN or inf)")
+        coefficients = _nonnegative_least_squares(features, target)
+        if not coefficients.any():
+            raise ValueError(
+                "the measurements fit no positive cost; measure more varied work (documents "
+                "of different lengths) or give the model's coefficients"
+            )
+        return cls(*(float(x) for x in coefficients))
+
     def __call__(self, sizes: np.ndarray) -> np.ndarray:
         """Costs of ``sizes`` as a new float64 array."""
         s = np.asarray(sizes, dtype=np.float64)
@@ -105,3 +167,25 @@ def as_cost_model(cost: Any) -> CostModel:
         f"cost={cost!r} is not understood; use 'linear', 'quadratic', a CostModel or a "
         f"tuple (a, b, c)"
     )
+
+
+def _nonnegative_least_squares(features: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """``argmin |features·x - target|`` over ``x >= 0`` for three columns: the best of the
+    unconstrained fits on every subset of columns whose solution is non-negative (exact for
+    so few columns). Columns are scaled to unit norm first, so tokens and squared tokens
+    weigh alike."""
+    scale = np.linalg.norm(features, axis=0)
+    scale[scale == 0] = 1.0
+    scaled = features / scale
+    best, best_error = np.zeros(features.shape[1]), float(np.sum(target**2))
+    for mask in range(1, 1 << features.shape[1]):
+        columns = [j for j in range(features.shape[1]) if mask >> j & 1]
+        solution, *_ = np.linalg.lstsq(scaled[:, columns], target, rcond=None)
+        if (solution < 0).any():
+            continue
+        error = float(np.sum((scaled[:, columns] @ solution - target) ** 2))
+        if error < best_error * (1 - 1e-12):
+            best_error = error
+            best = np.zeros(features.shape[1])
+            best[columns] = solution
+    return best / scale

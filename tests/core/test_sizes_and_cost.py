@@ -101,3 +101,36 @@ def test_bad_cost_is_named(bad, match):
 def test_bad_coefficients(coeffs):
     with pytest.raises(ValueError, match="cost"):
         CostModel(*coeffs)
+
+
+def test_transformer_cost_counts_training_flops():
+    # GPT-2 small: about 6 FLOPs per parameter per token (85M in the blocks, 38.6M in the
+    # vocabulary projection), and 12 layers x 4 x 768 x 3 / 2 per causal token pair.
+    model = CostModel.transformer(768, 12, 12, vocab=50257)
+    blocks = 12 * (4 * 768 * 768 + 8 * 768 * 768)
+    assert model.b == 3 * 2 * (blocks + 768 * 50257)
+    assert model.c == 3 * 12 * 4 * 768 / 2
+    assert model.a == 0
+    full = CostModel.transformer(768, 12, 12, causal=False)
+    assert full.c == 2 * model.c
+    grouped = CostModel.transformer(1024, 4, 8, head_dim=64)  # narrower attention
+    assert grouped.c == 3 * 4 * 4 * 8 * 64 / 2
+    with pytest.raises(ValueError, match="hidden=100 is not a multiple of heads=12"):
+        CostModel.transformer(100, 2, 12)
+
+
+def test_fit_recovers_the_coefficients_of_exact_measurements():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(10, 2000, (40, 6))
+    counts = np.full(40, 6)
+    tokens, squares = lengths.sum(1), (lengths**2).sum(1)
+    seconds = 0.01 * counts + 2e-4 * tokens + 3e-8 * squares
+    fitted = CostModel.fit(counts, tokens, squares, seconds)
+    assert fitted.to_tuple() == pytest.approx((0.01, 2e-4, 3e-8), rel=1e-6)
+    # Linear work fits no quadratic term, and coefficients never go negative.
+    linear = CostModel.fit(counts, tokens, squares, 5e-4 * tokens)
+    assert linear.to_tuple() == pytest.approx((0.0, 5e-4, 0.0), abs=1e-12)
+    with pytest.raises(ValueError, match="fit no positive cost"):
+        CostModel.fit(counts, tokens, squares, -tokens)
+    with pytest.raises(ValueError, match="equally long"):
+        CostModel.fit([1], [2, 3], [4], [5])
