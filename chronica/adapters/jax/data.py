@@ -13,6 +13,12 @@ static so that ``jax.jit`` compiles a bounded number of programs (``num_shapes``
   holds the local batch, capped at the per-rank maximum (one size for every process when a
   ``sharding`` spans processes);
 - the sequence dimension is the smallest bucket boundary that holds the longest sample.
+
+With ``packing=`` (a ``chronica.core.packing.Packing``) it yields micro-batches instead:
+every step's micro-batches of this process, each ``rows`` dense rows of ``row_length``
+tokens with several documents per row (``tokens``, ``segment_ids``, ``positions``; the
+layout is ``chronica.runtime.rows``'s, the same as ``chronica.tf.schedule``'s), one shape
+for every micro-batch.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from chronica.runtime.build import (
     scheduling_arguments,
 )
 from chronica.runtime.face import StreamFace
+from chronica.runtime.rows import TOKENS, packed_names, row_layout
 from chronica.runtime.stream import state_format
 
 __all__ = ["ScheduledIterator", "iterator"]
@@ -162,6 +169,23 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
     - ``get_state()`` / ``set_state()``: the common state of every adapter (a torch
       sampler's state resumes here, and the reverse); see ``set_state``.
 
+    - With ``packing=``: one element per micro-batch. Every process yields the same number
+      of micro-batches at every step (``num_micro``); micro-batch ``micro`` of step
+      ``step`` holds exactly the documents (pieces) of
+      ``plan(e).micro`` for this rank, each piece's tokens once, laid out as
+      ``chronica.runtime.rows`` says: ``tokens`` (int32, ``(rows, row_length)`` with
+      ``rows = max_tokens // row_length``, ``pad_value`` on padding), ``segment_ids``
+      (int32, ``1, 2, ...`` per piece within its row, ``0`` on padding), ``positions``
+      (int32, restarting at 0 in every piece, 0 on padding); a dict record's other fields
+      are packed the same way under their own names (each must be a per-token sequence).
+      Also ``loss_weight`` (float32: multiply the micro-batch's mean loss, per token or
+      per document as ``Packing.loss`` says, by it; summing over the step's micro-batches
+      and averaging over processes gives the global mean), ``step``, ``micro``,
+      ``num_micro`` (ints) and ``indices`` (int64 numpy, the micro-batch's documents, one
+      entry per piece). Every micro-batch has the same shapes and dtypes, so a jitted step
+      compiles once (``num_shapes`` is 1). ``get_state``/``set_state`` resume at
+      micro-batch granularity, mid-step included.
+
     Batch keys: ``inputs`` (or one key per field when samples are dicts), ``mask`` (bool,
     ``(rows, length)``), ``lengths`` (int32), ``indices`` (int64, ``-1`` for padding rows),
     ``loss_weight`` (float32 scalar: multiply the local mean loss by it), ``valid`` (bool,
@@ -188,6 +212,14 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
     ``as_jax``: put array fields on device with ``jax.device_put`` (``sharding`` given: on
     it; a sharding spanning processes assembles a global array from every process's rows);
     ``indices`` and ``loss_weight`` stay numpy.
+
+    ``packing``: cut every step (``global_batch_size`` documents, or ``None`` with
+    ``Packing(tokens_per_step=...)``) into packed micro-batches (see above); ``sizes`` are
+    then the documents' lengths in tokens (given, they spare reading every record; without
+    them the records' token fields are read once), ``bucket_boundaries`` does not apply
+    and ``kind`` must be ``"static"``. ``token_field``: with packing and dict records, the
+    field holding the token sequence (yielded as ``tokens``); plain sequence records are
+    the tokens themselves.
     """
 
     def __init__(
@@ -216,6 +248,7 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
         pad_value: Any = 0,
         sharding: jax.sharding.Sharding | None = None,
         as_jax: bool = False,
+        token_field: str = TOKENS,
     ) -> None:
         if source is None:
             raise ValueError("source is required: a random-access data set (len and [])")
@@ -226,7 +259,8 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
                 f"source of type {type(source).__name__} is not random-access; it needs "
                 f"__len__ and __getitem__ (a numpy array, a list of arrays, a dict of columns)"
             )
-        if global_batch_size is None and config is None:
+        budget = packing is not None and packing.tokens_per_step is not None
+        if global_batch_size is None and config is None and not budget:
             raise ValueError("global_batch_size (the batch over all processes) is required")
         if epochs is not None:
             epochs = check_int("epochs", epochs, 1, hint=" or None (forever)")
@@ -239,25 +273,42 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
         cfg = schedule_config(
             config, world, global_batch_size, scheduling, dynamic, "global_batch_size"
         )
-        if cfg.packing is not None:
-            raise ValueError(
-                "packing= is not delivered by chronica.jax.iterator yet; plan packed steps "
-                "with chronica.core.Scheduler (EpochPlan.micro) or use chronica.torch"
-            )
-        if cfg.batch_size is None:
+        if cfg.batch_size is None and cfg.packing is None:
             raise ValueError("config.batch_size (the batch over all processes) is required")
         n = len(source)
-        self._lengths = np.fromiter(
-            (_sample_length(source[i]) for i in range(n)), dtype=np.int64, count=n
-        )
-        if sizes is None and getattr(source, "sizes", None) is None and not defines_sizeof(source):
-            sizes = self._lengths  # default cost proxy: the sequence length
-        max_length = int(self._lengths.max(initial=0))
-        self.bucket_boundaries: tuple[int, ...] = (
-            _default_boundaries(max_length)
-            if bucket_boundaries is None
-            else _validate_boundaries(bucket_boundaries, max_length)
-        )
+        own_sizes = getattr(source, "sizes", None) is not None or defines_sizeof(source)
+        self.packing = cfg.packing
+        self._fields: dict[str, tuple[str, Any, tuple[int, ...]]] = {}
+        self._record = False
+        if cfg.packing is None:
+            self._lengths = np.fromiter(
+                (_sample_length(source[i]) for i in range(n)), dtype=np.int64, count=n
+            )
+            if sizes is None and not own_sizes:
+                sizes = self._lengths  # default cost proxy: the sequence length
+            max_length = int(self._lengths.max(initial=0))
+            self.bucket_boundaries: tuple[int, ...] = (
+                _default_boundaries(max_length)
+                if bucket_boundaries is None
+                else _validate_boundaries(bucket_boundaries, max_length)
+            )
+        else:
+            if bucket_boundaries is not None:
+                raise ValueError(
+                    "bucket_boundaries= pads unpacked batches; packed micro-batches always "
+                    f"have {cfg.packing.rows} rows of row_length={cfg.packing.length} tokens"
+                )
+            self._fields = self._packed_fields(source, token_field)
+            if sizes is None and not own_sizes:
+                # Sizes are document lengths: read once from the records' token field.
+                sizes = np.fromiter(
+                    (len(self._field(source[i], token_field)) for i in range(n)),
+                    dtype=np.int64,
+                    count=n,
+                )
+            self._lengths = np.zeros(0, dtype=np.int64)
+            self.bucket_boundaries = (cfg.packing.length,)
+        self.token_field = token_field
         sizes = resolve_sizes(source, sizes)
         self.stream = open_stream(
             sizes,
@@ -271,16 +322,58 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
         )
         self.source = source
         self.variable_batch = cfg.variable_batch
-        # The most rows a batch has: the per-rank batch, or its maximum with variable batches.
-        self.rows = cfg.batch_bounds()[1] if cfg.variable_batch else cfg.batch_size // world
+        # The most rows a batch has: the per-rank batch, or its maximum with variable batches;
+        # a packed micro-batch's rows.
+        if cfg.packing is not None:
+            self.rows = cfg.packing.rows
+        elif cfg.variable_batch:
+            self.rows = cfg.batch_bounds()[1]
+        else:
+            assert cfg.batch_size is not None
+            self.rows = cfg.batch_size // world
         self.pad_value = pad_value
         self.epochs = epochs
         self.sharding = sharding
         self.as_jax = bool(as_jax)
         self._global = sharding is not None and not sharding.is_fully_addressable
         self.shapes_seen: set[tuple[int, int]] = set()
-        self._batches: Iterator[LocalBatch] | None = None
-        self._skip = 0
+        self._batches: Iterator[dict[str, Any]] | None = None
+
+    @staticmethod
+    def _field(record: Any, token_field: str) -> Any:
+        return record[token_field] if isinstance(record, Mapping) else record
+
+    def _packed_fields(
+        self, source: Any, token_field: str
+    ) -> dict[str, tuple[str, Any, tuple[int, ...]]]:
+        """Every packed field of the records: its batch key, dtype and trailing shape, read
+        from the first record (so every micro-batch, empty ones included, has one shape)."""
+        if len(source) == 0:
+            return {token_field: (TOKENS, np.dtype(np.int32), ())}
+        first = source[0]
+        self._record = isinstance(first, Mapping)
+        names = packed_names(
+            list(first.keys()) if self._record else None, token_field, reserved=("indices",)
+        )
+        out = {}
+        for field, name in names.items():
+            value = np.asarray(self._field(first, field))
+            if value.ndim < 1:
+                raise ValueError(
+                    f"field {field!r} is a scalar; with packing= every field of a record is "
+                    "packed per token (a sequence along its first axis): drop it from the "
+                    "source or keep it outside"
+                )
+            dtype = value.dtype
+            if name == TOKENS:
+                if not np.issubdtype(dtype, np.integer):
+                    raise ValueError(
+                        f"the tokens (field {field!r}) have dtype {dtype}; packed tokens are "
+                        "int32 ids: give integer token sequences"
+                    )
+                dtype = np.dtype(np.int32)
+            out[field] = (name, dtype, tuple(value.shape[1:]))
+        return out
 
     # -- shapes ---------------------------------------------------------------------------
 
@@ -309,6 +402,8 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
         a jitted step function compiles at most this many programs. ``shapes_seen`` lists
         the ones actually yielded so far.
         """
+        if self.packing is not None:
+            return 1
         rows = {self.batch_rows(count) for count in range(1, self.rows + 1)}
         lengths = {self.bucket(int(length)) for length in np.unique(self._lengths)}
         return len(rows) * len(lengths)
@@ -316,8 +411,15 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
     # -- iteration ------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        """Steps per epoch (equal on every process); see ``steps_per_epoch``."""
-        return self.steps_per_epoch
+        """Batches one epoch yields (equal on every process): its steps (see
+        ``steps_per_epoch``), or with ``packing=`` its micro-batches, of the epoch of the
+        next batch."""
+        if self.packing is None:
+            return self.steps_per_epoch
+        stream = self.stream
+        plan = stream.plan(stream.epoch + 1) if self._epoch_done() else stream.plan()
+        assert plan.micro is not None
+        return int(plan.micro.num_micro.sum())
 
     def _epoch_done(self) -> bool:
         return self.stream.step >= self.stream.num_steps
@@ -352,20 +454,71 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
             if self._batches is None:
                 if self.epochs is not None and stream.epoch >= self.epochs:
                     raise StopIteration
-                # A sample-level face's state (torch's DistributedSampler) may stop mid-step:
-                # the samples of that step it handed out are not handed out again.
-                self._skip = stream.offset
-                self._batches = stream.batches()
-            for batch in self._batches:
-                skip, self._skip = self._skip, 0
-                return self._batch(batch._replace(indices=batch.indices[skip:]))
+                self._batches = self._steps() if self.packing is None else self._micro_batches()
+            for out in self._batches:
+                return out
             self._batches = None
             stream.set_epoch(stream.epoch + 1)
+
+    def _steps(self) -> Iterator[dict[str, Any]]:
+        """The rest of the current epoch's batches, one per step."""
+        # A sample-level face's state (torch's DistributedSampler) may stop mid-step: the
+        # samples of that step it handed out are not handed out again.
+        skip = self.stream.offset
+        for batch in self.stream.batches():
+            yield self._batch(batch._replace(indices=batch.indices[skip:]))
+            skip = 0
+
+    def _micro_batches(self) -> Iterator[dict[str, Any]]:
+        """The rest of the current epoch's micro-batches, step after step (packing)."""
+        stream = self.stream
+        for batch in stream.batches(whole=False):
+            for m in range(stream.offset, len(batch.micro)):
+                # Counted before it is handed out: a state taken once the caller holds the
+                # micro-batch resumes with the next one.
+                stream.advance(1)
+                yield self._micro_batch(batch, m)
+
+    def _check_fields(self, indices: np.ndarray, records: list[Any]) -> None:
+        """Every packed field of a dict record is a per-token sequence as long as its tokens."""
+        for index, record in zip(indices, records, strict=True):
+            tokens = len(record[self.token_field])
+            for field in self._fields:
+                if len(record[field]) != tokens:
+                    raise ValueError(
+                        f"field {field!r} of record {int(index)} has {len(record[field])} "
+                        f"entries but {tokens} tokens; with packing= every field is a "
+                        f"per-token sequence as long as the tokens ({self.token_field!r})"
+                    )
 
     def _drop_batches(self) -> None:
         if self._batches is not None:
             self._batches.close()  # type: ignore[attr-defined]
             self._batches = None
+
+    def _micro_batch(self, batch: LocalBatch, m: int) -> dict[str, Any]:
+        packing = self.packing
+        assert packing is not None
+        micro = batch.micro[m]
+        layout = row_layout(micro, packing.rows, packing.length)
+        records = [self.source[int(i)] for i in micro.indices]
+        if self._record and len(self._fields) > 1:
+            self._check_fields(micro.indices, records)
+        out: dict[str, Any] = {}
+        for field, (name, dtype, trailing) in self._fields.items():
+            documents = [r[field] for r in records] if self._record else records
+            out[name] = layout.fill(documents, self.pad_value, dtype, field, trailing)
+        out["segment_ids"] = layout.segment_ids.copy()
+        out["positions"] = layout.positions.copy()
+        self.shapes_seen.add((packing.rows, packing.length))
+        if self.as_jax:
+            out = {key: self._place(value) for key, value in out.items()}
+        out["loss_weight"] = np.float32(micro.loss_weight)
+        out["step"] = batch.step
+        out["micro"] = m
+        out["num_micro"] = len(batch.micro)
+        out["indices"] = np.array(micro.indices, dtype=np.int64)
+        return out
 
     def _batch(self, batch: LocalBatch) -> dict[str, Any]:
         indices = batch.indices
@@ -439,9 +592,12 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
         chronica adapter built with the same data and arguments (a torch sampler's too).
 
         Same world size and global batch size: the next batch is the saved next one, byte
-        for byte. A state taken after an epoch's last batch says ``step`` = the epoch's
-        steps; the next batch is then the next epoch's first. A state that stops mid-step
-        (a torch ``DistributedSampler``'s) yields the rest of that step first.
+        for byte (with ``packing=``, the saved next micro-batch, mid-step included). A
+        state taken after an epoch's last batch says ``step`` = the epoch's steps; the next
+        batch is then the next epoch's first. A state that stops mid-step (a torch
+        ``DistributedSampler``'s) yields the rest of that step first. With ``packing=``,
+        a partly yielded step resumed at another world is not counted as trained: the
+        whole step is planned again with the remainder.
 
         Another world size or global batch size (elastic resume, ``chronica.core.elastic``,
         exactly as ``chronica.torch``'s samplers): the steps yielded at the saved world

@@ -1,0 +1,296 @@
+"""chronica.jax.iterator with packing=: packed dense rows (tokens, segment_ids, positions),
+every token of every document exactly once per epoch over the ranks, equal micro-batch
+counts, caps, loss normalisation, token budgets, split documents, micro-batch-exact
+resume, elastic resume at another world, one compiled shape."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+
+import chronica.jax as cj  # noqa: E402
+from chronica.core.packing import Packing  # noqa: E402
+from chronica.runtime import MicroBatch  # noqa: E402
+from chronica.runtime.rows import row_layout  # noqa: E402
+
+CODE = 10_000  # token t of document i is i * CODE + t: every token says where it comes from
+WORLD = 2
+
+
+def documents(n: int = 300, seed: int = 0, longest: int = 250) -> tuple[list, np.ndarray]:
+    lengths = np.clip(np.random.default_rng(seed).lognormal(4.0, 1.0, n).astype(int), 1, longest)
+    docs = [(i * CODE + np.arange(k)).astype(np.int32) for i, k in enumerate(lengths)]
+    return docs, lengths
+
+
+PACKING = Packing(max_tokens=1024, row_length=256)
+
+
+def run(docs, lengths, packing=PACKING, world=WORLD, batch=32, **kwargs) -> list[list[dict]]:
+    """Every rank's micro-batches of one epoch."""
+    return [
+        list(
+            cj.iterator(
+                docs,
+                lengths,
+                global_batch_size=batch,
+                num_replicas=world,
+                rank=rank,
+                packing=packing,
+                **kwargs,
+            )
+        )
+        for rank in range(world)
+    ]
+
+
+def tokens_of(batch: dict) -> np.ndarray:
+    """The micro-batch's token codes, checked against its segment ids and positions."""
+    tokens, seg, pos = (np.asarray(batch[k]) for k in ("tokens", "segment_ids", "positions"))
+    for r in range(tokens.shape[0]):
+        real = seg[r] > 0
+        n = int(real.sum())
+        assert real[:n].all() and not real[n:].any(), "padding only at a row's end"
+        assert (tokens[r, n:] == 0).all() and (pos[r, n:] == 0).all()
+        if n == 0:
+            continue
+        s, t, p = seg[r, :n], tokens[r, :n], pos[r, :n]
+        starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+        assert (s[starts] == np.arange(1, starts.shape[0] + 1)).all(), "segments 1, 2, ..."
+        for a, b in zip(starts, [*starts[1:], n], strict=True):
+            assert (t[a:b] // CODE == t[a] // CODE).all(), "one document per segment"
+            assert (np.diff(t[a:b]) == 1).all(), "a piece's tokens in order"
+            assert (p[a:b] == np.arange(b - a)).all(), "positions restart in every piece"
+    return tokens[seg > 0]
+
+
+def check_epoch(ranks: list[list[dict]], lengths: np.ndarray, packing: Packing) -> None:
+    """Every token once, equal micro-batch counts per step, caps, loss normalisation."""
+    codes = np.concatenate([tokens_of(b) for batches in ranks for b in batches])
+    expected = np.concatenate([i * CODE + np.arange(k) for i, k in enumerate(lengths)])
+    assert codes.shape == expected.shape
+    assert (np.sort(codes) == expected).all(), "every token of every document exactly once"
+    per_rank = []
+    for batches in ranks:
+        steps: dict[int, list[int]] = {}
+        for b in batches:
+            assert b["tokens"].shape == (packing.rows, packing.length)
+            assert int((np.asarray(b["segment_ids"]) > 0).sum()) <= packing.max_tokens
+            steps.setdefault(b["step"], []).append(b["micro"])
+            assert b["num_micro"] >= 1
+        for step, micros in steps.items():
+            num = next(b["num_micro"] for b in batches if b["step"] == step)
+            assert micros == list(range(num))
+        per_rank.append({s: len(m) for s, m in steps.items()})
+    assert all(p == per_rank[0] for p in per_rank), "same micro-batches per step on every rank"
+    # Loss normalisation: sum of loss_weight x micro-batch mean over ranks / W = step mean.
+    value = np.sin
+    for step in per_rank[0]:
+        micro = [b for batches in ranks for b in batches if b["step"] == step]
+        total = 0.0
+        for b in micro:
+            t = tokens_of(b).astype(np.float64)
+            if t.shape[0]:
+                total += float(b["loss_weight"]) * value(t).mean()
+        every = np.concatenate([tokens_of(b) for b in micro]).astype(np.float64)
+        assert total / len(ranks) == pytest.approx(value(every).mean(), abs=1e-6)
+
+
+def test_every_token_once_equal_micro_counts_caps_and_loss_weights():
+    docs, lengths = documents()
+    ranks = run(docs, lengths)
+    check_epoch(ranks, lengths, PACKING)
+    it = cj.iterator(docs, lengths, global_batch_size=32, num_replicas=2, rank=1, packing=PACKING)
+    plan = it.plan()
+    assert len(it) == len(ranks[1]) == int(plan.micro.num_micro.sum())
+    assert it.num_shapes == 1
+    # The micro-batches are the plan's.
+    for b in ranks[1]:
+        j = plan.micro.index(b["step"], 1, b["micro"])
+        span = slice(plan.micro.bounds[j], plan.micro.bounds[j + 1])
+        assert b["indices"].tolist() == plan.indices[span].tolist()
+        assert b["loss_weight"] == np.float32(plan.micro.weights[j])
+
+
+def test_token_budget_and_split_long_documents():
+    docs, lengths = documents(200, seed=1, longest=1500)
+    assert (lengths > 256).any()
+    budget = Packing(max_tokens=1024, row_length=256, tokens_per_step=6000, long_documents="split")
+    ranks = [
+        list(cj.iterator(docs, lengths, num_replicas=2, rank=r, packing=budget, shuffle=False))
+        for r in range(2)
+    ]
+    check_epoch(ranks, lengths, budget)
+    # A split document's pieces restart their positions (checked in tokens_of) and together
+    # cover it once (checked in check_epoch).
+    split = Packing(max_tokens=512, row_length=128, long_documents="split", loss="sample")
+    docs, lengths = documents(120, seed=2, longest=700)
+    ranks = run(docs, lengths, split, batch=16)
+    codes = np.concatenate([tokens_of(b) for batches in ranks for b in batches])
+    assert np.sort(codes).tolist() == sorted(
+        i * CODE + t for i, k in enumerate(lengths) for t in range(k)
+    )
+
+
+def test_sizes_given_are_not_read_from_the_records():
+    docs, lengths = documents(100)
+
+    class Counting(list):
+        reads = 0
+
+        def __getitem__(self, i):
+            Counting.reads += 1
+            return list.__getitem__(self, i)
+
+    source = Counting(docs)
+    it = cj.iterator(source, lengths, global_batch_size=16, num_replicas=2, rank=0, packing=PACKING)
+    assert Counting.reads <= 1  # the first record, for the fields' dtypes and shapes
+    before = Counting.reads
+    batch = next(it)
+    assert Counting.reads - before == batch["indices"].shape[0]
+    # Without sizes the records' token lengths are read once, and give the same plan.
+    again = cj.iterator(docs, global_batch_size=16, num_replicas=2, rank=0, packing=PACKING)
+    assert (again.plan().indices == it.plan().indices).all()
+
+
+def test_dict_records_pack_every_field_and_refuse_scalars():
+    docs, lengths = documents(80)
+    records = [{"ids": d.astype(np.int64), "targets": d + 1} for d in docs]
+    it = cj.iterator(
+        records,
+        lengths,
+        global_batch_size=16,
+        num_replicas=2,
+        rank=0,
+        packing=PACKING,
+        token_field="ids",
+        pad_value=-1,
+    )
+    for b in it:
+        assert b["tokens"].dtype == np.int32 and b["targets"].dtype == np.int32
+        real = b["segment_ids"] > 0
+        assert (b["targets"][real] == b["tokens"][real] + 1).all()
+        assert (b["tokens"][~real] == -1).all()
+    with pytest.raises(ValueError, match="token_field='tokens' is not a field"):
+        cj.iterator(records, lengths, global_batch_size=16, num_replicas=2, rank=0,
+                    packing=PACKING)  # fmt: skip
+    labelled = [{"tokens": d, "label": 1} for d in docs]
+    with pytest.raises(ValueError, match="'label' is a scalar"):
+        cj.iterator(labelled, lengths, global_batch_size=16, num_replicas=2, rank=0,
+                    packing=PACKING)  # fmt: skip
+    with pytest.raises(ValueError, match="bucket_boundaries"):
+        cj.iterator(docs, lengths, global_batch_size=16, num_replicas=2, rank=0,
+                    packing=PACKING, bucket_boundaries=(64,))  # fmt: skip
+    short = lengths.copy()
+    short[:] = lengths + 5
+    bad = cj.iterator(docs, short, global_batch_size=16, num_replicas=2, rank=0, packing=PACKING)
+    with pytest.raises(ValueError, match="sizes must be the documents' lengths"):
+        list(bad)
+
+
+def test_mid_step_resume_in_a_fresh_iterator_equals_the_uninterrupted_run():
+    docs, lengths = documents(200, longest=120)
+    packing = Packing(max_tokens=512, row_length=128, micro_batches=3)
+    kwargs = {"global_batch_size": 32, "num_replicas": 2, "rank": 1, "epochs": 2, "seed": 3}
+    full = list(cj.iterator(docs, lengths, packing=packing, **kwargs))
+    key = [(b["step"], b["micro"], b["tokens"].tobytes()) for b in full]
+    mid = next(i for i, b in enumerate(full) if b["micro"] == 1)  # inside a step
+    for cut in (0, mid, mid + 1, len(full) // 2 + 1, len(full) - 1, len(full)):
+        first = cj.iterator(docs, lengths, packing=packing, **kwargs)
+        head = [next(first) for _ in range(cut)]
+        state = json.loads(json.dumps(first.get_state()))
+        if cut == mid:
+            assert state["offset"] == 1
+        resumed = cj.iterator(docs, lengths, packing=packing, **kwargs)
+        resumed.set_state(state)
+        rest = list(resumed)
+        got = [(b["step"], b["micro"], b["tokens"].tobytes()) for b in head + rest]
+        assert got == key
+
+
+@pytest.mark.parametrize("mid_step", [False, True])
+def test_elastic_resume_from_four_ranks_to_two_covers_every_token_once(mid_step):
+    docs, lengths = documents(240, seed=4, longest=120)
+    packing = Packing(max_tokens=512, row_length=128, micro_batches=2)
+    old = [
+        cj.iterator(docs, lengths, global_batch_size=32, num_replicas=4, rank=r, packing=packing)
+        for r in range(4)
+    ]
+    plan = old[0].plan()
+    steps = plan.num_steps // 2
+    count = int(plan.micro.num_micro[:steps].sum())
+    trained = []
+    for it in old:
+        for _ in range(count):
+            trained.append(tokens_of(next(it)))
+        if mid_step:
+            next(it)  # a partly yielded step does not count as trained at another world
+    state = json.loads(json.dumps(old[0].get_state()))
+    assert state["step"] == steps and state["offset"] == (1 if mid_step else 0)
+    rest = []
+    counts = []
+    for r in range(2):
+        it = cj.iterator(docs, lengths, global_batch_size=32, num_replicas=2, rank=r,
+                         packing=packing)  # fmt: skip
+        it.set_state(state)
+        batches = list(it)
+        counts.append([(b["step"], b["num_micro"]) for b in batches])
+        rest += [tokens_of(b) for b in batches]
+    assert counts[0] == counts[1]
+    codes = np.sort(np.concatenate(trained + rest))
+    expected = np.concatenate([i * CODE + np.arange(k) for i, k in enumerate(lengths)])
+    assert (codes == expected).all()
+
+
+def test_a_jitted_step_compiles_once_for_every_micro_batch():
+    docs, lengths = documents(200)
+    traces = []
+
+    @jax.jit
+    def loss(tokens, segment_ids, positions, weight):
+        traces.append(tokens.shape)
+        real = (segment_ids > 0).astype(jax.numpy.float32)
+        per_token = jax.numpy.sin(tokens.astype(jax.numpy.float32)) + 0.0 * positions
+        return weight * (per_token * real).sum() / jax.numpy.maximum(real.sum(), 1.0)
+
+    packing = Packing(max_tokens=1024, row_length=256, micro_batches=2)  # some are empty
+    for as_jax in (False, True):
+        it = cj.iterator(docs, lengths, global_batch_size=32, num_replicas=2, rank=0,
+                         packing=packing, epochs=2, as_jax=as_jax)  # fmt: skip
+        for b in it:
+            if as_jax:
+                assert isinstance(b["tokens"], jax.Array)
+                assert isinstance(b["indices"], np.ndarray)
+            value = loss(b["tokens"], b["segment_ids"], b["positions"], b["loss_weight"])
+            assert np.isfinite(float(value))
+        assert it.shapes_seen == {(4, 256)}
+    assert len(traces) == 1
+
+
+def test_rows_layout_matches_the_shared_runtime_layout():
+    docs, lengths = documents(60)
+    it = cj.iterator(docs, lengths, global_batch_size=16, num_replicas=2, rank=0,
+                     packing=PACKING, pad_value=7)  # fmt: skip
+    plan = it.plan()
+    for b in it:
+        j = plan.micro.index(b["step"], 0, b["micro"])
+        span = slice(plan.micro.bounds[j], plan.micro.bounds[j + 1])
+        layout = row_layout(
+            MicroBatch(
+                plan.indices[span],
+                plan.micro.starts[span],
+                plan.micro.lengths[span],
+                plan.micro.rows[span],
+                float(plan.micro.weights[j]),
+            ),
+            PACKING.rows,
+            PACKING.length,
+        )
+        assert (layout.segment_ids == b["segment_ids"]).all()
+        assert (layout.positions == b["positions"]).all()
+        expected = layout.fill([docs[i] for i in plan.indices[span]], 7, np.int32)
+        assert (expected == b["tokens"]).all()
