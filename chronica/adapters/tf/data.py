@@ -12,7 +12,9 @@ becomes one dense or ragged tensor and each step's local batch is a ``tf.gather`
 padding of variable-length features, the ``tf.data`` plumbing (a ``from_generator`` over the
 stream's local batches), the world of a ``tf.distribute.InputContext``, and the ranks'
 agreement for ``kind="dynamic"`` over the key-value store of TensorFlow's coordination
-service.
+service. With ``packing=`` the store holds every feature's tokens concatenated, one Python
+call per micro-batch lays out its dense rows (``chronica.runtime.rows``, shared with the
+JAX iterator) as a flat token index, and the graph gathers the tokens with it.
 """
 
 from __future__ import annotations
@@ -37,12 +39,19 @@ from chronica.runtime.build import (
     scheduling_arguments,
 )
 from chronica.runtime.face import StreamFace
+from chronica.runtime.rows import (
+    TOKENS,
+    check_document_lengths,
+    packed_names,
+    row_layout,
+)
 from chronica.runtime.stream import state_format
 
 __all__ = ["Schedule", "schedule"]
 
 _SINGLE_KEY = "x"
 _LOSS_WEIGHT, _EPOCH, _STEP = "loss_weight", "epoch", "step"
+_MICRO, _NUM_MICRO = "micro", "num_micro"
 _RESERVED = (_LOSS_WEIGHT, _EPOCH, _STEP)
 _NAMES = state_format("schedule")
 # Examples read from a data set of unknown length before it counts as endless.
@@ -51,13 +60,16 @@ _KEPT_EPOCHS = 64  # epochs whose start a delivered batch may still refer to
 
 
 class _Store:
-    """Every example of the data set, one dense or ragged tensor per feature."""
+    """Every example of the data set, one dense or ragged tensor per feature; with packing
+    (``token_field`` given), every feature's tokens of all examples concatenated instead
+    (``flat``), example ``i`` being ``splits[i] .. splits[i + 1]``."""
 
     def __init__(
         self,
         dataset: tf.data.Dataset,
         size_fn: Callable[[Any], Any] | None,
         expected: int | None,
+        token_field: str | None = None,
     ) -> None:
         spec = dataset.element_spec
         if isinstance(spec, Mapping):
@@ -80,7 +92,7 @@ class _Store:
                     f"feature {key!r} has spec {s!r}; every feature must be a plain tensor "
                     f"(variable-length 1-D features are fine, ragged/sparse inputs are not)"
                 )
-            if self.is_dict and key in _RESERVED:
+            if self.is_dict and key in _RESERVED and token_field is None:
                 raise ValueError(
                     f"feature name {key!r} is reserved by chronica (the output adds "
                     f"{', '.join(repr(k) for k in _RESERVED)}); rename it with dataset.map"
@@ -119,8 +131,61 @@ class _Store:
         self.sizes = sizes if size_fn is not None else None
         self.ragged: dict[str, bool] = {}
         self.tensors: dict[str, tf.Tensor | tf.RaggedTensor] = {}
+        self.names: dict[str, str] = {}  # packed feature -> output key
+        self.flat: dict[str, tf.Tensor] = {}
+        self.splits = np.zeros(1, dtype=np.int64)
+        if token_field is not None:
+            self._flatten(token_field, specs, columns)
+            return
         for key, s, column in zip(self.keys, specs, columns, strict=True):
             self.tensors[key], self.ragged[key] = self._to_tensor(key, s, column)
+
+    def _flatten(
+        self, token_field: str, specs: list[tf.TensorSpec], columns: list[list[np.ndarray]]
+    ) -> None:
+        """The packed store: every feature is a per-token sequence as long as the tokens."""
+        if self.is_dict:
+            self.names = packed_names(self.keys, token_field, reserved=(_EPOCH,))
+        else:
+            self.names = packed_names(None, _SINGLE_KEY)
+        token_key = next(k for k, name in self.names.items() if name == TOKENS)
+        tokens = columns[self.keys.index(token_key)]
+        lengths = np.array([np.shape(a)[0] if np.ndim(a) else -1 for a in tokens], np.int64)
+        self.splits = np.concatenate([[0], np.cumsum(np.maximum(lengths, 0))]).astype(np.int64)
+        self.lengths = lengths
+        for key, spec, column in zip(self.keys, specs, columns, strict=True):
+            field = f"feature {key!r}" if self.is_dict else "the examples"
+            if spec.shape.rank == 0 or any(np.ndim(a) == 0 for a in column):
+                raise ValueError(
+                    f"{field} is a scalar; with packing= every feature is packed per token (a "
+                    "sequence along its first axis): drop it with dataset.map first"
+                )
+            if key != token_key:
+                own = np.array([a.shape[0] for a in column], dtype=np.int64)
+                if (own != lengths).any():
+                    i = int(np.flatnonzero(own != lengths)[0])
+                    raise ValueError(
+                        f"{field} of example {i} has {own[i]} entries but {lengths[i]} tokens; "
+                        "with packing= every feature is a per-token sequence as long as the "
+                        f"tokens ({token_key!r})"
+                    )
+            dtype = spec.dtype
+            if key == token_key:
+                if not (dtype.is_integer):
+                    raise ValueError(
+                        f"the tokens ({field}) have dtype {dtype.name}; packed tokens are "
+                        "int32 ids: give integer token sequences"
+                    )
+                dtype = tf.int32
+            tail = [d or 0 for d in spec.shape.as_list()[1:]]
+            trailing = {a.shape[1:] for a in column}
+            if len(trailing) > 1:
+                raise ValueError(
+                    f"{field} varies beyond its first dimension (shapes "
+                    f"{sorted(trailing)[:3]}...); only the token axis may vary"
+                )
+            values = np.concatenate(column, axis=0) if column else np.zeros([0, *tail])
+            self.flat[key] = tf.constant(values, dtype=dtype)
 
     @staticmethod
     def _to_tensor(
@@ -162,6 +227,42 @@ class _Store:
             out[_LOSS_WEIGHT] = weight
             out[_EPOCH] = epoch
             out[_STEP] = step
+            return out
+
+        return gather
+
+    def gather_rows(self) -> Callable[..., dict[str, Any]]:
+        """The ``tf.data`` map from one packed micro-batch's ``_MICRO_SPEC`` tuple to its
+        output element: every feature's tokens gathered into the dense rows of
+        ``chronica.runtime.rows`` (0 on padding), plus the layout and the position."""
+        flat, names = dict(self.flat), dict(self.names)
+
+        def gather(
+            epoch: tf.Tensor,
+            step: tf.Tensor,
+            micro: tf.Tensor,
+            num_micro: tf.Tensor,
+            weight: tf.Tensor,
+            index: tf.Tensor,
+            segment_ids: tf.Tensor,
+            positions: tf.Tensor,
+        ):
+            real = index >= 0
+            safe = tf.maximum(index, 0)
+            out: dict[str, Any] = {}
+            for key, values in flat.items():
+                taken = tf.gather(values, safe)
+                keep = real  # broadcast over a feature's trailing axes
+                for _ in range(values.shape.rank - 1):
+                    keep = keep[..., None]
+                out[names[key]] = tf.where(keep, taken, tf.zeros_like(taken))
+            out["segment_ids"] = segment_ids
+            out["positions"] = positions
+            out[_LOSS_WEIGHT] = weight
+            out[_EPOCH] = epoch
+            out[_STEP] = step
+            out[_MICRO] = micro
+            out[_NUM_MICRO] = num_micro
             return out
 
         return gather
@@ -223,7 +324,22 @@ class Schedule(StreamFace):
       (int64, ``(batch,)``) and ``k + "_mask"`` (bool, ``(batch, max_len)``); with
       ``padded=False`` it stays a ``tf.RaggedTensor``;
     * sizes (``sizes`` or ``size_fn``) are read once, when the transformation is first
-      applied, and cached: ``size_fn`` is called exactly once per example.
+      applied, and cached: ``size_fn`` is called exactly once per example;
+    * with ``packing=`` (a ``chronica.core.packing.Packing``; sizes are then document
+      lengths in tokens) each output element is one packed micro-batch instead, and every
+      rank yields the same number of them at every step (``num_micro``): ``"tokens"``
+      (int32, ``(rows, row_length)`` with ``rows = max_tokens // row_length``, 0 on
+      padding), ``"segment_ids"`` (int32, ``1, 2, ...`` per document piece within its row,
+      0 on padding), ``"positions"`` (int32, restarting at 0 in every piece, 0 on
+      padding), as ``chronica.runtime.rows`` lays them out (the JAX iterator's arrays, for
+      equal plans); a dict example's other features are packed the same way under their
+      own names (each a per-token sequence as long as the tokens); ``"loss_weight"``
+      (float32: multiply the micro-batch's mean loss, per token or per document as
+      ``Packing.loss`` says, by it; summing over the step's micro-batches and averaging
+      over replicas gives the global mean), ``"epoch"``, ``"step"``, ``"micro"`` and
+      ``"num_micro"`` (int64 scalars). Every element has the same static shapes. The
+      micro-batches of step ``s`` hold exactly this rank's part of ``plan(e).micro``,
+      each token of each piece once.
 
     The scheduler is built when the transformation is first applied (the sizes may come from
     the data set), so ``plan``, ``stats``, ``get_state`` and the other stream calls raise
@@ -238,7 +354,9 @@ class Schedule(StreamFace):
     position after the last batch the pipeline produced, ahead of training by what was
     prefetched. ``set_state(state)`` (before applying or before iterating) makes the next
     iteration continue from ``state``, saved by any adapter, at this or another world size
-    or global batch size.
+    or global batch size. With ``packing=`` positions count micro-batches: the state after
+    micro-batch ``m`` of a step (``delivered`` holds ``"micro"`` and ``"num_micro"``)
+    resumes with micro-batch ``m + 1`` of it.
 
     Args (``chronica.tf.schedule`` is this class under the name the docs use:
     ``ds.apply(chronica.tf.schedule(...))``):
@@ -263,6 +381,11 @@ class Schedule(StreamFace):
             features (``True``) or keep them ragged (``False``).
         epochs: how many epochs the output holds, starting at ``epoch`` (default 1;
             ``None``: forever).
+        packing: cut every step (``global_batch_size`` examples, or ``None`` with
+            ``Packing(tokens_per_step=...)``) into packed micro-batches (see above);
+            ``kind`` must be ``"static"``.
+        token_field: with ``packing=`` and dict examples, the feature holding the token
+            sequence (output as ``"tokens"``); a non-dict example is the tokens itself.
 
     Raises ``ValueError`` for missing or doubled sizes, a bad argument value, and (when
     applied) an infinite data set or sizes of the wrong length.
@@ -293,6 +416,7 @@ class Schedule(StreamFace):
         epochs: int | None = 1,
         epoch: int = 0,
         input_context: tf.distribute.InputContext | None = None,
+        token_field: str = TOKENS,
     ) -> None:
         if (sizes is None) == (size_fn is None):
             raise ValueError(
@@ -302,7 +426,8 @@ class Schedule(StreamFace):
             )
         if size_fn is not None and not callable(size_fn):
             raise ValueError(f"size_fn={size_fn!r} must be a function of one example")
-        if global_batch_size is None and config is None:
+        budget = packing is not None and packing.tokens_per_step is not None
+        if global_batch_size is None and config is None and not budget:
             raise ValueError("global_batch_size (examples per step over all replicas) is required")
         if input_context is not None:
             if num_replicas is not None or rank is not None:
@@ -330,10 +455,10 @@ class Schedule(StreamFace):
         self.config = schedule_config(
             config, world, global_batch_size, scheduling, dynamic, batch_name="global_batch_size"
         )
-        if self.config.packing is not None:
+        if self.config.packing is not None and not padded:
             raise ValueError(
-                "packing= is not delivered by chronica.tf.schedule yet; plan packed steps "
-                "with chronica.core.Scheduler (EpochPlan.micro) or use chronica.torch"
+                "padded=False keeps variable-length features ragged; packed micro-batches "
+                "are dense rows (drop padded= with packing=)"
             )
         self.ranks = list(range(rank, rank + served))
         if self.config.kind == "dynamic" and served > 1:
@@ -349,6 +474,7 @@ class Schedule(StreamFace):
         self.first_epoch = check_int("epoch", epoch, 0)
         self.padded = check_bool("padded", padded)
         self.dynamic_options = dynamic
+        self.token_field = token_field
         self._given_sizes, self._size_fn = sizes, size_fn
         self._labels, self._partitions = labels, partitions
         self._source: tf.data.Dataset | None = None
@@ -417,6 +543,16 @@ class Schedule(StreamFace):
                 f"delivered= is epoch {epoch} step {step}, not a batch of this pipeline's "
                 f"current iteration"
             )
+        if self.config.packing is None:
+            return {**copy.deepcopy(start), "step": step + 1, "offset": 0}
+        if not {_MICRO, _NUM_MICRO} <= set(delivered):
+            raise ValueError(
+                "with packing= delivered= must be a packed micro-batch of this pipeline's "
+                "output (a dict with 'epoch', 'step', 'micro' and 'num_micro')"
+            )
+        micro = _scalar(_MICRO, delivered[_MICRO]) + 1
+        if micro < _scalar(_NUM_MICRO, delivered[_NUM_MICRO]):
+            return {**copy.deepcopy(start), "step": step, "offset": micro}
         return {**copy.deepcopy(start), "step": step + 1, "offset": 0}
 
     def set_state(self, state: Any) -> None:
@@ -457,13 +593,21 @@ class Schedule(StreamFace):
         if self._store is not None and self._source is dataset:
             return self._store
         given = self._given_sizes
-        store = _Store(dataset, self._size_fn, None if given is None else len(given))
+        packed = self.config.packing is not None
+        store = _Store(
+            dataset,
+            self._size_fn,
+            None if given is None else len(given),
+            self.token_field if packed else None,
+        )
         raw = store.sizes if store.sizes is not None else self._given_sizes
         sizes = validate_sizes(
             raw,
             expected_len=store.num_examples,
             name="sizes" if store.sizes is None else "size_fn results",
         )
+        if packed:
+            check_document_lengths(store.lengths, sizes)
         self.close()
         first = open_stream(
             sizes,
@@ -488,9 +632,9 @@ class Schedule(StreamFace):
             self.set_state(self._start)
         return store
 
-    def _batches(self) -> Iterator[tuple[int, int, np.ndarray, float]]:
-        """``(epoch, step, indices, loss_weight)`` of every batch of one iteration, the
-        served replicas' batches of a step one after another."""
+    def _epochs(self) -> Iterator[int]:
+        """Starts one iteration of the output (at ``set_state``'s position, else at
+        ``epoch``) and yields every epoch it holds, its streams selected."""
         streams, lead = self._streams, self._streams[0]
         if self._start is not None:
             for stream in streams:
@@ -507,19 +651,65 @@ class Schedule(StreamFace):
                 stream.set_epoch(epoch)
             self._epoch_starts[epoch] = lead.state()
             self._epoch_starts.pop(epoch - _KEPT_EPOCHS, None)
+            yield epoch
+            epoch += 1
+
+    def _batches(self) -> Iterator[tuple[int, int, np.ndarray, float]]:
+        """``(epoch, step, indices, loss_weight)`` of every batch of one iteration, the
+        served replicas' batches of a step one after another."""
+        streams, lead = self._streams, self._streams[0]
+        for _ in self._epochs():
             parts: tuple[LocalBatch, ...]
             for parts in zip(*(stream.batches() for stream in streams), strict=True):
                 for part in parts:
                     if lead.session is not None:
                         self._unreported.append((part.epoch, part.step))
                     yield part.epoch, part.step, part.indices, part.loss_weight
-            epoch += 1
+
+    def _micro_batches(self) -> Iterator[tuple[Any, ...]]:
+        """Every packed micro-batch of one iteration as a ``_MICRO_SPEC`` tuple (where it
+        stands, its loss weight and its ``chronica.runtime.rows`` layout: the flat token
+        index of every slot, segment ids, positions); the served replicas' micro-batches of
+        a step interleaved, micro-batch by micro-batch."""
+        packing = self.config.packing
+        assert packing is not None and self._store is not None
+        streams, lead, splits = self._streams, self._streams[0], self._store.splits
+        for _ in self._epochs():
+            parts: tuple[LocalBatch, ...]
+            for parts in zip(*(stream.batches(whole=False) for stream in streams), strict=True):
+                count = len(parts[0].micro)
+                for m in range(lead.offset, count):
+                    for stream, part in zip(streams, parts, strict=True):
+                        # Counted before it is handed out (get_state() is after it).
+                        stream.advance(1)
+                        micro = part.micro[m]
+                        layout = row_layout(micro, packing.rows, packing.length)
+                        yield (
+                            part.epoch,
+                            part.step,
+                            m,
+                            count,
+                            np.float32(micro.loss_weight),
+                            layout.token_index(splits),
+                            layout.segment_ids,
+                            layout.positions,
+                        )
 
     def __call__(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
         """This pipeline's scheduled batches of ``dataset`` (see the class docstring)."""
         if not isinstance(dataset, tf.data.Dataset):
             raise ValueError(f"expected a tf.data.Dataset, got {type(dataset).__name__}")
         store = self._prepare(dataset)
+        if self.config.packing is not None:
+            # One Python call per micro-batch lays out its rows (chronica.runtime.rows); the
+            # tokens are gathered from the in-memory store in the graph.
+            micro = tf.data.Dataset.from_generator(
+                self._micro_batches, output_signature=_micro_spec(self.config.packing)
+            )
+            rows = micro.map(
+                store.gather_rows(), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+            )
+            return rows.prefetch(tf.data.AUTOTUNE)
         gather = store.gather(self.padded)
         if self.stream.session is not None:
             # Dynamic plans arrive window by window and follow the reports of the batches
@@ -559,6 +749,21 @@ _TABLE_SPEC = (
     tf.TensorSpec([None], tf.int64),
     tf.TensorSpec([None], tf.float32),
 )
+
+
+def _micro_spec(packing: Packing) -> tuple[tf.TensorSpec, ...]:
+    """The generator's signature of one packed micro-batch (see ``_micro_batches``)."""
+    shape = [packing.rows, packing.length]
+    return (
+        tf.TensorSpec([], tf.int64),
+        tf.TensorSpec([], tf.int64),
+        tf.TensorSpec([], tf.int64),
+        tf.TensorSpec([], tf.int64),
+        tf.TensorSpec([], tf.float32),
+        tf.TensorSpec(shape, tf.int64),
+        tf.TensorSpec(shape, tf.int32),
+        tf.TensorSpec(shape, tf.int32),
+    )
 
 
 def _table(rows: list[tuple[int, int, np.ndarray, float]]) -> tuple[np.ndarray, ...]:
