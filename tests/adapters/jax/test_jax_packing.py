@@ -176,15 +176,22 @@ def test_dict_records_pack_every_field_and_refuse_scalars():
         assert (b["targets"][real] == b["tokens"][real] + 1).all()
         assert (b["tokens"][~real] == -1).all()
     with pytest.raises(ValueError, match="token_field='tokens' is not a field"):
-        cj.iterator(records, lengths, global_batch_size=16, num_replicas=2, rank=0,
-                    packing=PACKING)  # fmt: skip
+        cj.iterator(records, lengths, global_batch_size=16, num_replicas=2, rank=0, packing=PACKING)
     labelled = [{"tokens": d, "label": 1} for d in docs]
     with pytest.raises(ValueError, match="'label' is a scalar"):
-        cj.iterator(labelled, lengths, global_batch_size=16, num_replicas=2, rank=0,
-                    packing=PACKING)  # fmt: skip
+        cj.iterator(
+            labelled, lengths, global_batch_size=16, num_replicas=2, rank=0, packing=PACKING
+        )
     with pytest.raises(ValueError, match="bucket_boundaries"):
-        cj.iterator(docs, lengths, global_batch_size=16, num_replicas=2, rank=0,
-                    packing=PACKING, bucket_boundaries=(64,))  # fmt: skip
+        cj.iterator(
+            docs,
+            lengths,
+            global_batch_size=16,
+            num_replicas=2,
+            rank=0,
+            packing=PACKING,
+            bucket_boundaries=(64,),
+        )
     short = lengths.copy()
     short[:] = lengths + 5
     bad = cj.iterator(docs, short, global_batch_size=16, num_replicas=2, rank=0, packing=PACKING)
@@ -234,8 +241,9 @@ def test_elastic_resume_from_four_ranks_to_two_covers_every_token_once(mid_step)
     rest = []
     counts = []
     for r in range(2):
-        it = cj.iterator(docs, lengths, global_batch_size=32, num_replicas=2, rank=r,
-                         packing=packing)  # fmt: skip
+        it = cj.iterator(
+            docs, lengths, global_batch_size=32, num_replicas=2, rank=r, packing=packing
+        )
         it.set_state(state)
         batches = list(it)
         counts.append([(b["step"], b["num_micro"]) for b in batches])
@@ -259,8 +267,16 @@ def test_a_jitted_step_compiles_once_for_every_micro_batch():
 
     packing = Packing(max_tokens=1024, row_length=256, micro_batches=2)  # some are empty
     for as_jax in (False, True):
-        it = cj.iterator(docs, lengths, global_batch_size=32, num_replicas=2, rank=0,
-                         packing=packing, epochs=2, as_jax=as_jax)  # fmt: skip
+        it = cj.iterator(
+            docs,
+            lengths,
+            global_batch_size=32,
+            num_replicas=2,
+            rank=0,
+            packing=packing,
+            epochs=2,
+            as_jax=as_jax,
+        )
         for b in it:
             if as_jax:
                 assert isinstance(b["tokens"], jax.Array)
@@ -273,8 +289,9 @@ def test_a_jitted_step_compiles_once_for_every_micro_batch():
 
 def test_rows_layout_matches_the_shared_runtime_layout():
     docs, lengths = documents(60)
-    it = cj.iterator(docs, lengths, global_batch_size=16, num_replicas=2, rank=0,
-                     packing=PACKING, pad_value=7)  # fmt: skip
+    it = cj.iterator(
+        docs, lengths, global_batch_size=16, num_replicas=2, rank=0, packing=PACKING, pad_value=7
+    )
     plan = it.plan()
     for b in it:
         j = plan.micro.index(b["step"], 0, b["micro"])
