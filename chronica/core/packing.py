@@ -16,11 +16,17 @@ finds and a rank's micro-batches carry similar costs:
    the rank whose predicted time after taking it is lowest among those with a row it fits
    in; within the rank, to the cheapest micro-batch with such a row, and there to the
    fullest row it fits in (best fit).
-2. Refinement: while the slowest rank can give a document to another rank, or trade one
-   for a cheaper one, so that the larger of the two new times falls, make the best such
-   move; trades keep each document's row slot, so the cap holds throughout.
+2. Refinement: while the slowest rank is more than 1e-7 above the mean time and can give
+   a document to another rank, or trade one for a cheaper one, so that the larger of the
+   two new times falls, make the best such move. Trades are looked for among the four
+   lightest ranks (one for one; while the slowest rank is more than 1e-5 above the mean,
+   also one for two of one row), then, as long, among every rank (one for one, steps of at
+   most 16384 documents). Trades keep each document's row slot, so
+   the cap holds throughout.
 
-If a document fits nowhere the step takes one more micro-batch per rank and starts again.
+If a document fits nowhere, the same count is tried again with every document in the
+fullest row of its rank it fits in (best fit: tighter, micro-batches less even); if that
+fails too, the step takes one more micro-batch per rank and starts again.
 The result depends on the lengths, costs and speeds only (deterministic on every machine).
 
 Loss normalisation: ``micro_weights`` gives each micro-batch the factor that turns its mean
@@ -58,8 +64,15 @@ LONG_DOCUMENTS = ("error", "split", "truncate")
 LOSS_NORMALISATIONS = ("token", "sample")
 # Trades that gain less than this fraction of the top time are not worth an iteration.
 _REL_TOL = 1e-9
-# Ranks a trade partner is looked for among (the lightest ones).
+# Refinement stops once the slowest rank is this close to the mean time (relative).
+_CLOSE_ENOUGH = 1e-7
+# Ranks a trade partner is looked for among first (the lightest ones).
 _PARTNERS = 4
+# Steps up to this many documents search every rank for a trade when the lightest fail.
+_WIDE_SEARCH_MAX = 16384
+# Trades of two documents for one, and searches of every rank, only while the slowest rank
+# is this far above the mean time (relative): below it their cost buys only rounding.
+_WORTH_MORE = 1e-5
 
 
 @dataclass(frozen=True)
@@ -255,13 +268,21 @@ def pack_step(
     num_micro: int | None = None,
 ) -> PackedStep:
     """Pack one step's documents (token ``lengths`` at most ``packing.row_length`` each,
-    predicted ``costs``) for ``num_replicas`` ranks of relative ``speeds`` (default equal);
-    ``num_micro`` micro-batches per rank at least (default ``packing.micro_batches``, else
-    the fewest the tokens need). See the module docstring."""
+    predicted ``costs``, finite and non-negative) for ``num_replicas`` ranks of relative
+    ``speeds`` (positive; default equal); ``num_micro`` micro-batches per rank at least
+    (default ``packing.micro_batches``, else the fewest the tokens need). See the module
+    docstring."""
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     costs = np.ascontiguousarray(costs, dtype=np.float64)
-    w = int(num_replicas)
+    w = check_int("num_replicas", num_replicas, 1)
     speed = np.ones(w) if speeds is None else np.ascontiguousarray(speeds, dtype=np.float64)
+    if costs.shape != lengths.shape or not (np.isfinite(costs).all() and (costs >= 0).all()):
+        raise ValueError(
+            f"costs must be finite and >= 0, one per document ({lengths.shape[0]}); use a "
+            "CostModel of the lengths"
+        )
+    if speed.shape != (w,) or not (np.isfinite(speed).all() and (speed > 0).all()):
+        raise ValueError(f"speeds must be {w} finite numbers > 0 (one per rank), got {speeds!r}")
     if lengths.shape[0] and int(lengths.max()) > packing.length:
         raise ValueError(
             f"a document of {int(lengths.max())} tokens is longer than row_length="
@@ -274,9 +295,12 @@ def pack_step(
     micro = np.empty_like(rank)
     row = np.empty_like(rank)
     loads = np.zeros(w)
-    # Every document fits alone in a row, so one micro-batch per document always suffices.
-    while not _pack(
-        lengths, costs, order, speed, m, packing.rows, packing.length, rank, micro, row, loads
+    rows, length = packing.rows, packing.length
+    # Each count is tried with even micro-batches first, then packed as tightly as it goes;
+    # one micro-batch per document always fits, so the loop ends.
+    while not (
+        _pack(lengths, costs, order, speed, m, rows, length, False, rank, micro, row, loads)
+        or _pack(lengths, costs, order, speed, m, rows, length, True, rank, micro, row, loads)
     ):
         m += 1
     return PackedStep(rank, micro, row, m, loads)
@@ -293,11 +317,19 @@ def _fit_row(free: np.ndarray, length: int) -> int:
 
 
 @njit(cache=True)
-def _fit_micro(free: np.ndarray, micro_loads: np.ndarray, length: int) -> tuple[int, int]:
-    """The cheapest micro-batch of one rank (``free``: rows per micro-batch) with a row
-    that ``length`` fits in, and that row; ``(-1, -1)`` if none."""
+def _fit_micro(
+    free: np.ndarray, micro_loads: np.ndarray, length: int, tight: bool
+) -> tuple[int, int]:
+    """Where in one rank (``free``: rows per micro-batch) ``length`` goes: the cheapest
+    micro-batch with a row it fits in, and there the fullest such row; with ``tight``, the
+    fullest row of any micro-batch (best fit). ``(-1, -1)`` if it fits nowhere."""
     best_m, best_k = -1, -1
     for m in range(free.shape[0]):
+        if tight:
+            k = _fit_row(free[m], length)
+            if k >= 0 and (best_m < 0 or free[m, k] < free[best_m, best_k]):
+                best_m, best_k = m, k
+            continue
         if best_m >= 0 and micro_loads[m] >= micro_loads[best_m]:
             continue
         k = _fit_row(free[m], length)
@@ -325,6 +357,7 @@ def _pack(
     num_micro: int,
     rows: int,
     row_length: int,
+    tight: bool,
     rank: np.ndarray,
     micro: np.ndarray,
     row: np.ndarray,
@@ -348,13 +381,13 @@ def _pack(
                     best, best_time = r, time
         if best < 0:
             return False
-        m, k = _fit_micro(free[best], micro_loads[best], lengths[i])
+        m, k = _fit_micro(free[best], micro_loads[best], lengths[i], tight)
         rank[i], micro[i], row[i] = best, m, k
         free[best, m, k] -= lengths[i]
         micro_loads[best, m] += costs[i]
         loads[best] += costs[i]
         room[best] = _room(free[best])
-    _refine(lengths, costs, speeds, free, micro_loads, room, rank, micro, row, loads)
+    _refine(lengths, costs, speeds, tight, free, micro_loads, room, rank, micro, row, loads)
     return True
 
 
@@ -363,6 +396,7 @@ def _refine(
     lengths: np.ndarray,
     costs: np.ndarray,
     speeds: np.ndarray,
+    tight: bool,
     free: np.ndarray,
     micro_loads: np.ndarray,
     room: np.ndarray,
@@ -375,7 +409,8 @@ def _refine(
     n = lengths.shape[0]
     if w < 2 or n == 0:
         return
-    bound = loads.sum() / speeds.sum() * (1.0 + _REL_TOL)
+    mean = loads.sum() / speeds.sum()
+    bound = mean * (1.0 + _CLOSE_ENOUGH)
     for _ in range(4 * n + 16):
         times = loads / speeds
         a = int(np.argmax(times))
@@ -398,7 +433,7 @@ def _refine(
             i, b = move_i, move_b
             free[a, micro[i], row[i]] += lengths[i]
             micro_loads[a, micro[i]] -= costs[i]
-            m, k = _fit_micro(free[b], micro_loads[b], lengths[i])
+            m, k = _fit_micro(free[b], micro_loads[b], lengths[i], tight)
             rank[i], micro[i], row[i] = b, m, k
             free[b, m, k] -= lengths[i]
             micro_loads[b, m] += costs[i]
@@ -407,51 +442,115 @@ def _refine(
             room[a] = _room(free[a])
             room[b] = _room(free[b])
             continue
-        # No move helps: the best trade of a document of ``a`` for a cheaper one of one of
-        # the lightest ranks, each taking the other's row slot.
+        # No move helps: trade a document of ``a`` for one cheaper document, or two of one
+        # row, of another rank, each side taking the other's row slot. The lightest ranks
+        # are searched first, then (for steps small enough) every rank.
         partner = np.zeros(w, np.bool_)
-        partner[np.argsort(times)[:_PARTNERS]] = True
+        partner[np.argsort(times, kind="mergesort")[:_PARTNERS]] = True
         partner[a] = False
-        theirs = np.empty(n, np.int64)
-        mine = np.empty(n, np.int64)
-        num_theirs = num_mine = 0
-        for i in range(n):
-            if rank[i] == a:
-                mine[num_mine] = i
-                num_mine += 1
-            elif partner[rank[i]]:
-                theirs[num_theirs] = i
-                num_theirs += 1
-        trade_i, trade_j = -1, -1
-        for i in mine[:num_mine]:
-            slot_a = free[a, micro[i], row[i]] + lengths[i]
-            for j in theirs[:num_theirs]:
-                b = rank[j]
-                if costs[j] >= costs[i]:
-                    continue
-                if lengths[j] > slot_a or lengths[i] > free[b, micro[j], row[j]] + lengths[j]:
-                    continue
-                d = costs[i] - costs[j]
-                new_top = max((loads[a] - d) / speeds[a], (loads[b] + d) / speeds[b])
-                if top - new_top > gain:
-                    gain, trade_i, trade_j = top - new_top, i, j
-        if trade_i < 0:
+        trade = _best_trade(
+            lengths, costs, speeds, free, rank, micro, row, loads, a, partner, False, gain
+        )
+        worth = top > mean * (1.0 + _WORTH_MORE)
+        if trade[0] < 0 and worth:
+            trade = _best_trade(
+                lengths, costs, speeds, free, rank, micro, row, loads, a, partner, True, gain
+            )
+        if trade[0] < 0 and worth and w > _PARTNERS + 1 and n <= _WIDE_SEARCH_MAX:
+            partner[:] = True
+            partner[a] = False
+            trade = _best_trade(
+                lengths, costs, speeds, free, rank, micro, row, loads, a, partner, False, gain
+            )
+        i, j, k = trade
+        if i < 0:
             return
-        i, j = trade_i, trade_j
         b = rank[j]
-        d = costs[i] - costs[j]
-        free[a, micro[i], row[i]] += lengths[i] - lengths[j]
-        free[b, micro[j], row[j]] += lengths[j] - lengths[i]
+        taken = lengths[j] + (lengths[k] if k >= 0 else 0)
+        given = costs[j] + (costs[k] if k >= 0 else 0.0)
+        d = costs[i] - given
+        free[a, micro[i], row[i]] += lengths[i] - taken
+        free[b, micro[j], row[j]] += taken - lengths[i]
         micro_loads[a, micro[i]] -= d
         micro_loads[b, micro[j]] += d
-        rank[i], rank[j] = b, a
-        mi, ri = micro[i], row[i]
-        micro[i], row[i] = micro[j], row[j]
-        micro[j], row[j] = mi, ri
+        slot_micro, slot_row = micro[i], row[i]
+        rank[i], micro[i], row[i] = b, micro[j], row[j]
+        rank[j], micro[j], row[j] = a, slot_micro, slot_row
+        if k >= 0:
+            rank[k], micro[k], row[k] = a, slot_micro, slot_row
         loads[a] -= d
         loads[b] += d
         room[a] = _room(free[a])
         room[b] = _room(free[b])
+
+
+@njit(cache=True)
+def _best_trade(
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    speeds: np.ndarray,
+    free: np.ndarray,
+    rank: np.ndarray,
+    micro: np.ndarray,
+    row: np.ndarray,
+    loads: np.ndarray,
+    a: int,
+    partner: np.ndarray,
+    pairs: bool,
+    gain: float,
+) -> tuple[int, int, int]:
+    """The trade of a document ``i`` of rank ``a`` for document ``j`` (and, with
+    ``pairs``, maybe ``k`` of the same row; else -1) of a ``partner`` rank that lowers the
+    larger of the two ranks' times most, by more than ``gain``: ``(i, j, k)``, ``i = -1``
+    if none. ``i`` takes the row slot of ``j`` (and ``k``); they take the slot of ``i``."""
+    n = lengths.shape[0]
+    top = loads[a] / speeds[a]
+    mine = np.empty(n, np.int64)
+    theirs = np.empty(n, np.int64)
+    keys = np.empty(n, np.int64)
+    num_mine = num_theirs = 0
+    m, r = free.shape[1], free.shape[2]
+    for i in range(n):
+        if rank[i] == a:
+            mine[num_mine] = i
+            num_mine += 1
+        elif partner[rank[i]]:
+            theirs[num_theirs] = i
+            keys[num_theirs] = (rank[i] * m + micro[i]) * r + row[i]
+            num_theirs += 1
+    grouped = theirs[:num_theirs]
+    if pairs:
+        # Their documents row by row, so that the pairs of one row are neighbours.
+        by_row = np.argsort(keys[:num_theirs], kind="mergesort")
+        grouped, keys = grouped[by_row], keys[:num_theirs][by_row]
+    else:
+        keys = np.arange(num_theirs)  # every document a group of its own
+    best_i, best_j, best_k = -1, -1, -1
+    for i in mine[:num_mine]:
+        slot_a = free[a, micro[i], row[i]] + lengths[i]
+        start = 0
+        while start < num_theirs:
+            stop = start + 1
+            while stop < num_theirs and keys[stop] == keys[start]:
+                stop += 1
+            first = grouped[start]
+            b = rank[first]
+            slot_b = free[b, micro[first], row[first]]
+            for x in range(start, stop):
+                j = grouped[x]
+                # y == x: j alone; with ``pairs``, also j with a later document of its row.
+                for y in range(x, stop if pairs else x + 1):
+                    k = -1 if y == x else grouped[y]
+                    taken = lengths[j] + (lengths[k] if k >= 0 else 0)
+                    given = costs[j] + (costs[k] if k >= 0 else 0.0)
+                    if given >= costs[i] or taken > slot_a or lengths[i] > slot_b + taken:
+                        continue
+                    d = costs[i] - given
+                    new_top = max((loads[a] - d) / speeds[a], (loads[b] + d) / speeds[b])
+                    if top - new_top > gain:
+                        gain, best_i, best_j, best_k = top - new_top, i, j, k
+            start = stop
+    return best_i, best_j, best_k
 
 
 def micro_weights(tokens: np.ndarray, docs: np.ndarray, num_replicas: int, loss: str) -> np.ndarray:
