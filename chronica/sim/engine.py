@@ -10,6 +10,7 @@ window of feedback, as it does in a real job.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import time
@@ -146,7 +147,7 @@ class StrategyResult:
     its mean. ``idle_fraction``: ``1 - Σ_s mean_r compute / Σ_s max_r compute``, the share of
     rank-time spent waiting for the slowest rank. ``speedup``: torch's total time over this
     one's. ``padding``: padded tokens over real tokens when every local batch is padded to
-    its longest sample. ``moved_per_epoch``: samples nodes fetch per epoch
+    its longest sample (packed: the micro-batches' empty row space). ``moved_per_epoch``: samples nodes fetch per epoch
     (``chronica.core.accounting.movement``), ``moved_fraction`` that over N.
     ``load_ratio``: mean per-step max/mean rank load (predicted cost).
     """
@@ -258,18 +259,21 @@ def _static_epoch(run: _Run, epoch: int, profile: Any, allreduce_s: float, bar: 
     steps = assignment.bounds.shape[0]
     slow, noise = _noise_and_speeds(options, profile, epoch, steps)
     sched = run.scheduler
-    run.evaluations.append(
-        evaluate_steps(
-            assignment.indices,
-            assignment.bounds,
-            sched.costs,
-            sched.sizes,
-            slow,
-            noise,
-            options.compute,
-            allreduce_s,
-        )
+    if assignment.pieces is None:
+        units, costs, sizes = assignment.indices, sched.costs, sched.sizes
+    else:
+        assert sched.pieces is not None
+        units, costs = assignment.pieces, sched.piece_costs
+        sizes = sched.pieces.length.astype(np.float64)
+    evaluation = evaluate_steps(
+        units, assignment.bounds, costs, sizes, slow, noise, options.compute, allreduce_s
     )
+    micro = sched.plan_epoch(epoch).micro if assignment.pieces is not None else None
+    if micro is not None:
+        # Packed rows, not local batches padded to their longest sample, are what is padded.
+        room = float(micro.weights.shape[0]) * micro.capacity
+        evaluation = dataclasses.replace(evaluation, padded_tokens=room)
+    run.evaluations.append(evaluation)
     run.trained.add(epoch, assignment)
     bar.update(steps)
 

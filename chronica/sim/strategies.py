@@ -15,6 +15,11 @@
     ``chronica.core.Scheduler`` with ``kind="static"`` (exact), ``kind="static",
     exact=False``, ``kind="guided"`` and ``kind="dynamic"`` (``variable_batch=True`` unless
     told otherwise), plus any ``key=value`` options of ``ScheduleConfig`` / ``ShufflePolicy``.
+``packed``
+    Exact mode's global batches (sizes are document lengths) packed into token-capped
+    micro-batches (``chronica.core.packing``): ``max_tokens=`` is required, ``row_length``,
+    ``micro_batches``, ``long_documents`` and ``loss`` are ``Packing``'s. Ranks are charged
+    the cost of the pieces they train.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from chronica.core.cost import CostModel
+from chronica.core.packing import Packing
 from chronica.core.plan import EpochPlan
 from chronica.core.scheduler import ScheduleConfig, Scheduler, step_counts
 from chronica.core.shuffle import ShufflePolicy
@@ -32,11 +38,13 @@ from chronica.core.shuffle import ShufflePolicy
 __all__ = ["BASELINES", "CHRONICA", "Assignment", "Strategy", "torch_assignment"]
 
 BASELINES = ("torch", "length-grouped")
-CHRONICA = ("static", "pool", "guided", "dynamic")
-_INT_KEYS = ("window", "min_batch", "max_batch", "block_size")
+CHRONICA = ("static", "pool", "guided", "dynamic", "packed")
+_PACKING_INT_KEYS = ("max_tokens", "row_length", "micro_batches")
+_INT_KEYS = ("window", "min_batch", "max_batch", "block_size", *_PACKING_INT_KEYS)
 _BOOL_KEYS = ("variable_batch", "drop_last", "pre_shuffle")
 _FLOAT_KEYS = ("q", "jitter")
-_STR_KEYS = ("shuffle", "partition")
+_PACKING_STR_KEYS = ("long_documents", "loss")
+_STR_KEYS = ("shuffle", "partition", *_PACKING_STR_KEYS)
 _POLICY_KEYS = ("q", "block_size", "partition", "pre_shuffle")
 # Local batches per megabatch, at most (transformers' ``get_length_grouped_indices``).
 _MEGABATCH_MULT = 50
@@ -45,14 +53,17 @@ _MEGABATCH_MULT = 50
 @dataclass(frozen=True)
 class Assignment:
     """Which samples every rank trains on at every step of one epoch, in ``EpochPlan``'s
-    layout: rank r's samples at step s are ``indices[bounds[s, r] : bounds[s, r + 1]]``."""
+    layout: rank r's samples at step s are ``indices[bounds[s, r] : bounds[s, r + 1]]``;
+    a packed plan's ``pieces`` (``chronica.core.plan.MicroLayout.pieces``) say which part
+    of each document is trained."""
 
     indices: np.ndarray
     bounds: np.ndarray
+    pieces: np.ndarray | None = None
 
     @classmethod
     def of(cls, plan: EpochPlan) -> Assignment:
-        return cls(plan.indices, plan.bounds)
+        return cls(plan.indices, plan.bounds, None if plan.micro is None else plan.micro.pieces)
 
 
 @dataclass(frozen=True)
@@ -126,12 +137,27 @@ class Strategy:
             kwargs.update(kind="static", exact=False)
         elif self.name == "dynamic":
             kwargs.update(kind="dynamic", variable_batch=True)
+        elif self.name == "packed":
+            kwargs.update(kind="static", packing=self._packing(options))
         else:
             kwargs.update(kind=self.name)
         kwargs.update(options)
         try:
             return ScheduleConfig(**kwargs)
         except (TypeError, ValueError) as exc:
+            raise ValueError(f"--config {self.label}: {exc}") from None
+
+    def _packing(self, options: dict[str, Any]) -> Packing:
+        """The ``Packing`` of a ``packed`` strategy (its keys leave ``options``)."""
+        keys = [k for k in (*_PACKING_INT_KEYS, *_PACKING_STR_KEYS) if k in options]
+        values = {k: options.pop(k) for k in keys}
+        if "max_tokens" not in values:
+            raise ValueError(
+                f"--config {self.label}: packed needs max_tokens= (tokens in one micro-batch)"
+            )
+        try:
+            return Packing(**values)
+        except ValueError as exc:
             raise ValueError(f"--config {self.label}: {exc}") from None
 
     def assignment(self, scheduler: Scheduler, batch_size: int, epoch: int) -> Assignment:

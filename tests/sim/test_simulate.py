@@ -11,7 +11,7 @@ import pytest
 import reference
 
 from chronica.cli import main as chronica_main
-from chronica.core import ScheduleConfig, Scheduler
+from chronica.core import CostModel, ScheduleConfig, Scheduler
 from chronica.core.rng import Stream, derive_key, permutation
 from chronica.core.shuffle import ShufflePolicy
 from chronica.sim import (
@@ -164,6 +164,31 @@ def test_length_grouping_pads_less_and_local_shuffle_moves_nothing() -> None:
     assert grouped.padding < 0.5 * torch.padding
     assert result.result("static,shuffle=local").moved_per_epoch == 0
     assert torch.moved_fraction > 0.8  # a global reshuffle moves about N(1 - 1/W)
+
+
+def test_packed_steps_train_every_token_once_balanced_with_less_padding() -> None:
+    sizes = np.minimum(np.rint(_sizes(3000, seed=4)), 1024)
+    options = _options(
+        world=8,
+        batch_size=256,
+        epochs=2,
+        cost=CostModel.quadratic(0, 256, 1),
+        strategies=(
+            "torch",
+            "static",
+            "packed,max_tokens=1024,row_length=512,long_documents=split",
+        ),
+    )
+    result = simulate(sizes, options, progress=False)
+    torch, static = result.result("torch"), result.result("static")
+    packed = result.results[-1]
+    assert packed.label.startswith("packed")
+    assert packed.steps == static.steps  # the same global batches
+    assert packed.load_ratio < min(static.load_ratio, 1.01)
+    assert packed.padding < 0.5 * torch.padding
+    assert packed.total_s < static.total_s < torch.total_s
+    with pytest.raises(ValueError, match="packed needs max_tokens="):
+        simulate(sizes, _options(strategies=("packed",)), progress=False)
 
 
 def test_hl_levels_have_the_named_spread() -> None:
