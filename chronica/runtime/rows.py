@@ -38,6 +38,8 @@ __all__ = [
     "TOKENS",
     "RowLayout",
     "check_document_lengths",
+    "check_field_lengths",
+    "packed_dtype",
     "packed_names",
     "row_layout",
 ]
@@ -229,6 +231,46 @@ def packed_names(
         else:
             out[name] = name
     return out
+
+
+def packed_dtype(name: str, field: str, dtype: Any, ndim: int) -> np.dtype:
+    """The dtype a field of records is packed as (``name``: its key in the micro-batch, from
+    ``packed_names``): ``int32`` for the tokens, which must be integers, its own ``dtype``
+    otherwise. ``ValueError`` for a field that is not a sequence (``ndim`` 0: a scalar such
+    as a label, which has no tokens to pack) or tokens that are not integers."""
+    if ndim < 1:
+        raise ValueError(
+            f"field {field!r} is a scalar; with packing= every field of a record is packed "
+            "per token (a sequence along its first axis): drop it from the records first"
+        )
+    dtype = np.dtype(dtype)
+    if name != TOKENS:
+        return dtype
+    if not np.issubdtype(dtype, np.integer):
+        raise ValueError(
+            f"the tokens (field {field!r}) have dtype {dtype}; packed tokens are int32 ids: "
+            "give integer token sequences"
+        )
+    return np.dtype(np.int32)
+
+
+def check_field_lengths(
+    field: str, lengths: Any, tokens: Any, token_field: str, documents: Any = None
+) -> None:
+    """``ValueError`` naming the first record whose ``field`` has another length
+    (``lengths``) than its tokens (``tokens``, the lengths of ``token_field``): every packed
+    field is a per-token sequence as long as the tokens. ``documents`` numbers the records
+    (default ``0, 1, ...``)."""
+    lengths, tokens = np.asarray(lengths), np.asarray(tokens)
+    differ = np.flatnonzero(lengths != tokens)
+    if differ.shape[0]:
+        i = int(differ[0])
+        document = i if documents is None else int(np.asarray(documents)[i])
+        raise ValueError(
+            f"field {field!r} of record {document} has {int(lengths[i])} entries but "
+            f"{int(tokens[i])} tokens; with packing= every field is a per-token sequence as "
+            f"long as the tokens ({token_field!r})"
+        )
 
 
 def check_document_lengths(lengths: np.ndarray, sizes: np.ndarray, field: str = TOKENS) -> None:

@@ -41,7 +41,13 @@ from chronica.runtime.build import (
     scheduling_arguments,
 )
 from chronica.runtime.face import StreamFace
-from chronica.runtime.rows import TOKENS, packed_names, row_layout
+from chronica.runtime.rows import (
+    TOKENS,
+    check_field_lengths,
+    packed_dtype,
+    packed_names,
+    row_layout,
+)
 from chronica.runtime.stream import state_format
 
 __all__ = ["ScheduledIterator", "iterator"]
@@ -358,20 +364,7 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
         out = {}
         for field, name in names.items():
             value = np.asarray(self._field(first, field))
-            if value.ndim < 1:
-                raise ValueError(
-                    f"field {field!r} is a scalar; with packing= every field of a record is "
-                    "packed per token (a sequence along its first axis): drop it from the "
-                    "source or keep it outside"
-                )
-            dtype = value.dtype
-            if name == TOKENS:
-                if not np.issubdtype(dtype, np.integer):
-                    raise ValueError(
-                        f"the tokens (field {field!r}) have dtype {dtype}; packed tokens are "
-                        "int32 ids: give integer token sequences"
-                    )
-                dtype = np.dtype(np.int32)
+            dtype = packed_dtype(name, field, value.dtype, value.ndim)
             out[field] = (name, dtype, tuple(value.shape[1:]))
         return out
 
@@ -481,15 +474,10 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
 
     def _check_fields(self, indices: np.ndarray, records: list[Any]) -> None:
         """Every packed field of a dict record is a per-token sequence as long as its tokens."""
-        for index, record in zip(indices, records, strict=True):
-            tokens = len(record[self.token_field])
-            for field in self._fields:
-                if len(record[field]) != tokens:
-                    raise ValueError(
-                        f"field {field!r} of record {int(index)} has {len(record[field])} "
-                        f"entries but {tokens} tokens; with packing= every field is a "
-                        f"per-token sequence as long as the tokens ({self.token_field!r})"
-                    )
+        tokens = [len(r[self.token_field]) for r in records]
+        for field in self._fields:
+            lengths = [len(r[field]) for r in records]
+            check_field_lengths(field, lengths, tokens, self.token_field, indices)
 
     def _drop_batches(self) -> None:
         if self._batches is not None:

@@ -42,6 +42,8 @@ from chronica.runtime.face import StreamFace
 from chronica.runtime.rows import (
     TOKENS,
     check_document_lengths,
+    check_field_lengths,
+    packed_dtype,
     packed_names,
     row_layout,
 )
@@ -153,35 +155,21 @@ class _Store:
         lengths = np.array([np.shape(a)[0] if np.ndim(a) else -1 for a in tokens], np.int64)
         self.splits = np.concatenate([[0], np.cumsum(np.maximum(lengths, 0))]).astype(np.int64)
         self.lengths = lengths
-        for key, spec, column in zip(self.keys, specs, columns, strict=True):
-            field = f"feature {key!r}" if self.is_dict else "the examples"
-            if spec.shape.rank == 0 or any(np.ndim(a) == 0 for a in column):
-                raise ValueError(
-                    f"{field} is a scalar; with packing= every feature is packed per token (a "
-                    "sequence along its first axis): drop it with dataset.map first"
-                )
+        features = sorted(
+            zip(self.keys, specs, columns, strict=True), key=lambda f: f[0] != token_key
+        )
+        for key, spec, column in features:  # the tokens first
+            known = [] if spec.shape.rank is None else [spec.shape.rank]
+            rank = min([*known, *(np.ndim(a) for a in column)], default=1)
+            dtype = packed_dtype(self.names[key], key, spec.dtype.as_numpy_dtype, rank)
             if key != token_key:
-                own = np.array([a.shape[0] for a in column], dtype=np.int64)
-                if (own != lengths).any():
-                    i = int(np.flatnonzero(own != lengths)[0])
-                    raise ValueError(
-                        f"{field} of example {i} has {own[i]} entries but {lengths[i]} tokens; "
-                        "with packing= every feature is a per-token sequence as long as the "
-                        f"tokens ({token_key!r})"
-                    )
-            dtype = spec.dtype
-            if key == token_key:
-                if not (dtype.is_integer):
-                    raise ValueError(
-                        f"the tokens ({field}) have dtype {dtype.name}; packed tokens are "
-                        "int32 ids: give integer token sequences"
-                    )
-                dtype = tf.int32
+                own = [a.shape[0] for a in column]
+                check_field_lengths(key, own, lengths, token_key)
             tail = [d or 0 for d in spec.shape.as_list()[1:]]
             trailing = {a.shape[1:] for a in column}
             if len(trailing) > 1:
                 raise ValueError(
-                    f"{field} varies beyond its first dimension (shapes "
+                    f"feature {key!r} varies beyond its first dimension (shapes "
                     f"{sorted(trailing)[:3]}...); only the token axis may vary"
                 )
             values = np.concatenate(column, axis=0) if column else np.zeros([0, *tail])

@@ -192,11 +192,17 @@ def test_dict_records_pack_every_field_and_refuse_scalars():
             packing=PACKING,
             bucket_boundaries=(64,),
         )
-    short = lengths.copy()
-    short[:] = lengths + 5
-    bad = cj.iterator(docs, short, global_batch_size=16, num_replicas=2, rank=0, packing=PACKING)
+    bad = cj.iterator(
+        docs, lengths + 5, global_batch_size=16, num_replicas=2, rank=0, packing=PACKING
+    )
     with pytest.raises(ValueError, match="sizes must be the documents' lengths"):
         list(bad)
+    ragged = [{"tokens": d, "targets": d[:-1]} for d in docs]
+    bad = cj.iterator(
+        ragged, lengths, global_batch_size=16, num_replicas=2, rank=0, packing=PACKING
+    )
+    with pytest.raises(ValueError, match=r"field 'targets' of record .* as long as the tokens"):
+        next(bad)
 
 
 def test_mid_step_resume_in_a_fresh_iterator_equals_the_uninterrupted_run():
@@ -256,17 +262,19 @@ def test_elastic_resume_from_four_ranks_to_two_covers_every_token_once(mid_step)
 
 def test_a_jitted_step_compiles_once_for_every_micro_batch():
     docs, lengths = documents(200)
-    traces = []
-
-    @jax.jit
-    def loss(tokens, segment_ids, positions, weight):
-        traces.append(tokens.shape)
-        real = (segment_ids > 0).astype(jax.numpy.float32)
-        per_token = jax.numpy.sin(tokens.astype(jax.numpy.float32)) + 0.0 * positions
-        return weight * (per_token * real).sum() / jax.numpy.maximum(real.sum(), 1.0)
-
     packing = Packing(max_tokens=1024, row_length=256, micro_batches=2)  # some are empty
-    for as_jax in (False, True):
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    for as_jax, placed in ((False, None), (True, None), (True, sharding)):
+        traces = []
+
+        @jax.jit
+        def loss(tokens, segment_ids, positions, weight, traces=traces):
+            traces.append(tokens.shape)
+            real = (segment_ids > 0).astype(jax.numpy.float32)
+            per_token = jax.numpy.sin(tokens.astype(jax.numpy.float32)) + 0.0 * positions
+            return weight * (per_token * real).sum() / jax.numpy.maximum(real.sum(), 1.0)
+
         it = cj.iterator(
             docs,
             lengths,
@@ -276,15 +284,20 @@ def test_a_jitted_step_compiles_once_for_every_micro_batch():
             packing=packing,
             epochs=2,
             as_jax=as_jax,
+            sharding=placed,
         )
+        count = 0
         for b in it:
             if as_jax:
                 assert isinstance(b["tokens"], jax.Array)
                 assert isinstance(b["indices"], np.ndarray)
+            if placed is not None:
+                assert b["tokens"].sharding == sharding
             value = loss(b["tokens"], b["segment_ids"], b["positions"], b["loss_weight"])
             assert np.isfinite(float(value))
-        assert it.shapes_seen == {(4, 256)}
-    assert len(traces) == 1
+            count += 1
+        assert count > 10 and it.shapes_seen == {(4, 256)} and it.num_shapes == 1
+        assert len(traces) == 1
 
 
 def test_rows_layout_matches_the_shared_runtime_layout():

@@ -184,6 +184,9 @@ def test_dict_examples_pack_every_feature_and_bad_inputs_are_refused():
         labelled.apply(chronica.tf.schedule(lengths, **kw))
     with pytest.raises(ValueError, match="sizes must be the documents' lengths"):
         dataset(docs).apply(chronica.tf.schedule(lengths + 1, **kw))
+    ragged = dataset(docs).map(lambda x: {"tokens": x, "targets": x[1:]})
+    with pytest.raises(ValueError, match=r"field 'targets' of record 0 .* as long as the tokens"):
+        ragged.apply(chronica.tf.schedule(lengths, **kw))
     with pytest.raises(ValueError, match="padded=False"):
         chronica.tf.schedule(lengths, padded=False, **kw)
     with pytest.raises(ValueError, match="global_batch_size"):
