@@ -36,6 +36,7 @@ the micro-batches' gradients and averaging over ranks gives the global-mean grad
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ __all__ = [
     "micro_weights",
     "pack_epoch",
     "pack_step",
+    "pack_steps",
     "pieces",
     "step_starts",
 ]
@@ -613,24 +615,49 @@ def pack_epoch(
     if drop_last and steps and _partial(streams, cuts, doc_tokens, batch_size, packing):
         steps -= 1
         dropped = sum(int(s.shape[0] - c[steps]) for s, c in zip(streams, cuts, strict=True))
+    step_pieces = [
+        [table.of(stream[cut[s] : cut[s + 1]]) for stream, cut in zip(streams, cuts, strict=True)]
+        for s in range(steps)
+    ]
+    packed = pack_steps(
+        step_pieces, owner_ranks, num_replicas, table, piece_costs, packing, progress=progress
+    )
+    return dataclasses.replace(packed, num_dropped=dropped)
+
+
+def pack_steps(
+    step_pieces: list[list[np.ndarray]],
+    owner_ranks: list[np.ndarray],
+    num_replicas: int,
+    table: Pieces,
+    piece_costs: np.ndarray,
+    packing: Packing,
+    speeds: np.ndarray | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> PackedEpoch:
+    """Pack consecutive steps: ``step_pieces[s][o]`` are the pieces owner ``o`` trains at
+    step ``s`` (on its ranks ``owner_ranks[o]``, of relative ``speeds``, default equal),
+    every rank running the step's largest micro-batch count. ``progress(done, total)`` is
+    called after every step; ``num_dropped`` is 0."""
+    steps = len(step_pieces)
+    speed = np.ones(num_replicas) if speeds is None else np.asarray(speeds, dtype=np.float64)
     parts: list[list[np.ndarray]] = [[], [], [], [], []]  # piece, rank, micro, row, step
     num_micro = np.zeros(steps, np.int64)
     loads = np.zeros((steps, num_replicas))
-    for s in range(steps):
+    for s, owned_pieces in enumerate(step_pieces):
         packed = []
-        for stream, cut, ranks in zip(streams, cuts, owner_ranks, strict=True):
-            owned = table.of(stream[cut[s] : cut[s + 1]])
+        for owned, ranks in zip(owned_pieces, owner_ranks, strict=True):
             lengths = table.length[owned]
-            step = pack_step(lengths, piece_costs[owned], ranks.shape[0], packing)
+            step = pack_step(lengths, piece_costs[owned], ranks.shape[0], packing, speed[ranks])
             packed.append((owned, lengths, step))
         m = max(step.num_micro for _, _, step in packed)
         for (owned, lengths, step), ranks in zip(packed, owner_ranks, strict=True):
             if step.num_micro < m:
-                step = pack_step(lengths, piece_costs[owned], ranks.shape[0], packing, num_micro=m)
+                costs = piece_costs[owned]
+                step = pack_step(lengths, costs, ranks.shape[0], packing, speed[ranks], m)
             loads[s, ranks] = step.loads
-            for part, values in zip(
-                parts, (owned, ranks[step.rank], step.micro, step.row), strict=False
-            ):
+            columns = (owned, ranks[step.rank], step.micro, step.row)
+            for part, values in zip(parts[:4], columns, strict=True):
                 part.append(values)
             parts[4].append(np.full(owned.shape[0], s, np.int64))
         num_micro[s] = m
@@ -639,15 +666,8 @@ def pack_epoch(
     piece, rank, micro, row, step_of = (
         np.concatenate(p) if p else np.empty(0, np.int64) for p in parts
     )
-    position = np.arange(piece.shape[0])
-    order = np.lexsort((position, row, micro, rank, step_of))
-    piece, rank, micro, row, step_of = (
-        piece[order],
-        rank[order],
-        micro[order],
-        row[order],
-        step_of[order],
-    )
+    order = np.lexsort((np.arange(piece.shape[0]), row, micro, rank, step_of))
+    piece, rank, micro, row, step_of = (x[order] for x in (piece, rank, micro, row, step_of))
     first = np.concatenate([[0], np.cumsum(num_micro * num_replicas)]).astype(np.int64)
     slot = first[step_of] + rank * num_micro[step_of] + micro
     total = int(first[-1])
@@ -669,7 +689,7 @@ def pack_epoch(
         "bounds": bounds_micro,
         "weights": weights,
     }
-    return PackedEpoch(table.doc[piece], bounds_micro[rank_starts], loads, layout, dropped)
+    return PackedEpoch(table.doc[piece], bounds_micro[rank_starts], loads, layout, 0)
 
 
 def _owner_steps(

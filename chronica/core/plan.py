@@ -117,8 +117,10 @@ class WindowPlan:
 
     A dynamic schedule is published window by window. Same layout as ``EpochPlan``, with
     step numbers counted from the start of the epoch: ``local(step, rank)`` for ``step`` in
-    the window. ``loss_weights[i, r] = n[i, r] · W / (samples in the step)`` makes the
-    all-reduced average gradient the mean over the step when local batches differ in size.
+    the window; a packed window's ``micro`` counts its steps from the window's first.
+    ``loss_weights[i, r] = n[i, r] · W / (samples in the step)`` makes the all-reduced
+    average gradient the mean over the step when local batches differ in size (packed: the
+    rank's share of the step's tokens or documents, as in ``EpochPlan``).
     """
 
     epoch: int
@@ -128,6 +130,7 @@ class WindowPlan:
     bounds: np.ndarray
     loads: np.ndarray
     digest: str
+    micro: MicroLayout | None = None
 
     @property
     def num_steps(self) -> int:
@@ -141,6 +144,8 @@ class WindowPlan:
     @cached_property
     def loss_weights(self) -> np.ndarray:
         # Cached: the coordinator reads one column per rank, W times per window.
+        if self.micro is not None:
+            return self.micro.rank_weights(self.num_replicas)
         return _loss_weights(self.bounds, self.num_replicas)
 
     def local(self, step: int, rank: int) -> np.ndarray:
