@@ -220,7 +220,7 @@ class _Store:
         return gather
 
     def gather_rows(self) -> Callable[..., dict[str, Any]]:
-        """The ``tf.data`` map from one packed micro-batch's ``_MICRO_SPEC`` tuple to its
+        """The ``tf.data`` map from one packed micro-batch's ``_micro_spec`` tuple to its
         output element: every feature's tokens gathered into the dense rows of
         ``chronica.runtime.rows`` (0 on padding), plus the layout and the position."""
         flat, names = dict(self.flat), dict(self.names)
@@ -655,7 +655,7 @@ class Schedule(StreamFace):
                     yield part.epoch, part.step, part.indices, part.loss_weight
 
     def _micro_batches(self) -> Iterator[tuple[Any, ...]]:
-        """Every packed micro-batch of one iteration as a ``_MICRO_SPEC`` tuple (where it
+        """Every packed micro-batch of one iteration as a ``_micro_spec`` tuple (where it
         stands, its loss weight and its ``chronica.runtime.rows`` layout: the flat token
         index of every slot, segment ids, positions); the served replicas' micro-batches of
         a step interleaved, micro-batch by micro-batch."""
