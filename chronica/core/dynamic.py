@@ -14,6 +14,11 @@ the static plan; only the split of each step between ranks follows the measured 
    *times* ``alpha_r + beta_r·load_r``, not the loads, are as equal as they can be: slow
    ranks get lighter samples.
 
+A packed configuration (``ScheduleConfig(packing=...)``) instead re-packs every step's
+pieces of the static plan (``chronica.core.packing.pack_steps``) for the ranks' speeds and
+the cost coefficients that ``CostCalibration`` fits from reports carrying each rank's work
+``(n, ΣL, ΣL²)``: faster ranks get more tokens, every micro-batch stays under the cap.
+
 A window's plan depends only on (sizes, configuration, epoch, the reports received before
 it was planned); once planned it is cached and served unchanged to every rank that asks.
 """
@@ -23,8 +28,11 @@ from __future__ import annotations
 import numpy as np
 
 from chronica.core.balance import balance_steps
+from chronica.core.calibration import CostCalibration
 from chronica.core.controller import BatchController, RankTimeModel
-from chronica.core.plan import WindowPlan
+from chronica.core.cost import CostModel
+from chronica.core.packing import pack_steps
+from chronica.core.plan import MicroLayout, WindowPlan
 from chronica.core.scheduler import Scheduler
 
 __all__ = ["DynamicPlanner"]
@@ -59,14 +67,32 @@ class DynamicPlanner:
             for ranks in scheduler.owners.ranks
         ]
         self._plans: dict[tuple[int, int], WindowPlan] = {}
+        self.calibration = (
+            None
+            if config.packing is None
+            else CostCalibration(config.num_replicas, config.cost, config.controller.history)
+        )
+        self._piece_costs: tuple[CostModel, np.ndarray] | None = None
 
     def num_windows(self, epoch: int) -> int:
         """Windows in ``epoch`` (the last one may be shorter)."""
-        return -(-self.scheduler.num_steps() // self.window)
+        return -(-self.scheduler.num_steps(epoch) // self.window)
 
-    def observe(self, rank: int, step: int, load: float, seconds: float) -> None:
-        """Rank ``rank`` computed ``step`` (``load`` predicted cost) in ``seconds``."""
+    def observe(
+        self,
+        rank: int,
+        step: int,
+        load: float,
+        seconds: float,
+        work: np.ndarray | None = None,
+    ) -> None:
+        """Rank ``rank`` computed ``step`` (``load`` predicted cost; packed: ``work``, its
+        pieces, tokens and squared tokens) in ``seconds``."""
         del step  # reports are used in arrival order; the step is for the caller's records
+        if self.calibration is not None:
+            if work is not None:
+                self.calibration.observe(rank, work, float(seconds))
+            return
         self.times.observe(rank, float(load), float(seconds))
 
     def planned(self, epoch: int, first_step: int) -> WindowPlan | None:
@@ -79,7 +105,7 @@ class DynamicPlanner:
         cached = self._plans.get(key)
         if cached is not None:
             return cached
-        steps = self.scheduler.num_steps()
+        steps = self.scheduler.num_steps(key[0])
         if first_step % self.window or not 0 <= first_step < max(steps, 1):
             raise ValueError(
                 f"first_step={first_step} must be a multiple of window={self.window} below "
@@ -91,7 +117,52 @@ class DynamicPlanner:
             del self._plans[old]
         return plan
 
+    def _plan_packed(self, epoch: int, first: int, stop: int) -> WindowPlan:
+        scheduler, config = self.scheduler, self.config
+        assert self.calibration is not None and scheduler.pieces is not None
+        assert config.packing is not None
+        static = scheduler.plan_epoch(epoch)
+        layout = static.micro
+        assert layout is not None
+        model = self.calibration.model()
+        if self._piece_costs is None or self._piece_costs[0] != model:
+            self._piece_costs = (model, model(scheduler.pieces.length))
+        step_pieces = [
+            [
+                np.concatenate(
+                    [layout.pieces[static.bounds[s, r] : static.bounds[s, r + 1]] for r in ranks]
+                )
+                for ranks in scheduler.owners.ranks
+            ]
+            for s in range(first, stop)
+        ]
+        packed = pack_steps(
+            step_pieces,
+            scheduler.owners.ranks,
+            config.num_replicas,
+            scheduler.pieces,
+            self._piece_costs[1],
+            config.packing,
+            self.calibration.speeds(),
+        )
+        capacity = config.packing.rows * config.packing.length
+        plan = WindowPlan(
+            epoch=epoch,
+            first_step=first,
+            num_replicas=config.num_replicas,
+            indices=packed.indices,
+            bounds=packed.bounds,
+            loads=packed.loads,
+            digest=scheduler.digest,
+            micro=MicroLayout(**packed.layout, capacity=capacity),
+        )
+        for array in (plan.indices, plan.bounds, plan.loads, *packed.layout.values()):
+            array.setflags(write=False)
+        return plan
+
     def _plan(self, epoch: int, first: int, stop: int) -> WindowPlan:
+        if self.calibration is not None:
+            return self._plan_packed(epoch, first, stop)
         static = self.scheduler.plan_epoch(epoch)
         w = self.config.num_replicas
         owners = self.scheduler.owners

@@ -8,9 +8,11 @@ Documents never attend across their boundaries, so a micro-batch costs the sum o
 documents' costs ``a + b·L + c·L²``.
 
 ``pack_step`` decides one step: the fewest micro-batches per rank at which every document
-fits (or ``Packing.micro_batches``), every document to a rank, a micro-batch and a row, so
-that the slowest rank's predicted time (its cost over its speed) is as small as the kernel
-finds and a rank's micro-batches carry similar costs:
+fits and the fastest rank's speed-proportional share of the tokens would, plus one more for
+as long as that lowers the slowest rank's time by 1% (the cap, not the costs, held it
+back), or exactly ``Packing.micro_batches`` where the documents fit; every document to a
+rank, a micro-batch and a row, so that the slowest rank's predicted time (its cost over its
+speed) is as small as the kernel finds and a rank's micro-batches carry similar costs:
 
 1. LPT under capacities: documents in descending cost order (ties by position), each to
    the rank whose predicted time after taking it is lowest among those with a row it fits
@@ -66,6 +68,9 @@ LONG_DOCUMENTS = ("error", "split", "truncate")
 LOSS_NORMALISATIONS = ("token", "sample")
 # Trades that gain less than this fraction of the top time are not worth an iteration.
 _REL_TOL = 1e-9
+# One more micro-batch per rank than the tokens need is taken while it lowers the slowest
+# rank's time by at least this much (relative) and that time is this far above the bound.
+_MICRO_GAIN = 0.01
 # Refinement stops once the slowest rank is this close to the mean time (relative).
 _CLOSE_ENOUGH = 1e-7
 # Ranks a trade partner is looked for among first (the lightest ones).
@@ -290,7 +295,9 @@ def pack_step(
             f"a document of {int(lengths.max())} tokens is longer than row_length="
             f"{packing.length}; cut documents with chronica.core.packing.pieces first"
         )
-    fewest = max(1, math.ceil(int(lengths.sum()) / (w * packing.rows * packing.length)))
+    # The fastest rank's fair share of the tokens must fit its micro-batches.
+    share = int(lengths.sum()) * float(speed.max()) / float(speed.sum())
+    fewest = max(1, math.ceil(share / (packing.rows * packing.length) - 1e-9))
     m = max(fewest, num_micro or packing.micro_batches or 1)
     order = _argsort_descending(costs)
     rank = np.empty(lengths.shape[0], np.int64)
@@ -298,14 +305,30 @@ def pack_step(
     row = np.empty_like(rank)
     loads = np.zeros(w)
     rows, length = packing.rows, packing.length
-    # Each count is tried with even micro-batches first, then packed as tightly as it goes;
-    # one micro-batch per document always fits, so the loop ends.
-    while not (
-        _pack(lengths, costs, order, speed, m, rows, length, False, rank, micro, row, loads)
-        or _pack(lengths, costs, order, speed, m, rows, length, True, rank, micro, row, loads)
-    ):
+
+    def attempt(count: int) -> bool:
+        # Even micro-batches first, then packed as tightly as it goes.
+        return _pack(
+            lengths, costs, order, speed, count, rows, length, False, rank, micro, row, loads
+        ) or _pack(lengths, costs, order, speed, count, rows, length, True, rank, micro, row, loads)
+
+    # One micro-batch per document always fits, so the loop ends.
+    while not attempt(m):
         m += 1
-    return PackedStep(rank, micro, row, m, loads)
+    best = PackedStep(rank.copy(), micro.copy(), row.copy(), m, loads.copy())
+    if num_micro or packing.micro_batches or not lengths.shape[0]:
+        return best
+    # Free counts: while the token cap, not the costs, keeps the slowest rank more than 1%
+    # above what any split allows, one more micro-batch per rank is worth its overhead.
+    bound = max(costs.sum() / speed.sum(), costs.max() / speed.max())
+    top = float((loads / speed).max())
+    while top > bound * (1 + _MICRO_GAIN) and m < lengths.shape[0]:
+        m += 1
+        if not attempt(m) or float((loads / speed).max()) > top * (1 - _MICRO_GAIN):
+            break
+        best = PackedStep(rank.copy(), micro.copy(), row.copy(), m, loads.copy())
+        top = float((loads / speed).max())
+    return best
 
 
 @njit(cache=True)

@@ -81,7 +81,8 @@ class ScheduleConfig:
     is cut into token-capped micro-batches of packed rows, the same count on every rank,
     balanced by predicted cost; ranks may then hold different document counts, and
     ``batch_size`` need not be a multiple of ``num_replicas`` (unless the shuffle is
-    node-partitioned). Static exact mode only.
+    node-partitioned). Exact mode, ``kind="static"`` or ``"dynamic"`` (steps re-packed
+    window by window for the measured rank speeds and cost coefficients).
     """
 
     num_replicas: int
@@ -148,10 +149,15 @@ class ScheduleConfig:
             raise ValueError(
                 f"packing={self.packing!r} must be a chronica.core.packing.Packing (or None)"
             )
-        if self.kind != "static" or not self.exact:
+        if self.kind not in ("static", "dynamic") or not self.exact:
             raise ValueError(
-                f"packing= plans static exact steps; kind={self.kind!r}, exact={self.exact!r} "
-                "cannot be packed (pass kind='static', exact=True)"
+                f"packing= plans exact steps; kind={self.kind!r}, exact={self.exact!r} cannot "
+                "be packed (pass kind='static' or 'dynamic', exact=True)"
+            )
+        if self.variable_batch:
+            raise ValueError(
+                "variable_batch=True is implied by packing= (ranks take as many documents as "
+                "their speed and the token cap allow); drop it"
             )
         if (self.batch_size is None) == (self.packing.tokens_per_step is None):
             raise ValueError(
@@ -164,7 +170,7 @@ class ScheduleConfig:
             if self.variable_batch:
                 raise ValueError("variable_batch=True needs kind='dynamic'")
             return
-        if self.batch_size is None:
+        if self.batch_size is None and self.packing is None:
             raise ValueError("kind='dynamic' re-splits global batches and needs batch_size=")
         if not self.exact:
             raise ValueError(
@@ -174,9 +180,9 @@ class ScheduleConfig:
         object.__setattr__(
             self, "window", check_int("window", self.window, 1, hint=" (steps per plan)")
         )
-        share = self.batch_size // self.num_replicas
+        share = (self.batch_size or self.num_replicas) // self.num_replicas
         low, high = self.batch_bounds()
-        if not 1 <= low <= share <= high:
+        if self.packing is None and not 1 <= low <= share <= high:
             raise ValueError(
                 f"min_batch={self.min_batch!r} and max_batch={self.max_batch!r} must satisfy "
                 f"1 <= min_batch <= {share} <= max_batch (the equal share of batch_size)"
