@@ -147,8 +147,9 @@ class StrategyResult:
     its mean. ``idle_fraction``: ``1 - Σ_s mean_r compute / Σ_s max_r compute``, the share of
     rank-time spent waiting for the slowest rank. ``speedup``: torch's total time over this
     one's. ``padding``: padded tokens over real tokens when every local batch is padded to
-    its longest sample (packed: the micro-batches' empty row space). ``moved_per_epoch``: samples nodes fetch per epoch
-    (``chronica.core.accounting.movement``), ``moved_fraction`` that over N.
+    its longest sample (packed: the micro-batches' empty row space). ``moved_per_epoch``:
+    samples nodes fetch per epoch (``chronica.core.accounting.movement``),
+    ``moved_fraction`` that over N.
     ``load_ratio``: mean per-step max/mean rank load (predicted cost).
     """
 
