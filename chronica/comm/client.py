@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import zmq
 
 from chronica.comm.auth import CurveClient, HandshakeMonitor
@@ -205,10 +206,19 @@ class PlanClient:
         if self._attached and (epoch, first) not in self._plans:
             self._fetch((epoch, first), ahead=True)
 
-    def report(self, epoch: int, step: int, load: float, seconds: float) -> None:
-        """Send this rank's compute ``seconds`` for ``step``; never waits."""
+    def report(
+        self,
+        epoch: int,
+        step: int,
+        load: float,
+        seconds: float,
+        work: np.ndarray | None = None,
+    ) -> None:
+        """Send this rank's compute ``seconds`` for ``step`` (packed: with its ``work``,
+        pieces, tokens and squared tokens); never waits."""
         self._drain()
         if self._attached:
+            extra = {} if work is None else {"work": np.asarray(work, "<f8").tobytes()}
             self._send(
                 encode(
                     "report",
@@ -217,6 +227,7 @@ class PlanClient:
                     step=step,
                     load=float(load),
                     seconds=float(seconds),
+                    **extra,
                 )
             )
 

@@ -41,6 +41,7 @@ from chronica.comm.protocol import (
     MAX_GENERATION,
     MAX_REQUEST_BYTES,
     MAX_WORLD,
+    Micro,
     ProtocolError,
     decode,
     encode,
@@ -583,14 +584,12 @@ class Coordinator:
             if self._holder.get(old_rank) == old:
                 del self._holder[old_rank]
         self.stats.hellos += 1
-        self._reply(
-            identity, "welcome", window=self.planner.window, steps=self.scheduler.num_steps()
-        )
+        self._reply(identity, "welcome", window=self.planner.window, steps=self._steps(None))
 
     def _fetch(self, identity: bytes, message: dict[str, Any]) -> None:
         rank, epoch, first = message["rank"], message["epoch"], message["first"]
         self._check_rank(rank)
-        steps = self.scheduler.num_steps()
+        steps = self._steps(epoch)
         if first % self.planner.window or first >= steps:
             raise ProtocolError(f"first={first} is not a window start of an epoch of {steps} steps")
         self._peer_rank(identity, rank)
@@ -612,23 +611,39 @@ class Coordinator:
     def _report(self, identity: bytes, message: dict[str, Any]) -> None:
         rank, step = message["rank"], message["step"]
         self._check_rank(rank)
-        steps = self.scheduler.num_steps()
+        steps = self._steps(message["epoch"])
         if step >= steps:
             raise ProtocolError(f"step={step} is outside an epoch of {steps} steps")
         self._peer_rank(identity, rank)
         self.stats.reports += 1
-        self.planner.observe(rank, step, message["load"], message["seconds"])
+        self.planner.observe(rank, step, message["load"], message["seconds"], message.get("work"))
         window = self.planner.window
         first = step - step % window
         if step - first >= window // 2:
             self._plan_ahead(message["epoch"], first)
+
+    def _steps(self, epoch: int | None) -> int:
+        """Steps of ``epoch`` (a packed token budget cuts every epoch anew; ``None``: the
+        job's newest). An epoch that may not be planned is refused first, since counting a
+        packed epoch's steps plans it."""
+        if self.scheduler.config.packing is None:
+            return self.scheduler.num_steps()
+        newest = self._newest
+        if epoch is None:
+            epoch = 0 if newest is None else newest
+        if newest is not None and not newest - 1 <= epoch <= newest + 1:
+            raise ProtocolError(
+                f"epoch {epoch} cannot be planned while the job is at epoch {newest}",
+                code="stale",
+            )
+        return self.scheduler.num_steps(epoch)
 
     def _plan_ahead(self, epoch: int, first: int) -> None:
         """Plan (and publish) the window after ``(epoch, first)`` if not done yet; a window
         that cannot be planned now is left for a fetch to ask (and be told why)."""
         following = first + self.planner.window
         try:
-            if following < self.scheduler.num_steps():
+            if following < self._steps(epoch):
                 self._ensure(epoch, following)
             else:
                 self._ensure(epoch + 1, 0)
@@ -662,12 +677,31 @@ class Coordinator:
 
     def _part(self, plan: WindowPlan, rank: int, seq: int) -> bytes:
         starts, ends = plan.bounds[:, rank], plan.bounds[:, rank + 1]
+        spans = [slice(a, b) for a, b in zip(starts, ends, strict=True)]
+        # A packed window sends piece numbers (documents and token ranges follow from them).
+        source = plan.indices if plan.micro is None else plan.micro.pieces
         indices = (
-            np.concatenate([plan.indices[a:b] for a, b in zip(starts, ends, strict=True)])
+            np.concatenate([source[span] for span in spans])
             if plan.num_steps
             else np.empty(0, np.int64)
         )
         offsets = np.concatenate([[0], np.cumsum(ends - starts)])
+        micro = None
+        if plan.micro is not None:
+            layout = plan.micro
+            counts = layout.num_micro
+            first = layout.first[:-1] + rank * counts
+            slots = np.concatenate(
+                [np.arange(a, a + m) for a, m in zip(first, counts, strict=True)]
+            )
+            micro = Micro(
+                rows=np.concatenate([layout.rows[span] for span in spans]),
+                counts=counts,
+                offsets=np.concatenate(
+                    [[0], np.cumsum(layout.bounds[slots + 1] - layout.bounds[slots])]
+                ),
+                weights=layout.weights[slots],
+            )
         return plan_message(
             seq,
             self.generation,
@@ -677,6 +711,7 @@ class Coordinator:
             offsets,
             plan.loss_weights[:, rank],
             plan.loads[:, rank],
+            micro,
         )
 
     def _publish(self, plan: WindowPlan, seq: int) -> None:

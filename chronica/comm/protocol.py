@@ -13,13 +13,17 @@ Ranks send on a DEALER socket to the coordinator's ROUTER:
             [ahead: a prefetch; if the window is published after this connection's hello,
             the PUB copy answers it]
 ``report``  rank, epoch, step, load, seconds                (an ``error`` only if refused)
+            [work: a packed step's pieces, tokens and squared tokens, three float64]
 
 A connection must say ``hello`` before it fetches or reports. An ``error`` carries a
 ``code`` (see ``ProtocolError``) and a message; one that answers a ``fetch`` also carries
 that fetch's ``epoch`` and ``first``, so the rank falls back for that window at once.
 
 The coordinator publishes every planned window on its PUB socket as one ``plan`` per rank,
-under the topic ``topic(rank)``, with a sequence number that grows by one per window.
+under the topic ``topic(rank)``, with a sequence number that grows by one per window. A
+packed window's plan also carries ``row`` (each piece's row), ``nm`` (micro-batches per
+step), ``mo`` (micro-batch offsets into the rank's pieces) and ``mw`` (their loss
+weights); its ``idx`` are then piece numbers (``chronica.core.packing.Pieces``).
 
 Limits (what a peer can make the decoder allocate or the planner compute with): a request
 is at most ``MAX_REQUEST_BYTES``; msgpack containers are capped (``max_map_len``,
@@ -48,6 +52,7 @@ __all__ = [
     "REPORT_LOAD",
     "REPORT_SECONDS",
     "VERSION",
+    "Micro",
     "Plan",
     "ProtocolError",
     "check_int",
@@ -88,12 +93,26 @@ class ProtocolError(ValueError):
 
 
 @dataclass(frozen=True)
+class Micro:
+    """A packed window's micro-batches of one rank: step ``i`` has ``counts[i]``
+    micro-batches, micro-batch ``j`` (counted over the window) holds the rank's pieces
+    ``offsets[j] .. offsets[j + 1]`` of the window (each in row ``rows[k]``) and weighs
+    ``weights[j]``."""
+
+    rows: np.ndarray
+    counts: np.ndarray
+    offsets: np.ndarray
+    weights: np.ndarray
+
+
+@dataclass(frozen=True)
 class Plan:
     """One rank's part of one window: ``indices[offsets[i]:offsets[i+1]]`` at step
-    ``first + i``, with its loss weight and predicted load. ``gen`` names the planning that
-    made it: every rank's part of a window planned once carries the same ``gen``, and a
-    restarted coordinator plans under a new one, so ranks holding parts of two different
-    plans of one window can tell before using them."""
+    ``first + i``, with its loss weight and predicted load (a packed window: piece numbers,
+    and ``micro``). ``gen`` names the planning that made it: every rank's part of a window
+    planned once carries the same ``gen``, and a restarted coordinator plans under a new
+    one, so ranks holding parts of two different plans of one window can tell before using
+    them."""
 
     seq: int
     gen: int
@@ -103,6 +122,7 @@ class Plan:
     offsets: np.ndarray
     weights: np.ndarray
     loads: np.ndarray
+    micro: Micro | None = None
 
     @property
     def num_steps(self) -> int:
@@ -111,6 +131,18 @@ class Plan:
     def local(self, step: int) -> np.ndarray:
         i = step - self.first
         return self.indices[self.offsets[i] : self.offsets[i + 1]]
+
+    def micro_batches(self, step: int) -> list[tuple[np.ndarray, np.ndarray, float]]:
+        """A packed window's micro-batches of ``step``: ``(pieces, rows, loss_weight)``."""
+        assert self.micro is not None
+        i = step - self.first
+        micro = self.micro
+        first = int(micro.counts[:i].sum())
+        out = []
+        for j in range(first, first + int(micro.counts[i])):
+            a, b = micro.offsets[j], micro.offsets[j + 1]
+            out.append((self.indices[a:b], micro.rows[a:b], float(micro.weights[j])))
+        return out
 
 
 def tcp_url(host: str, port: int | str) -> str:
@@ -137,8 +169,17 @@ def plan_message(
     offsets: np.ndarray,
     weights: np.ndarray,
     loads: np.ndarray,
+    micro: Micro | None = None,
 ) -> bytes:
-    """Encode one rank's part of a window."""
+    """Encode one rank's part of a window (with ``micro`` for a packed one)."""
+    packed = {}
+    if micro is not None:
+        packed = {
+            "row": np.ascontiguousarray(micro.rows, "<i8").tobytes(),
+            "nm": np.ascontiguousarray(micro.counts, "<i8").tobytes(),
+            "mo": np.ascontiguousarray(micro.offsets, "<i8").tobytes(),
+            "mw": np.ascontiguousarray(micro.weights, "<f8").tobytes(),
+        }
     return encode(
         "plan",
         seq=int(seq),
@@ -149,6 +190,7 @@ def plan_message(
         off=np.ascontiguousarray(offsets, "<i8").tobytes(),
         w=np.ascontiguousarray(weights, "<f8").tobytes(),
         load=np.ascontiguousarray(loads, "<f8").tobytes(),
+        **packed,
     )
 
 
@@ -241,6 +283,13 @@ def _validate(kind: str, message: dict[str, Any]) -> None:
         _int(message, "step", 0, MAX_STEPS)
         _float(message, "load", REPORT_LOAD)
         _float(message, "seconds", REPORT_SECONDS)
+        if "work" in message:
+            work = _array(message, "work", "<f8")
+            if work.shape != (3,) or not np.isfinite(work).all() or (work < 0).any():
+                raise ProtocolError("field 'work' must be 3 finite float64 values >= 0")
+            if work.max() > REPORT_LOAD[1]:
+                raise ProtocolError(f"field 'work' values must be at most {REPORT_LOAD[1]:g}")
+            message["work"] = work
     elif kind == "welcome":
         _int(message, "window", 1, MAX_STEPS)
         _int(message, "steps", 0, MAX_STEPS)
@@ -270,7 +319,9 @@ def _plan(message: dict[str, Any]) -> Plan:
         raise ProtocolError("plan weights and loads must be finite")
     if (weights < 0).any() or (loads < 0).any():
         raise ProtocolError("plan weights and loads must be >= 0")
+    micro = _micro(message, indices.shape[0], steps) if "nm" in message else None
     return Plan(
+        micro=micro,
         seq=_int(message, "seq", 0, MAX_STEPS),
         gen=_int(message, "gen", 1, MAX_GENERATION),
         epoch=_int(message, "epoch", 0, MAX_STEPS),
@@ -280,3 +331,24 @@ def _plan(message: dict[str, Any]) -> Plan:
         weights=weights,
         loads=loads,
     )
+
+
+def _micro(message: dict[str, Any], pieces: int, steps: int) -> Micro:
+    """A packed plan's micro-batches, checked against its ``pieces`` and ``steps``."""
+    missing = [name for name in ("row", "nm", "mo", "mw") if name not in message]
+    if missing:
+        raise ProtocolError(f"packed plan lacks {missing}")
+    rows = _array(message, "row", "<i8")
+    counts = _array(message, "nm", "<i8")
+    offsets = _array(message, "mo", "<i8")
+    weights = _array(message, "mw", "<f8")
+    if rows.shape[0] != pieces or counts.shape[0] != steps or (counts < 1).any():
+        raise ProtocolError("packed plan rows or micro-batch counts disagree with the plan")
+    total = int(counts.sum())
+    if offsets.shape[0] != total + 1 or weights.shape[0] != total:
+        raise ProtocolError("packed plan micro-batch offsets or weights have the wrong length")
+    if offsets[0] != 0 or offsets[-1] != pieces or (np.diff(offsets) < 0).any():
+        raise ProtocolError("packed plan micro-batch offsets must rise from 0 to the pieces")
+    if (rows < 0).any() or not np.isfinite(weights).all() or (weights < 0).any():
+        raise ProtocolError("packed plan rows and weights must be >= 0 and finite")
+    return Micro(rows, counts, offsets, weights)

@@ -89,7 +89,7 @@ class CostCalibration:
         reported = self._count > 0
         for _ in range(_ROUNDS):
             try:
-                model = CostModel.fit(*features.T, seconds / slowness[ranks])
+                model = CostModel.fit(*_columns(features), seconds / slowness[ranks])
             except ValueError:
                 return  # the reports do not determine a model yet: keep the last one
             predicted = features @ np.array(model.to_tuple())
@@ -98,5 +98,10 @@ class CostCalibration:
                 slowness[r] = float(np.median(ratio[ranks == r]))
             slowness[reported] /= float(slowness[reported].mean())
             slowness[~reported] = float(np.median(slowness[reported]))
-        self._model = CostModel.fit(*features.T, seconds / slowness[ranks])
+        self._model = CostModel.fit(*_columns(features), seconds / slowness[ranks])
         self._slowness = slowness
+
+
+def _columns(features: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pieces, tokens and squared tokens of every report."""
+    return features[:, 0], features[:, 1], features[:, 2]

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -182,9 +182,9 @@ def pieces(sizes: np.ndarray, packing: Packing) -> Pieces:
     (``"error"``) or the first size that is not a whole number."""
     whole = np.floor(sizes)
     if (whole != sizes).any():
-        first = int(np.flatnonzero(whole != sizes)[0])
+        bad = int(np.flatnonzero(whole != sizes)[0])
         raise ValueError(
-            f"sizes[{first}] is {sizes[first]}; with packing= sizes are document lengths in "
+            f"sizes[{bad}] is {sizes[bad]}; with packing= sizes are document lengths in "
             "tokens (whole numbers)"
         )
     lengths = sizes.astype(np.int64)
@@ -197,9 +197,9 @@ def pieces(sizes: np.ndarray, packing: Packing) -> Pieces:
         start = np.zeros(n, dtype=np.int64)
         length = np.minimum(lengths, limit)
     elif packing.long_documents == "error":
-        first = int(np.flatnonzero(long)[0])
+        culprit = int(np.flatnonzero(long)[0])
         raise ValueError(
-            f"document {first} has {lengths[first]} tokens, more than a row holds "
+            f"document {culprit} has {lengths[culprit]} tokens, more than a row holds "
             f"(row_length={limit}); raise max_tokens/row_length or pass "
             "Packing(long_documents='split') or 'truncate'"
         )
@@ -605,7 +605,7 @@ class PackedEpoch:
 
 def pack_epoch(
     streams: list[np.ndarray],
-    owner_ranks: list[np.ndarray],
+    owner_ranks: Sequence[np.ndarray],
     num_replicas: int,
     table: Pieces,
     piece_costs: np.ndarray,
@@ -650,7 +650,7 @@ def pack_epoch(
 
 def pack_steps(
     step_pieces: list[list[np.ndarray]],
-    owner_ranks: list[np.ndarray],
+    owner_ranks: Sequence[np.ndarray],
     num_replicas: int,
     table: Pieces,
     piece_costs: np.ndarray,

@@ -254,7 +254,7 @@ def _step_starts(counts: list[int], ranks: int) -> np.ndarray:
 class Scheduler:
     """Plans epochs for ``sizes`` under ``config``. Plans depend only on (sizes, config,
     labels, partitions, epoch): equal inputs give byte-identical plans on every rank,
-    process and restart. The most recent plan is cached.
+    process and restart. The plans of the two epochs planned last are cached.
 
     ``labels`` (one class per sample) are needed by ``shuffle="stratified"``; ``partitions``
     (one index list per node, e.g. what is on each node's disk) replace the built partitions
@@ -312,7 +312,10 @@ class Scheduler:
         # Sizes, labels and partitions, digested: what ``config.describe`` calls ``sizes``.
         self.data_digest = "/".join(extra)
         self.digest = config.digest(self.data_digest)
+        # The plans of the last two epochs asked for: ranks and the coordinator go back and
+        # forth between the current epoch and the next one near its end.
         self._cached: EpochPlan | None = None
+        self._previous: EpochPlan | None = None
 
     @property
     def num_samples(self) -> int:
@@ -340,7 +343,7 @@ class Scheduler:
 
     def has_plan(self, epoch: int) -> bool:
         """Whether ``plan_epoch(epoch)`` returns at once (the scheduler holds that plan)."""
-        return self._cached is not None and self._cached.epoch == epoch
+        return any(p is not None and p.epoch == epoch for p in (self._cached, self._previous))
 
     def plan_epoch(
         self, epoch: int, progress: Callable[[int, int], None] | None = None
@@ -349,15 +352,15 @@ class Scheduler:
         called as steps are planned (for a progress bar on large epochs; it counts steps of
         every node-local partition)."""
         check_int("epoch", epoch, 0)
-        cached = self._cached
-        if cached is not None and cached.epoch == epoch:  # has_plan(epoch)
-            return cached
+        for cached in (self._cached, self._previous):
+            if cached is not None and cached.epoch == epoch:  # has_plan(epoch)
+                return cached
         epoch = int(epoch)
         cfg = self.config
         if cfg.packing is not None:
             streams, num_padded, _ = self._owner_streams(epoch, fitted=False)
             plan = self._packed(epoch, streams, num_padded, progress)
-            self._cached = plan
+            self._cached, self._previous = plan, self._cached
             return plan
         w, m = cfg.num_replicas, self.samples_per_replica()
         counts = self.step_counts()
@@ -382,7 +385,7 @@ class Scheduler:
                 loads[:, ranks] = owner_loads
             indices = _step_major(matrix, counts)
         plan = self._assemble(epoch, counts, indices, loads, num_padded, num_dropped)
-        self._cached = plan
+        self._cached, self._previous = plan, self._cached
         return plan
 
     def plan_stream(self, epoch: int, stream: np.ndarray) -> EpochPlan:

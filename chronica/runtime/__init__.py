@@ -7,8 +7,9 @@ and fallback, elastic resume, loss weights, diagnostics and one state format.
 """
 
 from chronica.runtime.agreement import Agreement, KeyValueAgreement
+from chronica.runtime.micro import MicroBatch
 from chronica.runtime.options import DynamicOptions
-from chronica.runtime.stream import STATE_VERSION, LocalBatch, MicroBatch, RankStream
+from chronica.runtime.stream import STATE_VERSION, LocalBatch, RankStream
 
 __all__ = [
     "STATE_VERSION",

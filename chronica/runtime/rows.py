@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from chronica.runtime.stream import MicroBatch
+from chronica.runtime.micro import MicroBatch
 
 __all__ = [
     "PACKED_KEYS",

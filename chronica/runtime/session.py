@@ -4,11 +4,12 @@
 
 * rank 0 starts the ``Coordinator`` in a background thread (unless ``CHRONICA_COORDINATOR``
   names a standalone one, ``host:port``); every rank connects a ``PlanClient``;
-* ``steps(epoch, start)`` yields ``(step, indices, loss_weight)`` for this rank, window by
-  window, from the coordinator's plan, or from the static plan when the coordinator does
-  not deliver. Both hold the same samples at every step, so coverage stays exactly-once
-  provided *all* ranks take the same source for a window, and, for the coordinator's, parts
-  of the same planning of it (a restarted coordinator plans a window again, differently).
+* ``steps(epoch, start)`` yields ``(step, indices, loss_weight, micro_batches)`` for this
+  rank (``micro_batches`` empty unless packed), window by window, from the coordinator's
+  plan, or from the static plan when the coordinator does not deliver. Both hold the same
+  samples at every step, so coverage stays exactly-once provided *all* ranks take the same
+  source for a window, and, for the coordinator's, parts of the same planning of it (a
+  restarted coordinator plans a window again, differently).
   ``agree(token) -> bool``, given by the adapter, must return ``True`` only if every rank
   passed the same ``token > 0`` (an all-reduce of the minimum and maximum over the
   framework's own process group); a rank passes its plan's generation, or 0 to fall back.
@@ -18,8 +19,10 @@
 
 A plan from the coordinator is checked against the static plan before use: each of its
 steps must hold only samples of the same step of the static plan, with the loss weight its
-count implies. A plan that fails (a bug, or tampering on an unauthenticated network) is
-not used; the static plan serves that window and a warning says so.
+count implies (packed: only pieces of the step, every micro-batch under the caps, with the
+weight its tokens or documents imply). A plan that fails (a bug, or tampering on an
+unauthenticated network) is not used; the static plan serves that window and a warning
+says so.
 """
 
 from __future__ import annotations
@@ -40,6 +43,12 @@ from chronica.comm.protocol import Plan
 from chronica.core.checks import check_int, check_seconds
 from chronica.core.plan import EpochPlan
 from chronica.core.scheduler import Scheduler
+from chronica.runtime.micro import (
+    MicroBatch,
+    check_micro_batch,
+    micro_batch,
+    planned_micro_batches,
+)
 from chronica.runtime.progress import plan_epoch
 
 __all__ = ["DynamicSession"]
@@ -93,6 +102,10 @@ def _inconsistency(
     window, samples not of the step, a weight its count does not imply), or ``None``."""
     if (plan.epoch, plan.first, plan.num_steps) != (epoch, first, stop - first):
         return f"it covers epoch {plan.epoch} steps {plan.first}+{plan.num_steps}"
+    if (plan.micro is None) != (static.micro is None):
+        return "it is packed and the configuration is not" if plan.micro else "it is not packed"
+    if static.micro is not None:
+        return None  # checked where the pieces are known (``DynamicSession._packed``)
     for i, step in enumerate(range(first, stop)):
         local = plan.local(step)
         whole = static.indices[static.bounds[step, 0] : static.bounds[step, -1]]
@@ -156,6 +169,11 @@ class DynamicSession:
                 connect = "127.0.0.1" if bound in ("0.0.0.0", "::") else bound
             host = connect
         _, high = config.batch_bounds()
+        if config.packing is not None:
+            # A rank's part of a packed step holds at most the step's pieces, each with a
+            # row and perhaps a micro-batch of its own (40 bytes), on the longest step.
+            static = plan_epoch(scheduler, 0)
+            high = 3 * int(np.diff(static.bounds[:, [0, -1]], axis=1).max(initial=1))
         try:
             self.client = PlanClient(
                 rank,
@@ -174,6 +192,8 @@ class DynamicSession:
         # Loads of the steps yielded, by (epoch, step): a pipeline that prefetches reports the
         # last steps of an epoch after it began yielding the next one.
         self._loads: dict[tuple[int, int], float] = {}
+        # A packed step's work (pieces, tokens, squared tokens), reported for calibration.
+        self._work: dict[tuple[int, int], np.ndarray] = {}
         self._epoch = -1
         self._next_report = 0
         self.windows_dynamic = 0
@@ -183,12 +203,16 @@ class DynamicSession:
             _OPEN.add(self)
         self.client.connect()
 
-    def steps(self, epoch: int, start: int = 0) -> Iterator[tuple[int, np.ndarray, float]]:
-        """``(step, indices, loss_weight)`` of this rank for steps ``start..`` of ``epoch``."""
-        num_steps = self.scheduler.num_steps()
+    def steps(
+        self, epoch: int, start: int = 0
+    ) -> Iterator[tuple[int, np.ndarray, float, tuple[MicroBatch, ...]]]:
+        """``(step, indices, loss_weight, micro_batches)`` of this rank for steps ``start..``
+        of ``epoch`` (``micro_batches`` empty unless packed)."""
+        num_steps = self.scheduler.num_steps(epoch)
         static = plan_epoch(self.scheduler, epoch)
         if epoch != self._epoch:
             self._loads = {key: load for key, load in self._loads.items() if key[0] == self._epoch}
+            self._work = {key: work for key, work in self._work.items() if key[0] == self._epoch}
             self._epoch = epoch
         self._next_report = start
         k = self.window
@@ -197,6 +221,10 @@ class DynamicSession:
             plan = self.client.plan(epoch, first)
             if plan is not None and not self._consistent(plan, static, epoch, first, stop):
                 plan = None
+            packed = None
+            if plan is not None and static.micro is not None:
+                packed = self._packed(plan, static, first, stop)
+                plan = None if packed is None else plan
             use = plan is not None
             if self.agree is not None:
                 use = self.agree(plan.gen if plan is not None else 0)
@@ -207,24 +235,85 @@ class DynamicSession:
             for step in range(max(first, start), stop):
                 if step == first + k // 2 and stop < num_steps:
                     self.client.prefetch(epoch, stop)
+                micro: tuple[MicroBatch, ...] = ()
                 if use:
                     assert plan is not None
                     i = step - first
                     indices, weight, load = plan.local(step), plan.weights[i], plan.loads[i]
+                    if packed is not None:
+                        micro = packed[i]
+                        indices = np.concatenate([m.indices for m in micro])
                 else:
                     indices = static.local(step, self.rank)
                     weight = static.loss_weights[step, self.rank]
                     load = static.loads[step, self.rank]
+                    if static.micro is not None:
+                        micro = planned_micro_batches(static, step, self.rank)
                 self._loads[epoch, step] = float(load)
-                yield step, indices, float(weight)
+                if micro:
+                    lengths = np.concatenate([m.lengths for m in micro]).astype(np.float64)
+                    work = (float(lengths.shape[0]), lengths.sum(), (lengths**2).sum())
+                    self._work[epoch, step] = np.array(work)
+                yield step, indices, float(weight), micro
             if stop >= num_steps:
                 self.client.prefetch(epoch + 1, 0)
+
+    def _packed(
+        self, plan: Plan, static: EpochPlan, first: int, stop: int
+    ) -> list[tuple[MicroBatch, ...]] | None:
+        """A packed plan's micro-batches, step by step, if every step holds only pieces of
+        the static plan's step, every micro-batch keeps the caps and carries the weight its
+        tokens (or documents) imply; else ``None`` (and a warning)."""
+        config = self.scheduler.config
+        table, packing = self.scheduler.pieces, config.packing
+        layout = static.micro
+        assert table is not None and packing is not None and layout is not None
+        world = config.num_replicas
+        out = []
+        why = None
+        for i, step in enumerate(range(first, stop)):
+            whole = layout.pieces[static.bounds[step, 0] : static.bounds[step, -1]]
+            if plan.micro is None or not _within(plan.local(step), whole):
+                why = f"step {step} holds pieces that are not the step's"
+                break
+            if plan.local(step).shape[0] and plan.local(step).max() >= table.doc.shape[0]:
+                why = f"step {step} names pieces that do not exist"
+                break
+            total = table.length[whole].sum() if packing.loss == "token" else whole.shape[0]
+            micro = []
+            for pieces, rows, weight in plan.micro_batches(step):
+                batch = micro_batch(table, pieces, rows, weight)
+                why = check_micro_batch(batch, packing)
+                share = batch.lengths.sum() if packing.loss == "token" else pieces.shape[0]
+                expected = share * world / max(total, 1)
+                if why is None and not math.isclose(weight, expected, rel_tol=1e-9, abs_tol=1e-12):
+                    why = f"a micro-batch weighs {weight!r}, not {expected!r}"
+                if why is not None:
+                    why = f"step {step}: {why}"
+                    break
+                micro.append(batch)
+            if why is not None:
+                break
+            if not math.isclose(
+                sum(m.loss_weight for m in micro), plan.weights[i], rel_tol=1e-9, abs_tol=1e-12
+            ):
+                why = f"step {step}'s weight is not its micro-batches' sum"
+                break
+            out.append(tuple(micro))
+        if why is None:
+            return out
+        self._refuse(plan.epoch, first, stop, why)
+        return None
 
     def _consistent(self, plan: Plan, static: EpochPlan, epoch: int, first: int, stop: int) -> bool:
         world = self.scheduler.config.num_replicas
         why = _inconsistency(plan, static, world, epoch, first, stop)
         if why is None:
             return True
+        self._refuse(epoch, first, stop, why)
+        return False
+
+    def _refuse(self, epoch: int, first: int, stop: int, why: str) -> None:
         self.plans_refused += 1
         logger.warning(
             "chronica: rank %d: the coordinator's plan for epoch %d steps %d..%d does not fit "
@@ -235,7 +324,6 @@ class DynamicSession:
             stop - 1,
             why,
         )
-        return False
 
     def report(self, seconds: float, step: int | None = None, epoch: int | None = None) -> None:
         """This rank spent ``seconds`` computing ``step`` of ``epoch`` (defaults: the epoch
@@ -250,7 +338,7 @@ class DynamicSession:
         load = self._loads.get((epoch, step))
         if load is None:
             return  # not a step this rank has yielded lately
-        self.client.report(epoch, step, load, seconds)
+        self.client.report(epoch, step, load, seconds, self._work.get((epoch, step)))
 
     def close(self) -> None:
         """Close the client and, on rank 0, stop the coordinator (idempotent)."""

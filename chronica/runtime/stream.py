@@ -36,6 +36,7 @@ from chronica.core.checks import check_int
 from chronica.core.elastic import Segment, StateFormat, load_state, state_fields
 from chronica.core.plan import EpochPlan
 from chronica.runtime.agreement import Agreement
+from chronica.runtime.micro import MicroBatch, planned_micro_batches
 from chronica.runtime.options import DynamicOptions
 from chronica.runtime.progress import plan_epoch
 from chronica.runtime.session import DynamicSession
@@ -53,19 +54,6 @@ def state_format(owner: str, batch: str = "global_batch_size") -> StateFormat:
     return StateFormat(
         versions=(STATE_VERSION,), name="state", owner=owner, position="step", batch=batch
     )
-
-
-class MicroBatch(NamedTuple):
-    """One packed micro-batch of a rank (``ScheduleConfig(packing=...)``): tokens
-    ``starts[i] .. starts[i] + lengths[i]`` of document ``indices[i]`` go in row ``rows[i]``,
-    rows filled in order; ``loss_weight`` turns its mean loss (per token or per document,
-    as ``Packing.loss`` says) into its share of the step's global mean (0 when empty)."""
-
-    indices: np.ndarray
-    starts: np.ndarray
-    lengths: np.ndarray
-    rows: np.ndarray
-    loss_weight: float
 
 
 class LocalBatch(NamedTuple):
@@ -241,11 +229,9 @@ class RankStream:
             source = self.session.steps(self.epoch, start)
         else:
             source = self._planned(start)
-        plan = None if self.dynamic else self.plan()
-        for step, indices, weight in source:
+        for step, indices, weight, micro in source:
             if self.session is not None:
                 self._weights[step] = weight
-            micro = () if plan is None or plan.micro is None else self._micro(plan, step)
             count = len(micro) if micro else int(indices.shape[0])
             self._step, self._offset, self._count = step, offset, count
             if whole:
@@ -253,29 +239,14 @@ class RankStream:
             yield LocalBatch(self.epoch, step, indices, weight, micro)
             offset = 0
 
-    def _planned(self, start: int) -> Iterator[tuple[int, np.ndarray, float]]:
+    def _planned(
+        self, start: int
+    ) -> Iterator[tuple[int, np.ndarray, float, tuple[MicroBatch, ...]]]:
         plan = self.plan()
         weights = plan.loss_weights[:, self.rank]
         for step in range(start, plan.num_steps):
-            yield step, plan.local(step, self.rank), float(weights[step])
-
-    def _micro(self, plan: EpochPlan, step: int) -> tuple[MicroBatch, ...]:
-        layout = plan.micro
-        assert layout is not None
-        first = layout.index(step, self.rank)
-        out = []
-        for j in range(first, first + int(layout.num_micro[step])):
-            span = slice(layout.bounds[j], layout.bounds[j + 1])
-            out.append(
-                MicroBatch(
-                    plan.indices[span],
-                    layout.starts[span],
-                    layout.lengths[span],
-                    layout.rows[span],
-                    float(layout.weights[j]),
-                )
-            )
-        return tuple(out)
+            micro = () if plan.micro is None else planned_micro_batches(plan, step, self.rank)
+            yield step, plan.local(step, self.rank), float(weights[step]), micro
 
     # -- feedback and diagnostics -----------------------------------------------------------
 

@@ -235,7 +235,7 @@ def test_ranks_use_a_window_only_if_all_hold_the_same_planning_of_it(coordinator
                 agree=vote.agree_for(rank),
             )
             sessions.append(session)
-            got[rank] = [(step, indices.tolist()) for step, indices, _ in session.steps(0)]
+            got[rank] = [(step, indices.tolist()) for step, indices, _, _ in session.steps(0)]
 
         threads = [threading.Thread(target=run, args=(rank,)) for rank in range(2)]
         for t in threads:

@@ -253,7 +253,7 @@ def test_a_session_takes_its_keys_from_a_key_folder(tmp_path, monkeypatch, caplo
         with caplog.at_level(logging.WARNING, logger="chronica"):
             outsider = DynamicSession(scheduler, 1, timeout=1.0)
             try:
-                got = [indices for _, indices, _ in outsider.steps(0)]
+                got = [indices for _, indices, _, _ in outsider.steps(0)]
             finally:
                 outsider.close()
         static = scheduler.plan_epoch(0)
@@ -406,7 +406,7 @@ def test_a_tampered_plan_is_refused_and_the_static_plan_serves(monkeypatch, capl
     with caplog.at_level(logging.WARNING, logger="chronica"):
         session = DynamicSession(scheduler, 0, port=0, timeout=0.5)
         try:
-            got = [(step, indices, weight) for step, indices, weight in session.steps(0)]
+            got = [(step, indices, weight) for step, indices, weight, _ in session.steps(0)]
         finally:
             session.close()
     static = scheduler.plan_epoch(0)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from workers import free_ports
 
-from chronica.core import ScheduleConfig, Scheduler
+from chronica.core import Packing, ScheduleConfig, Scheduler
 from chronica.runtime import DynamicOptions, KeyValueAgreement, RankStream
 from chronica.runtime.agreement import key_value_agreement, unanimous
 from chronica.runtime.build import open_stream, resolve_world, schedule_config
@@ -230,16 +230,13 @@ def test_dynamic_options_refuse_bad_values_by_name(field, value, message):
         DynamicOptions(**{field: value})
 
 
-def test_a_dynamic_job_of_two_ranks_splits_every_step_once_over_a_real_coordinator():
-    """Two ranks (threads) of kind="dynamic", variable batches: rank 0's stream runs the
-    ZeroMQ coordinator, both agree on every window through a shared key-value store, rank 1
-    reports 3x the compute time; every step holds exactly the static plan's samples."""
+def _two_rank_job(sizes, config, seconds, epochs=2):
+    """Run two ranks (threads) of a kind="dynamic" ``config`` for ``epochs``: rank 0's
+    stream runs the ZeroMQ coordinator, both agree on every window through a shared
+    key-value store, and each reports ``seconds(rank, batch)`` for every batch. Returns the
+    two streams (still open) and every rank's batches, epoch by epoch."""
     _, put, get, delete = _store()
-    sizes = _sizes(300, seed=1)
-    config = ScheduleConfig(
-        num_replicas=2, batch_size=16, kind="dynamic", variable_batch=True, window=4
-    )
-    options = DynamicOptions(window=4, port=free_ports(2)[0], timeout=30.0)
+    options = DynamicOptions(window=config.window, port=free_ports(2)[0], timeout=30.0)
 
     def agree(r):
         # key_prefix numbers a process's streams of one configuration, and both ranks
@@ -250,33 +247,23 @@ def test_a_dynamic_job_of_two_ranks_splits_every_step_once_over_a_real_coordinat
 
     streams: list[RankStream | None] = [None, None]
     ready = threading.Barrier(2, timeout=60)
-    got: list[list[list[list[int]]]] = [[], []]
-    weights: list[list[list[float]]] = [[], []]
+    got: list[list[list]] = [[], []]
     errors: list[BaseException] = []
 
     def rank(r: int) -> None:
         try:
             if r == 1:
                 ready.wait()  # rank 0's coordinator listens first
-            stream = open_stream(
-                sizes,
-                config,
-                r,
-                dynamic=options,
-                agree=agree(r),
-            )
+            stream = open_stream(sizes, config, r, dynamic=options, agree=agree(r))
             streams[r] = stream
             if r == 0:
                 ready.wait()
-            for epoch in range(2):
+            for epoch in range(epochs):
                 stream.set_epoch(epoch)
                 got[r].append([])
-                weights[r].append([])
                 for batch in stream.batches():
-                    got[r][epoch].append(batch.indices.tolist())
-                    weights[r][epoch].append(batch.loss_weight)
-                    slow = 3.0 if r == 1 else 1.0
-                    stream.report(float(sizes[batch.indices].sum()) * 1e-6 * slow)
+                    got[r][epoch].append(batch)
+                    stream.report(seconds(r, batch))
         except BaseException as error:  # reported by the main thread
             errors.append(error)
 
@@ -285,26 +272,97 @@ def test_a_dynamic_job_of_two_ranks_splits_every_step_once_over_a_real_coordinat
         t.start()
     for t in threads:
         t.join(timeout=120)
+    if errors or any(t.is_alive() for t in threads):
+        for stream in streams:
+            if stream is not None:
+                stream.close()
+        raise AssertionError(f"a rank failed or hung: {errors}")
+    return streams, got
+
+
+def test_a_dynamic_job_of_two_ranks_splits_every_step_once_over_a_real_coordinator():
+    """Variable batches, rank 1 reports 3x the compute time; every step holds exactly the
+    static plan's samples."""
+    sizes = _sizes(300, seed=1)
+    config = ScheduleConfig(
+        num_replicas=2, batch_size=16, kind="dynamic", variable_batch=True, window=4
+    )
+
+    def seconds(r, batch):
+        return float(sizes[batch.indices].sum()) * 1e-6 * (3.0 if r == 1 else 1.0)
+
+    streams, got = _two_rank_job(sizes, config, seconds)
     try:
-        assert not errors, errors
-        assert not any(t.is_alive() for t in threads)
         static = Scheduler(sizes, config)
         for epoch in range(2):
             plan = static.plan_epoch(epoch)
             assert len(got[0][epoch]) == len(got[1][epoch]) == plan.num_steps
             for step in range(plan.num_steps):
                 whole = plan.indices[plan.bounds[step, 0] : plan.bounds[step, -1]]
-                assert sorted(got[0][epoch][step] + got[1][epoch][step]) == sorted(whole)
-                total = weights[0][epoch][step] + weights[1][epoch][step]
+                mine = [b.indices.tolist() for b in (got[0][epoch][step], got[1][epoch][step])]
+                assert sorted(mine[0] + mine[1]) == sorted(whole)
+                total = got[0][epoch][step].loss_weight + got[1][epoch][step].loss_weight
                 assert total == pytest.approx(2.0)
         assert streams[0].session.windows_dynamic == streams[1].session.windows_dynamic > 0
         assert streams[0].session.windows_static == streams[1].session.windows_static
-        slow_counts = [len(b) for b in got[1][1]]
+        slow_counts = [len(b.indices) for b in got[1][1]]
         assert np.mean(slow_counts) < 6  # about a quarter of 16 for a 3x slower rank
     finally:
         for stream in streams:
-            if stream is not None:
-                stream.close()
+            stream.close()
+
+
+def test_a_dynamic_packed_job_calibrates_the_cost_and_gives_a_slow_rank_fewer_tokens():
+    """Packed micro-batches, kind="dynamic": rank 1 is 3x slower and the true cost has a
+    quadratic term the prior lacks; the coordinator's windows re-pack every step's pieces
+    (every token once, equal micro-batch counts, the caps kept) and, calibrated, give rank 1
+    about a quarter of the work."""
+    sizes = np.clip(_sizes(600, seed=2) * 4, 1, 256)
+    packing = Packing(256, row_length=128, tokens_per_step=4000, long_documents="split")
+    config = ScheduleConfig(2, None, kind="dynamic", window=4, packing=packing)
+
+    def work(batch):
+        lengths = np.concatenate([m.lengths for m in batch.micro]).astype(float)
+        return 1e-5 * lengths.sum() + 4e-7 * (lengths**2).sum()
+
+    streams, got = _two_rank_job(sizes, config, lambda r, b: work(b) * (3.0 if r == 1 else 1.0))
+    try:
+        static = Scheduler(sizes, config)
+        for epoch in range(2):
+            plan = static.plan_epoch(epoch)
+            assert len(got[0][epoch]) == len(got[1][epoch]) == plan.num_steps
+            for step in range(plan.num_steps):
+                both = [got[0][epoch][step], got[1][epoch][step]]
+                assert len(both[0].micro) == len(both[1].micro)  # equal micro-batch counts
+                tokens = Counter()
+                for batch in both:
+                    for m in batch.micro:
+                        assert m.lengths.sum() <= packing.max_tokens
+                        for doc, start, length in zip(m.indices, m.starts, m.lengths, strict=True):
+                            tokens.update((int(doc), t) for t in range(start, start + length))
+                expected = Counter()
+                span = slice(plan.bounds[step, 0], plan.bounds[step, -1])
+                for doc, start, length in zip(
+                    plan.indices[span],
+                    plan.micro.starts[span],
+                    plan.micro.lengths[span],
+                    strict=True,
+                ):
+                    expected.update((int(doc), t) for t in range(start, start + length))
+                assert tokens == expected  # every token of the step once
+                assert sum(b.loss_weight for b in both) == pytest.approx(2.0)
+        sessions = [s.session for s in streams]
+        assert sessions[0].windows_dynamic == sessions[1].windows_dynamic > 0
+        late = [work(b) for b in got[1][1][-4:]], [work(b) for b in got[0][1][-4:]]
+        assert np.mean(late[0]) / np.mean(late[1]) < 0.45  # about 1/3 of the fast rank's
+        calibration = streams[0].session.coordinator.planner.calibration
+        model = calibration.model()
+        assert model.c / model.b == pytest.approx(4e-7 / 1e-5, rel=0.05)
+        speeds = calibration.speeds()
+        assert speeds[0] / speeds[1] == pytest.approx(3.0, rel=0.05)
+    finally:
+        for stream in streams:
+            stream.close()
 
 
 def test_numpy_integers_plan_and_save_as_python_ints_do():

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from chronica.runtime.stream import MicroBatch
+from chronica.runtime.micro import MicroBatch
 
 __all__ = ["PackedDataset", "PackedIndex", "collate_packed", "packed_indices"]
 

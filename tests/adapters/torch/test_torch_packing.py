@@ -267,7 +267,7 @@ def test_bad_packing_input_is_refused_by_name():
         Scheduler([1.0, 2.5], ScheduleConfig(2, 2, packing=Packing(64)))
     with pytest.raises(ValueError, match="exactly one step size"):
         ScheduleConfig(2, 4, packing=Packing(64, tokens_per_step=100))
-    with pytest.raises(ValueError, match="kind='static', exact=True"):
+    with pytest.raises(ValueError, match="kind='guided', exact=True cannot be packed"):
         ScheduleConfig(2, 4, kind="guided", packing=Packing(64))
     with pytest.raises(ValueError, match="row_length=80 must be an int in"):
         Packing(64, row_length=80)
