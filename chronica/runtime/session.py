@@ -96,10 +96,18 @@ def _within(local: np.ndarray, whole: np.ndarray) -> bool:
 
 
 def _inconsistency(
-    plan: Plan, static: EpochPlan, world: int, epoch: int, first: int, stop: int
+    plan: Plan,
+    static: EpochPlan,
+    world: int,
+    epoch: int,
+    first: int,
+    stop: int,
+    equal_count: int | None = None,
 ) -> str | None:
     """Why ``plan`` cannot be a rank's part of steps ``first..stop-1`` of ``epoch`` (another
-    window, samples not of the step, a weight its count does not imply), or ``None``."""
+    window, samples not of the step, a weight its count does not imply, or, where every rank
+    must hold its static count (``equal_count``: this rank's column of the static plan; a
+    sample-level face whose DataLoader batches a fixed count), another count), or ``None``."""
     if (plan.epoch, plan.first, plan.num_steps) != (epoch, first, stop - first):
         return f"it covers epoch {plan.epoch} steps {plan.first}+{plan.num_steps}"
     if (plan.micro is None) != (static.micro is None):
@@ -111,6 +119,10 @@ def _inconsistency(
         whole = static.indices[static.bounds[step, 0] : static.bounds[step, -1]]
         if not _within(local, whole):
             return f"step {step} holds samples that are not the step's"
+        if equal_count is not None:
+            count = int(static.counts[step, equal_count])
+            if local.shape[0] != count:
+                return f"step {step} holds {local.shape[0]} samples, not the {count} of every rank"
         weight = local.shape[0] * world / max(whole.shape[0], 1)
         if not math.isclose(plan.weights[i], weight, rel_tol=1e-9, abs_tol=1e-12):
             return f"step {step} has loss weight {plan.weights[i]!r}, not {weight!r}"
@@ -307,7 +319,10 @@ class DynamicSession:
 
     def _consistent(self, plan: Plan, static: EpochPlan, epoch: int, first: int, stop: int) -> bool:
         world = self.scheduler.config.num_replicas
-        why = _inconsistency(plan, static, world, epoch, first, stop)
+        # Without variable batches every rank must hold its static count: unequal counts
+        # would desynchronise DataLoaders that batch a fixed number of indices (and hang DDP).
+        equal = None if self.scheduler.config.variable_batch else self.rank
+        why = _inconsistency(plan, static, world, epoch, first, stop, equal)
         if why is None:
             return True
         self._refuse(epoch, first, stop, why)

@@ -383,15 +383,28 @@ def test_the_scan_would_see_them(tmp_path):
 # -- a plan that does not fit is not used ----------------------------------------------
 
 
-@pytest.mark.parametrize("tamper", ["foreign sample", "inflated weight", "other window"])
+@pytest.mark.parametrize(
+    "tamper", ["foreign sample", "inflated weight", "other window", "unequal count"]
+)
 def test_a_tampered_plan_is_refused_and_the_static_plan_serves(monkeypatch, caplog, tamper):
     """What a rank does with a plan a buggy coordinator, or an attacker on an
-    unauthenticated network, could deliver: check it against the static plan first."""
+    unauthenticated network, could deliver: check it against the static plan first. An
+    unequal count with a weight to match would pass every per-sample check, but a
+    DataLoader batching a fixed count would split its steps and DDP would hang."""
     honest = Coordinator._part
 
     def part(self, plan, rank, seq):
         message = msgpack.unpackb(honest(self, plan, rank, seq))
-        if tamper == "foreign sample":
+        if tamper == "unequal count":
+            indices = np.frombuffer(message["idx"], "<i8")
+            offsets = np.frombuffer(message["off"], "<i8")
+            keep = np.ones(indices.shape[0], bool)
+            keep[offsets[1:] - 1] = False  # each step's last sample, weights to match
+            counts = np.diff(offsets) - 1
+            message["idx"] = indices[keep].tobytes()
+            message["off"] = np.concatenate([[0], np.cumsum(counts)]).astype("<i8").tobytes()
+            message["w"] = (counts / 16.0).astype("<f8").tobytes()
+        elif tamper == "foreign sample":
             indices = np.frombuffer(message["idx"], "<i8").copy()
             indices[0] = 10**9
             message["idx"] = indices.tobytes()
@@ -403,6 +416,9 @@ def test_a_tampered_plan_is_refused_and_the_static_plan_serves(monkeypatch, capl
 
     monkeypatch.setattr(Coordinator, "_part", part)
     scheduler = _scheduler(1)
+    if tamper == "unequal count":
+        sizes = np.random.default_rng(0).lognormal(5, 1, 600)
+        scheduler = Scheduler(sizes, ScheduleConfig(1, 16, kind="dynamic", window=4))
     with caplog.at_level(logging.WARNING, logger="chronica"):
         session = DynamicSession(scheduler, 0, port=0, timeout=0.5)
         try:
