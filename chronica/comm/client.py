@@ -13,9 +13,10 @@ answers: a coordinator that was only slow, or one restarted on the same port. A
 coordinator that does not know this connection (it was restarted while the rank was not
 looking) is greeted again and the pending fetches re-sent. A fetch the coordinator
 refuses falls back at once, without waiting for the time-out. A coordinator that refuses
-the rank (sizes or configuration differ) raises ``CoordinatorRefused`` at once: that is a
-bug in the job, not a fault. A failed handshake (CURVE keys that do not match) falls back
-and says why.
+the rank (sizes, arguments or world size differ) is not asked again: every window falls
+back at once and an error says why (``refused``); training goes on, since the answer may
+come from anyone on an unauthenticated network. A failed handshake (CURVE keys that do
+not match) falls back and says why.
 
 No thread: incoming messages queue in ZeroMQ's I/O thread and are read whenever the client
 is called (once per step).
@@ -43,7 +44,7 @@ from chronica.comm.protocol import (
 )
 from chronica.core.checks import check_int, check_seconds
 
-__all__ = ["ClientStats", "CoordinatorRefused", "PlanClient"]
+__all__ = ["ClientStats", "PlanClient"]
 
 logger = logging.getLogger("chronica")
 
@@ -56,10 +57,6 @@ _POLL_SLICE_MS = 50
 # Beyond this a plan message is no plan (a window of 2 GiB of indices) but a mistake; below
 # the other, the coordinator's error answers (at most ~600 bytes) would not fit.
 _PLAN_BYTES = (1024, 1 << 31)
-
-
-class CoordinatorRefused(RuntimeError):
-    """The coordinator refused this rank: its sizes, arguments or world size differ."""
 
 
 @dataclass
@@ -129,6 +126,8 @@ class PlanClient:
         self._warned_codes: set[str] = set()
         self._handshake: str | None = None
         self._last_hello = -float("inf")
+        # Why the coordinator refused this rank (sizes, arguments or world differ), if it did.
+        self.refused: str | None = None
         context = context or zmq.Context.instance()
         self._dealer = context.socket(zmq.DEALER)
         self._sub = context.socket(zmq.SUB)
@@ -161,10 +160,15 @@ class PlanClient:
         (at once if the handshake fails: wrong or missing CURVE keys)."""
         self._hello()
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        while not self._attached and self._handshake is None and self._wait(deadline):
+        while (
+            not self._attached
+            and self._handshake is None
+            and self.refused is None
+            and self._wait(deadline)
+        ):
             if not self._attached and time.monotonic() - self._last_hello > _CONNECT_RETRY_SECONDS:
                 self._hello()
-        if not self._attached:
+        if not self._attached and self.refused is None:
             if self._handshake is not None:
                 self._lost(f"cannot be used ({self._handshake})")
             else:
@@ -241,6 +245,8 @@ class PlanClient:
     # -- internals -----------------------------------------------------------------------
 
     def _hello(self) -> None:
+        if self.refused is not None:
+            return  # it said no: asking again only repeats the refusal
         self._last_hello = time.monotonic()
         self._send(encode("hello", rank=self.rank, world=self.world, digest=self.digest))
 
@@ -347,7 +353,17 @@ class PlanClient:
     def _refused(self, message: dict[str, Any]) -> None:
         code, text = message["code"], message["msg"]
         if code in ("digest", "world"):
-            raise CoordinatorRefused(text)
+            if self.refused is None:
+                self.refused = text
+                logger.error(
+                    "chronica: rank %d: the coordinator refused this rank (%s); every window "
+                    "uses the static plan. If the ranks were really built with other sizes or "
+                    "arguments, their static plans differ as well: build them alike",
+                    self.rank,
+                    text,
+                )
+            self._attached = self._rejoining = False
+            return
         if code == "hello":
             # The coordinator does not know this connection (it restarted, or the socket
             # reconnected): greet it again; pending fetches are re-sent on the welcome.

@@ -1,5 +1,6 @@
 """The coordinator and its clients over real ZeroMQ sockets on loopback, in one process."""
 
+import logging
 import threading
 import time
 
@@ -11,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from workers import free_ports
 
-from chronica.comm.client import CoordinatorRefused, PlanClient
+from chronica.comm.client import PlanClient
 from chronica.comm.coordinator import Coordinator
 from chronica.comm.protocol import (
     MAX_REQUEST_BYTES,
@@ -84,17 +85,22 @@ def test_late_joiner_recovers_missed_plans(scheduler):
             c.close()
 
 
-def test_mismatched_digest_and_world_are_refused_clearly(scheduler):
-    with Coordinator(scheduler, port=0) as coordinator:
+def test_mismatched_digest_and_world_fall_back_with_an_error_naming_why(scheduler, caplog):
+    with Coordinator(scheduler, port=0) as coordinator, caplog.at_level(logging.ERROR):
         wrong = _client(coordinator, scheduler, 0, digest="0" * 32)
-        with pytest.raises(CoordinatorRefused, match="sizes or sampler arguments"):
-            wrong.connect()
+        assert not wrong.connect()
+        assert "sizes or sampler arguments" in wrong.refused
         host, port, pub = coordinator.endpoint
         other = PlanClient(0, 8, scheduler.digest, host, port, pub_port=pub, timeout=5)
-        with pytest.raises(CoordinatorRefused, match="world"):
-            other.connect()
+        assert not other.connect()
+        assert "world" in other.refused
+        hellos = coordinator.stats.hellos
         for c in (wrong, other):
+            assert c.plan(0, 0) is None  # at once: refused ranks are not kept waiting
+            c.report(0, 0, 1.0, 1.0)
             c.close()
+        assert coordinator.stats.hellos == hellos  # and they do not ask again
+    assert sum("refused this rank" in r.getMessage() for r in caplog.records) == 2
 
 
 def test_bad_messages_are_rejected_and_the_coordinator_keeps_serving(scheduler):
