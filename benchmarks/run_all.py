@@ -45,6 +45,7 @@ SECTIONS = (
     "gradsched",
     "scaling",
     "packing",
+    "packing_e2e",
 )
 BENCHMARKS = ("balance", "planning", "movement", "quality", *SECTIONS)
 DESCRIPTION = (
