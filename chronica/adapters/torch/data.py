@@ -127,7 +127,7 @@ class _ScheduledSampler(StreamFace):
         self.shuffle = cfg.shuffle
         self.seed = cfg.seed
         self.drop_last = cfg.drop_last
-        if cfg.batch_size is None:
+        if cfg.batch_size is None and cfg.packing is None:
             logger.warning(
                 "chronica: batch_size (the global batch) was not given, so steps cannot be "
                 "balanced; the sampler splits indices like torch's DistributedSampler"
