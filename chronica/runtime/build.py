@@ -24,6 +24,7 @@ from chronica.runtime.stream import RankStream
 
 __all__ = [
     "SCHEDULING",
+    "batch_config",
     "groups_from_environment",
     "open_stream",
     "resolve_world",
@@ -153,6 +154,31 @@ def schedule_config(
         if batch_name != "batch_size" and str(error).startswith("batch_size="):
             raise ValueError(batch_name + str(error)[len("batch_size") :]) from None
         raise
+
+
+def batch_config(
+    config: ScheduleConfig | None,
+    num_replicas: Any,
+    rank: Any,
+    global_batch_size: int | None,
+    scheduling: Mapping[str, Any],
+    dynamic: DynamicOptions | None,
+    detect: Callable[[], tuple[int, int]] | None,
+) -> tuple[ScheduleConfig, int]:
+    """``(config, rank)`` of a face whose batch is the global batch (``global_batch_size``,
+    the JAX iterator and the Grain step source): ``resolve_world`` then ``schedule_config``,
+    refusing a configuration without a batch size unless packing holds a token budget."""
+    packing = scheduling.get("packing")
+    budget = packing is not None and packing.tokens_per_step is not None
+    if global_batch_size is None and config is None and not budget:
+        raise ValueError("global_batch_size (the batch over all processes) is required")
+    world, rank = resolve_world(num_replicas, rank, detect, config=config)
+    cfg = schedule_config(
+        config, world, global_batch_size, scheduling, dynamic, "global_batch_size"
+    )
+    if cfg.batch_size is None and cfg.packing is None:
+        raise ValueError("config.batch_size (the batch over all processes) is required")
+    return cfg, rank
 
 
 def open_stream(

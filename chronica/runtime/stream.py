@@ -243,10 +243,17 @@ class RankStream:
         self, start: int
     ) -> Iterator[tuple[int, np.ndarray, float, tuple[MicroBatch, ...]]]:
         plan = self.plan()
-        weights = plan.loss_weights[:, self.rank]
         for step in range(start, plan.num_steps):
-            micro = () if plan.micro is None else planned_micro_batches(plan, step, self.rank)
-            yield step, plan.local(step, self.rank), float(weights[step]), micro
+            batch = self.planned(plan, step)
+            yield step, batch.indices, batch.loss_weight, batch.micro
+
+    def planned(self, plan: EpochPlan, step: int) -> LocalBatch:
+        """This rank's part of ``step`` of ``plan`` (a static plan, e.g. ``plan(epoch)``):
+        ``plan.local(step, rank)``, its loss weight and, when packed, its micro-batches.
+        Random access: the position does not move."""
+        weight = float(plan.loss_weights[step, self.rank])
+        micro = () if plan.micro is None else planned_micro_batches(plan, step, self.rank)
+        return LocalBatch(plan.epoch, step, plan.local(step, self.rank), weight, micro)
 
     # -- feedback and diagnostics -----------------------------------------------------------
 

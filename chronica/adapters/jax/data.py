@@ -3,10 +3,12 @@
 ``iterator(source, global_batch_size=B, ...)`` is a face of a ``chronica.runtime.RankStream``
 (the torch samplers' plans, byte for byte, ``kind="dynamic"`` included, and their state
 format) that yields this process's local batch for every step, epoch after epoch, as padded
-numpy arrays (or ``jax.Array`` with ``as_jax=True``). This module holds only what is JAX's
-or numpy's: sample lengths, buckets, padding to static shapes, device placement, the world
-from ``jax.distributed`` and the ranks' agreement over its key-value store. Shapes are
-static so that ``jax.jit`` compiles a bounded number of programs (``num_shapes``):
+numpy arrays (or ``jax.Array`` with ``as_jax=True``). This module holds only what is JAX's:
+device placement, the world from ``jax.distributed`` and the ranks' agreement over its
+key-value store; the batches themselves (sample lengths, buckets, padding to static shapes,
+packed rows) are ``chronica.runtime.records``'s, shared with the Grain step source
+(``chronica.jax.StepSource``). Shapes are static so that ``jax.jit`` compiles a bounded
+number of programs (``num_shapes``):
 
 - the batch dimension is ``B // W`` rows (a trailing partial step is padded with rows whose
   ``valid`` is ``False``); with ``variable_batch=True`` it is the smallest power of two that
@@ -23,108 +25,32 @@ for every micro-batch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from chronica.core import Packing, ScheduleConfig, resolve_sizes
+from chronica.core import Packing, ScheduleConfig
 from chronica.core.checks import check_int
-from chronica.core.sizes import defines_sizeof
 from chronica.runtime import DynamicOptions, LocalBatch
 from chronica.runtime.agreement import KeyValueStore, key_value_agreement
-from chronica.runtime.build import (
-    open_stream,
-    resolve_world,
-    schedule_config,
-    scheduling_arguments,
-)
+from chronica.runtime.build import batch_config, open_stream, scheduling_arguments
 from chronica.runtime.face import StreamFace
-from chronica.runtime.rows import (
-    TOKENS,
-    check_field_lengths,
-    packed_dtype,
-    packed_names,
-    row_layout,
+from chronica.runtime.records import (
+    HOST_KEYS,
+    PACKED_HOST_KEYS,
+    PackedBatches,
+    PaddedBatches,
+    random_access,
+    record_batches,
 )
+from chronica.runtime.rows import TOKENS
 from chronica.runtime.stream import state_format
 
 __all__ = ["ScheduledIterator", "iterator"]
 
 _NAMES = state_format("iterator")
-_META_KEYS = ("mask", "lengths", "indices", "loss_weight", "valid")
-
-
-class _Columns:
-    """A mapping of equal-length columns seen as a sequence of per-sample dicts."""
-
-    def __init__(self, columns: Mapping[str, Any]) -> None:
-        if not columns:
-            raise ValueError("source is an empty mapping; give at least one column")
-        lengths = {}
-        for key, column in columns.items():
-            if not isinstance(key, str):
-                raise ValueError(f"source column names must be str, got {key!r}")
-            if key in _META_KEYS:
-                raise ValueError(f"source column {key!r} clashes with a batch key; rename it")
-            try:
-                lengths[key] = len(column)
-            except TypeError as exc:
-                raise ValueError(f"source column {key!r} has no len()") from exc
-        if len(set(lengths.values())) != 1:
-            raise ValueError(f"source columns differ in length: {lengths}")
-        self.columns = dict(columns)
-        self.n = next(iter(lengths.values()))
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        return {key: column[index] for key, column in self.columns.items()}
-
-
-def _sample_length(sample: Any) -> int:
-    """Sequence length of one sample: its first axis (the longest over a dict's fields)."""
-    if isinstance(sample, Mapping):
-        lengths = [_sample_length(v) for v in sample.values() if np.ndim(v) >= 1]
-        return max(lengths, default=0)
-    if np.ndim(sample) < 1:
-        raise ValueError(
-            "every sample must be a sequence (an array with at least one axis) or a dict of "
-            f"arrays; got a scalar of type {type(sample).__name__}"
-        )
-    return len(sample)
-
-
-def _default_boundaries(max_length: int) -> tuple[int, ...]:
-    """Powers of two below the longest sample, then the longest sample itself."""
-    bounds = []
-    b = 1
-    while b < max_length:
-        bounds.append(b)
-        b *= 2
-    bounds.append(max(max_length, 1))
-    return tuple(bounds)
-
-
-def _validate_boundaries(boundaries: Any, max_length: int) -> tuple[int, ...]:
-    try:
-        values = [int(b) for b in boundaries]
-    except (TypeError, ValueError) as exc:
-        raise ValueError(
-            f"bucket_boundaries={boundaries!r} must be a sequence of positive ints"
-        ) from exc
-    if not values or any(v < 1 for v in values) or values != sorted(set(values)):
-        raise ValueError(
-            f"bucket_boundaries={boundaries!r} must be non-empty, positive and strictly increasing"
-        )
-    if values[-1] < max_length:
-        raise ValueError(
-            f"the longest sample has length {max_length} > the largest bucket boundary "
-            f"{values[-1]}; add a boundary >= {max_length} to bucket_boundaries"
-        )
-    return tuple(values)
 
 
 def _jax_world() -> tuple[int, int]:
@@ -142,11 +68,6 @@ def _jax_store(world: int) -> KeyValueStore | None:
     if client is None:
         return None
     return client.key_value_set, client.blocking_key_value_get, client.key_value_delete
-
-
-def _power_of_two(count: int) -> int:
-    """The smallest power of two ``>= count`` (1 for 0)."""
-    return 1 << max(count - 1, 0).bit_length()
 
 
 class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
@@ -203,7 +124,10 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
     equal-length columns, or anything with ``__len__``/``__getitem__``); each sample is a
     sequence along its first axis, or a dict of such sequences and scalars. ``sizes``: one
     cost proxy per sample (default: the data set's ``sizes``/``__sizeof__`` as in
-    ``chronica.core.resolve_sizes``, else every sample's length). ``global_batch_size``: the
+    ``chronica.core.resolve_sizes``, else every sample's length, read once at
+    construction); given sizes (or the data set's own), no record is read before the batch
+    that holds it (a sample's length is learnt when its batch reads it; with a ``sharding``
+    spanning processes, a step's other samples' lengths too). ``global_batch_size``: the
     batch over all processes, a multiple of ``num_replicas`` (default
     ``jax.process_count()``); ``rank`` defaults to ``jax.process_index()``. ``kind``,
     ``exact``, ``shuffle``, ``seed``, ``drop_last``, ``cost``, ``groups``, ``labels``,
@@ -214,7 +138,10 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
     ``dynamic``, a ``chronica.runtime.DynamicOptions``, configures it. Under
     ``jax.distributed`` the processes agree on every window over its key-value store.
     ``epochs``: how many epochs to yield (``None``: forever). ``bucket_boundaries``: padded
-    sequence lengths (default: powers of two below the longest sample, then the longest).
+    sequence lengths (default: powers of two below the longest sample, then the longest;
+    given sizes, when the longest sample is not read up front: every power of two); a
+    sample longer than the largest boundary raises ``ValueError`` naming it, at
+    construction when lengths were read, else when its batch is made.
     ``as_jax``: put array fields on device with ``jax.device_put`` (``sharding`` given: on
     it; a sharding spanning processes assembles a global array from every process's rows);
     ``indices`` and ``loss_weight`` stay numpy.
@@ -256,66 +183,33 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
         as_jax: bool = False,
         token_field: str = TOKENS,
     ) -> None:
-        if source is None:
-            raise ValueError("source is required: a random-access data set (len and [])")
-        if isinstance(source, Mapping):
-            source = _Columns(source)
-        if not (hasattr(source, "__getitem__") and hasattr(source, "__len__")):
-            raise ValueError(
-                f"source of type {type(source).__name__} is not random-access; it needs "
-                f"__len__ and __getitem__ (a numpy array, a list of arrays, a dict of columns)"
-            )
-        budget = packing is not None and packing.tokens_per_step is not None
-        if global_batch_size is None and config is None and not budget:
-            raise ValueError("global_batch_size (the batch over all processes) is required")
+        source = random_access(source)
         if epochs is not None:
             epochs = check_int("epochs", epochs, 1, hint=" or None (forever)")
         if sharding is not None and not isinstance(sharding, jax.sharding.Sharding):
             raise ValueError(f"sharding={sharding!r} must be a jax.sharding.Sharding or None")
         if sharding is not None and not as_jax:
             raise ValueError("sharding= places arrays on devices; pass as_jax=True with it")
-        world, rank = resolve_world(num_replicas, rank, _jax_world, config=config)
-        scheduling = scheduling_arguments(locals())
-        cfg = schedule_config(
-            config, world, global_batch_size, scheduling, dynamic, "global_batch_size"
+        cfg, rank = batch_config(
+            config,
+            num_replicas,
+            rank,
+            global_batch_size,
+            scheduling_arguments(locals()),
+            dynamic,
+            _jax_world,
         )
-        if cfg.batch_size is None and cfg.packing is None:
-            raise ValueError("config.batch_size (the batch over all processes) is required")
-        n = len(source)
-        own_sizes = getattr(source, "sizes", None) is not None or defines_sizeof(source)
-        self.packing = cfg.packing
-        self._fields: dict[str, tuple[str, Any, tuple[int, ...]]] = {}
-        self._record = False
-        if cfg.packing is None:
-            self._lengths = np.fromiter(
-                (_sample_length(source[i]) for i in range(n)), dtype=np.int64, count=n
-            )
-            if sizes is None and not own_sizes:
-                sizes = self._lengths  # default cost proxy: the sequence length
-            max_length = int(self._lengths.max(initial=0))
-            self.bucket_boundaries: tuple[int, ...] = (
-                _default_boundaries(max_length)
-                if bucket_boundaries is None
-                else _validate_boundaries(bucket_boundaries, max_length)
-            )
-        else:
-            if bucket_boundaries is not None:
-                raise ValueError(
-                    "bucket_boundaries= pads unpacked batches; packed micro-batches always "
-                    f"have {cfg.packing.rows} rows of row_length={cfg.packing.length} tokens"
-                )
-            self._fields = self._packed_fields(source, token_field)
-            if sizes is None and not own_sizes:
-                # Sizes are document lengths: read once from the records' token field.
-                sizes = np.fromiter(
-                    (len(self._field(source[i], token_field)) for i in range(n)),
-                    dtype=np.int64,
-                    count=n,
-                )
-            self._lengths = np.zeros(0, dtype=np.int64)
-            self.bucket_boundaries = (cfg.packing.length,)
-        self.token_field = token_field
-        sizes = resolve_sizes(source, sizes)
+        # One global array over several processes: every process pads alike.
+        self._global = sharding is not None and not sharding.is_fully_addressable
+        self.records, sizes = record_batches(
+            source,
+            sizes,
+            cfg,
+            bucket_boundaries=bucket_boundaries,
+            pad_value=pad_value,
+            token_field=token_field,
+            same_rows=self._global,
+        )
         self.stream = open_stream(
             sizes,
             cfg,
@@ -327,63 +221,57 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
             names=_NAMES,
         )
         self.source = source
+        self.packing = cfg.packing
+        self.token_field = token_field
         self.variable_batch = cfg.variable_batch
-        # The most rows a batch has: the per-rank batch, or its maximum with variable batches;
-        # a packed micro-batch's rows.
-        if cfg.packing is not None:
-            self.rows = cfg.packing.rows
-        elif cfg.variable_batch:
-            self.rows = cfg.batch_bounds()[1]
-        else:
-            assert cfg.batch_size is not None
-            self.rows = cfg.batch_size // world
-        self.pad_value = pad_value
         self.epochs = epochs
         self.sharding = sharding
         self.as_jax = bool(as_jax)
-        self._global = sharding is not None and not sharding.is_fully_addressable
-        self.shapes_seen: set[tuple[int, int]] = set()
         self._batches: Iterator[dict[str, Any]] | None = None
-
-    @staticmethod
-    def _field(record: Any, token_field: str) -> Any:
-        return record[token_field] if isinstance(record, Mapping) else record
-
-    def _packed_fields(
-        self, source: Any, token_field: str
-    ) -> dict[str, tuple[str, Any, tuple[int, ...]]]:
-        """Every packed field of the records: its batch key, dtype and trailing shape, read
-        from the first record (so every micro-batch, empty ones included, has one shape)."""
-        if len(source) == 0:
-            return {token_field: (TOKENS, np.dtype(np.int32), ())}
-        first = source[0]
-        self._record = isinstance(first, Mapping)
-        names = packed_names(
-            list(first.keys()) if self._record else None, token_field, reserved=("indices",)
-        )
-        out = {}
-        for field, name in names.items():
-            value = np.asarray(self._field(first, field))
-            dtype = packed_dtype(name, field, value.dtype, value.ndim)
-            out[field] = (name, dtype, tuple(value.shape[1:]))
-        return out
 
     # -- shapes ---------------------------------------------------------------------------
 
+    @property
+    def rows(self) -> int:
+        """The most rows a batch has: ``global_batch_size // num_replicas``, the per-process
+        maximum with ``variable_batch=True``, a packed micro-batch's rows with packing."""
+        if isinstance(self.records, PackedBatches):
+            return self.records.packing.rows
+        return self.records.rows
+
+    @property
+    def bucket_boundaries(self) -> tuple[int, ...]:
+        """The padded sequence lengths (with packing: ``(row_length,)``). Given ``sizes=``
+        and no ``bucket_boundaries``, the buckets are every power of two, listed up to the
+        bucket of the longest sample read so far."""
+        if isinstance(self.records, PackedBatches):
+            return (self.records.packing.length,)
+        return self.records.bucket_boundaries
+
+    @property
+    def shapes_seen(self) -> set[tuple[int, int]]:
+        """The ``(rows, length)`` shapes yielded so far (never more than ``num_shapes``)."""
+        return self.records.shapes_seen
+
+    @property
+    def pad_value(self) -> Any:
+        """What pads inputs past a sample's length (and packed rows past their tokens)."""
+        return self.records.pad_value
+
     def bucket(self, length: int) -> int:
         """The padded length for a batch whose longest sample has ``length`` elements."""
-        pos = int(np.searchsorted(self.bucket_boundaries, length, side="left"))
-        if pos == len(self.bucket_boundaries):
-            raise ValueError(f"length {length} exceeds the largest bucket boundary")
-        return self.bucket_boundaries[pos]
+        return self._padded().bucket(length)
 
     def batch_rows(self, count: int) -> int:
         """Rows of a batch holding ``count`` real samples: ``rows``, or with
         ``variable_batch=True`` (and no sharding spanning processes) the smallest power of
         two ``>= count`` capped at ``rows``."""
-        if not self.variable_batch or self._global:
-            return self.rows
-        return min(_power_of_two(count), self.rows)
+        return self._padded().batch_rows(count)
+
+    def _padded(self) -> PaddedBatches:
+        if not isinstance(self.records, PaddedBatches):
+            raise ValueError("packed micro-batches have one shape: no buckets or row sizes")
+        return self.records
 
     @property
     def num_shapes(self) -> int:
@@ -393,13 +281,12 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
         and ``rows`` itself) times length buckets (those some sample's length falls into:
         a batch's length is the bucket of its longest sample, so ``<= len(bucket_boundaries)``);
         a jitted step function compiles at most this many programs. ``shapes_seen`` lists
-        the ones actually yielded so far.
+        the ones actually yielded so far. Given ``sizes=``, the samples' lengths are not
+        read up front: asking for this reads those not read yet. With packing: 1.
         """
-        if self.packing is not None:
+        if isinstance(self.records, PackedBatches):
             return 1
-        rows = {self.batch_rows(count) for count in range(1, self.rows + 1)}
-        lengths = {self.bucket(int(length)) for length in np.unique(self._lengths)}
-        return len(rows) * len(lengths)
+        return self.records.num_shapes
 
     # -- iteration ------------------------------------------------------------------------
 
@@ -472,98 +359,27 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
                 stream.advance(1)
                 yield self._micro_batch(batch, m)
 
-    def _check_fields(self, indices: np.ndarray, records: list[Any]) -> None:
-        """Every packed field of a dict record is a per-token sequence as long as its tokens."""
-        tokens = [len(r[self.token_field]) for r in records]
-        for field in self._fields:
-            lengths = [len(r[field]) for r in records]
-            check_field_lengths(field, lengths, tokens, self.token_field, indices)
-
     def _drop_batches(self) -> None:
         if self._batches is not None:
             self._batches.close()  # type: ignore[attr-defined]
             self._batches = None
 
     def _micro_batch(self, batch: LocalBatch, m: int) -> dict[str, Any]:
-        packing = self.packing
-        assert packing is not None
-        micro = batch.micro[m]
-        layout = row_layout(micro, packing.rows, packing.length)
-        records = [self.source[int(i)] for i in micro.indices]
-        if self._record and len(self._fields) > 1:
-            self._check_fields(micro.indices, records)
-        out: dict[str, Any] = {}
-        for field, (name, dtype, trailing) in self._fields.items():
-            documents = [r[field] for r in records] if self._record else records
-            out[name] = layout.fill(documents, self.pad_value, dtype, field, trailing)
-        out["segment_ids"] = layout.segment_ids.copy()
-        out["positions"] = layout.positions.copy()
-        self.shapes_seen.add((packing.rows, packing.length))
-        if self.as_jax:
-            out = {key: self._place(value) for key, value in out.items()}
-        out["loss_weight"] = np.float32(micro.loss_weight)
-        out["step"] = batch.step
-        out["micro"] = m
-        out["num_micro"] = len(batch.micro)
-        out["indices"] = np.array(micro.indices, dtype=np.int64)
-        return out
+        assert isinstance(self.records, PackedBatches)
+        return self._placed(self.records.make(batch, m), PACKED_HOST_KEYS)
 
     def _batch(self, batch: LocalBatch) -> dict[str, Any]:
-        indices = batch.indices
-        k = int(indices.shape[0])
-        rows = self.batch_rows(k)
-        lengths = np.zeros(rows, dtype=np.int32)
-        lengths[:k] = self._lengths[indices]
-        longest = int(lengths.max(initial=0))
+        everyone = None
         if self._global:  # one global array: every process pads to the step's longest sample
             plan = self.stream.plan(batch.epoch)
             everyone = plan.indices[plan.bounds[batch.step, 0] : plan.bounds[batch.step, -1]]
-            longest = int(self._lengths[everyone].max(initial=0))
-        length = self.bucket(longest)
-        samples = [self.source[int(i)] for i in indices]
-        template = samples[0] if samples else self.source[0]
-        out: dict[str, Any] = {}
-        if isinstance(template, Mapping):
-            for key in template:
-                if key in _META_KEYS:
-                    raise ValueError(f"sample field {key!r} clashes with a batch key; rename it")
-                column = [s[key] for s in samples]
-                out[key] = self._stack(column, template[key], rows, length, key)
-        else:
-            out["inputs"] = self._stack(samples, template, rows, length, "inputs")
-        valid = np.zeros(rows, dtype=bool)
-        valid[:k] = True
-        padded_indices = np.full(rows, -1, dtype=np.int64)
-        padded_indices[:k] = indices
-        out["mask"] = np.arange(length)[None, :] < lengths[:, None]
-        out["lengths"] = lengths
-        out["valid"] = valid
-        self.shapes_seen.add((rows, length))
-        if self.as_jax:
-            out = {key: self._place(value) for key, value in out.items()}
-        out["indices"] = padded_indices
-        out["loss_weight"] = np.float32(batch.loss_weight)
-        return out
+        return self._placed(self._padded().make(batch, everyone), HOST_KEYS)
 
-    def _stack(
-        self, values: list[Any], template: Any, rows: int, length: int, key: str
-    ) -> np.ndarray:
-        arrays = [np.asarray(v) for v in values]
-        first = np.asarray(template)
-        if first.ndim == 0:  # a per-sample scalar (a label): no sequence axis
-            out = np.zeros(rows, dtype=first.dtype)
-            out[: len(arrays)] = arrays
+    def _placed(self, out: dict[str, Any], host: tuple[str, ...]) -> dict[str, Any]:
+        """``out`` with its arrays on devices (``as_jax=True``), ``host`` keys as they are."""
+        if not self.as_jax:
             return out
-        tail = first.shape[1:]
-        out = np.full((rows, length, *tail), self.pad_value, dtype=first.dtype)
-        for i, a in enumerate(arrays):
-            if a.shape[1:] != tail:
-                raise ValueError(
-                    f"field {key!r}: sample shapes {first.shape} and {a.shape} differ beyond "
-                    f"the first (sequence) axis"
-                )
-            out[i, : a.shape[0]] = a
-        return out
+        return {key: v if key in host else self._place(v) for key, v in out.items()}
 
     def _place(self, value: np.ndarray) -> jax.Array:
         if self.sharding is None:
