@@ -8,11 +8,18 @@ configured by a ``chronica.runtime.DynamicOptions``) and their one state format
 (``get_state``/``set_state`` resume exactly, at another world size, or from a torch or
 tf.data state); see ``chronica.adapters.jax.data.ScheduledIterator``.
 
+``chronica.jax.StepSource(source, global_batch_size=B, epochs=E)`` is the same batches as a
+Grain data source, one record per step (``grain.DataLoader(data_source=steps,
+sampler=steps.sampler(), worker_count=N)`` or ``grain.MapDataset.source(steps)``), so
+Grain's workers keep chronica's balance and Grain's checkpoints keep its position; see
+``chronica.adapters.grain.StepSource`` (grain is imported only by ``sampler()``).
+
 ``chronica.jax.ScheduledReducer(priority=chronica.jax.forward_order(loss, params, batch))``
 averages gradient pytrees across ``jax.distributed`` processes partition by partition, first
 layers first, under a credit of bytes in flight; see ``chronica.adapters.jax.grad``.
 """
 
+from chronica.adapters.grain import StepSource
 from chronica.adapters.jax.data import ScheduledIterator, iterator
 from chronica.adapters.jax.grad import (
     PerLeaf,
@@ -27,6 +34,7 @@ __all__ = [
     "ReducedLeaves",
     "ScheduledIterator",
     "ScheduledReducer",
+    "StepSource",
     "forward_order",
     "iterator",
     "per_leaf",
