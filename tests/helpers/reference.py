@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 MASK = (1 << 64) - 1
@@ -225,10 +227,14 @@ def shared_finish(work, cores):
     return np.array([finish[r] for r in range(len(work))])
 
 
-# Packing (``chronica.core.packing``): LPT under row capacities, then move/trade refinement.
+# Packing (``chronica.core.packing``): LPT under row capacities (even micro-batches, else
+# best fit), then move/trade refinement.
 
-PACK_REL_TOL = 1e-9
-PACK_PARTNERS = 4
+PACK_REL_TOL = 1e-9  # a move or trade must gain more than this fraction of the top time
+PACK_CLOSE_ENOUGH = 1e-7  # refinement stops this close (relative) to the mean time
+PACK_WORTH_MORE = 1e-5  # pair trades and the search of every rank only this far above it
+PACK_PARTNERS = 4  # the lightest ranks a trade partner is looked for among first
+PACK_WIDE_SEARCH_MAX = 16384  # steps up to this many documents search every rank
 
 
 def _seq_sum(values) -> float:
@@ -245,9 +251,20 @@ def _fit_row(free_rows: list[int], length: int) -> int:
     return min(fitting)[1] if fitting else -1
 
 
-def _fit_micro(free: list[list[int]], micro_loads: list[float], length: int) -> tuple[int, int]:
-    """The cheapest micro-batch with a row ``length`` fits in (ties: lower index) and the
-    fullest such row in it; ``(-1, -1)`` if none."""
+def _fit_micro(
+    free: list[list[int]], micro_loads: list[float], length: int, tight: bool
+) -> tuple[int, int]:
+    """Even: the cheapest micro-batch with a row ``length`` fits in (ties: lower index) and
+    the fullest such row in it. ``tight``: the fullest row of any micro-batch (ties: lower
+    micro-batch, then lower row). ``(-1, -1)`` if none."""
+    if tight:
+        fitting = [
+            (free[m][k], m, k)
+            for m in range(len(free))
+            for k in range(len(free[m]))
+            if free[m][k] >= length
+        ]
+        return min(fitting)[1:] if fitting else (-1, -1)
     fitting = [(micro_loads[m], m) for m in range(len(free)) if _fit_row(free[m], length) >= 0]
     if not fitting:
         return -1, -1
@@ -259,15 +276,62 @@ def _room(free: list[list[int]]) -> int:
     return max(max(rows) for rows in free)
 
 
-def _pack_refine(lengths, costs, speeds, free, micro_loads, room, rank, micro, row, loads):
+def _pack_trade(lengths, costs, speeds, free, rank, micro, row, loads, a, partners, pairs, gain):
+    """``chronica.core.packing._best_trade``: the trade ``(i, j, k)`` (``k`` -1 without a
+    second document) of a document ``i`` of rank ``a`` for a cheaper document ``j`` (with
+    ``pairs``, maybe with a later document ``k`` of ``j``'s row) of a rank in ``partners``
+    that lowers the larger of the two times most, by more than ``gain``; ``None`` if none.
+    Scanned ``i`` in position order, then ``j`` in position order (with ``pairs``: row by
+    row, ordered by (rank, micro-batch, row), position order within a row) and ``k`` after
+    ``j`` in its row; ties keep the first found."""
+    n = len(lengths)
+    top = loads[a] / speeds[a]
+    mine = [i for i in range(n) if rank[i] == a]
+    theirs = [j for j in range(n) if rank[j] != a and rank[j] in partners]
+    if pairs:
+        # Stable by (rank, micro, row): a row's documents are neighbours, in position order.
+        theirs.sort(key=lambda j: (rank[j], micro[j], row[j]))
+        groups: list[list[int]] = []
+        for j in theirs:
+            if groups and (rank[j], micro[j], row[j]) == (
+                rank[groups[-1][0]],
+                micro[groups[-1][0]],
+                row[groups[-1][0]],
+            ):
+                groups[-1].append(j)
+            else:
+                groups.append([j])
+    else:
+        groups = [[j] for j in theirs]
+    best = None
+    for i in mine:
+        slot_a = free[a][micro[i]][row[i]] + lengths[i]  # i's row without i
+        for group in groups:
+            b = rank[group[0]]
+            slot_b = free[b][micro[group[0]]][row[group[0]]]  # the free space of j's row
+            for x, j in enumerate(group):
+                for k in [-1, *group[x + 1 :]] if pairs else [-1]:
+                    taken = lengths[j] + (lengths[k] if k >= 0 else 0)
+                    given = costs[j] + (costs[k] if k >= 0 else 0.0)
+                    if given >= costs[i] or taken > slot_a or lengths[i] > slot_b + taken:
+                        continue
+                    d = costs[i] - given
+                    new_top = max((loads[a] - d) / speeds[a], (loads[b] + d) / speeds[b])
+                    if top - new_top > gain:
+                        gain, best = top - new_top, (i, j, k)
+    return best
+
+
+def _pack_refine(lengths, costs, speeds, tight, free, micro_loads, room, rank, micro, row, loads):
     """``chronica.core.packing._refine`` on lists (mutated in place)."""
     w, n = len(speeds), len(lengths)
     if w < 2 or n == 0:
         return
-    bound = _seq_sum(loads) / _seq_sum(speeds) * (1.0 + PACK_REL_TOL)
+    mean = _seq_sum(loads) / _seq_sum(speeds)
+    bound = mean * (1.0 + PACK_CLOSE_ENOUGH)
 
     def place(i, b):
-        m, k = _fit_micro(free[b], micro_loads[b], lengths[i])
+        m, k = _fit_micro(free[b], micro_loads[b], lengths[i], tight)
         rank[i], micro[i], row[i] = b, m, k
         free[b][m][k] -= lengths[i]
         micro_loads[b][m] += costs[i]
@@ -297,41 +361,42 @@ def _pack_refine(lengths, costs, speeds, free, micro_loads, room, rank, micro, r
             loads[b] += costs[i]
             room[a], room[b] = _room(free[a]), _room(free[b])
             continue
-        # Trades with the lightest ranks (ties: lower rank), each document taking the
-        # other's row slot; the cheaper one goes to ``a``.
-        partners = set(sorted(range(w), key=lambda r: (times[r], r))[:PACK_PARTNERS]) - {a}
-        theirs = [j for j in range(n) if rank[j] in partners]
-        for i in mine:
-            slot_a = free[a][micro[i]][row[i]] + lengths[i]
-            for j in theirs:
-                b = rank[j]
-                slot_b = free[b][micro[j]][row[j]] + lengths[j]
-                if costs[j] >= costs[i] or lengths[j] > slot_a or lengths[i] > slot_b:
-                    continue
-                d = costs[i] - costs[j]
-                new_top = max((loads[a] - d) / speeds[a], (loads[b] + d) / speeds[b])
-                if top - new_top > gain:
-                    gain, best = top - new_top, (i, j)
-        if best is None:
+        # Trades, each side taking the other's row slot: one for one with the lightest
+        # ranks (ties: lower rank); while the top is worth more, one for two of one row
+        # with them, then one for one with every rank (more ranks than partners, steps
+        # small enough).
+        lightest = set(sorted(range(w), key=lambda r: (times[r], r))[:PACK_PARTNERS]) - {a}
+        args = (lengths, costs, speeds, free, rank, micro, row, loads, a)
+        trade = _pack_trade(*args, lightest, False, gain)
+        worth = top > mean * (1.0 + PACK_WORTH_MORE)
+        if trade is None and worth:
+            trade = _pack_trade(*args, lightest, True, gain)
+        if trade is None and worth and w > PACK_PARTNERS + 1 and n <= PACK_WIDE_SEARCH_MAX:
+            trade = _pack_trade(*args, set(range(w)) - {a}, False, gain)
+        if trade is None:
             return
-        i, j = best
+        i, j, k = trade
         b = rank[j]
-        d = costs[i] - costs[j]
-        free[a][micro[i]][row[i]] += lengths[i] - lengths[j]
-        free[b][micro[j]][row[j]] += lengths[j] - lengths[i]
+        taken = lengths[j] + (lengths[k] if k >= 0 else 0)
+        given = costs[j] + (costs[k] if k >= 0 else 0.0)
+        d = costs[i] - given
+        free[a][micro[i]][row[i]] += lengths[i] - taken
+        free[b][micro[j]][row[j]] += taken - lengths[i]
         micro_loads[a][micro[i]] -= d
         micro_loads[b][micro[j]] += d
-        rank[i], rank[j] = b, a
-        micro[i], micro[j] = micro[j], micro[i]
-        row[i], row[j] = row[j], row[i]
+        slot = (a, micro[i], row[i])
+        rank[i], micro[i], row[i] = b, micro[j], row[j]
+        for x in (j, k) if k >= 0 else (j,):
+            rank[x], micro[x], row[x] = slot
         loads[a] -= d
         loads[b] += d
         room[a], room[b] = _room(free[a]), _room(free[b])
 
 
-def pack(lengths, costs, speeds, num_micro, rows, row_length, refine=True):
+def pack(lengths, costs, speeds, num_micro, rows, row_length, refine=True, tight=False):
     """Reference of ``chronica.core.packing._pack``: ``(rank, micro, row, loads)`` lists,
-    or ``None`` if LPT finds a document no rank has a row for (``refine=False``: LPT only)."""
+    or ``None`` if LPT finds a document no rank has a row for (``refine=False``: LPT only;
+    ``tight``: every document to the fullest row of its rank it fits in)."""
     lengths = [int(x) for x in lengths]
     costs = [float(c) for c in costs]
     speeds = [float(s) for s in speeds]
@@ -352,27 +417,77 @@ def pack(lengths, costs, speeds, num_micro, rows, row_length, refine=True):
                     best, best_time = r, time
         if best < 0:
             return None
-        m, k = _fit_micro(free[best], micro_loads[best], lengths[i])
+        m, k = _fit_micro(free[best], micro_loads[best], lengths[i], tight)
         rank[i], micro[i], row[i] = best, m, k
         free[best][m][k] -= lengths[i]
         micro_loads[best][m] += costs[i]
         loads[best] += costs[i]
         room[best] = _room(free[best])
     if refine:
-        _pack_refine(lengths, costs, speeds, free, micro_loads, room, rank, micro, row, loads)
+        _pack_refine(
+            lengths, costs, speeds, tight, free, micro_loads, room, rank, micro, row, loads
+        )
     return rank, micro, row, loads
+
+
+def pack_fits(lengths, costs, speeds, num_micro, rows, row_length) -> bool:
+    """Whether ``pack_step`` keeps ``num_micro`` micro-batches: the even or the tight LPT
+    places every document (refinement never changes that)."""
+    return any(
+        pack(lengths, costs, speeds, num_micro, rows, row_length, False, tight) is not None
+        for tight in (False, True)
+    )
+
+
+PACK_MICRO_GAIN = 0.01  # free counts: one more micro-batch while it gains this much
+
+
+def pack_floor(lengths, num_replicas, rows, row_length, speeds=None) -> int:
+    """The fewest micro-batches ``pack_step`` tries with free counts: the fastest rank's
+    speed-proportional share of the tokens fits them (at least one)."""
+    speed = np.ones(num_replicas) if speeds is None else np.asarray(speeds, dtype=np.float64)
+    share = int(np.sum(lengths)) * float(speed.max()) / float(speed.sum())
+    return max(1, math.ceil(share / (rows * row_length) - 1e-9))
 
 
 def pack_step(lengths, costs, num_replicas, rows, row_length, speeds=None, num_micro=None):
     """Reference of ``chronica.core.packing.pack_step``: ``(rank, micro, row, num_micro,
-    loads)`` as numpy arrays; micro-batches per rank from the fewest the tokens need (and at
-    least ``num_micro``) up until LPT places every document."""
-    speeds = [1.0] * num_replicas if speeds is None else list(speeds)
-    capacity = num_replicas * rows * row_length
-    m = max(1, -(-int(np.sum(lengths)) // capacity), num_micro or 1)
-    while (out := pack(lengths, costs, speeds, m, rows, row_length)) is None:
+    loads)`` as numpy arrays. A fixed count ``num_micro``: that many micro-batches per rank
+    where the documents fit, else the next count at which the even or else the tight LPT
+    places every document. Free counts (``num_micro=None``): from ``pack_floor`` up to where
+    they fit, then one more while the slowest time is more than 1% above the bound and one
+    more lowers it by 1% or more."""
+    speed = np.ones(num_replicas) if speeds is None else np.asarray(speeds, dtype=np.float64)
+    n = len(lengths)
+    if num_micro:
+        # The tokens' floor only: fewer never fit, and the speeds do not raise a fixed count.
+        m = max(-(-int(np.sum(lengths)) // (num_replicas * rows * row_length)), num_micro)
+    else:
+        m = pack_floor(lengths, num_replicas, rows, row_length, speeds)
+
+    def attempt(count):
+        out = pack(lengths, costs, speed, count, rows, row_length)
+        if out is None:
+            out = pack(lengths, costs, speed, count, rows, row_length, tight=True)
+        return out
+
+    while (out := attempt(m)) is None:
         m += 1
-    rank, micro, row, loads = out
+    best = (out, m)
+    if not num_micro and n:
+        costs = np.asarray(costs, dtype=np.float64)
+        bound = max(costs.sum() / speed.sum(), costs.max() / speed.max())
+        top = float((np.array(out[3]) / speed).max())
+        while top > bound * (1 + PACK_MICRO_GAIN) and m < n:
+            m += 1
+            out = attempt(m)
+            if out is None:
+                break
+            if float((np.array(out[3]) / speed).max()) > top * (1 - PACK_MICRO_GAIN):
+                break
+            best = (out, m)
+            top = float((np.array(out[3]) / speed).max())
+    (rank, micro, row, loads), m = best
     as_int = [np.array(x, dtype=np.int64) for x in (rank, micro, row)]
     return (*as_int, m, np.array(loads, dtype=np.float64))
 
