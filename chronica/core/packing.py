@@ -8,9 +8,9 @@ Documents never attend across their boundaries, so a micro-batch costs the sum o
 documents' costs ``a + b·L + c·L²``.
 
 ``pack_step`` decides one step: the fewest micro-batches per rank at which every document
-fits and the fastest rank's speed-proportional share of the tokens would, plus one more for
-as long as that lowers the slowest rank's time by 1% (the cap, not the costs, held it
-back), or exactly ``Packing.micro_batches`` where the documents fit; every document to a
+fits, plus one more for as long as that lowers the slowest rank's time by 1% (the cap, not
+the costs, held it back: typically a fast rank whose fair share of the tokens does not fit),
+or exactly ``Packing.micro_batches`` where the documents fit; every document to a
 rank, a micro-batch and a row, so that the slowest rank's predicted time (its cost over its
 speed) is as small as the kernel finds and a rank's micro-batches carry similar costs:
 
@@ -295,9 +295,7 @@ def pack_step(
             f"a document of {int(lengths.max())} tokens is longer than row_length="
             f"{packing.length}; cut documents with chronica.core.packing.pieces first"
         )
-    # The fastest rank's fair share of the tokens must fit its micro-batches.
-    share = int(lengths.sum()) * float(speed.max()) / float(speed.sum())
-    fewest = max(1, math.ceil(share / (packing.rows * packing.length) - 1e-9))
+    fewest = max(1, math.ceil(int(lengths.sum()) / (w * packing.rows * packing.length)))
     m = max(fewest, num_micro or packing.micro_batches or 1)
     order = _argsort_descending(costs)
     rank = np.empty(lengths.shape[0], np.int64)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
@@ -443,11 +442,10 @@ PACK_MICRO_GAIN = 0.01  # free counts: one more micro-batch while it gains this 
 
 
 def pack_floor(lengths, num_replicas, rows, row_length, speeds=None) -> int:
-    """The fewest micro-batches ``pack_step`` tries with free counts: the fastest rank's
-    speed-proportional share of the tokens fits them (at least one)."""
-    speed = np.ones(num_replicas) if speeds is None else np.asarray(speeds, dtype=np.float64)
-    share = int(np.sum(lengths)) * float(speed.max()) / float(speed.sum())
-    return max(1, math.ceil(share / (rows * row_length) - 1e-9))
+    """The fewest micro-batches ``pack_step`` tries: the tokens fit them (at least one);
+    the speeds do not raise it (the 1% rule adds micro-batches where they matter)."""
+    del speeds
+    return max(1, -(-int(np.sum(lengths)) // (num_replicas * rows * row_length)))
 
 
 def pack_step(lengths, costs, num_replicas, rows, row_length, speeds=None, num_micro=None):
@@ -459,11 +457,7 @@ def pack_step(lengths, costs, num_replicas, rows, row_length, speeds=None, num_m
     more lowers it by 1% or more."""
     speed = np.ones(num_replicas) if speeds is None else np.asarray(speeds, dtype=np.float64)
     n = len(lengths)
-    if num_micro:
-        # The tokens' floor only: fewer never fit, and the speeds do not raise a fixed count.
-        m = max(-(-int(np.sum(lengths)) // (num_replicas * rows * row_length)), num_micro)
-    else:
-        m = pack_floor(lengths, num_replicas, rows, row_length, speeds)
+    m = max(pack_floor(lengths, num_replicas, rows, row_length), num_micro or 1)
 
     def attempt(count):
         out = pack(lengths, costs, speed, count, rows, row_length)
