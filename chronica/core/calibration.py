@@ -21,8 +21,9 @@ from chronica.core.cost import CostModel
 
 __all__ = ["CostCalibration"]
 
-# Alternating rounds: the slowness and the coefficients settle within a few.
-_ROUNDS = 4
+# Alternating rounds, at most: they stop once no rank's slowness moves by _SETTLED.
+_ROUNDS = 50
+_SETTLED = 1e-6
 
 
 class CostCalibration:
@@ -94,10 +95,13 @@ class CostCalibration:
                 return  # the reports do not determine a model yet: keep the last one
             predicted = features @ np.array(model.to_tuple())
             ratio = seconds / np.maximum(predicted, 1e-300)
+            before = slowness.copy()
             for r in np.flatnonzero(reported):
                 slowness[r] = float(np.median(ratio[ranks == r]))
             slowness[reported] /= float(slowness[reported].mean())
             slowness[~reported] = float(np.median(slowness[reported]))
+            if np.abs(slowness - before).max() < _SETTLED:
+                break
         self._model = CostModel.fit(*_columns(features), seconds / slowness[ranks])
         self._slowness = slowness
 
