@@ -6,6 +6,16 @@
 so the slowest rank's predicted cost is as low as it can be. Use ``batch_size //
 num_replicas`` as the ``DataLoader``'s batch size.
 
+Both samplers say they are already distributed the way the training libraries look for it:
+``DistributedSampler`` is a ``torch.utils.data.DistributedSampler`` (Lightning keeps it
+instead of wrapping it again) and ``DistributedBatchSampler`` has torch's batch sampler
+attributes (``batch_size`` per yielded batch, ``drop_last``, ``sampler``, whose ``set_epoch``
+is the batch sampler's). The mistakes that would silently undo the balance fail loudly,
+naming the fix: a ``DataLoader`` batch size other than the local batch, a second sharding by
+another library's wrapper (accelerate's ``prepare``, a foreign ``DistributedSampler``),
+Lightning re-instantiating a batch sampler; sizes that default to one per sample are a
+warning.
+
 Both samplers are faces of a ``chronica.runtime.RankStream``; this module holds only what
 is torch's: the world from ``torch.distributed``, the ranks' agreement over a gloo group,
 and torch's ``Sampler`` protocol.
@@ -13,19 +23,27 @@ and torch's ``Sampler`` protocol.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import operator
+import sys
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from types import FrameType, FunctionType
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset as _TorchDataset
 from torch.utils.data import Sampler
+from torch.utils.data.distributed import DistributedSampler as _TorchDistributedSampler
 
+from chronica.adapters.hf import arrow_sizes, size_columns
 from chronica.adapters.torch.packed import PackedDataset, collate_packed, packed_indices
 from chronica.core import ScheduleConfig, Scheduler, resolve_sizes
 from chronica.core.packing import Packing
+from chronica.core.sizes import defines_sizeof
 from chronica.runtime import Agreement, DynamicOptions
 from chronica.runtime.build import (
     open_stream,
@@ -48,6 +66,11 @@ logger = logging.getLogger("chronica")
 
 _NAMES = state_format("sampler", "batch_size")
 
+# How many frames above a sampler's iteration ``_check_consumers`` looks at: enough for
+# DataLoader -> accelerate's shard -> torch's BatchSampler -> the sampler, and Lightning's
+# sampler wrapper -> its data set wrapper -> the sampler.
+_CONSUMER_FRAMES = 6
+
 
 class Dataset(_TorchDataset):
     """A ``torch.utils.data.Dataset`` whose samples can say how big they are.
@@ -55,7 +78,9 @@ class Dataset(_TorchDataset):
     Override ``__sizeof__(self, index)`` to return the relative size of sample ``index``
     (frames, tokens, seconds); chronica calls it once per sample when a sampler is built.
     The default makes every sample size 1. Called without an index it is Python's usual
-    ``__sizeof__``, so ``sys.getsizeof`` keeps working.
+    ``__sizeof__``, so ``sys.getsizeof`` keeps working, also for a subclass whose override
+    takes the index only (``def __sizeof__(self, index)``, as in the quick start): such an
+    override is wrapped when the subclass is defined.
     """
 
     def __sizeof__(self, index: int | None = None) -> int:
@@ -65,12 +90,80 @@ class Dataset(_TorchDataset):
 
     __sizeof__.__chronica_default__ = True  # type: ignore[attr-defined]
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        method = vars(cls).get("__sizeof__")
+        if isinstance(method, FunctionType) and not hasattr(method, "__chronica_wrapped__"):
+            cls.__sizeof__ = _memory_size_without_index(method)  # type: ignore[method-assign]
+
+
+def _memory_size_without_index(method: Any) -> Any:
+    """``method`` (a ``__sizeof__(self, index)``) that, called without an index as
+    ``sys.getsizeof`` does, gives the object's memory size instead of a ``TypeError``."""
+
+    @functools.wraps(method)
+    def __sizeof__(self: Any, index: int | None = None) -> Any:
+        if index is None:
+            return object.__sizeof__(self)
+        return method(self, index)
+
+    __sizeof__.__chronica_wrapped__ = True  # type: ignore[attr-defined]
+    return __sizeof__
+
+
+def _check_sizes_source(dataset: Any, sizes: Any, warn_missing: bool) -> None:
+    """Warn, naming the fix, when a balancing sampler's sizes would silently be one per
+    sample, or when the data set's ``__sizeof__(self, index)`` breaks ``sys.getsizeof``."""
+    if defines_sizeof(dataset):
+        method = type(dataset).__sizeof__
+        if not hasattr(method, "__chronica_wrapped__") and not _index_optional(method):
+            warnings.warn(
+                f"{type(dataset).__name__}.__sizeof__(self, index) makes sys.getsizeof("
+                "dataset) raise a TypeError (Python calls it without an index); write "
+                "def __sizeof__(self, index=None) returning object.__sizeof__(self) for "
+                "None, or subclass chronica.torch.utils.data.Dataset, which does that",
+                stacklevel=4,
+            )
+        return
+    if sizes is not None or getattr(dataset, "sizes", None) is not None or not warn_missing:
+        return
+    columns = size_columns(dataset)
+    hint = f" (a column name: one of {columns})" if columns else ""
+    warnings.warn(
+        f"chronica: no sample sizes for {type(dataset).__name__}, so every sample weighs 1: "
+        "nothing can be balanced and stats() reports a perfect balance that is not real. "
+        f"Pass sizes= (one number per sample{hint}), give the data set a sizes attribute, "
+        "or define __sizeof__(self, index)",
+        stacklevel=4,
+    )
+
+
+def _index_optional(method: Any) -> bool:
+    """Whether ``method(self)``, without an index, is a valid call."""
+    try:
+        signature = inspect.signature(method)
+    except (TypeError, ValueError):
+        return True
+    params = list(signature.parameters.values())[1:]
+    return (
+        not params
+        or params[0].default is not inspect.Parameter.empty
+        or params[0].kind
+        in (
+            inspect.Parameter.VAR_POSITIONAL,
+            inspect.Parameter.VAR_KEYWORD,
+        )
+    )
+
 
 def _torch_world() -> tuple[int, int]:
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
             "num_replicas and rank were not given and torch.distributed is not "
-            "initialized; call dist.init_process_group(...) first or pass both"
+            "initialized; call dist.init_process_group(...) first or pass both (under "
+            "Lightning, build the sampler in train_dataloader(), where the group exists; "
+            "under accelerate or the transformers Trainer, after Accelerator() or "
+            "TrainingArguments(...))"
         )
     return dist.get_world_size(), dist.get_rank()
 
@@ -99,21 +192,33 @@ def _gloo_agreement(scheduler: Scheduler) -> Agreement | None:
 
 
 class _ScheduledSampler(StreamFace):
-    """What both samplers share: building the stream from torch-style arguments."""
+    """What both samplers share: building the stream from torch-style arguments, and the
+    guards against what would silently undo the plan."""
 
     def __init__(self, arguments: Mapping[str, Any]) -> None:
         # ``arguments``: the subclass's constructor arguments (its ``locals()``).
         config, dynamic = arguments["config"], arguments["dynamic"]
         num_replicas, rank = arguments["num_replicas"], arguments["rank"]
         dataset = arguments["dataset"]
+        if isinstance(dataset, Sampler):
+            raise ValueError(
+                f"dataset is a {type(dataset).__name__} (a sampler): something rebuilt "
+                f"chronica's {type(self).__name__} around its own distributed sampler. "
+                "Lightning does this to batch samplers: pass "
+                "Trainer(use_distributed_sampler=False), chronica's batch sampler already "
+                "shards, shuffles and follows set_epoch"
+            )
         world, rank = resolve_world(num_replicas, rank, _torch_world, config=config)
         scheduling = scheduling_arguments(arguments)
         cfg = schedule_config(config, world, arguments["batch_size"], scheduling, dynamic)
         missing = (
             None if cfg.packing is None else "packing= needs every document's length in tokens"
         )
+        sizes = arrow_sizes(dataset, arguments["sizes"])
+        if cfg.batch_size is not None or cfg.packing is not None:
+            _check_sizes_source(dataset, sizes, missing is None)
         self.stream = open_stream(
-            resolve_sizes(dataset, arguments["sizes"], missing),
+            resolve_sizes(dataset, sizes, missing),
             cfg,
             rank,
             labels=arguments["labels"],
@@ -123,7 +228,7 @@ class _ScheduledSampler(StreamFace):
             names=_NAMES,
         )
         self.dataset = dataset
-        self.batch_size = cfg.batch_size
+        self.global_batch_size = cfg.batch_size
         self.shuffle = cfg.shuffle
         self.seed = cfg.seed
         self.drop_last = cfg.drop_last
@@ -132,6 +237,59 @@ class _ScheduledSampler(StreamFace):
                 "chronica: batch_size (the global batch) was not given, so steps cannot be "
                 "balanced; the sampler splits indices like torch's DistributedSampler"
             )
+
+    @property
+    def local_batch_size(self) -> int | None:
+        """Samples of every full step on this rank (``global_batch_size // num_replicas``);
+        ``None`` when it varies (``variable_batch=True``, ``packing=``) or nothing is
+        balanced (no ``batch_size``)."""
+        config = self.stream.config
+        if config.batch_size is None or config.variable_batch or config.packing is not None:
+            return None
+        return config.batch_size // config.num_replicas
+
+    def _check_consumers(self, batch_size: int | None) -> None:
+        """Fail loudly when the objects iterating this sampler (found on the call stack at
+        the start of an iteration) would silently change its plan: a batch sampler whose
+        batches straddle or merge steps (``batch_size`` is the size that fits), or a second
+        sharding (accelerate's ``BatchSamplerShard``, a foreign ``DistributedSampler``)."""
+        # The frame that asked the sampler's generator for more, then its callers.
+        frame: FrameType | None = sys._getframe(2)
+        for _ in range(_CONSUMER_FRAMES):
+            if frame is None:
+                return
+            owner = frame.f_locals.get("self")
+            frame = frame.f_back
+            if owner is None or owner is self:
+                continue
+            if getattr(owner, "sampler", None) is self and batch_size is not None:
+                size = getattr(owner, "batch_size", None)
+                if isinstance(size, int) and (size > batch_size or batch_size % size):
+                    raise ValueError(
+                        f"the DataLoader's batch_size={size} does not fit chronica's local batch "
+                        f"of {batch_size} samples per step (batch_size={self.global_batch_size} "
+                        f"is the global batch over {self.num_replicas} ranks): its batches would "
+                        f"{'merge' if size > batch_size else 'straddle'} balanced steps; use "
+                        f"DataLoader(batch_size={batch_size}) (or a divisor of it for "
+                        f"micro-batches), or DistributedBatchSampler as batch_sampler="
+                    )
+            processes = getattr(owner, "num_processes", None)
+            foreign = isinstance(owner, _TorchDistributedSampler) and not isinstance(
+                owner, _ScheduledSampler
+            )
+            if (isinstance(processes, int) and processes > 1) or (
+                foreign and getattr(owner, "num_replicas", 1) > 1
+            ):
+                raise ValueError(
+                    f"{type(owner).__module__}.{type(owner).__name__} shards the batches of "
+                    f"chronica's {type(self).__name__} a second time, so every rank would "
+                    "train a fraction of its samples. With accelerate, prepare the loader with "
+                    "chronica.torch.hf.prepare(accelerator, ...) (or call "
+                    "chronica.torch.hf.unshard(loader) on the prepared loader); with the "
+                    "transformers Trainer use chronica.torch.hf.Trainer; with Lightning keep "
+                    "chronica's sampler as it is (it is a torch DistributedSampler) or pass "
+                    "Trainer(use_distributed_sampler=False)"
+                )
 
     @property
     def num_samples(self) -> int:
@@ -154,7 +312,7 @@ class _ScheduledSampler(StreamFace):
         self.set_state(state)
 
 
-class DistributedSampler(_ScheduledSampler, Sampler[int]):
+class DistributedSampler(_ScheduledSampler, _TorchDistributedSampler):
     """Drop-in for ``torch.utils.data.DistributedSampler`` that balances every step.
 
     Guarantees: every rank yields ``len(self)`` indices per epoch, step after step with
@@ -174,6 +332,14 @@ class DistributedSampler(_ScheduledSampler, Sampler[int]):
     rank, default from ``LOCAL_WORLD_SIZE`` for partitioned policies), ``partitions``
     (index list per node) and ``labels`` (for ``stratified`` and ``label_skew``) go with
     them. ``config``: a whole ``ScheduleConfig`` instead of the scheduling keywords.
+    ``sizes`` also takes a column name of a Hugging Face ``datasets.Dataset`` given as
+    ``dataset`` (numbers, or lists and strings whose lengths are the sizes), a ``Column`` of
+    one (``ds["length"]``) or an Arrow array, all read without a Python loop.
+
+    It is a ``torch.utils.data.DistributedSampler`` (Lightning keeps it rather than wrapping
+    it a second time); ``batch_size`` and ``global_batch_size`` are the global batch,
+    ``local_batch_size`` what the ``DataLoader`` must take. Iterating it through a batch
+    sampler of another size, or through a second sharding, raises ``ValueError``.
     """
 
     def __init__(
@@ -212,7 +378,14 @@ class DistributedSampler(_ScheduledSampler, Sampler[int]):
         super().__init__(locals())
         self._taking: tuple[Iterator[int], int] | None = None  # the step being handed out
 
+    @property
+    def batch_size(self) -> int | None:
+        """The global batch over all ranks (the ``batch_size`` argument); the
+        ``DataLoader``'s batch size is ``local_batch_size``."""
+        return self.global_batch_size
+
     def __iter__(self) -> Iterator[int]:
+        self._check_consumers(self.local_batch_size)
         stream = self.stream
         for batch in stream.batches(whole=False):
             rest = batch.indices[stream.offset :].tolist()
@@ -260,6 +433,14 @@ class DistributedBatchSampler(_ScheduledSampler, Sampler[list[int]]):
     ``variable_batch=True`` is allowed (with ``kind="dynamic"``: local batch sizes follow
     measured rank speeds, the global batch unchanged); ``len(self)`` is the number of
     steps, equal on every rank.
+
+    Its attributes mean what torch's ``BatchSampler``'s do: ``batch_size`` is the size of
+    the batches it yields (the local batch, ``global_batch_size // num_replicas``; a
+    trailing partial step yields fewer; ``None`` when sizes vary: ``variable_batch=True`` or
+    ``packing=``), ``drop_last`` its argument, and ``sampler`` this rank's indices in batch
+    order (iterating it iterates this batch sampler; its ``set_epoch`` is this one's, so
+    libraries that call ``batch_sampler.sampler.set_epoch`` reach it). ``global_batch_size``
+    is the ``batch_size`` argument.
     """
 
     def __init__(
@@ -288,10 +469,18 @@ class DistributedBatchSampler(_ScheduledSampler, Sampler[list[int]]):
         if batch_size is None and config is None and not budget:
             raise ValueError("batch_size (the global batch over all ranks) is required")
         super().__init__(locals())
-        if self.batch_size is None and self.stream.config.packing is None:
+        if self.global_batch_size is None and self.stream.config.packing is None:
             raise ValueError("config.batch_size (the global batch over all ranks) is required")
+        self.sampler = _BatchIndices(self)
+
+    @property
+    def batch_size(self) -> int | None:
+        """Samples in every yielded batch but a trailing partial one (torch's meaning);
+        ``None`` when they vary. See ``local_batch_size``."""
+        return self.local_batch_size
 
     def __iter__(self) -> Iterator[list[int]]:
+        self._check_consumers(None)
         stream = self.stream
         if not stream.packed:
             for batch in stream.batches():
@@ -311,3 +500,29 @@ class DistributedBatchSampler(_ScheduledSampler, Sampler[list[int]]):
         of its remainder."""
         micro = self.stream.plan().micro
         return self.stream.num_steps if micro is None else int(micro.num_micro.sum())
+
+
+class _BatchIndices(Sampler[int]):
+    """``DistributedBatchSampler.sampler``: this rank's indices of the epoch in batch order,
+    and the batch sampler's ``set_epoch`` (what torch's ``BatchSampler.sampler`` is to
+    libraries that reach a batch sampler's epoch through it)."""
+
+    def __init__(self, owner: DistributedBatchSampler) -> None:
+        self._owner = owner
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the batch sampler iterates."""
+        return self._owner.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """The batch sampler's ``set_epoch``."""
+        self._owner.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        for batch in self._owner:
+            yield from (int(i) for i in batch if getattr(i, "length", 1))
+
+    def __len__(self) -> int:
+        """This rank's samples (pieces of documents, when packed) in the epoch's plan."""
+        return int(self._owner.stream.step_counts().sum())

@@ -48,7 +48,8 @@ class ScheduledOptimizer:
     issued in the same order on every rank. Gradients are cleared per parameter once it is
     updated, so ``zero_grad()`` does nothing and gradient accumulation over several backward
     passes is not supported. Call ``synchronize()`` before evaluating, checkpointing or
-    reading parameters outside the model's forward.
+    reading parameters outside the model's forward. A model wrapped in
+    ``DistributedDataParallel`` is refused (``ValueError``): DDP averages the gradients itself.
     """
 
     def __init__(
@@ -65,6 +66,13 @@ class ScheduledOptimizer:
     ) -> None:
         if isinstance(optimizer, torch.optim.LBFGS):
             raise ValueError("LBFGS couples all parameters; it cannot be stepped per parameter")
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            raise ValueError(
+                "model is wrapped in DistributedDataParallel, which all-reduces every gradient "
+                "itself: ScheduledOptimizer would average them a second time and its priority "
+                "order would not matter. Pass the bare model (model.module) and let "
+                "ScheduledOptimizer do the averaging, or keep DDP and a plain optimizer"
+            )
         self.model = model
         self.optimizer = optimizer
         self.options = SchedulingOptions.resolve(
