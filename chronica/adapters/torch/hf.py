@@ -1,0 +1,192 @@
+"""chronica's samplers under Hugging Face accelerate and the transformers ``Trainer``.
+
+accelerate's ``prepare`` shards every ``DataLoader`` of a map-style data set once more, by
+batches (``BatchSamplerShard``): over a chronica sampler, which already yields this rank's
+batches only, every rank would train ``1/W`` of them. ``unshard`` turns that shard into a
+pass-through of exactly the batches chronica planned, the way transformers does for its own
+rank-aware ``BatchRebalanceSampler``, and lets ``set_epoch`` reach the sampler through the
+wrappers accelerate adds later (``skip_first_batches`` on resume). ``prepare`` is
+``accelerator.prepare`` followed by ``unshard``.
+
+``Trainer`` (a ``transformers.Trainer``) and ``TrainerMixin`` (for Trainer subclasses such as
+TRL's) train on a ``DistributedSampler`` built from the training arguments: the global batch
+``per_device_train_batch_size × world_size``, the data seed, ``dataloader_drop_last``, and
+sizes from the data set's ``length_column_name`` column when it has one. The Trainer's own
+checkpoints resume it exactly: ``resume_from_checkpoint`` skips the epoch's trained batches
+of the same plan.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from chronica.adapters.hf import arrow_sizes, hf_dataset
+from chronica.adapters.torch.data import (
+    DistributedBatchSampler,
+    DistributedSampler,
+    _ScheduledSampler,
+)
+
+__all__ = ["Trainer", "TrainerMixin", "prepare", "unshard"]
+
+Trainer: type  # ``transformers.Trainer`` with ``TrainerMixin``, built by ``__getattr__``
+
+# Arguments the Trainer integration takes from the training arguments, not from
+# ``scheduling``.
+_FROM_ARGS = ("dataset", "num_replicas", "rank", "batch_size")
+
+
+def unshard(loader: Any) -> Any:
+    """Undo accelerate's second sharding of a prepared ``loader`` whose sampler or batch
+    sampler is chronica's; returns ``loader`` (changed in place).
+
+    Guarantees: afterwards the loader yields exactly the batches chronica's sampler plans
+    for this rank (a trailing partial step included, nothing padded or dropped), ``len``
+    counts them, and ``set_epoch`` on the loader, or on what accelerate's
+    ``skip_first_batches`` makes of it, reaches the sampler. A loader without accelerate's
+    shard, or whose sampler is not chronica's, is returned unchanged. Raises ``ValueError``
+    for accelerate's ``dispatch_batches=True`` (rank 0 would iterate a sampler that plans
+    for itself only)."""
+    from accelerate.data_loader import BatchSamplerShard, DataLoaderDispatcher
+
+    shard = None
+    for name in ("batch_sampler", "sampler"):
+        candidate = getattr(loader, name, None)
+        if isinstance(candidate, BatchSamplerShard):
+            shard = candidate
+            break
+    inner = getattr(shard, "batch_sampler", None) if shard is not None else None
+    ours = inner if isinstance(inner, DistributedBatchSampler) else getattr(inner, "sampler", None)
+    if isinstance(loader, DataLoaderDispatcher) and _holds_chronica(loader):
+        raise ValueError(
+            "accelerate's dispatch_batches=True lets rank 0 iterate the loader and send "
+            "slices to the others, but chronica's sampler plans rank 0's batches only; use "
+            "DataLoaderConfiguration(dispatch_batches=False)"
+        )
+    if shard is None or not isinstance(ours, _ScheduledSampler):
+        return loader
+    # A pass-through: every batch goes to this process, as it comes (no round-robin, no
+    # padding of a short last batch with the epoch's first samples, nothing dropped).
+    shard.num_processes, shard.process_index = 1, 0
+    shard.even_batches, shard.drop_last = False, False
+    # accelerate reaches a sampler's epoch through ``batch_sampler.batch_sampler.sampler``
+    # once ``skip_first_batches`` wrapped the shard; the shard itself has no ``sampler``.
+    shard.sampler = ours.sampler if isinstance(ours, DistributedBatchSampler) else ours
+    return loader
+
+
+def _holds_chronica(loader: Any) -> bool:
+    batches = getattr(loader, "batch_sampler", None)
+    return isinstance(batches, DistributedBatchSampler) or isinstance(
+        getattr(batches, "sampler", None) or getattr(loader, "sampler", None), _ScheduledSampler
+    )
+
+
+def prepare(accelerator: Any, *objects: Any, **kwargs: Any) -> Any:
+    """``accelerator.prepare(*objects, **kwargs)``, with every prepared ``DataLoader`` over
+    a chronica sampler passed through ``unshard``: what ``accelerator.prepare`` returns
+    (one object, or a tuple), with the same guarantees as ``unshard`` for the loaders."""
+    prepared = accelerator.prepare(*objects, **kwargs)
+    for item in prepared if isinstance(prepared, tuple) else (prepared,):
+        if isinstance(item, torch.utils.data.DataLoader):
+            unshard(item)
+    return prepared
+
+
+class TrainerMixin:
+    """Mix into a ``transformers.Trainer`` class, before it
+    (``class MyTrainer(TrainerMixin, SFTTrainer)``): training batches come from chronica's
+    ``DistributedSampler``, balanced per step, sharded once.
+
+    ``scheduling`` holds the sampler's other arguments (``sizes``, ``cost``, ``kind``,
+    ``shuffle``, ``seed``, ``drop_last``...); the global batch (``per_device_train_batch_size``
+    times the world size), the world and the rank come from the training arguments; ``seed``
+    defaults to ``args.data_seed`` (else ``args.seed``), ``drop_last`` to
+    ``args.dataloader_drop_last``, ``sizes`` to the column ``args.length_column_name`` of a
+    ``datasets.Dataset`` that has it (read before the Trainer removes unused columns; a
+    column name in ``sizes`` is read the same way).
+
+    Guarantees: every rank trains its planned local batch at every step, each sample once
+    per epoch (up to ``drop_last``'s padding or dropping), in a new order every epoch; a
+    run resumed from one of the Trainer's checkpoints trains the same batches as an
+    uninterrupted one (for ``kind="dynamic"``: the same samples per step). The sampler of
+    the last built training loader is ``train_sampler``. ``train_sampling_strategy`` is
+    replaced (a warning says so when it was set).
+    """
+
+    # What transformers.Trainer provides.
+    args: Any
+    train_dataset: Any
+
+    def __init__(self, *args: Any, scheduling: Mapping[str, Any] | None = None, **kwargs: Any):
+        options = dict(scheduling or {})
+        taken = [name for name in _FROM_ARGS if name in options]
+        if taken:
+            raise ValueError(
+                f"scheduling= cannot set {taken}: the Trainer's training arguments give the "
+                "global batch (per_device_train_batch_size x world size), the world and the rank"
+            )
+        self.scheduling = options
+        self.train_sampler: DistributedSampler | None = None
+        super().__init__(*args, **kwargs)
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> DistributedSampler:
+        """chronica's ``DistributedSampler`` for the training loader (transformers' hook)."""
+        args = self.args
+        dataset = self.train_dataset if train_dataset is None else train_dataset
+        options = dict(self.scheduling)
+        sizes = options.pop("sizes", None)
+        original = self.train_dataset
+        if sizes is None and hf_dataset(original):
+            if args.length_column_name in original.column_names:
+                sizes = args.length_column_name
+        if isinstance(sizes, str) and hf_dataset(original) and len(original) == len(dataset):
+            sizes = arrow_sizes(original, sizes)  # before unused columns were removed
+        if args.train_sampling_strategy not in ("random", "sequential"):
+            warnings.warn(
+                f"train_sampling_strategy={args.train_sampling_strategy!r} is replaced by "
+                "chronica's DistributedSampler; leave it at 'random'",
+                stacklevel=2,
+            )
+        options.setdefault("seed", args.data_seed if args.data_seed is not None else args.seed)
+        options.setdefault("drop_last", args.dataloader_drop_last)
+        world = max(1, args.world_size)
+        local = getattr(self, "_train_batch_size", args.per_device_train_batch_size)
+        self.train_sampler = DistributedSampler(
+            dataset,
+            num_replicas=world,
+            rank=args.process_index if world > 1 else 0,
+            batch_size=local * world,
+            sizes=sizes,
+            **options,
+        )
+        return self.train_sampler
+
+    def get_train_dataloader(self) -> Any:
+        """The Trainer's training loader, passed through ``unshard``."""
+        return unshard(super().get_train_dataloader())  # type: ignore[misc]
+
+
+def __getattr__(name: str) -> Any:
+    # ``Trainer`` subclasses transformers.Trainer, so it is built on first use: importing
+    # this module for ``prepare`` alone does not import transformers.
+    if name != "Trainer":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import transformers
+
+    trainer = type(
+        "Trainer",
+        (TrainerMixin, transformers.Trainer),
+        {
+            "__module__": __name__,
+            "__doc__": "``transformers.Trainer`` with chronica's ``TrainerMixin``: "
+            "balanced, once-sharded, resumable training batches. Takes the Trainer's "
+            "arguments plus ``scheduling`` (see ``TrainerMixin``).",
+        },
+    )
+    globals()["Trainer"] = trainer
+    return trainer

@@ -1,0 +1,190 @@
+"""chronica under Hugging Face accelerate, the transformers Trainer, datasets and torchdata.
+
+A real 2-process job (``tests/helpers/hf_worker.py``, torchrun's variables, gloo on CPU)
+checks what the training code received: the errors of a second sharding, exactly-once
+coverage and new orders per epoch through ``chronica.torch.hf.prepare`` and ``Trainer``, the
+planned (balanced) batches, accelerate's ``skip_first_batches`` and the Trainer's
+``resume_from_checkpoint`` continuing exactly mid-epoch. In-process tests cover sizes read
+from Arrow columns and ``StatefulDataLoader``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from integration_checks import WORLD, assert_balanced, assert_once, planned, run_job
+
+from chronica.torch.utils.data import DistributedBatchSampler, DistributedSampler
+
+datasets = pytest.importorskip("datasets")
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+GLOBAL_BATCH, EPOCHS, SKIP = 8, 2, 4  # as in hf_worker
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory) -> list[dict]:
+    return run_job("hf_worker.py", tmp_path_factory.mktemp("hf"), "torchrun")
+
+
+@pytest.fixture(scope="module")
+def plan(job) -> list:
+    return planned(job[0]["sizes"], GLOBAL_BATCH, EPOCHS)
+
+
+def _split(batches: list, plan_of_rank: list) -> list[list]:
+    """A rank's received batches cut into epochs of the planned lengths."""
+    first = len(plan_of_rank[0])
+    return [batches[:first], batches[first:]]
+
+
+@pytest.mark.parametrize("scenario", ["accelerate", "accelerate_batches", "trainer"])
+def test_hf_trains_every_sample_once_per_epoch_in_new_orders(job, plan, scenario):
+    n = len(job[0]["sizes"])
+    received = [_split(result[scenario], plan[rank]) for rank, result in enumerate(job)]
+    for epoch in range(EPOCHS):
+        assert_once([rank[epoch] for rank in received], n)
+    for rank in received:
+        assert rank[0] != rank[1]
+
+
+@pytest.mark.parametrize("scenario", ["accelerate", "accelerate_batches", "trainer"])
+def test_hf_training_receives_the_planned_balanced_batches(job, plan, scenario):
+    for rank in range(WORLD):
+        assert job[rank][scenario] == plan[rank][0] + plan[rank][1]
+    assert_balanced([plan[rank][0] for rank in range(WORLD)], job[0]["sizes"])
+
+
+def test_hf_resumes_exactly_mid_epoch(job, plan):
+    for rank, result in enumerate(job):
+        whole = plan[rank][0] + plan[rank][1]
+        assert result["skipped"] == plan[rank][1][SKIP:]  # accelerate.skip_first_batches
+        stop = result["stop"]
+        assert len(plan[rank][0]) < stop < len(whole)  # mid-epoch 1
+        assert result["stopped"] == whole[:stop]
+        assert result["resumed"] == whole[stop:]  # Trainer(resume_from_checkpoint=True)
+
+
+def test_hf_second_sharding_fails_loudly(job):
+    for result in job:
+        assert "chronica.torch.hf.prepare(accelerator" in result["refused_accelerate"]
+        assert "chronica.torch.hf.Trainer" in result["refused_trainer"]
+
+
+# -- in one process ---------------------------------------------------------------------------
+
+
+def _table(n: int, seed: int = 0):
+    lengths = np.random.default_rng(seed).integers(1, 500, n)
+    return datasets.Dataset.from_dict({"length": lengths, "id": np.arange(n)}), lengths
+
+
+def test_sizes_from_a_million_row_column_take_well_under_a_second():
+    from chronica.adapters.hf import arrow_sizes
+
+    table, lengths = _table(1_000_000)
+    for sizes in ("length", table["length"], table.data.column("length")):
+        started = time.perf_counter()
+        values = arrow_sizes(table, sizes)
+        assert time.perf_counter() - started < 0.5  # a Python loop takes tens of seconds
+        np.testing.assert_array_equal(values, lengths)
+
+
+def test_sizes_from_columns_follow_the_rows_the_dataset_shows():
+    table, _ = _table(300)
+    view = table.shuffle(seed=3).select(range(0, 300, 2)).filter(lambda row: row["id"] % 3)
+    sampler = DistributedSampler(view, 2, 0, batch_size=10, sizes="length")
+    expected = np.array([row["length"] for row in view], dtype=np.float64)
+    np.testing.assert_array_equal(sampler.scheduler.sizes, expected)
+    again = DistributedSampler(view, 2, 0, batch_size=10, sizes=view["length"])
+    assert again.scheduler.digest == sampler.scheduler.digest
+    tokens = datasets.Dataset.from_dict({"input_ids": [[1] * k for k in (3, 1, 4)]})
+    text = datasets.Dataset.from_dict({"text": ["ab", "", "héllo"]})
+    from chronica.adapters.hf import arrow_sizes
+
+    np.testing.assert_array_equal(arrow_sizes(tokens, "input_ids"), [3, 1, 4])
+    np.testing.assert_array_equal(arrow_sizes(text, "text"), [2, 0, 5])
+
+
+def test_bad_size_columns_are_refused_with_the_fix():
+    table, _ = _table(20)
+    with pytest.raises(ValueError, match="not a column of the data set; its columns are"):
+        DistributedSampler(table, 2, 0, batch_size=4, sizes="tokens")
+    with pytest.raises(ValueError, match=r"needs a Hugging Face datasets\.Dataset"):
+        DistributedSampler(range(20), 2, 0, batch_size=4, sizes="length")
+    holes = datasets.Dataset.from_dict({"length": [1, None, 3, 4]})
+    with pytest.raises(ValueError, match="1 missing values"):
+        DistributedSampler(holes, 2, 0, batch_size=2, sizes="length")
+    with pytest.warns(UserWarning, match=r"every sample weighs 1.*one of \['length', 'id'\]"):
+        DistributedSampler(table, 2, 0, batch_size=4)
+
+
+@pytest.mark.parametrize("batches,workers", [(False, 0), (True, 0), (False, 2)])
+def test_stateful_dataloader_resumes_the_sampler_mid_epoch(batches, workers):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    sizes = np.random.default_rng(4).lognormal(3, 1, 120)
+    data = torch.utils.data.TensorDataset(torch.arange(120))
+
+    def loader():
+        if batches:
+            sampler = DistributedBatchSampler(data, 12, 2, 1, sizes=sizes)
+            return stateful.StatefulDataLoader(data, batch_sampler=sampler, num_workers=workers)
+        sampler = DistributedSampler(data, 2, 1, batch_size=12, sizes=sizes)
+        return stateful.StatefulDataLoader(data, batch_size=6, sampler=sampler, num_workers=workers)
+
+    def take(source, count=None):
+        out = []
+        for (batch,) in source:
+            out.append(batch.tolist())
+            if len(out) == count:
+                break
+        return out
+
+    whole = loader()
+    whole.sampler.set_epoch(1) if not batches else whole.batch_sampler.set_epoch(1)
+    expected = take(whole)
+    first = loader()
+    first.sampler.set_epoch(1) if not batches else first.batch_sampler.set_epoch(1)
+    head = take(first, 4)
+    state = first.state_dict()
+    resumed = loader()  # a new process: a new loader and sampler at epoch 0
+    resumed.load_state_dict(state)
+    assert head + take(resumed) == expected
+    assert take(resumed) == expected  # iterated again, the epoch starts from its beginning
+
+
+@pytest.mark.parametrize("batches", [False, True])
+def test_unshard_passes_the_planned_batches_through_accelerates_shard(batches):
+    from accelerate.data_loader import prepare_data_loader, skip_first_batches
+
+    from chronica.torch.hf import unshard
+
+    sizes = np.random.default_rng(5).lognormal(3, 1, 100)  # 6 steps of 16, then 4 samples
+    data = torch.utils.data.TensorDataset(torch.arange(100))
+
+    def loader():
+        if batches:
+            sampler = DistributedBatchSampler(data, 16, 2, 1, sizes=sizes)
+            return torch.utils.data.DataLoader(data, batch_sampler=sampler)
+        sampler = DistributedSampler(data, 2, 1, batch_size=16, sizes=sizes)
+        return torch.utils.data.DataLoader(data, batch_size=8, sampler=sampler)
+
+    def epoch(source, number):
+        source.set_epoch(number)  # accelerate's loaders pass it on
+        return [batch.tolist() for (batch,) in source]
+
+    plain = loader()
+    plain.set_epoch = (plain.batch_sampler if batches else plain.sampler).set_epoch
+    expected = [epoch(plain, number) for number in (0, 1)]
+    assert [len(b) for b in expected[0]] == [8] * 6 + [2]
+    prepared = prepare_data_loader(loader(), num_processes=2, process_index=1)
+    with pytest.raises(ValueError, match="a second time"):
+        next(iter(prepared))
+    unshard(prepared)
+    assert len(prepared) == len(expected[0])
+    assert [epoch(prepared, 0), epoch(prepared, 1)] == expected
+    assert epoch(skip_first_batches(prepared, 3), 1) == expected[1][3:]
