@@ -1,0 +1,66 @@
+"""Lightning's Trainer (its ddp strategy on gloo, 2 CPU processes) with chronica's samplers.
+
+One real job (``tests/helpers/lightning_worker.py``) runs every scenario; the tests below
+check what its training steps received: exactly-once coverage per epoch, a new order each
+epoch, the batches chronica planned (so the planned balance), an exact mid-epoch resume
+through Lightning's own checkpoint of a ``StatefulDataLoader``, and the error a batch
+sampler gets under Lightning's default ``use_distributed_sampler=True``.
+"""
+
+from __future__ import annotations
+
+import pytest
+from integration_checks import WORLD, assert_balanced, assert_once, planned, run_job
+
+pytest.importorskip("lightning")
+pytest.importorskip("torchdata")
+
+GLOBAL_BATCH, EPOCHS = 8, 2  # as in lightning_worker
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory) -> list[dict]:
+    return run_job("lightning_worker.py", tmp_path_factory.mktemp("lightning"), "lightning")
+
+
+@pytest.fixture(scope="module")
+def plan(job) -> list:
+    return planned(job[0]["sizes"], GLOBAL_BATCH, EPOCHS)
+
+
+def _epochs(result: dict, scenario: str) -> list[list[list[int]]]:
+    """``[epoch][step]`` batches a rank's training_step received in ``scenario``."""
+    out: list[list[list[int]]] = [[] for _ in range(EPOCHS)]
+    for epoch, _, indices in result[scenario]:
+        out[epoch].append(indices)
+    return out
+
+
+@pytest.mark.parametrize("scenario", ["sampler", "batch_sampler"])
+def test_lightning_trains_every_sample_once_per_epoch_in_new_orders(job, scenario):
+    n = len(job[0]["sizes"])
+    received = [_epochs(result, scenario) for result in job]
+    for epoch in range(EPOCHS):
+        assert_once([rank[epoch] for rank in received], n)
+    for rank in received:
+        assert rank[0] != rank[1]  # set_epoch reached the sampler
+
+
+@pytest.mark.parametrize("scenario", ["sampler", "batch_sampler"])
+def test_lightning_training_step_receives_the_planned_balanced_batches(job, plan, scenario):
+    for rank in range(WORLD):
+        assert _epochs(job[rank], scenario) == plan[rank]
+    assert_balanced([_epochs(result, scenario)[0] for result in job], job[0]["sizes"])
+
+
+def test_lightning_resumes_mid_epoch_from_its_checkpoint(job, plan):
+    for rank, result in enumerate(job):
+        stopped = [indices for _, _, indices in result["stopped"]]
+        resumed = [indices for _, _, indices in result["resumed"]]
+        assert len(stopped) == result["stop"] and result["resumed"][0][0] == 1  # mid-epoch 1
+        assert stopped + resumed == plan[rank][0] + plan[rank][1]
+
+
+def test_lightning_refuses_to_rebuild_a_batch_sampler(job):
+    for result in job:
+        assert "Trainer(use_distributed_sampler=False)" in result["refused"]

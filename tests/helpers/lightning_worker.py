@@ -1,0 +1,137 @@
+"""One rank of a 2-process Lightning job (ddp on gloo, CPU), started by test_lightning.
+
+Reads LOCAL_RANK, NODE_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (Lightning's own
+variables for processes launched outside it) and the checkpoint folder from argv[2]; writes
+to argv[1] as JSON the batches every training step received, for each scenario:
+
+* ``sampler``: ``DataLoader(sampler=DistributedSampler)`` under Lightning's defaults
+  (``use_distributed_sampler=True``), 2 epochs;
+* ``batch_sampler``: ``DataLoader(batch_sampler=DistributedBatchSampler)`` with
+  ``use_distributed_sampler=False``, 2 epochs;
+* ``stopped`` and ``resumed``: a ``StatefulDataLoader`` run stopped mid-epoch 1 by
+  ``max_steps`` with a ``ModelCheckpoint`` at that step, then a new Trainer, model, loader
+  and sampler resumed from that checkpoint with ``fit(ckpt_path=...)``;
+* ``refused``: the message of the error a ``DistributedBatchSampler`` under Lightning's
+  default ``use_distributed_sampler=True`` raises;
+* ``sizes`` (of the samples) and ``stop`` (the global step the stopped run ended at).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+import warnings
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from chronica.torch.utils.data import Dataset, DistributedBatchSampler, DistributedSampler
+
+N, GLOBAL_BATCH, EPOCHS = 88, 8, 2
+SIZES = np.random.default_rng(0).lognormal(3, 1, N).round() + 1
+
+
+class Clips(Dataset):
+    """Sample ``i`` is ``(i, x_i)``; its size is ``SIZES[i]`` (the quick start's style)."""
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, index):
+        return index, torch.tensor([float(index % 7)])
+
+    def __sizeof__(self, index):
+        return SIZES[index]
+
+
+class Model(L.LightningModule):
+    """A one-weight regression that records the indices of every batch it trains on; its
+    training loader is ``make_loader()``, built in ``train_dataloader`` as Lightning
+    recommends (the process group exists there)."""
+
+    def __init__(self, make_loader):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.make_loader = make_loader
+        self.seen: list[list] = []
+
+    def train_dataloader(self):
+        return self.make_loader()
+
+    def training_step(self, batch, batch_idx):
+        indices, x = batch
+        self.seen.append([self.current_epoch, batch_idx, indices.tolist()])
+        return self.layer(x).square().mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def trainer(**kwargs) -> L.Trainer:
+    options = dict(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_epochs=EPOCHS,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+    )
+    options.update(kwargs)
+    return L.Trainer(**options)
+
+
+def fit(make_loader, ckpt_path=None, **kwargs) -> list:
+    model = Model(make_loader)
+    trainer(**kwargs).fit(model, ckpt_path=ckpt_path)
+    return model.seen
+
+
+def main(out_path: str, folder: str) -> None:
+    warnings.filterwarnings("ignore", ".*does not have many workers.*")
+    results: dict = {"rank": int(os.environ["LOCAL_RANK"])}
+    local = GLOBAL_BATCH // int(os.environ["WORLD_SIZE"])
+
+    def sampler():
+        return DistributedSampler(Clips(), batch_size=GLOBAL_BATCH)
+
+    results["sampler"] = fit(lambda: DataLoader(Clips(), batch_size=local, sampler=sampler()))
+
+    def batches():
+        return DataLoader(Clips(), batch_sampler=DistributedBatchSampler(Clips(), GLOBAL_BATCH))
+
+    results["batch_sampler"] = fit(batches, use_distributed_sampler=False)
+
+    steps = -(-len(sampler()) // local)  # per epoch
+    results["sizes"] = SIZES.tolist()
+    results["stop"] = stop = steps + 3  # mid-epoch 1
+
+    def stateful():
+        return StatefulDataLoader(Clips(), batch_size=local, sampler=sampler())
+
+    checkpoint = ModelCheckpoint(dirpath=folder, every_n_train_steps=stop, save_top_k=-1)
+    results["stopped"] = fit(
+        stateful, max_steps=stop, enable_checkpointing=True, callbacks=[checkpoint]
+    )
+    (saved,) = glob.glob(os.path.join(folder, "*.ckpt"))  # Trainer.save_checkpoint has a barrier
+    results["resumed"] = fit(stateful, ckpt_path=saved)
+
+    try:
+        fit(batches)
+        results["refused"] = None
+    except ValueError as error:
+        results["refused"] = str(error)
+    with open(out_path, "w") as f:
+        json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
