@@ -46,6 +46,7 @@ SECTIONS = (
     "scaling",
     "packing",
     "packing_e2e",
+    "hf_rebalance",
 )
 BENCHMARKS = ("balance", "planning", "movement", "quality", *SECTIONS)
 DESCRIPTION = (
