@@ -429,6 +429,7 @@ PUBLIC_MODULES = (
     "chronica",
     "chronica.torch.utils.data",
     "chronica.torch.distributed",
+    "chronica.torch.hf",
     "chronica.tf",
     "chronica.jax",
 )
