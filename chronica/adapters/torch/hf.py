@@ -146,10 +146,14 @@ class TrainerMixin:
                 sizes = args.length_column_name
         if isinstance(sizes, str) and hf_dataset(original) and len(original) == len(dataset):
             sizes = arrow_sizes(original, sizes)  # before unused columns were removed
-        if args.train_sampling_strategy not in ("random", "sequential"):
+        # transformers 5 names the strategy; 4.x has a group_by_length flag.
+        strategy = getattr(args, "train_sampling_strategy", None) or (
+            "group_by_length" if getattr(args, "group_by_length", False) else "random"
+        )
+        if strategy not in ("random", "sequential"):
             warnings.warn(
-                f"train_sampling_strategy={args.train_sampling_strategy!r} is replaced by "
-                "chronica's DistributedSampler; leave it at 'random'",
+                f"train_sampling_strategy={strategy!r} is replaced by chronica's "
+                "DistributedSampler; leave it at 'random'",
                 stacklevel=2,
             )
         options.setdefault("seed", args.data_seed if args.data_seed is not None else args.seed)

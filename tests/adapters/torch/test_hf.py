@@ -188,3 +188,32 @@ def test_unshard_passes_the_planned_batches_through_accelerates_shard(batches):
     assert len(prepared) == len(expected[0])
     assert [epoch(prepared, 0), epoch(prepared, 1)] == expected
     assert epoch(skip_first_batches(prepared, 3), 1) == expected[1][3:]
+
+
+def test_trainer_builds_the_sampler_from_its_arguments(tmp_path):
+    import transformers
+
+    from chronica.torch.hf import Trainer
+
+    table, lengths = _table(40)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        use_cpu=True,
+        report_to=[],
+        data_seed=7,
+        train_sampling_strategy="group_by_length",
+        remove_unused_columns=False,
+    )
+    model = torch.nn.Linear(1, 1)
+    trainer = Trainer(model=model, args=args, train_dataset=table, scheduling={"cost": "linear"})
+    with pytest.warns(UserWarning, match="train_sampling_strategy='group_by_length' is replaced"):
+        loader = trainer.get_train_dataloader()
+    sampler = trainer.train_sampler
+    assert (sampler.global_batch_size, sampler.seed) == (4, 7)  # one process here
+    np.testing.assert_array_equal(sampler.scheduler.sizes, lengths)  # the "length" column
+    assert [batch["id"].tolist() for batch in loader] == [
+        sampler.plan().local(s, 0).tolist() for s in range(10)
+    ]
+    with pytest.raises(ValueError, match=r"cannot set \['batch_size'\]"):
+        Trainer(model=model, args=args, train_dataset=table, scheduling={"batch_size": 8})
