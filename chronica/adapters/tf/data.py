@@ -9,8 +9,11 @@ rank), and a state saved by one adapter resumes in any other.
 This module holds only what is TensorFlow's: the in-memory example store (the input data
 set is iterated once, eagerly, when the transformation is first applied; every feature
 becomes one dense or ragged tensor and each step's local batch is a ``tf.gather``), the
-padding of variable-length features, the ``tf.data`` plumbing (a ``from_generator`` over the
-stream's local batches), the world of a ``tf.distribute.InputContext``, and the ranks'
+padding of variable-length features (to the step's longest sample over all replicas, from
+``chronica.runtime.padding``), the ``tf.data`` plumbing (a ``from_generator`` over the
+stream's local batches), Keras's ``(x, y, sample_weight)`` elements (``x=``/``y=``, one epoch
+per iteration, sized for ``model.fit``; ``chronica.adapters.tf.fit`` holds the callback that
+selects each epoch), the world of a ``tf.distribute.InputContext``, and the ranks'
 agreement for ``kind="dynamic"`` over the key-value store of TensorFlow's coordination
 service. With ``packing=`` the store holds every feature's tokens concatenated, one Python
 call per micro-batch lays out its dense rows (``chronica.runtime.rows``, shared with the
@@ -20,6 +23,7 @@ JAX iterator) as a flat token index, and the graph gathers the tokens with it.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -39,6 +43,7 @@ from chronica.runtime.build import (
     scheduling_arguments,
 )
 from chronica.runtime.face import StreamFace
+from chronica.runtime.padding import step_longest
 from chronica.runtime.rows import (
     TOKENS,
     check_document_lengths,
@@ -51,6 +56,8 @@ from chronica.runtime.stream import state_format
 
 __all__ = ["Schedule", "schedule"]
 
+logger = logging.getLogger("chronica")
+
 _SINGLE_KEY = "x"
 _LOSS_WEIGHT, _EPOCH, _STEP = "loss_weight", "epoch", "step"
 _MICRO, _NUM_MICRO = "micro", "num_micro"
@@ -59,6 +66,9 @@ _NAMES = state_format("schedule")
 # Examples read from a data set of unknown length before it counts as endless.
 _UNKNOWN_LENGTH_LIMIT = 10_000_000
 _KEPT_EPOCHS = 64  # epochs whose start a delivered batch may still refer to
+# A step's local batch, as the generators hand it to tf.data: epoch, step, indices, loss
+# weight, and the padded length of every variable-length feature (the step's longest).
+_Row = tuple[int, int, np.ndarray, float, np.ndarray]
 
 
 class _Store:
@@ -136,11 +146,26 @@ class _Store:
         self.names: dict[str, str] = {}  # packed feature -> output key
         self.flat: dict[str, tf.Tensor] = {}
         self.splits = np.zeros(1, dtype=np.int64)
+        self.varying = []
+        self.feature_lengths = np.zeros((self.num_examples, 0), dtype=np.int64)
         if token_field is not None:
             self._flatten(token_field, specs, columns)
             return
         for key, s, column in zip(self.keys, specs, columns, strict=True):
             self.tensors[key], self.ragged[key] = self._to_tensor(key, s, column)
+        # The variable-length features and every example's length in each, (N, F).
+        self.varying = [key for key in self.keys if self.ragged[key]]
+        self.feature_lengths = np.zeros((self.num_examples, len(self.varying)), np.int64)
+        for f, key in enumerate(self.varying):
+            self.feature_lengths[:, f] = self.tensors[key].row_lengths().numpy()
+
+    def output_names(self, padded: bool) -> list[str]:
+        """The features of an (unpacked) output element, derived ones included."""
+        names = list(self.keys)
+        if padded:
+            for key in self.varying:
+                names += [key + "_length", key + "_mask"]
+        return names
 
     def _flatten(
         self, token_field: str, specs: list[tf.TensorSpec], columns: list[list[np.ndarray]]
@@ -195,23 +220,34 @@ class _Store:
         values = tf.constant(np.concatenate(column, axis=0), dtype=spec.dtype)
         return tf.RaggedTensor.from_row_lengths(values, lengths), True
 
-    def gather(self, padded: bool) -> Callable[..., dict[str, Any]]:
-        """The ``tf.data`` map from one step's ``(epoch, step, indices, weight)`` to its
-        output element (see ``Schedule``)."""
-        tensors, ragged = dict(self.tensors), dict(self.ragged)
+    def gather(self, padded: bool, keras: _Keras | None = None) -> Callable[..., Any]:
+        """The ``tf.data`` map from one step's ``_Row`` to its output element (see
+        ``Schedule``): a dict, or with ``keras`` the ``(x, y, sample_weight)`` tuple."""
+        tensors, ragged, varying = dict(self.tensors), dict(self.ragged), list(self.varying)
 
-        def gather(epoch: tf.Tensor, step: tf.Tensor, index: tf.Tensor, weight: tf.Tensor):
+        def gather(
+            epoch: tf.Tensor, step: tf.Tensor, index: tf.Tensor, weight: tf.Tensor, pads: tf.Tensor
+        ):
             out: dict[str, Any] = {}
             for key, table in tensors.items():
                 batch = tf.gather(table, index)
                 if ragged[key] and padded:
+                    length = tf.cast(pads[varying.index(key)], tf.int32)
                     lengths = batch.row_lengths()
                     dense = batch.to_tensor()
+                    fill = [[0, 0], [0, length - tf.shape(dense)[1]]]
+                    dense = tf.pad(dense, fill + [[0, 0]] * (dense.shape.rank - 2))
                     out[key] = dense
                     out[key + "_length"] = lengths
-                    out[key + "_mask"] = tf.sequence_mask(lengths, maxlen=tf.shape(dense)[1])
+                    out[key + "_mask"] = tf.sequence_mask(lengths, maxlen=length)
                 else:
                     out[key] = batch
+            if keras is not None:
+                # Keras's default loss reduction divides each replica's weighted sum by its
+                # row count and the replica count, and sums the replicas' gradients: the
+                # loss weight per row makes that the mean over the step's global batch.
+                weights = tf.fill(tf.shape(index), weight)
+                return _pick(out, keras[0]), _pick(out, keras[1]), weights
             out[_LOSS_WEIGHT] = weight
             out[_EPOCH] = epoch
             out[_STEP] = step
@@ -281,6 +317,35 @@ def _coordination_store(world: int) -> KeyValueStore | None:
     return ctx.set_config_key_value, get, ctx.delete_config_key_value
 
 
+# Which output features form Keras's x and y: one name (a tensor) or several (a dict).
+_Names = str | tuple[str, ...]
+_Keras = tuple[_Names, _Names]
+
+
+def _names(argument: str, value: Any) -> _Names:
+    """``x=``/``y=``: a feature name, or a non-empty sequence of them."""
+    if isinstance(value, str):
+        return value
+    if (
+        isinstance(value, Sequence)
+        and value
+        and all(isinstance(v, str) for v in value)
+        and len(set(value)) == len(value)
+    ):
+        return tuple(value)
+    raise ValueError(
+        f"{argument}={value!r} must name an output feature (a string, giving a tensor) or "
+        f"several distinct ones (a list of strings, giving a dict of tensors)"
+    )
+
+
+def _pick(out: Mapping[str, Any], names: _Names) -> Any:
+    """The tensor ``names`` names, or the dict of the tensors it names."""
+    if isinstance(names, str):
+        return out[names]
+    return {name: out[name] for name in names}
+
+
 def _scalar(name: str, value: Any) -> int:
     """One integer from a tensor, numpy value, int, or distributed value (all equal)."""
     found = {int(np.asarray(v)) for v in tf.nest.flatten(value, expand_composites=True)}
@@ -308,9 +373,25 @@ class Schedule(StreamFace):
       feature ``"x"``), batched; ``"loss_weight"`` (float32 scalar: multiply the local mean
       loss by it); ``"epoch"`` and ``"step"`` (int64 scalars: where the batch stands, for
       ``get_state(delivered=...)``); with ``padded=True`` every variable-length feature
-      ``k`` is zero-padded to the batch's longest example and comes with ``k + "_length"``
+      ``k`` is zero-padded to the longest example of the *step*, over every replica (so
+      all replicas of a step hold equal shapes, which Keras's ``model.fit`` under a
+      strategy needs; with equal local batch sizes the step takes no longer, as every
+      replica waits for the one holding that example), and comes with ``k + "_length"``
       (int64, ``(batch,)``) and ``k + "_mask"`` (bool, ``(batch, max_len)``); with
       ``padded=False`` it stays a ``tf.RaggedTensor``;
+    * with ``x=`` and ``y=`` (for Keras's ``model.fit``) each element is instead the tuple
+      ``(x, y, sample_weight)``: ``x`` and ``y`` the output features they name (one name: a
+      tensor; several: a dict), ``sample_weight`` (float32, ``(batch,)``) the loss weight
+      on every row, so that Keras's default loss reduction (each replica's weighted sum
+      over its rows, divided by its rows and by the replica count, the replicas'
+      gradients summed) is the mean over the step's global batch. Every iteration of the
+      output is then exactly one epoch, of ``steps_per_epoch`` elements (its cardinality,
+      so ``fit`` knows an epoch's length): the epoch ``set_epoch`` selected (or the rest
+      of the epoch ``set_state`` left, whose missing steps come last as empty elements
+      that ``chronica.tf.ScheduleCallback`` never lets Keras train). Iterating it again
+      without ``set_epoch``/``set_state`` in between raises an error naming the fix, as
+      ``fit`` would otherwise repeat one epoch; ``ScheduleCallback`` selects the epoch
+      ``fit`` trains, and backs up and restores training mid-epoch exactly;
     * sizes (``sizes`` or ``size_fn``) are read once, when the transformation is first
       applied, and cached: ``size_fn`` is called exactly once per example;
     * with ``packing=`` (a ``chronica.core.packing.Packing``; sizes are then document
@@ -334,7 +415,9 @@ class Schedule(StreamFace):
     ``RuntimeError`` before. Applying the same ``Schedule`` to the same data set object again
     reuses that pass; applying it to another data set reads that one afresh. Every iteration
     of the output starts at ``epoch`` (``set_epoch`` changes it) or at the position of the
-    last ``set_state``; iterate one output of a ``Schedule`` at a time.
+    last ``set_state``; iterate one output of a ``Schedule`` at a time. An iteration that
+    starts without ``set_epoch`` or ``set_state`` since the previous one repeats its epochs:
+    it logs a warning (an error with ``x=``/``y=``).
 
     Saving and resuming: ``get_state(delivered=batch)``, with ``batch`` the last element the
     training loop took (or a dict of its ``"epoch"`` and ``"step"``), is the exact position
@@ -374,6 +457,11 @@ class Schedule(StreamFace):
             ``kind`` must be ``"static"``.
         token_field: with ``packing=`` and dict examples, the feature holding the token
             sequence (output as ``"tokens"``); a non-dict example is the tokens itself.
+        x, y: Keras's inputs and targets, given together: an output feature's name (e.g.
+            ``"tokens"``, ``"tokens_mask"``, ``"label"``; ``"x"`` for non-dict examples) or
+            a list of names (a dict); see above. They need ``padded=True``, one epoch per
+            iteration (``epochs=1``, the default), one replica per input pipeline, and a
+            static kind without ``packing``.
 
     Raises ``ValueError`` for missing or doubled sizes, a bad argument value, and (when
     applied) an infinite data set or sizes of the wrong length.
@@ -405,6 +493,8 @@ class Schedule(StreamFace):
         epoch: int = 0,
         input_context: tf.distribute.InputContext | None = None,
         token_field: str = TOKENS,
+        x: str | Sequence[str] | None = None,
+        y: str | Sequence[str] | None = None,
     ) -> None:
         if (sizes is None) == (size_fn is None):
             raise ValueError(
@@ -458,6 +548,7 @@ class Schedule(StreamFace):
                 f"kind='static' or 'guided'"
             )
         self.global_batch_size = self.config.batch_size
+        self.keras = self._keras_output(x, y, padded, epochs, served)
         self.epochs = None if epochs is None else check_int("epochs", epochs, 1)
         self.first_epoch = check_int("epoch", epoch, 0)
         self.padded = check_bool("padded", padded)
@@ -471,6 +562,42 @@ class Schedule(StreamFace):
         self._start: dict[str, Any] | None = None  # where every iteration begins (set_state)
         self._epoch_starts: dict[int, dict[str, Any]] = {}  # state at each produced epoch's start
         self._unreported: deque[tuple[int, int]] = deque(maxlen=1 << 16)
+        # Whether the next iteration was selected (set_epoch, set_state, or none yet): an
+        # iteration without a selection repeats the previous one's epochs.
+        self._selected = True
+
+    def _keras_output(self, x: Any, y: Any, padded: Any, epochs: Any, served: int) -> _Keras | None:
+        """The validated ``(x, y)`` names of Keras's elements, or ``None`` without them."""
+        if x is None and y is None:
+            return None
+        if x is None or y is None:
+            raise ValueError(
+                "x= and y= go together: name the output features Keras's model.fit takes as "
+                "inputs and as targets (e.g. x='tokens', y='label')"
+            )
+        names = (_names("x", x), _names("y", y))
+        fixes = {
+            "packing=": self.config.packing is not None,
+            "padded=False (Keras takes dense batches; use the '<feature>_mask' outputs)": (
+                padded is not True
+            ),
+            "kind='dynamic' (model.fit reports no per-replica compute times; use a custom "
+            "training loop with schedule.report, see the TensorFlow quick start)": (
+                self.config.kind == "dynamic"
+            ),
+            f"epochs={epochs!r} (each iteration is one epoch: pass epochs= to model.fit "
+            f"instead)": epochs != 1,
+            f"an input pipeline serving {served} replicas (Keras sizes an epoch by the "
+            f"pipeline's elements, one per replica; run one device per worker, e.g. "
+            f"MultiWorkerMirroredStrategy)": served > 1,
+        }
+        refused = [what for what, found in fixes.items() if found]
+        if refused:
+            raise ValueError(
+                "x=/y= (Keras's (x, y, sample_weight) elements, one epoch per iteration) "
+                "cannot be combined with " + "; nor with ".join(refused)
+            )
+        return names
 
     # -- the stream, once applied ------------------------------------------------------------
 
@@ -498,13 +625,31 @@ class Schedule(StreamFace):
         """The validated per-example sizes, once the transformation has been applied."""
         return self.stream.scheduler.sizes if self._streams else None
 
+    @property
+    def steps_per_epoch(self) -> int:
+        """Steps of an epoch (equal on every replica, and in every epoch without
+        ``packing``); with ``x=``/``y=``, the elements of every iteration of the output.
+        Needs the transformation applied."""
+        return self.stream.scheduler.num_steps(self.first_epoch)
+
     def set_epoch(self, epoch: int) -> None:
         """Start the next iteration of the output at ``epoch``, step 0 (and hold ``epochs``
         epochs from there), forgetting a position given by ``set_state``."""
         self.first_epoch = check_int("epoch", epoch, 0)
         self._start = None
+        self._selected = True
         for stream in self._streams:
             stream.rewind(self.first_epoch)
+
+    def _next_iteration(self) -> tuple[int, int, int]:
+        """``(epoch, first step, steps)`` of the next iteration's first epoch: where
+        ``set_epoch`` or ``set_state`` starts it, and the steps of that epoch's plan (of its
+        remainder after an elastic ``set_state``). For ``chronica.tf.ScheduleCallback``."""
+        lead = self.stream
+        if self._start is None:
+            return self.first_epoch, 0, self.stream.scheduler.num_steps(self.first_epoch)
+        lead.load_state(self._start)
+        return lead.epoch, lead.step, lead.num_steps
 
     def get_state(self, delivered: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Resumable position, the common state of every adapter (see
@@ -553,6 +698,7 @@ class Schedule(StreamFace):
         for stream in self._streams:
             stream.load_state(state)
         self._start = copy.deepcopy(state)
+        self._selected = True
 
     def report(self, seconds: float, step: int | None = None, epoch: int | None = None) -> None:
         """Tell the dynamic scheduler this replica's own compute time for a step: forward
@@ -588,6 +734,16 @@ class Schedule(StreamFace):
             None if given is None else len(given),
             self.token_field if packed else None,
         )
+        if self.keras is not None:
+            available = store.output_names(padded=True)
+            named = [
+                n for names in self.keras for n in ((names,) if isinstance(names, str) else names)
+            ]
+            missing = [n for n in named if n not in available]
+            if missing:
+                raise ValueError(
+                    f"x=/y= name {missing}, which the output lacks; its features are {available}"
+                )
         raw = store.sizes if store.sizes is not None else self._given_sizes
         sizes = validate_sizes(
             raw,
@@ -630,10 +786,15 @@ class Schedule(StreamFace):
         else:
             for stream in streams:
                 stream.rewind(self.first_epoch)
+        if not self._selected:
+            self._repeated()
+        self._selected = False
         self._unreported.clear()
         self._epoch_starts.clear()
         end = None if self.epochs is None else self.first_epoch + self.epochs
         epoch = lead.epoch
+        if self.keras is not None:
+            end = epoch + 1  # one epoch per iteration, the one selected
         while end is None or epoch < end:
             for stream in streams:
                 stream.set_epoch(epoch)
@@ -642,17 +803,44 @@ class Schedule(StreamFace):
             yield epoch
             epoch += 1
 
-    def _batches(self) -> Iterator[tuple[int, int, np.ndarray, float]]:
-        """``(epoch, step, indices, loss_weight)`` of every batch of one iteration, the
-        served replicas' batches of a step one after another."""
+    def _repeated(self) -> None:
+        """An iteration starts with no epoch selected since the previous one."""
+        what = (
+            "the output of chronica.tf.schedule is iterated again without set_epoch or "
+            "set_state since its last iteration, so it repeats the same epochs"
+        )
+        if self.keras is None:
+            logger.warning("chronica: %s; call schedule.set_epoch(epoch) before each", what)
+            return
+        raise ValueError(
+            f"{what}. Keras's model.fit iterates its data once per epoch (and once more "
+            f"before training, to build the model): pass "
+            f"callbacks=[chronica.tf.ScheduleCallback(schedule)] to model.fit, which selects "
+            f"every epoch, and no steps_per_epoch (the data set tells Keras its length); in "
+            f"a loop of your own call schedule.set_epoch(epoch) before every epoch"
+        )
+
+    def _batches(self) -> Iterator[_Row]:
+        """``(epoch, step, indices, loss_weight, padded lengths)`` of every batch of one
+        iteration, the served replicas' batches of a step one after another; the padded
+        lengths are the step's longest example over every replica, per variable-length
+        feature (zeros with ``padded=False``)."""
         streams, lead = self._streams, self._streams[0]
+        assert self._store is not None
+        lengths = self._store.feature_lengths
         for _ in self._epochs():
+            # The plan of every replica's step (for kind="dynamic" the static plan, whose
+            # steps hold the same samples): every replica pads to the same length.
+            if self.padded and lengths.shape[1]:
+                longest = step_longest(lead.plan(), lengths)
+            else:
+                longest = np.zeros((lead.num_steps, lengths.shape[1]), dtype=np.int64)
             parts: tuple[LocalBatch, ...]
             for parts in zip(*(stream.batches() for stream in streams), strict=True):
                 for part in parts:
                     if lead.session is not None:
                         self._unreported.append((part.epoch, part.step))
-                    yield part.epoch, part.step, part.indices, part.loss_weight
+                    yield part.epoch, part.step, part.indices, part.loss_weight, longest[part.step]
 
     def _micro_batches(self) -> Iterator[tuple[Any, ...]]:
         """Every packed micro-batch of one iteration as a ``_micro_spec`` tuple (where it
@@ -698,45 +886,74 @@ class Schedule(StreamFace):
                 store.gather_rows(), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
             )
             return rows.prefetch(tf.data.AUTOTUNE)
-        gather = store.gather(self.padded)
+        gather = store.gather(self.padded, self.keras)
         if self.stream.session is not None:
             # Dynamic plans arrive window by window and follow the reports of the batches
             # trained: one step at a time, reading little ahead.
-            steps = tf.data.Dataset.from_generator(self._batches, output_signature=_STEP_SPEC)
+            steps = tf.data.Dataset.from_generator(
+                self._batches, output_signature=_step_spec(len(store.varying))
+            )
             return steps.map(gather).prefetch(1)
         # Static plans are known per epoch: one Python call per epoch hands tf.data the
         # epoch's whole index table, and the steps are sliced from it in the graph.
-        tables = tf.data.Dataset.from_generator(self._epoch_tables, output_signature=_TABLE_SPEC)
+        spec = _table_spec(len(store.varying))
+        tables = tf.data.Dataset.from_generator(self._epoch_tables, output_signature=spec)
         steps = tables.flat_map(_table_steps)
         batches = steps.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        if self.keras is not None:
+            # model.fit sizes an epoch by the cardinality: one epoch per iteration.
+            batches = batches.apply(tf.data.experimental.assert_cardinality(self.steps_per_epoch))
         return batches.prefetch(tf.data.AUTOTUNE)
 
     def _epoch_tables(self) -> Iterator[tuple[np.ndarray, ...]]:
         """``_batches`` grouped by epoch: (epochs, steps, flat indices, row lengths,
-        weights) of each epoch's batches."""
-        rows: list[tuple[int, int, np.ndarray, float]] = []
+        weights, padded lengths) of each epoch's batches. With ``x=``/``y=`` an iteration
+        is one epoch of ``steps_per_epoch`` elements: a resumed epoch's missing steps come
+        last as empty elements (step -1), which ``ScheduleCallback`` never lets Keras
+        train."""
+        rows: list[_Row] = []
         for row in self._batches():
             if rows and rows[0][0] != row[0]:
                 yield _table(rows)
                 rows = []
             rows.append(row)
+        if self.keras is not None:
+            epoch, steps = self.stream.epoch, self.steps_per_epoch
+            if len(rows) > steps:
+                raise ValueError(
+                    f"the resumed epoch {epoch} has {len(rows)} steps left at this world and "
+                    f"global batch size, more than an epoch's {steps}, which model.fit cannot "
+                    f"run as one epoch: resume it at its former global batch size"
+                )
+            empty = np.zeros(0, dtype=np.int64)
+            assert self._store is not None
+            pads = np.zeros(len(self._store.varying), dtype=np.int64)
+            rows += [(epoch, -1, empty, 0.0, pads)] * (steps - len(rows))
         if rows:
             yield _table(rows)
 
 
-_STEP_SPEC = (
-    tf.TensorSpec([], tf.int64),
-    tf.TensorSpec([], tf.int64),
-    tf.TensorSpec([None], tf.int64),
-    tf.TensorSpec([], tf.float32),
-)
-_TABLE_SPEC = (
-    tf.TensorSpec([None], tf.int64),
-    tf.TensorSpec([None], tf.int64),
-    tf.TensorSpec([None], tf.int64),
-    tf.TensorSpec([None], tf.int64),
-    tf.TensorSpec([None], tf.float32),
-)
+def _step_spec(varying: int) -> tuple[tf.TensorSpec, ...]:
+    """The generator's signature of one ``_Row`` (``varying`` variable-length features)."""
+    return (
+        tf.TensorSpec([], tf.int64),
+        tf.TensorSpec([], tf.int64),
+        tf.TensorSpec([None], tf.int64),
+        tf.TensorSpec([], tf.float32),
+        tf.TensorSpec([varying], tf.int64),
+    )
+
+
+def _table_spec(varying: int) -> tuple[tf.TensorSpec, ...]:
+    """The generator's signature of one epoch's ``_table``."""
+    return (
+        tf.TensorSpec([None], tf.int64),
+        tf.TensorSpec([None], tf.int64),
+        tf.TensorSpec([None], tf.int64),
+        tf.TensorSpec([None], tf.int64),
+        tf.TensorSpec([None], tf.float32),
+        tf.TensorSpec([None, varying], tf.int64),
+    )
 
 
 def _micro_spec(packing: Packing) -> tuple[tf.TensorSpec, ...]:
@@ -754,8 +971,8 @@ def _micro_spec(packing: Packing) -> tuple[tf.TensorSpec, ...]:
     )
 
 
-def _table(rows: list[tuple[int, int, np.ndarray, float]]) -> tuple[np.ndarray, ...]:
-    epochs, steps, indices, weights = zip(*rows, strict=True)
+def _table(rows: list[_Row]) -> tuple[np.ndarray, ...]:
+    epochs, steps, indices, weights, pads = zip(*rows, strict=True)
     lengths = np.fromiter((len(x) for x in indices), dtype=np.int64, count=len(indices))
     flat = np.concatenate(indices).astype(np.int64, copy=False)
     return (
@@ -764,14 +981,20 @@ def _table(rows: list[tuple[int, int, np.ndarray, float]]) -> tuple[np.ndarray, 
         flat,
         lengths,
         np.asarray(weights, dtype=np.float32),
+        np.stack(pads).astype(np.int64, copy=False),
     )
 
 
 def _table_steps(
-    epochs: tf.Tensor, steps: tf.Tensor, flat: tf.Tensor, lengths: tf.Tensor, weights: tf.Tensor
+    epochs: tf.Tensor,
+    steps: tf.Tensor,
+    flat: tf.Tensor,
+    lengths: tf.Tensor,
+    weights: tf.Tensor,
+    pads: tf.Tensor,
 ) -> tf.data.Dataset:
     indices = tf.RaggedTensor.from_row_lengths(flat, lengths)
-    return tf.data.Dataset.from_tensor_slices((epochs, steps, indices, weights))
+    return tf.data.Dataset.from_tensor_slices((epochs, steps, indices, weights, pads))
 
 
 schedule = Schedule

@@ -125,11 +125,21 @@ def test_input_context_serves_its_replicas_interleaved():
 def test_padding_mask_and_ragged_output():
     lengths = lengths_of(23, 4)
     ds = make_dataset(lengths)
+    plan = core_plan(lengths, 2, 6).plan_epoch(0)
+    widths = []
+    for rank in range(2):
+        t = chronica.tf.schedule(lengths, global_batch_size=6, num_replicas=2, rank=rank)
+        widths.append([b["tok"].shape[1] for b in ds.apply(t)])
+    # Every replica pads a step to the step's longest example over both replicas.
+    step_max = [
+        max(lengths[plan.local(s, r)].max() for r in range(2)) for s in range(plan.num_steps)
+    ]
+    assert widths[0] == widths[1] == step_max
     t = chronica.tf.schedule(lengths, global_batch_size=6, num_replicas=2, rank=0)
     for b in ds.apply(t):
         idx = b["idx"].numpy()
         tok, mask, length = b["tok"].numpy(), b["tok_mask"].numpy(), b["tok_length"].numpy()
-        assert tok.shape == mask.shape and tok.shape[1] == lengths[idx].max()
+        assert tok.shape == mask.shape and tok.shape[1] >= lengths[idx].max()
         np.testing.assert_array_equal(length, lengths[idx])
         for row, i in enumerate(idx):
             np.testing.assert_array_equal(mask[row], np.arange(tok.shape[1]) < lengths[i])
