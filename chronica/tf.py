@@ -8,11 +8,41 @@ per step), and the common state: ``schedule.get_state(delivered=batch)`` after t
 trained, ``schedule.set_state(state)`` before iterating again, in this or another process,
 adapter or world size.
 
+Keras: ``chronica.tf.schedule(..., x=..., y=...)`` yields ``(x, y, sample_weight)`` for
+``model.fit``, with ``callbacks=[chronica.tf.ScheduleCallback(schedule)]`` (epochs in step
+with ``fit``; ``backup_dir=`` for exact mid-epoch backup and restore);
+``chronica.tf.patch_keras_multiworker()`` works around Keras 3's failing ``fit`` under
+``MultiWorkerMirroredStrategy`` with several workers.
+
 ``chronica.tf.ScheduledAllReduce(...).apply_gradients(optimizer, zip(grads, variables))``
 inside ``strategy.run``: gradient-priority scheduling, see ``chronica.adapters.tf.grad``.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from chronica.adapters.tf import Schedule, schedule
 from chronica.adapters.tf.grad import ScheduledAllReduce, forward_order, multi_step
 
-__all__ = ["Schedule", "ScheduledAllReduce", "forward_order", "multi_step", "schedule"]
+if TYPE_CHECKING:
+    from chronica.adapters.tf.fit import ScheduleCallback, patch_keras_multiworker
+
+__all__ = [
+    "Schedule",
+    "ScheduleCallback",
+    "ScheduledAllReduce",
+    "forward_order",
+    "multi_step",
+    "patch_keras_multiworker",
+    "schedule",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The Keras parts import keras when first used.
+    if name in ("ScheduleCallback", "patch_keras_multiworker"):
+        from chronica.adapters.tf import fit
+
+        return getattr(fit, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
