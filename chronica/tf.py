@@ -18,15 +18,9 @@ with ``fit``; ``backup_dir=`` for exact mid-epoch backup and restore);
 inside ``strategy.run``: gradient-priority scheduling, see ``chronica.adapters.tf.grad``.
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
-
 from chronica.adapters.tf import Schedule, schedule
+from chronica.adapters.tf.fit import ScheduleCallback, patch_keras_multiworker
 from chronica.adapters.tf.grad import ScheduledAllReduce, forward_order, multi_step
-
-if TYPE_CHECKING:
-    from chronica.adapters.tf.fit import ScheduleCallback, patch_keras_multiworker
 
 __all__ = [
     "Schedule",
@@ -37,12 +31,3 @@ __all__ = [
     "patch_keras_multiworker",
     "schedule",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    # The Keras parts import keras when first used.
-    if name in ("ScheduleCallback", "patch_keras_multiworker"):
-        from chronica.adapters.tf import fit
-
-        return getattr(fit, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""Keras's ``model.fit`` on chronica's batches: ``ScheduleCallback`` (importing it imports keras).
+"""Keras's ``model.fit`` on chronica's batches: ``ScheduleCallback``, ``patch_keras_multiworker``.
 
 ``chronica.tf.schedule(..., x=..., y=...)`` yields ``(x, y, sample_weight)`` elements, one
 epoch per iteration, sized for ``fit``. Keras iterates its data afresh every epoch (and once
@@ -149,6 +149,7 @@ class ScheduleCallback(keras.callbacks.Callback):
     # -- Keras's hooks ---------------------------------------------------------------------
 
     def on_train_begin(self, logs: Any = None) -> None:
+        """Checks ``fit``'s steps per epoch and restores the backup, if any."""
         steps = self.schedule.steps_per_epoch
         given = self.params.get("steps")
         if given is not None and given != steps:
@@ -167,6 +168,7 @@ class ScheduleCallback(keras.callbacks.Callback):
             self._restore()
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        """Selects chronica's epoch ``epoch`` (kept where a restored backup left it)."""
         if self._resumed != epoch:
             self.schedule.set_epoch(epoch)
         self._resumed = None
@@ -181,12 +183,14 @@ class ScheduleCallback(keras.callbacks.Callback):
             warnings.filterwarnings("ignore", message=_RAN_OUT)
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        """Ends a resumed epoch once its remaining steps are trained."""
         if self._first + batch >= self._steps:
             # Every step of the (resumed) epoch is trained; the elements after them are
             # empty: end Keras's epoch as when its data runs out.
             raise StopIteration
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        """Follows the step trained; backs up every ``save_freq`` batches."""
         done = min(self._first + batch, self._steps - 1)
         self._unsaved += done - self._done
         self._done = done
@@ -194,6 +198,7 @@ class ScheduleCallback(keras.callbacks.Callback):
             self._save()
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        """Checks that the whole epoch was trained; backs up with ``save_freq="epoch"``."""
         if self._quiet is not None:
             self._quiet.__exit__(None, None, None)
             self._quiet = None
@@ -208,6 +213,7 @@ class ScheduleCallback(keras.callbacks.Callback):
             self._save()
 
     def on_train_end(self, logs: Any = None) -> None:
+        """Selects the next epoch for a later ``fit``; deletes the backup if asked."""
         if self._epoch is not None:
             # A later fit starts afresh at the following epoch.
             self.schedule.set_epoch(self._epoch + 1)
