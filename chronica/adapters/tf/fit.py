@@ -80,7 +80,8 @@ class ScheduleCallback(keras.callbacks.Callback):
       order (``fit(initial_epoch=k)`` starts at chronica's epoch ``k``), so every example is
       used once per epoch and the order changes between epochs as the seed says;
     * ``state()``, at any point of training, is ``schedule.get_state`` after the last batch
-      Keras trained (whatever ``tf.data`` prefetched);
+      Keras trained (whatever ``tf.data`` prefetched); a ``schedule.set_state(state)``
+      before ``fit`` (a checkpoint of your own) continues there, as a restored backup does;
     * with ``backup_dir``: every ``save_freq`` batches (``"epoch"``: at every epoch's end) the
       model's weights, its optimizer's state and that position are written as one
       checkpoint; when ``fit`` starts and ``backup_dir`` holds one, it is restored and
@@ -130,6 +131,9 @@ class ScheduleCallback(keras.callbacks.Callback):
         self._quiet: warnings.catch_warnings | None = None
         self._checkpoint: tf.train.Checkpoint | None = None
         self._position = _Position(self)
+        # Keras iterates the data once to build the model before any hook runs: a fit that
+        # follows an interrupted one must find the schedule's next iteration selected.
+        schedule._selected = True
         if schedule.num_replicas > 1 and not _patched():
             logger.warning(
                 "chronica: Keras 3's model.fit fails under MultiWorkerMirroredStrategy with "
@@ -166,6 +170,8 @@ class ScheduleCallback(keras.callbacks.Callback):
             )
         if self.backup_dir:
             self._restore()
+        if self.schedule._start is not None:
+            self._continue()
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         """Selects chronica's epoch ``epoch`` (kept where a restored backup left it)."""
@@ -266,7 +272,7 @@ class ScheduleCallback(keras.callbacks.Callback):
     def _restore(self) -> None:
         assert self.backup_dir is not None
         latest = _read_latest(os.path.join(self.backup_dir, _LATEST))
-        epoch, first, steps = -1, 0, 0
+        epoch, first = -1, 0
         if latest is not None:
             if not self.model.built:
                 raise ValueError(
@@ -280,12 +286,15 @@ class ScheduleCallback(keras.callbacks.Callback):
             restored = self._position.restored
             assert restored is not None
             self.schedule.set_state(restored)
-            epoch, first, steps = self.schedule._next_iteration()
+            epoch, first, _ = self.schedule._next_iteration()
         self._agree([epoch, first])
-        if latest is None:
-            return
-        if first >= steps:  # backed up at an epoch's end
-            epoch, first = epoch + 1, 0
+
+    def _continue(self) -> None:
+        """Training continues where ``schedule.set_state`` (a backup's, or the user's) put
+        the schedule: that epoch's remaining steps, or the next epoch after a whole one."""
+        epoch, first, steps = self.schedule._next_iteration()
+        if first >= steps:  # an epoch's end
+            epoch += 1
             self.schedule.set_epoch(epoch)
         else:
             self._resumed = epoch

@@ -178,6 +178,38 @@ def test_steps_per_epoch_is_refused_and_the_callback_runs_one_epoch_per_fit_epoc
     assert schedule._next_iteration() == (3, 0, schedule.steps_per_epoch)
 
 
+def test_fit_continues_where_set_state_put_the_schedule():
+    schedule, data = keras_data()
+    model = small_model()
+    callback = chronica.tf.ScheduleCallback(schedule)
+    saved = {}
+
+    class Stop(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if (self.epoch, batch) == (1, 3):  # a checkpoint of the user's, then a crash
+                saved.update(callback.state())
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        model.fit(data, epochs=2, verbose=0, callbacks=[callback, Stop()])
+    assert (saved["epoch"], saved["step"]) == (1, 3)
+    schedule.set_state(saved)
+    callback = chronica.tf.ScheduleCallback(schedule)
+    trained = []
+
+    class Count(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            trained.append(callback.state()["step"])
+
+    history = model.fit(data, epochs=2, verbose=0, callbacks=[callback, Count()])
+    # Epoch 1 from step 3 on only: fit's epochs are chronica's.
+    assert len(history.history["loss"]) == 1
+    assert trained == list(range(4, schedule.steps_per_epoch + 1))
+
+
 def test_keras_elements_and_bad_arguments():
     _, data = keras_data()
     x, y, w = next(iter(data))
