@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from packed_rows import CODE, check_epoch, documents, every_token, tokens_of
 
 jax = pytest.importorskip("jax")
 
@@ -17,14 +18,7 @@ from chronica.core.packing import Packing  # noqa: E402
 from chronica.runtime import MicroBatch  # noqa: E402
 from chronica.runtime.rows import row_layout  # noqa: E402
 
-CODE = 10_000  # token t of document i is i * CODE + t: every token says where it comes from
 WORLD = 2
-
-
-def documents(n: int = 300, seed: int = 0, longest: int = 250) -> tuple[list, np.ndarray]:
-    lengths = np.clip(np.random.default_rng(seed).lognormal(4.0, 1.0, n).astype(int), 1, longest)
-    docs = [(i * CODE + np.arange(k)).astype(np.int32) for i, k in enumerate(lengths)]
-    return docs, lengths
 
 
 PACKING = Packing(max_tokens=1024, row_length=256)
@@ -46,58 +40,6 @@ def run(docs, lengths, packing=PACKING, world=WORLD, batch=32, **kwargs) -> list
         )
         for rank in range(world)
     ]
-
-
-def tokens_of(batch: dict) -> np.ndarray:
-    """The micro-batch's token codes, checked against its segment ids and positions."""
-    tokens, seg, pos = (np.asarray(batch[k]) for k in ("tokens", "segment_ids", "positions"))
-    for r in range(tokens.shape[0]):
-        real = seg[r] > 0
-        n = int(real.sum())
-        assert real[:n].all() and not real[n:].any(), "padding only at a row's end"
-        assert (tokens[r, n:] == 0).all() and (pos[r, n:] == 0).all()
-        if n == 0:
-            continue
-        s, t, p = seg[r, :n], tokens[r, :n], pos[r, :n]
-        starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
-        assert (s[starts] == np.arange(1, starts.shape[0] + 1)).all(), "segments 1, 2, ..."
-        for a, b in zip(starts, [*starts[1:], n], strict=True):
-            assert (t[a:b] // CODE == t[a] // CODE).all(), "one document per segment"
-            assert (np.diff(t[a:b]) == 1).all(), "a piece's tokens in order"
-            assert (p[a:b] == np.arange(b - a)).all(), "positions restart in every piece"
-    return tokens[seg > 0]
-
-
-def check_epoch(ranks: list[list[dict]], lengths: np.ndarray, packing: Packing) -> None:
-    """Every token once, equal micro-batch counts per step, caps, loss normalisation."""
-    codes = np.concatenate([tokens_of(b) for batches in ranks for b in batches])
-    expected = np.concatenate([i * CODE + np.arange(k) for i, k in enumerate(lengths)])
-    assert codes.shape == expected.shape
-    assert (np.sort(codes) == expected).all(), "every token of every document exactly once"
-    per_rank = []
-    for batches in ranks:
-        steps: dict[int, list[int]] = {}
-        for b in batches:
-            assert b["tokens"].shape == (packing.rows, packing.length)
-            assert int((np.asarray(b["segment_ids"]) > 0).sum()) <= packing.max_tokens
-            steps.setdefault(b["step"], []).append(b["micro"])
-            assert b["num_micro"] >= 1
-        for step, micros in steps.items():
-            num = next(b["num_micro"] for b in batches if b["step"] == step)
-            assert micros == list(range(num))
-        per_rank.append({s: len(m) for s, m in steps.items()})
-    assert all(p == per_rank[0] for p in per_rank), "same micro-batches per step on every rank"
-    # Loss normalisation: sum of loss_weight x micro-batch mean over ranks / W = step mean.
-    value = np.sin
-    for step in per_rank[0]:
-        micro = [b for batches in ranks for b in batches if b["step"] == step]
-        total = 0.0
-        for b in micro:
-            t = tokens_of(b).astype(np.float64)
-            if t.shape[0]:
-                total += float(b["loss_weight"]) * value(t).mean()
-        every = np.concatenate([tokens_of(b) for b in micro]).astype(np.float64)
-        assert total / len(ranks) == pytest.approx(value(every).mean(), abs=1e-6)
 
 
 def test_every_token_once_equal_micro_counts_caps_and_loss_weights():
@@ -256,7 +198,7 @@ def test_elastic_resume_from_four_ranks_to_two_covers_every_token_once(mid_step)
         rest += [tokens_of(b) for b in batches]
     assert counts[0] == counts[1]
     codes = np.sort(np.concatenate(trained + rest))
-    expected = np.concatenate([i * CODE + np.arange(k) for i, k in enumerate(lengths)])
+    expected = every_token(lengths)
     assert (codes == expected).all()
 
 
