@@ -10,8 +10,9 @@ import argparse
 import importlib.util
 import sys
 import time
+from typing import Any
 
-from chronica.demo.config import SAMPLERS, DemoConfig, load_lengths, make_lengths
+from chronica.demo.config import DEFAULT_HIGH, SAMPLERS, DemoConfig, load_lengths, make_lengths
 from chronica.demo.launch import DemoError, launch
 from chronica.demo.report import format_report
 from chronica.sim.speeds import PROFILE_HELP
@@ -20,29 +21,52 @@ from chronica.sizes_io import SIZES_HELP
 __all__ = ["main", "parse_args"]
 
 
+def _worlds(text: str) -> tuple[int, ...]:
+    if text.strip().lower() in ("", "none", "0"):
+        return ()
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must be a comma list of rank counts, e.g. 8,64,1024, or none"
+        ) from None
+
+
 def parse_args(argv: list[str] | None) -> tuple[DemoConfig, float]:
     """The checked configuration and the ``--timeout`` in seconds; exits (argparse) on a bad
     argument, raises ``ValueError``/``OSError`` for an unreadable ``--lengths`` file."""
     parser = argparse.ArgumentParser(
         prog="chronica demo",
-        description="Train a small sequence model on variable-length data in a real "
-        "multi-process torch.distributed job (gloo, loopback), once with torch's "
-        "DistributedSampler and once with chronica's, and compare step balance and epoch time.",
+        description="Train a small sequence model with attention on variable-length data in a "
+        "real multi-process torch.distributed job (gloo, loopback), with torch's "
+        "DistributedSampler and with chronica's (steps interleaved, the same initialisation, "
+        "several seeds). The cost model is fitted to the ranks' measured CPU time first. "
+        "Prints each sampler's measured and predicted per-step balance, the speed-up in the "
+        "slowest rank's compute, held-out loss and accuracy, and a simulation of the same job "
+        "on 8 to 1024 ranks. About 2 minutes on 2 cores.",
     )
-    parser.add_argument("--samples", type=int, default=None, help="samples (default 2048)")
+    parser.add_argument("--samples", type=int, default=None, help="samples (default 1024)")
     parser.add_argument("--batch-size", type=int, default=None, help="global batch (default 32)")
+    parser.add_argument("--epochs", type=int, default=None, help="epochs per run (default 4)")
     parser.add_argument(
-        "--epochs",
+        "--seeds",
         type=int,
         default=None,
-        help="epochs per run (default 6; 2 with --cost quadratic)",
+        help="model initialisations, each trained once per sampler (default 3)",
     )
     parser.add_argument("--kind", choices=("static", "guided"), default="static")
     parser.add_argument(
         "--cost",
         choices=("linear", "quadratic"),
-        default="linear",
-        help="linear: per-token MLP; quadratic: adds per-sequence attention",
+        default="quadratic",
+        help="quadratic (default): per-token MLP and per-sequence attention; linear: the MLP only",
+    )
+    parser.add_argument(
+        "--calibration-steps",
+        type=int,
+        default=None,
+        help="steps that fit the cost model to measured CPU time before training (default "
+        "24; 0: the a-priori model, no refits)",
     )
     parser.add_argument(
         "--lengths",
@@ -63,6 +87,14 @@ def parse_args(argv: list[str] | None) -> tuple[DemoConfig, float]:
         help="comma list of torch, chronica, dynamic (default torch,chronica; with --speeds "
         "also dynamic)",
     )
+    parser.add_argument(
+        "--simulate",
+        type=_worlds,
+        default=None,
+        metavar="RANKS",
+        help="world sizes to simulate the calibrated job on, besides the real one (default "
+        "8,64,256,1024; none: no simulation)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny configuration (tests)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
@@ -70,7 +102,8 @@ def parse_args(argv: list[str] | None) -> tuple[DemoConfig, float]:
     )
     args = parser.parse_args(argv)
     quick = args.quick
-    samples = args.samples if args.samples is not None else (192 if quick else 2048)
+    high = 512 if quick else DEFAULT_HIGH
+    samples = args.samples if args.samples is not None else (192 if quick else 1024)
     if args.lengths:
         lengths = load_lengths(args.lengths, args.samples, args.column)
         source = args.lengths
@@ -79,31 +112,71 @@ def parse_args(argv: list[str] | None) -> tuple[DemoConfig, float]:
             parser.error("--column needs --lengths FILE (a .csv or .parquet file)")
         if samples < 1:
             parser.error(f"--samples {samples} must be >= 1")
-        lengths = make_lengths(samples, seed=args.seed, high=1024 if quick else 4096)
-        source = f"lognormal(5, 1) clipped to [8, {1024 if quick else 4096}], seed {args.seed}"
+        lengths = make_lengths(samples, seed=args.seed, high=high)
+        source = f"lognormal(5, 1) clipped to [8, {high}], seed {args.seed}"
+
+    def pick(value: int | None, quick_value: int, default: int) -> int:
+        return value if value is not None else (quick_value if quick else default)
+
     config = DemoConfig(
         lengths=lengths.tolist(),
         lengths_source=source,
-        batch_size=args.batch_size or (16 if quick else 32),
-        epochs=args.epochs or (1 if quick else 2 if args.cost == "quadratic" else 6),
+        batch_size=pick(args.batch_size, 16, 32),
+        epochs=pick(args.epochs, 1, 4),
         kind=args.kind,
         cost=args.cost,
         seed=args.seed,
         world_size=args.world_size,
-        dim=32 if quick else 128,
-        hidden=64 if quick else 512,
-        warmup_steps=1 if quick else 3,
+        dim=32 if quick else 64,
+        hidden=64 if quick else 256,
+        warmup_steps=1 if quick else 2,
         progress=not args.no_progress,
         speeds=args.speeds,
         samplers=tuple(args.samplers.split(","))
         if args.samplers
         else SAMPLERS[:2] + (("dynamic",) if args.speeds != "constant" else ()),
+        seeds=pick(args.seeds, 2, 3),
+        calibration_steps=pick(args.calibration_steps, 4, 24),
+        eval_samples=64 if quick else 512,
+        simulate_worlds=args.simulate
+        if args.simulate is not None
+        else ((8,) if quick else (8, 64, 256, 1024)),
     )
     try:
         config.validate()
     except ValueError as exc:
         parser.error(str(exc))
     return config, args.timeout
+
+
+def _project(config: DemoConfig, results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The simulated projection of the calibrated job (``chronica.demo.scale``), or none
+    with emulated speeds (``chronica simulate --speeds`` covers those)."""
+    if not config.simulate_worlds or config.speeds != "constant":
+        return []
+    from chronica import CostModel
+    from chronica.demo.scale import project
+
+    calibration = results.get("calibration", {})
+    coefficients = calibration.get("final", calibration).get("coefficients")
+    if not coefficients:
+        return []
+    worlds = sorted({config.world_size, *config.simulate_worlds})
+    if config.progress:
+        print(
+            f"chronica demo: simulating the same job on {', '.join(map(str, worlds))} ranks",
+            file=sys.stderr,
+            flush=True,
+        )
+    kind = "guided" if config.kind == "guided" else "static"
+    return project(
+        config.lengths,
+        CostModel(*coefficients),
+        config.local_batch,
+        worlds,
+        kind=kind,
+        seed=config.seed,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,9 +191,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(
             "chronica demo needs PyTorch: pip install torch==2.13.0 (or chronica[torch])"
         )
+    first = (
+        f"calibrate the cost model ({config.calibration_steps} steps) and estimate the run time"
+        if config.calibration_steps
+        else "take the a-priori cost model (--calibration-steps 0)"
+    )
     print(
-        f"chronica demo: starting {config.world_size} processes; each trains once per sampler "
-        f"({', '.join(config.samplers)}), alternating epochs",
+        f"chronica demo: starting {config.world_size} processes; they {first}, then train "
+        f"{config.seeds} seed(s) x ({', '.join(config.samplers)}) with steps interleaved",
         file=sys.stderr,
         flush=True,
     )
@@ -132,5 +210,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("chronica demo: interrupted; all ranks stopped", file=sys.stderr)
         return 130
-    print(format_report(config, results, time.perf_counter() - started), flush=True)
+    projection = _project(config, results)
+    print(format_report(config, results, time.perf_counter() - started, projection), flush=True)
     return 0

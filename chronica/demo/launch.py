@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -30,19 +31,22 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _free_port_pair() -> int:
-    """A port whose successor is free too (the coordinator publishes on port + 1)."""
+def _free_port_run(count: int) -> int:
+    """A port whose ``count - 1`` successors are free too (a coordinator publishes on its
+    port + 1; a demo with several seeds runs one coordinator per seed, 2 ports apart)."""
     for _ in range(100):
         port = _free_port()
-        if port >= 65535:
+        if port + count - 1 > 65535:
             continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        with contextlib.ExitStack() as stack:
             try:
-                s.bind(("127.0.0.1", port + 1))
+                for offset in range(1, count):
+                    s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    s.bind(("127.0.0.1", port + offset))
             except OSError:
                 continue
         return port
-    raise DemoError("no pair of free ports on 127.0.0.1 for the coordinator")
+    raise DemoError(f"no {count} consecutive free ports on 127.0.0.1 for the coordinators")
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -65,8 +69,9 @@ def launch(config: DemoConfig, timeout_s: float) -> dict[str, Any]:
         result_path = Path(tmp) / "result.json"
         payload = asdict(config)
         payload["samplers"] = list(config.samplers)
+        payload["simulate_worlds"] = list(config.simulate_worlds)
         if "dynamic" in config.samplers and not config.coordinator_port:
-            payload["coordinator_port"] = _free_port_pair()
+            payload["coordinator_port"] = _free_port_run(2 * config.seeds)
         config_path.write_text(json.dumps(payload))
         env = dict(os.environ)
         env.update(
