@@ -3,6 +3,7 @@
 No timing is asserted: the machine running the tests may be slow or busy.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -37,9 +38,9 @@ def _table(out: str) -> dict[str, list[str]]:
     }
 
 
-def test_quick_demo_trains_with_both_samplers_and_prints_the_table(capfd):
+def test_quick_demo_trains_with_both_samplers_and_prints_the_table(capfd, tmp_path: Path):
     before = _children()
-    assert demo.main(["--quick"]) == 0
+    assert demo.main(["--quick", "--json", str(tmp_path / "demo.json")]) == 0
     captured = capfd.readouterr()  # the ranks' progress goes to the process's stderr
     out = captured.out
     rows = _table(out)
@@ -56,6 +57,10 @@ def test_quick_demo_trains_with_both_samplers_and_prints_the_table(capfd):
     assert re.search(r"^  ranks\s+2\s+8$", out, re.M), out
     # progress by default, with the run time estimated before training
     assert "estimated" in captured.err and "epoch 1/1" in captured.err
+    saved = json.loads((tmp_path / "demo.json").read_text())
+    speedup = saved["summary"]["samplers"]["chronica"]["speedup"]
+    assert f"speed-up of chronica: {speedup:.2f}x" in out
+    assert len(saved["results"]["torch"]["seeds"]) == saved["config"]["seeds"] == 2
     assert set(_children()) <= set(before)  # no rank left behind
 
 

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import sys
 import time
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from chronica.demo.config import DEFAULT_HIGH, SAMPLERS, DemoConfig, load_lengths, make_lengths
 from chronica.demo.launch import DemoError, launch
-from chronica.demo.report import format_report
+from chronica.demo.report import format_report, summarize
 from chronica.sim.speeds import PROFILE_HELP
 from chronica.sizes_io import SIZES_HELP
 
@@ -35,6 +38,10 @@ def _worlds(text: str) -> tuple[int, ...]:
 def parse_args(argv: list[str] | None) -> tuple[DemoConfig, float]:
     """The checked configuration and the ``--timeout`` in seconds; exits (argparse) on a bad
     argument, raises ``ValueError``/``OSError`` for an unreadable ``--lengths`` file."""
+    return _parse(argv)[:2]
+
+
+def _parse(argv: list[str] | None) -> tuple[DemoConfig, float, str | None]:
     parser = argparse.ArgumentParser(
         prog="chronica demo",
         description="Train a small sequence model with attention on variable-length data in a "
@@ -95,6 +102,12 @@ def parse_args(argv: list[str] | None) -> tuple[DemoConfig, float]:
         help="world sizes to simulate the calibrated job on, besides the real one (default "
         "8,64,256,1024; none: no simulation)",
     )
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write the configuration, every rank's per-step measurements, the summary "
+        "and the simulated projection as JSON",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny configuration (tests)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
@@ -146,7 +159,7 @@ def parse_args(argv: list[str] | None) -> tuple[DemoConfig, float]:
         config.validate()
     except ValueError as exc:
         parser.error(str(exc))
-    return config, args.timeout
+    return config, args.timeout, args.json
 
 
 def _project(config: DemoConfig, results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -183,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the demo (``chronica demo [options]``); print the table; return the exit code."""
     started = time.perf_counter()
     try:
-        config, timeout_s = parse_args(argv)
+        config, timeout_s, json_path = _parse(argv)
     except (OSError, ValueError) as exc:  # e.g. a missing or malformed --lengths file
         print(f"chronica demo: {exc}", file=sys.stderr)
         return 2
@@ -212,4 +225,13 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     projection = _project(config, results)
     print(format_report(config, results, time.perf_counter() - started, projection), flush=True)
+    if json_path:
+        payload = {
+            "config": asdict(config),
+            "summary": summarize(config, results),
+            "projection": projection,
+            "results": results,
+        }
+        Path(json_path).write_text(json.dumps(payload))
+        print(f"-> {json_path}", file=sys.stderr)
     return 0
