@@ -15,7 +15,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from chronica.demo.config import DEFAULT_HIGH, SAMPLERS, DemoConfig, load_lengths, make_lengths
+from chronica.demo.config import (
+    DEFAULT_HIGH,
+    SAMPLERS,
+    DemoConfig,
+    load_lengths,
+    make_lengths,
+    plural,
+)
 from chronica.demo.launch import DemoError, launch
 from chronica.demo.report import format_report, summarize
 from chronica.sim.speeds import PROFILE_HELP
@@ -211,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"chronica demo: starting {config.world_size} processes; they {first}, then train "
-        f"{config.seeds} seed(s) x ({', '.join(config.samplers)}) with steps interleaved",
+        f"{plural(config.seeds, 'seed')} x ({', '.join(config.samplers)}) with steps "
+        f"interleaved",
         file=sys.stderr,
         flush=True,
     )

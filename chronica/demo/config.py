@@ -20,10 +20,16 @@ __all__ = [
     "cost_model_for",
     "load_lengths",
     "make_lengths",
+    "plural",
 ]
 
 SAMPLERS = ("torch", "chronica", "dynamic")
 DEFAULT_HIGH = 2048  # the default generated lengths' clip
+
+
+def plural(n: int, word: str) -> str:
+    """``"1 seed"``, ``"3 seeds"``."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def make_lengths(

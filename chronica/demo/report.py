@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from chronica.demo.config import DemoConfig
+from chronica.demo.config import DemoConfig, plural
 
 __all__ = ["format_report", "noise_floor", "summarize"]
 
@@ -177,8 +177,8 @@ def format_report(
             f"chronica demo: {world} processes (torch.distributed, gloo, 1 CPU thread each) "
             f"train a sequence classifier {model}; {len(lengths)} samples, global batch {b} "
             f"({config.local_batch} per rank), {first['steps_per_epoch']} steps x "
-            f"{config.epochs} epochs, {config.seeds} seed(s), kind={config.kind}, rank speeds "
-            f"{config.speeds}"
+            f"{plural(config.epochs, 'epoch')}, {plural(config.seeds, 'seed')}, "
+            f"kind={config.kind}, rank speeds {config.speeds}"
         ),
         _wrap(
             f"token lengths: {config.lengths_source}; mean {lengths.mean():.0f}, max "

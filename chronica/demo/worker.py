@@ -43,7 +43,7 @@ from tqdm import tqdm
 
 from chronica import CostModel, DynamicOptions
 from chronica.demo.calibrate import calibration_batches, fit_cost, predict
-from chronica.demo.config import DemoConfig, cost_model_for
+from chronica.demo.config import DemoConfig, cost_model_for, plural
 from chronica.demo.model import PackedClassifier, PackedTokens, collate_packed
 from chronica.torch.utils.data import ComputeTimer
 from chronica.torch.utils.data import DistributedBatchSampler as ChronicaBatchSampler
@@ -481,7 +481,7 @@ def _train_all(
                 else "no run-time estimate without calibration"
             )
             tqdm.write(
-                f"chronica demo: training {len(runs)} runs ({config.seeds} seed(s) x "
+                f"chronica demo: training {len(runs)} runs ({plural(config.seeds, 'seed')} x "
                 f"{', '.join(config.samplers)}), {config.epochs} epochs x {steps} steps each, "
                 f"steps interleaved; {estimate_text}",
                 file=sys.stderr,
