@@ -38,82 +38,98 @@ _PARALLEL_MIN_SAMPLES = 1 << 18
 # Chunks of steps when progress is reported: fine enough for a progress bar, few enough
 # that scheduling them costs nothing next to the kernel.
 _PROGRESS_CHUNKS = 100
+_NO_INDEX = np.empty(0, np.int64)
 
 
 @njit(cache=True)
-def _radix_argsort(keys: np.ndarray) -> np.ndarray:
-    """Stable ascending argsort of 32-bit keys (held in uint64) by LSD radix: linear time,
-    the same result on every machine. Bytes equal in every key are skipped."""
+def _radix_argsort_into(
+    keys: np.ndarray, spare_keys: np.ndarray, order: np.ndarray, spare_order: np.ndarray
+) -> np.ndarray:
+    """Stable ascending argsort of the 32-bit ``keys`` by LSD radix, in linear time and the
+    same on every machine; ``keys`` and the spare buffers (as long) are overwritten, and the
+    result is ``order`` or ``spare_order``. Byte positions where all keys agree are skipped."""
     n = keys.shape[0]
-    order = np.arange(n)
-    if n < 2:
-        return order
-    same = np.uint64(0xFFFFFFFF)
-    for i in range(1, n):
-        same &= ~(keys[i] ^ keys[0])
-    keys = keys.copy()
-    next_keys = np.empty(n, np.uint64)
-    next_order = np.empty(n, np.int64)
-    counts = np.empty(257, np.int64)
-    for shift in range(0, 32, 8):
-        if (same >> np.uint64(shift)) & np.uint64(0xFF) == np.uint64(0xFF):
+    counts = np.zeros((4, 257), np.int64)
+    for i in range(n):
+        key = keys[i]
+        order[i] = i
+        for d in range(4):
+            counts[d, ((key >> np.uint32(8 * d)) & np.uint32(0xFF)) + 1] += 1
+    for d in range(4):
+        digits = counts[d]
+        if digits[1:].max() == n:  # one digit for every key: this pass keeps the order
             continue
-        counts[:] = 0
+        for b in range(256):
+            digits[b + 1] += digits[b]
+        shift = np.uint32(8 * d)
         for i in range(n):
-            counts[((keys[i] >> np.uint64(shift)) & np.uint64(0xFF)) + 1] += 1
-        for d in range(256):
-            counts[d + 1] += counts[d]
-        for i in range(n):
-            digit = (keys[i] >> np.uint64(shift)) & np.uint64(0xFF)
-            slot = counts[digit]
-            counts[digit] = slot + 1
-            next_keys[slot] = keys[i]
-            next_order[slot] = order[i]
-        keys, next_keys = next_keys, keys
-        order, next_order = next_order, order
+            key = keys[i]
+            slot = digits[(key >> shift) & np.uint32(0xFF)]
+            digits[(key >> shift) & np.uint32(0xFF)] = slot + 1
+            spare_keys[slot] = key
+            spare_order[slot] = order[i]
+        keys, spare_keys = spare_keys, keys
+        order, spare_order = spare_order, order
     return order
 
 
 @njit(cache=True)
-def _sort_key(values: np.ndarray, descending: bool) -> np.ndarray:
+def _descending_keys(values: np.ndarray, keys: np.ndarray) -> None:
+    """``keys[i]``: a 32-bit key that sorts ``values[i]`` (>= 0) descending."""
     # Non-negative float64 values order like their bit patterns; the top 32 bits keep a
     # relative resolution of 2**-20, and the complement turns ascending into descending.
     bits = values.view(np.uint64)
-    if descending:
-        bits = ~bits
-    return (bits >> np.uint64(32)) & np.uint64(0xFFFFFFFF)
+    for i in range(values.shape[0]):
+        keys[i] = np.uint32((~bits[i]) >> np.uint64(32))
 
 
 @njit(cache=True)
 def _argsort_descending(values: np.ndarray) -> np.ndarray:
     """Positions of ``values`` (>= 0) from largest to smallest; near-equal values (within
     2**-20 relative) keep position order."""
-    return _radix_argsort(_sort_key(values, True))
+    n = values.shape[0]
+    keys = np.empty(n, np.uint32)
+    _descending_keys(values, keys)
+    return _radix_argsort_into(
+        keys, np.empty(n, np.uint32), np.empty(n, np.int64), np.empty(n, np.int64)
+    )
 
 
 @njit(cache=True)
-def _sift_down(
-    heap_time: np.ndarray, heap_rank: np.ndarray, size: int, pos: int, time: float, rank: int
-) -> None:
-    """Place (time, rank) at ``pos`` of a min-heap of ``size`` entries (ties: lower rank)."""
-    while True:
-        child = 2 * pos + 1
-        if child >= size:
-            break
-        right = child + 1
-        if right < size and (
-            heap_time[right] < heap_time[child]
-            or (heap_time[right] == heap_time[child] and heap_rank[right] < heap_rank[child])
-        ):
-            child = right
-        if heap_time[child] < time or (heap_time[child] == time and heap_rank[child] < rank):
-            heap_time[pos] = heap_time[child]
-            heap_rank[pos] = heap_rank[child]
-            pos = child
-        else:
-            break
-    heap_time[pos] = time
-    heap_rank[pos] = rank
+def _tree(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A winner tree over ``keys`` (leaves padded to a power of two with ``inf``): node ``v``
+    holds the smallest key of its subtree and its position, ties to the lower position (the
+    left subtree), so the root is the first minimum. Leaf ``i`` is node ``size + i``."""
+    size = 1
+    while size < keys.shape[0]:
+        size *= 2
+    value = np.full(2 * size, np.inf)
+    where = np.zeros(2 * size, np.int64)
+    for i in range(size):
+        where[size + i] = i
+    value[size : size + keys.shape[0]] = keys
+    for v in range(size - 1, 0, -1):
+        right = value[2 * v + 1] < value[2 * v]
+        value[v] = value[2 * v + 1] if right else value[2 * v]
+        where[v] = where[2 * v + 1] if right else where[2 * v]
+    return value, where
+
+
+@njit(cache=True)
+def _tree_set(value: np.ndarray, where: np.ndarray, i: int, key: float) -> None:
+    """Set leaf ``i`` of a winner tree to ``key`` and replay its path to the root."""
+    v = value.shape[0] // 2 + i
+    value[v] = key
+    best, at = key, i
+    while v > 1:
+        # Only the sibling is read, so the path's winner stays in registers. A left sibling
+        # (lower positions) wins ties; a right one must be strictly smaller.
+        other = value[v ^ 1]
+        if other < best or (other == best and v & 1):
+            best, at = other, where[v ^ 1]
+        v >>= 1
+        value[v] = best
+        where[v] = at
 
 
 @njit(cache=True)
@@ -128,41 +144,20 @@ def _lpt(
 ) -> None:
     """Fill ``members[r, :caps[r]]`` (positions, descending cost) and ``loads`` by
     capacity-bounded LPT: each sample to the rank whose predicted time ``alpha + beta·load``
-    is lowest among those with room. A binary heap holds (time, rank), ties by rank."""
+    is lowest among those with room (ties: lower rank). A winner tree holds the times, a
+    full rank's as ``inf``."""
     num_ranks = members.shape[0]
-    heap_time = np.empty(num_ranks)
-    heap_rank = np.empty(num_ranks, np.int64)
     counts = np.zeros(num_ranks, np.int64)
     loads[:] = 0.0
-    size = 0
-    for r in range(num_ranks):
-        if caps[r] == 0:
-            continue
-        # Sift up: ranks arrive in increasing order, so equal times never move up.
-        pos = size
-        size += 1
-        while pos > 0:
-            parent = (pos - 1) // 2
-            if heap_time[parent] > alpha[r]:
-                heap_time[pos] = heap_time[parent]
-                heap_rank[pos] = heap_rank[parent]
-                pos = parent
-            else:
-                break
-        heap_time[pos] = alpha[r]
-        heap_rank[pos] = r
+    value, where = _tree(np.where(caps > 0, alpha, np.inf))
     for t in range(order.shape[0]):
         i = order[t]
-        r = heap_rank[0]
+        r = where[1]
         members[r, counts[r]] = i
         counts[r] += 1
         loads[r] += costs[i]
-        time = alpha[r] + beta[r] * loads[r]
-        if counts[r] == caps[r]:
-            size -= 1
-            time = heap_time[size]
-            r = heap_rank[size]
-        _sift_down(heap_time, heap_rank, size, 0, time, r)
+        time = alpha[r] + beta[r] * loads[r] if counts[r] < caps[r] else np.inf
+        _tree_set(value, where, r, time)
 
 
 @njit(cache=True)
@@ -183,26 +178,24 @@ def _sort_row(costs: np.ndarray, row: np.ndarray, descending: bool) -> None:
 
 
 @njit(cache=True)
-def _lightest(times: np.ndarray, caps: np.ndarray, count: int, exclude: int) -> np.ndarray:
-    """Up to ``count`` ranks with samples, other than ``exclude``, lightest first (ties:
-    lower rank)."""
-    picked = np.full(count, -1, np.int64)
-    filled = 0
-    for r in range(times.shape[0]):
-        if r == exclude or caps[r] == 0:
-            continue
-        pos = filled if filled < count else count
-        while pos > 0 and (
-            times[r] < times[picked[pos - 1]]
-            or (times[r] == times[picked[pos - 1]] and r < picked[pos - 1])
-        ):
-            if pos < count:
-                picked[pos] = picked[pos - 1]
-            pos -= 1
-        if pos < count:
-            picked[pos] = r
-            if filled < count:
-                filled += 1
+def _smallest(value: np.ndarray, where: np.ndarray, count: int, exclude: int) -> np.ndarray:
+    """Up to ``count`` finite leaves of a winner tree other than ``exclude``, smallest first
+    (ties: lower position): taken from the root one by one, then put back."""
+    picked = np.empty(count, np.int64)
+    taken = np.empty(count + 1, np.int64)
+    keys = np.empty(count + 1)
+    filled = removed = 0
+    while filled < count and value[1] < np.inf:
+        i = where[1]
+        taken[removed] = i
+        keys[removed] = value[1]
+        removed += 1
+        _tree_set(value, where, i, np.inf)
+        if i != exclude:
+            picked[filled] = i
+            filled += 1
+    for t in range(removed):
+        _tree_set(value, where, taken[t], keys[t])
     return picked[:filled]
 
 
@@ -295,14 +288,15 @@ def _refine(
     bound *= 1.0 + _REL_TOL
     times = alpha + beta * loads
     everyone = np.arange(num_ranks)
+    # Winner trees: the heaviest rank (first of equals) is the smallest of -times; the
+    # lightest ranks with samples are the smallest times, ranks without as inf.
+    top_value, top_where = _tree(-times)
+    low_value, low_where = _tree(np.where(caps > 0, times, np.inf))
     for _ in range(max_iter):
-        a = 0
-        for r in range(1, num_ranks):
-            if times[r] > times[a]:
-                a = r
+        a = top_where[1]
         if times[a] <= bound:
             return
-        lightest = _lightest(times, caps, partners, a)
+        lightest = _smallest(low_value, low_where, partners, a)
         _, b, i, j = _best_trade(costs, members, caps, times, beta, a, lightest)
         if b < 0 and partners < num_ranks - 1 and costs.shape[0] <= _WIDE_SEARCH_MAX:
             # Stuck with the lightest ranks: a middle rank may still take a trade. Each wide
@@ -317,8 +311,10 @@ def _refine(
         members[b, j] = ia
         loads[a] -= d
         loads[b] += d
-        times[a] = alpha[a] + beta[a] * loads[a]
-        times[b] = alpha[b] + beta[b] * loads[b]
+        for r in (a, b):
+            times[r] = alpha[r] + beta[r] * loads[r]
+            _tree_set(top_value, top_where, r, -times[r])
+            _tree_set(low_value, low_where, r, times[r])
         _sort_row(costs, members[a, : caps[a]], True)
         _sort_row(costs, members[b, : caps[b]], True)
 
@@ -326,6 +322,7 @@ def _refine(
 @njit(cache=True, nogil=True)
 def _balance_step_range(
     costs: np.ndarray,
+    index: np.ndarray,
     step_starts: np.ndarray,
     caps: np.ndarray,
     alpha: np.ndarray,
@@ -337,19 +334,43 @@ def _balance_step_range(
     perm_out: np.ndarray,
     loads_out: np.ndarray,
 ) -> None:
+    """Balance steps ``first .. stop - 1``. Position ``p`` of the epoch costs
+    ``costs[index[p]]`` and is written out as ``index[p]`` (``costs[p]`` and ``p`` when
+    ``index`` is empty)."""
     num_ranks = caps.shape[1]
     max_iter = 8 * num_ranks + 64
+    if stop <= first:
+        return
+    gather = index.shape[0] > 0
+    longest = 0
+    for s in range(first, stop):
+        longest = max(longest, step_starts[s + 1] - step_starts[s])
+    # Buffers for the longest step, reused by every step. Positions within a step fit int32.
+    c_buffer = np.empty(longest)
+    keys = np.empty(longest, np.uint32)
+    spare_keys = np.empty(longest, np.uint32)
+    by_cost = np.empty(longest, np.int32)
+    spare = np.empty(longest, np.int32)
+    owner = np.empty(longest, np.int32)
+    members = np.empty((num_ranks, max(caps[first:stop].max(), 1)), np.int32)
+    loads = np.zeros(num_ranks)
+    cursor = np.empty(num_ranks, np.int64)
     for s in range(first, stop):
         p0 = step_starts[s]
         n = step_starts[s + 1] - p0
         step_caps = caps[s]
-        c = costs[p0 : p0 + n]
-        members = np.empty((num_ranks, max(step_caps.max(), 1)), np.int64)
-        loads = np.zeros(num_ranks)
-        order = _argsort_descending(c)
+        c = c_buffer[:n]
+        if gather:
+            for p in range(n):
+                c[p] = costs[index[p0 + p]]
+        else:
+            c[:] = costs[p0 : p0 + n]
+        _descending_keys(c, keys[:n])
+        order = _radix_argsort_into(keys[:n], spare_keys[:n], by_cost[:n], spare[:n])
         if use_lpt:
             _lpt(c, order, members, step_caps, alpha, beta, loads)
         else:
+            loads[:] = 0.0
             offset = 0
             for r in range(num_ranks):
                 for t in range(step_caps[r]):
@@ -359,15 +380,20 @@ def _balance_step_range(
                 _sort_row(c, members[r, : step_caps[r]], True)
         bound = _lower_bound(c, order, step_caps, alpha, beta)
         _refine(c, members, step_caps, alpha, beta, loads, bound, max_iter, partners)
+        # Every rank's positions in ascending order, with their costs summed in that order:
+        # one pass over the step, by the owner of every position.
         offset = p0
         for r in range(num_ranks):
-            row = np.sort(members[r, : step_caps[r]])
-            total = 0.0
             for t in range(step_caps[r]):
-                perm_out[offset + t] = p0 + row[t]
-                total += c[row[t]]
+                owner[members[r, t]] = r
+            cursor[r] = offset
             offset += step_caps[r]
-            loads_out[s, r] = total
+            loads_out[s, r] = 0.0
+        for p in range(n):
+            r = owner[p]
+            perm_out[cursor[r]] = index[p0 + p] if gather else p0 + p
+            cursor[r] += 1
+            loads_out[s, r] += c[p]
 
 
 def balance_steps(
@@ -382,6 +408,7 @@ def balance_steps(
     partners: int = DEFAULT_PARTNERS,
     threads: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    index: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Balance every step of an epoch; return ``(perm, loads)``.
 
@@ -398,8 +425,18 @@ def balance_steps(
     live only for this call, so a later ``fork()`` inherits none. ``progress(done, total)``,
     if given, is called (from this thread) as steps are finished; the work is then cut into
     about a hundred chunks, which changes nothing in the result.
+
+    ``index`` (sample numbers in step order): position ``p`` then costs ``costs[index[p]]``
+    and the first result is ``index[perm]`` (int64), without the gathered costs ever being
+    held whole.
     """
     costs = np.ascontiguousarray(costs, dtype=np.float64)
+    if index is None:
+        index = _NO_INDEX
+        positions = costs.shape[0]
+    else:
+        index = np.ascontiguousarray(index)
+        positions = index.shape[0]
     step_starts = np.ascontiguousarray(step_starts, dtype=np.int64)
     num_steps = step_starts.shape[0] - 1
     lengths = np.diff(step_starts)
@@ -414,17 +451,28 @@ def balance_steps(
         raise ValueError(f"alpha and beta must hold one value per rank ({num_ranks})")
     if not (np.isfinite(alpha).all() and np.isfinite(beta).all() and (beta > 0).all()):
         raise ValueError("alpha must be finite and beta finite and > 0")
-    perm = np.empty(costs.shape[0], np.int64)
+    perm = np.empty(positions, np.int64)
     loads = np.empty((num_steps, num_ranks))
     if threads is None:
-        threads = min(os.cpu_count() or 1, 8) if costs.shape[0] >= _PARALLEL_MIN_SAMPLES else 1
+        threads = min(os.cpu_count() or 1, 8) if positions >= _PARALLEL_MIN_SAMPLES else 1
     threads = max(1, min(threads, num_steps))
     chunks = threads if progress is None else max(threads, min(num_steps, _PROGRESS_CHUNKS))
     cuts = [num_steps * t // chunks for t in range(chunks + 1)]
 
     def run(first: int, stop: int) -> None:
         _balance_step_range(
-            costs, step_starts, counts, alpha, beta, use_lpt, partners, first, stop, perm, loads
+            costs,
+            index,
+            step_starts,
+            counts,
+            alpha,
+            beta,
+            use_lpt,
+            partners,
+            first,
+            stop,
+            perm,
+            loads,
         )
 
     if threads == 1:

@@ -556,8 +556,7 @@ class Scheduler:
             # torch's split: rank r takes positions r, r + W, ...; one sample per step.
             return stream, self.costs[stream].reshape(-1, ranks)
         starts = _step_starts(counts, ranks)
-        perm, loads = balance_steps(self.costs[stream], starts, ranks, progress=progress)
-        return stream[perm], loads
+        return balance_steps(self.costs, starts, ranks, progress=progress, index=stream)
 
     def _sort_keys(self, epoch: int, owner: int, samples: np.ndarray) -> np.ndarray:
         """Costs with seeded multiplicative jitter, so similar samples mix between epochs."""

@@ -41,6 +41,13 @@ def descending_order(costs: np.ndarray) -> np.ndarray:
     return np.argsort(keys, kind="stable")
 
 
+def smallest(values, count: int, exclude: int) -> list[int]:
+    """Up to ``count`` positions of finite ``values`` other than ``exclude``, smallest first
+    (ties: lower position)."""
+    ranked = sorted((v, i) for i, v in enumerate(values) if i != exclude and v < np.inf)
+    return [i for _, i in ranked[:count]]
+
+
 def _speeds(num_ranks, caps, alpha, beta, n):
     caps = [n // num_ranks] * num_ranks if caps is None else [int(c) for c in caps]
     alpha = [0.0] * num_ranks if alpha is None else [float(a) for a in alpha]
