@@ -19,7 +19,20 @@ come from anyone on an unauthenticated network. A failed handshake (CURVE keys t
 not match) falls back and says why.
 
 No thread: incoming messages queue in ZeroMQ's I/O thread and are read whenever the client
-is called (once per step).
+is called (once per step). What a coordinator (or whoever answers in its place) sends costs
+a rank a bounded amount, whatever it sends:
+
+* time: one call reads at most ``DRAIN_FRAMES`` frames per socket and stops at its
+  deadline (``plan()``: the time-out; the other calls: ``DRAIN_SECONDS``), so a flood of
+  garbage or of plans cannot hold the training loop past its time-out;
+* memory: ZeroMQ queues at most ``QUEUED_MESSAGES`` messages per socket of at most
+  ``max_plan_bytes`` each (``zmq.RCVHWM``, ``zmq.MAXMSGSIZE``); the client holds at most
+  ``HELD_PLANS`` plans, of the epochs next to the one it asks for (the farthest ahead goes
+  first, never the one it waits for), and remembers only refusals of fetches it sent;
+  frames beyond a message's expected count are read one by one and dropped;
+* log: refused messages are counted (``stats.rejected``) and warned about on the 1st, 10th,
+  100th... of them; a coordinator's error codes are warned about once each, for at most
+  ``ERROR_CODES`` codes.
 """
 
 from __future__ import annotations
@@ -44,7 +57,15 @@ from chronica.comm.protocol import (
 )
 from chronica.core.checks import check_int, check_seconds
 
-__all__ = ["ClientStats", "PlanClient"]
+__all__ = [
+    "DRAIN_FRAMES",
+    "DRAIN_SECONDS",
+    "ERROR_CODES",
+    "HELD_PLANS",
+    "QUEUED_MESSAGES",
+    "ClientStats",
+    "PlanClient",
+]
 
 logger = logging.getLogger("chronica")
 
@@ -57,12 +78,23 @@ _POLL_SLICE_MS = 50
 # Beyond this a plan message is no plan (a window of 2 GiB of indices) but a mistake; below
 # the other, the coordinator's error answers (at most ~600 bytes) would not fit.
 _PLAN_BYTES = (1024, 1 << 31)
+# Bounds on what the coordinator's side can make a rank spend (module docstring). A
+# coordinator publishes a window or two ahead of the ranks, so 8 plans and 16 queued
+# messages leave ample room; a flood beyond them is dropped, and a plan dropped this way is
+# fetched when needed, like one PUB lost.
+HELD_PLANS = 8
+QUEUED_MESSAGES = 16
+DRAIN_FRAMES = 256
+DRAIN_SECONDS = 0.05
+ERROR_CODES = 16
 
 
 @dataclass
 class ClientStats:
     """Plans received by PUB and by fetch, sequence gaps seen, windows that fell back,
-    messages refused by the decoder, fetches the coordinator refused."""
+    messages refused by the decoder (or with the wrong number of frames), fetches the
+    coordinator refused, plans dropped unused (outside the epochs next to the rank's, or
+    beyond ``HELD_PLANS``), the most plans held at once."""
 
     published: int = 0
     fetched: int = 0
@@ -70,6 +102,43 @@ class ClientStats:
     fallbacks: int = 0
     rejected: int = 0
     refused_fetches: int = 0
+    dropped: int = 0
+    held_most: int = 0
+
+
+class _Inbox:
+    """The messages of ``frames`` frames arriving on ``sock``, read frame by frame (so a
+    message of many frames is never held whole); a message with another number of frames
+    is dropped and counted in ``malformed``. A read may stop inside a message and the next
+    one finishes it."""
+
+    def __init__(self, sock: zmq.Socket, frames: int) -> None:
+        self.sock, self.frames = sock, frames
+        self.malformed = 0
+        self._parts: list[bytes] = []
+        self._bad = False
+
+    def read(self, budget: int, until: float) -> list[list[bytes]]:
+        """Complete messages among the next ``budget`` frames read before ``until``."""
+        messages = []
+        for _ in range(budget):
+            try:
+                frame = self.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if len(self._parts) < self.frames:
+                self._parts.append(frame)
+            else:
+                self._bad = True
+            if not self.sock.getsockopt(zmq.RCVMORE):
+                if self._bad or len(self._parts) != self.frames:
+                    self.malformed += 1
+                else:
+                    messages.append(self._parts)
+                self._parts, self._bad = [], False
+            if time.monotonic() > until:
+                break
+        return messages
 
 
 class PlanClient:
@@ -116,6 +185,7 @@ class PlanClient:
         self.stats = ClientStats()
         self.window: int | None = None
         self._plans: dict[tuple[int, int], Plan] = {}
+        self._asking: tuple[int, int] | None = None  # the window ``plan()`` waits for
         self._pending: set[tuple[int, int]] = set()  # fetched, not answered yet
         self._failed: set[tuple[int, int]] = set()  # fetches the coordinator refused
         self._last_seq = -1
@@ -134,6 +204,7 @@ class PlanClient:
         for sock in (self._dealer, self._sub):
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, self.max_plan_bytes)
+            sock.setsockopt(zmq.RCVHWM, QUEUED_MESSAGES)
             if ":" in host:
                 sock.setsockopt(zmq.IPV6, 1)
             if self.curve is not None:
@@ -146,6 +217,7 @@ class PlanClient:
         self._monitor: HandshakeMonitor | None = HandshakeMonitor(self._dealer)
         self._dealer.connect(tcp_url(host, port))
         self._sub.connect(tcp_url(host, pub_port))
+        self._inboxes = (_Inbox(self._dealer, 1), _Inbox(self._sub, 2))
         self._poller = zmq.Poller()
         for sock in (self._dealer, self._sub, self._monitor.socket):
             self._poller.register(sock, zmq.POLLIN)
@@ -178,14 +250,15 @@ class PlanClient:
     def plan(self, epoch: int, first: int, timeout: float | None = None) -> Plan | None:
         """This rank's part of the window starting at ``first``, or ``None`` to fall back."""
         key = (epoch, first)
-        self._drain()
+        self._asking = key
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        self._drain(deadline)
         if key not in self._plans:
             if not (self._attached or self._rejoining):
                 self.stats.fallbacks += 1
                 return None
             self._failed.discard(key)
             self._fetch(key)
-            deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
             while (
                 key not in self._plans
                 and key not in self._failed
@@ -285,37 +358,36 @@ class PlanClient:
         if left <= 0:
             return False
         if self._poller.poll(max(1, min(_POLL_SLICE_MS, int(left * 1000)))):
-            self._drain()
+            self._drain(deadline)
         return True
 
-    def _drain(self) -> None:
+    def _drain(self, deadline: float | None = None) -> None:
+        """Read what has arrived: at most ``DRAIN_FRAMES`` frames per socket, until
+        ``deadline`` (default: ``DRAIN_SECONDS`` from now)."""
         if self._monitor is not None:
             for why in self._monitor.failures():
                 self._handshake = why
         if not (self._attached or self._rejoining):
             self._maybe_reattach()
-        while True:
-            try:
-                payload = self._dealer.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            self._accept(payload, fetched=True)
-        while True:
-            try:
-                _, payload = self._sub.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            except ValueError:  # not two frames
-                self.stats.rejected += 1
-                continue
-            self._accept(payload, fetched=False)
+        until = time.monotonic() + DRAIN_SECONDS if deadline is None else deadline
+        for inbox in self._inboxes:
+            before = inbox.malformed
+            for frames in inbox.read(DRAIN_FRAMES, until):
+                self._accept(frames[-1], fetched=inbox.frames == 1)
+            for _ in range(inbox.malformed - before):
+                self._reject("a message with another number of frames")
+
+    def _reject(self, why: object) -> None:
+        self.stats.rejected += 1
+        n = self.stats.rejected
+        if n == 10 ** (len(str(n)) - 1):  # 1, 10, 100...: a flood is told, not logged whole
+            logger.warning("chronica: rank %d refused a message (%d so far): %s", self.rank, n, why)
 
     def _accept(self, payload: bytes, fetched: bool) -> None:
         try:
             message = decode(payload, self.max_plan_bytes)
         except ProtocolError as exc:
-            self.stats.rejected += 1
-            logger.warning("chronica: rank %d refused a message: %s", self.rank, exc)
+            self._reject(exc)
             return
         kind = message["t"]
         if kind == "welcome":
@@ -347,8 +419,20 @@ class PlanClient:
             else:
                 self.stats.fetched += 1
             key = (plan.epoch, plan.first)
-            self._plans[key] = plan
             self._pending.discard(key)
+            self._hold(key, plan)
+
+    def _hold(self, key: tuple[int, int], plan: Plan) -> None:
+        """Keep ``plan`` if its epoch is next to the one asked for last, dropping the plan
+        farthest ahead (not the one asked for) beyond ``HELD_PLANS``."""
+        if self._asking is not None and abs(key[0] - self._asking[0]) > 1:
+            self.stats.dropped += 1
+            return
+        self._plans[key] = plan
+        if len(self._plans) > HELD_PLANS:
+            del self._plans[max(k for k in self._plans if k != self._asking)]
+            self.stats.dropped += 1
+        self.stats.held_most = max(self.stats.held_most, len(self._plans))
 
     def _refused(self, message: dict[str, Any]) -> None:
         code, text = message["code"], message["msg"]
@@ -371,12 +455,12 @@ class PlanClient:
                 self._attached, self._rejoining = False, True
                 self._hello()
             return
-        if "epoch" in message:
+        if "epoch" in message and (message["epoch"], message["first"]) in self._pending:
             key = (message["epoch"], message["first"])
             self._pending.discard(key)
             self._failed.add(key)
             self.stats.refused_fetches += 1
-        if code not in self._warned_codes:
+        if code not in self._warned_codes and len(self._warned_codes) < ERROR_CODES:
             self._warned_codes.add(code)
             logger.warning(
                 "chronica: rank %d: the coordinator refused a request (%s): %s; the static "

@@ -42,6 +42,7 @@ from chronica.comm.protocol import (
     MAX_REQUEST_BYTES,
     MAX_WORLD,
     Micro,
+    Parts,
     ProtocolError,
     decode,
     encode,
@@ -712,6 +713,8 @@ class Coordinator:
             plan.loss_weights[:, rank],
             plan.loads[:, rank],
             micro,
+            # The whole window, so that every rank checks that the parts partition each step.
+            Parts(source, plan.counts),
         )
 
     def _publish(self, plan: WindowPlan, seq: int) -> None:

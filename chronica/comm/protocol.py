@@ -23,7 +23,10 @@ The coordinator publishes every planned window on its PUB socket as one ``plan``
 under the topic ``topic(rank)``, with a sequence number that grows by one per window. A
 packed window's plan also carries ``row`` (each piece's row), ``nm`` (micro-batches per
 step), ``mo`` (micro-batch offsets into the rank's pieces) and ``mw`` (their loss
-weights); its ``idx`` are then piece numbers (``chronica.core.packing.Pieces``).
+weights); its ``idx`` are then piece numbers (``chronica.core.packing.Pieces``). Every
+plan also carries the whole window, ``wi`` (every rank's part, step by step, rank by rank)
+and ``wc`` (their counts, steps x world), so a rank can check that the parts partition each
+step (``chronica.runtime.window``); a plan without them is not used.
 
 Limits (what a peer can make the decoder allocate or the planner compute with): a request
 is at most ``MAX_REQUEST_BYTES``; msgpack containers are capped (``max_map_len``,
@@ -53,6 +56,7 @@ __all__ = [
     "REPORT_SECONDS",
     "VERSION",
     "Micro",
+    "Parts",
     "Plan",
     "ProtocolError",
     "check_int",
@@ -106,6 +110,15 @@ class Micro:
 
 
 @dataclass(frozen=True)
+class Parts:
+    """Every rank's part of a window: step ``i``'s part of rank ``r`` is the next
+    ``counts[i, r]`` entries of ``indices`` (laid out step by step, rank by rank)."""
+
+    indices: np.ndarray
+    counts: np.ndarray
+
+
+@dataclass(frozen=True)
 class Plan:
     """One rank's part of one window: ``indices[offsets[i]:offsets[i+1]]`` at step
     ``first + i``, with its loss weight and predicted load (a packed window: piece numbers,
@@ -123,6 +136,7 @@ class Plan:
     weights: np.ndarray
     loads: np.ndarray
     micro: Micro | None = None
+    parts: Parts | None = None
 
     @property
     def num_steps(self) -> int:
@@ -170,8 +184,10 @@ def plan_message(
     weights: np.ndarray,
     loads: np.ndarray,
     micro: Micro | None = None,
+    parts: Parts | None = None,
 ) -> bytes:
-    """Encode one rank's part of a window (with ``micro`` for a packed one)."""
+    """Encode one rank's part of a window (with ``micro`` for a packed one, and ``parts``,
+    the whole window)."""
     packed = {}
     if micro is not None:
         packed = {
@@ -180,6 +196,9 @@ def plan_message(
             "mo": np.ascontiguousarray(micro.offsets, "<i8").tobytes(),
             "mw": np.ascontiguousarray(micro.weights, "<f8").tobytes(),
         }
+    if parts is not None:
+        packed["wi"] = np.ascontiguousarray(parts.indices, "<i8").tobytes()
+        packed["wc"] = np.ascontiguousarray(parts.counts, "<i8").tobytes()
     return encode(
         "plan",
         seq=int(seq),
@@ -322,6 +341,7 @@ def _plan(message: dict[str, Any]) -> Plan:
     micro = _micro(message, indices.shape[0], steps) if "nm" in message else None
     return Plan(
         micro=micro,
+        parts=_parts(message, steps) if "wi" in message else None,
         seq=_int(message, "seq", 0, MAX_STEPS),
         gen=_int(message, "gen", 1, MAX_GENERATION),
         epoch=_int(message, "epoch", 0, MAX_STEPS),
@@ -331,6 +351,19 @@ def _plan(message: dict[str, Any]) -> Plan:
         weights=weights,
         loads=loads,
     )
+
+
+def _parts(message: dict[str, Any], steps: int) -> Parts:
+    """A plan's whole window, its shape checked against its ``steps``."""
+    indices = _array(message, "wi", "<i8")
+    counts = _array(message, "wc", "<i8")
+    if counts.shape[0] % steps or not 0 < counts.shape[0] // steps <= MAX_WORLD:
+        raise ProtocolError("plan field 'wc' must hold the counts of every step and rank")
+    if (counts < 0).any() or (counts > indices.shape[0]).any() or counts.sum() != indices.shape[0]:
+        raise ProtocolError("plan field 'wc' must count the entries of 'wi'")
+    if indices.shape[0] and indices.min() < 0:
+        raise ProtocolError("plan field 'wi' must hold indices >= 0")
+    return Parts(indices, counts.reshape(steps, -1))
 
 
 def _micro(message: dict[str, Any], pieces: int, steps: int) -> Micro:

@@ -6,12 +6,13 @@ and fallback, elastic resume, loss weights, diagnostics and one state format.
 ``DynamicOptions`` holds the knobs of ``kind="dynamic"`` for every adapter.
 """
 
-from chronica.runtime.agreement import Agreement, KeyValueAgreement
+from chronica.runtime.agreement import NO_PLAN, Agreement, KeyValueAgreement, Token
 from chronica.runtime.micro import MicroBatch
 from chronica.runtime.options import DynamicOptions
 from chronica.runtime.stream import STATE_VERSION, LocalBatch, RankStream
 
 __all__ = [
+    "NO_PLAN",
     "STATE_VERSION",
     "Agreement",
     "DynamicOptions",
@@ -19,4 +20,5 @@ __all__ = [
     "LocalBatch",
     "MicroBatch",
     "RankStream",
+    "Token",
 ]

@@ -2,10 +2,11 @@
 
 A dynamic window is served either by the coordinator's plan or by the static plan; both
 hold the same samples at every step, so exactly-once holds only if *every* rank takes the
-same source (and, for the coordinator's, parts of the same planning of it). Before each
-window every rank passes a token, its plan's generation or 0 for "no plan", to an
-``Agreement``: a function that returns ``True`` only if every rank passed the same token
-``> 0``, and returns the same answer on every rank.
+same source and, for the coordinator's, parts of one and the same window. Before each
+window every rank passes a token to an ``Agreement``: a function that returns ``True`` only
+if every rank passed the same token other than ``NO_PLAN``, and returns the same answer on
+every rank. A token is ``TOKEN_WORDS`` integers in ``[0, 2**62)``: the digest of the whole
+window the rank checked (``chronica.runtime.window``), or ``NO_PLAN`` to fall back.
 
 Adapters build one from their framework's own machinery: the torch adapter with one gloo
 all-reduce, the JAX and TensorFlow adapters with the key-value store of their coordination
@@ -23,16 +24,24 @@ from chronica.core.checks import check_int
 from chronica.core.scheduler import Scheduler
 
 __all__ = [
+    "NO_PLAN",
+    "TOKEN_WORDS",
     "Agreement",
     "KeyValueAgreement",
     "KeyValueStore",
+    "Token",
     "agreement_timeout",
     "key_prefix",
     "key_value_agreement",
     "unanimous",
 ]
 
-Agreement = Callable[[int], bool]
+# 4 words of 62 bits: two different windows share a token only by a 248-bit collision, which
+# no coordinator can search for; each word and its negation fit an int64 all-reduce.
+TOKEN_WORDS = 4
+Token = tuple[int, ...]
+NO_PLAN: Token = (0,) * TOKEN_WORDS
+Agreement = Callable[[Token], bool]
 
 
 _PREFIXES: Counter[str] = Counter()
@@ -56,9 +65,9 @@ def agreement_timeout(timeout: float) -> float:
     return max(60.0, 6.0 * timeout)
 
 
-def unanimous(tokens: Sequence[int]) -> bool:
-    """Whether every token is the same positive number (the agreement rule)."""
-    return len(tokens) > 0 and min(tokens) == max(tokens) > 0
+def unanimous(tokens: Sequence[Token]) -> bool:
+    """Whether every token is the same one, other than ``NO_PLAN`` (the agreement rule)."""
+    return len(tokens) > 0 and all(t == tokens[0] for t in tokens) and tokens[0] != NO_PLAN
 
 
 class KeyValueAgreement:
@@ -92,14 +101,14 @@ class KeyValueAgreement:
         self._put, self._get, self._delete = put, get, delete
         self._rounds = itertools.count()
 
-    def __call__(self, token: int) -> bool:
+    def __call__(self, token: Token) -> bool:
         round_ = next(self._rounds)
-        self._put(f"{self.prefix}/{round_}/{self.rank}", str(int(token)))
+        self._put(f"{self.prefix}/{round_}/{self.rank}", " ".join(str(int(w)) for w in token))
         tokens = []
         for peer in range(self.world):
             key = f"{self.prefix}/{round_}/{peer}"
             try:
-                tokens.append(int(self._get(key, self.timeout_ms)))
+                tokens.append(tuple(int(w) for w in self._get(key, self.timeout_ms).split()))
             except Exception as error:
                 raise TimeoutError(
                     f"chronica: rank {peer} did not take part in agreement round {round_} "

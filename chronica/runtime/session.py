@@ -11,18 +11,22 @@
   source for a window, and, for the coordinator's, parts of the same planning of it (a
   restarted coordinator plans a window again, differently).
   ``agree(token) -> bool``, given by the adapter, must return ``True`` only if every rank
-  passed the same ``token > 0`` (an all-reduce of the minimum and maximum over the
-  framework's own process group); a rank passes its plan's generation, or 0 to fall back.
-  Without it a rank decides alone, which is safe unless the coordinator dies while it is
-  sending a window;
+  passed the same token other than ``NO_PLAN`` (``chronica.runtime.agreement``: an
+  all-reduce of the minimum and maximum over the framework's own process group); a rank
+  passes the digest of the whole window it checked, or ``NO_PLAN`` to fall back. Without
+  it a rank decides alone, which is safe unless the coordinator fails while sending a
+  window, or sends the ranks different ones;
 * ``report(seconds, step)`` sends this rank's own compute time for a step it yielded.
 
-A plan from the coordinator is checked against the static plan before use: each of its
-steps must hold only samples of the same step of the static plan, with the loss weight its
-count implies (packed: only pieces of the step, every micro-batch under the caps, with the
-weight its tokens or documents imply). A plan that fails (a bug, or tampering on an
-unauthenticated network) is not used; the static plan serves that window and a warning
-says so.
+A plan from the coordinator comes with every rank's part of its window and is checked as a
+whole against the static plan before use (``chronica.runtime.window``): every step's parts
+must be exactly the step's samples, with counts every rank's loop can run, this rank's part
+its share, its loss weights the ones its counts imply (packed: also every micro-batch under
+the caps, with the weight its tokens or documents imply). Every failure of the coordinator's
+path ends the same way: a plan that fails the check (a bug, or tampering on an
+unauthenticated network), ranks holding different windows, a refusal, an error answer,
+garbage, a flood or silence (``PlanClient`` bounds every wait by ``timeout``) give a warning
+and the static plan for that window, on every rank together.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import math
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -43,6 +47,8 @@ from chronica.comm.protocol import Plan
 from chronica.core.checks import check_int, check_seconds
 from chronica.core.plan import EpochPlan
 from chronica.core.scheduler import Scheduler
+from chronica.runtime import window
+from chronica.runtime.agreement import NO_PLAN, Agreement
 from chronica.runtime.micro import (
     MicroBatch,
     check_micro_batch,
@@ -83,52 +89,6 @@ def _external_coordinator() -> tuple[str, int] | None:
     return host, int(port)
 
 
-def _within(local: np.ndarray, whole: np.ndarray) -> bool:
-    """Whether ``local`` is a sub-multiset of ``whole`` (padding may repeat a sample)."""
-    if local.shape[0] == 0:
-        return True
-    if local.shape[0] > whole.shape[0]:
-        return False
-    values, counts = np.unique(local, return_counts=True)
-    have, available = np.unique(whole, return_counts=True)
-    at = np.minimum(np.searchsorted(have, values), have.shape[0] - 1)
-    return bool(((have[at] == values) & (counts <= available[at])).all())
-
-
-def _inconsistency(
-    plan: Plan,
-    static: EpochPlan,
-    world: int,
-    epoch: int,
-    first: int,
-    stop: int,
-    equal_count: int | None = None,
-) -> str | None:
-    """Why ``plan`` cannot be a rank's part of steps ``first..stop-1`` of ``epoch`` (another
-    window, samples not of the step, a weight its count does not imply, or, where every rank
-    must hold its static count (``equal_count``: this rank's column of the static plan; a
-    sample-level face whose DataLoader batches a fixed count), another count), or ``None``."""
-    if (plan.epoch, plan.first, plan.num_steps) != (epoch, first, stop - first):
-        return f"it covers epoch {plan.epoch} steps {plan.first}+{plan.num_steps}"
-    if (plan.micro is None) != (static.micro is None):
-        return "it is packed and the configuration is not" if plan.micro else "it is not packed"
-    if static.micro is not None:
-        return None  # checked where the pieces are known (``DynamicSession._packed``)
-    for i, step in enumerate(range(first, stop)):
-        local = plan.local(step)
-        whole = static.indices[static.bounds[step, 0] : static.bounds[step, -1]]
-        if not _within(local, whole):
-            return f"step {step} holds samples that are not the step's"
-        if equal_count is not None:
-            count = int(static.counts[step, equal_count])
-            if local.shape[0] != count:
-                return f"step {step} holds {local.shape[0]} samples, not the {count} of every rank"
-        weight = local.shape[0] * world / max(whole.shape[0], 1)
-        if not math.isclose(plan.weights[i], weight, rel_tol=1e-9, abs_tol=1e-12):
-            return f"step {step} has loss weight {plan.weights[i]!r}, not {weight!r}"
-    return None
-
-
 class DynamicSession:
     """Rank ``rank``'s plans for ``kind="dynamic"`` (see the module docstring).
 
@@ -147,7 +107,7 @@ class DynamicSession:
         host: str | None = None,
         port: int | None = None,
         timeout: float = 10.0,
-        agree: Callable[[int], bool] | None = None,
+        agree: Agreement | None = None,
     ) -> None:
         if not isinstance(scheduler, Scheduler):
             raise ValueError(f"scheduler must be a chronica Scheduler, not {type(scheduler)}")
@@ -158,7 +118,7 @@ class DynamicSession:
         rank = check_int("rank", rank, 0, world - 1, f" (num_replicas={world})")
         timeout = check_seconds("timeout", timeout)
         if agree is not None and not callable(agree):
-            raise ValueError("agree must be a function (int -> bool), or None")
+            raise ValueError("agree must be a function (token -> bool), or None")
         self.scheduler = scheduler
         self.rank = rank
         self.window = config.window
@@ -181,11 +141,15 @@ class DynamicSession:
                 connect = "127.0.0.1" if bound in ("0.0.0.0", "::") else bound
             host = connect
         _, high = config.batch_bounds()
+        # Every plan also carries the whole window: the step's samples (8 bytes each) and
+        # every rank's count.
+        whole = 8 * ((config.batch_size or 0) + world)
         if config.packing is not None:
             # A rank's part of a packed step holds at most the step's pieces, each with a
             # row and perhaps a micro-batch of its own (40 bytes), on the longest step.
             static = plan_epoch(scheduler, 0)
-            high = 3 * int(np.diff(static.bounds[:, [0, -1]], axis=1).max(initial=1))
+            longest = int(np.diff(static.bounds[:, [0, -1]], axis=1).max(initial=1))
+            high, whole = 3 * longest, 8 * (longest + world)
         try:
             self.client = PlanClient(
                 rank,
@@ -195,7 +159,7 @@ class DynamicSession:
                 port,
                 pub_port=pub_port,
                 timeout=timeout,
-                max_plan_bytes=1024 + config.window * (16 * high + 64),
+                max_plan_bytes=1024 + config.window * (16 * high + 64 + whole),
             )
         except BaseException:
             if self.coordinator is not None:
@@ -231,7 +195,7 @@ class DynamicSession:
         for first in range(start - start % k, num_steps, k):
             stop = min(first + k, num_steps)
             plan = self.client.plan(epoch, first)
-            if plan is not None and not self._consistent(plan, static, epoch, first, stop):
+            if plan is not None and not self._consistent(plan, static, first, stop):
                 plan = None
             packed = None
             if plan is not None and static.micro is not None:
@@ -239,7 +203,9 @@ class DynamicSession:
                 plan = None if packed is None else plan
             use = plan is not None
             if self.agree is not None:
-                use = self.agree(plan.gen if plan is not None else 0)
+                use = self.agree(window.token(plan) if plan is not None else NO_PLAN)
+                if plan is not None and not use:
+                    self._fall_back(epoch, first, stop)
             if use:
                 self.windows_dynamic += 1
             else:
@@ -273,9 +239,9 @@ class DynamicSession:
     def _packed(
         self, plan: Plan, static: EpochPlan, first: int, stop: int
     ) -> list[tuple[MicroBatch, ...]] | None:
-        """A packed plan's micro-batches, step by step, if every step holds only pieces of
-        the static plan's step, every micro-batch keeps the caps and carries the weight its
-        tokens (or documents) imply; else ``None`` (and a warning)."""
+        """A packed plan's micro-batches, step by step, if every micro-batch keeps the caps
+        and carries the weight its tokens (or documents) imply; else ``None`` (and a
+        warning). The plan passed ``window.fault``: its pieces are the step's."""
         config = self.scheduler.config
         table, packing = self.scheduler.pieces, config.packing
         layout = static.micro
@@ -285,10 +251,6 @@ class DynamicSession:
         why = None
         for i, step in enumerate(range(first, stop)):
             whole = layout.pieces[static.bounds[step, 0] : static.bounds[step, -1]]
-            # Pieces of the step's are pieces that exist: the table can look them up.
-            if plan.micro is None or not _within(plan.local(step), whole):
-                why = f"step {step} holds pieces that are not the step's"
-                break
             total = table.length[whole].sum() if packing.loss == "token" else whole.shape[0]
             micro = []
             for pieces, rows, weight in plan.micro_batches(step):
@@ -315,16 +277,23 @@ class DynamicSession:
         self._refuse(plan.epoch, first, stop, why)
         return None
 
-    def _consistent(self, plan: Plan, static: EpochPlan, epoch: int, first: int, stop: int) -> bool:
-        world = self.scheduler.config.num_replicas
-        # Without variable batches every rank must hold its static count: unequal counts
-        # would desynchronise DataLoaders that batch a fixed number of indices (and hang DDP).
-        equal = None if self.scheduler.config.variable_batch else self.rank
-        why = _inconsistency(plan, static, world, epoch, first, stop, equal)
+    def _consistent(self, plan: Plan, static: EpochPlan, first: int, stop: int) -> bool:
+        why = window.fault(plan, static, self.scheduler.config, self.rank, first, stop)
         if why is None:
             return True
-        self._refuse(epoch, first, stop, why)
+        self._refuse(static.epoch, first, stop, why)
         return False
+
+    def _fall_back(self, epoch: int, first: int, stop: int) -> None:
+        logger.warning(
+            "chronica: rank %d: the ranks do not all hold the same checked plan for epoch %d "
+            "steps %d..%d (another rank's failed, or differs); the static plan serves the "
+            "window on every rank",
+            self.rank,
+            epoch,
+            first,
+            stop - 1,
+        )
 
     def _refuse(self, epoch: int, first: int, stop: int, why: str) -> None:
         self.plans_refused += 1

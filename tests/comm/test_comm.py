@@ -23,6 +23,7 @@ from chronica.comm.protocol import (
     plan_message,
 )
 from chronica.core import ScheduleConfig, Scheduler
+from chronica.runtime.agreement import NO_PLAN, Token, unanimous
 from chronica.runtime.session import DynamicSession
 
 
@@ -197,18 +198,18 @@ def test_decoder_never_fails_other_than_with_protocol_error(blob):
 
 class _Vote:
     """``agree`` for ranks that are threads of one process: each passes its token and all
-    learn whether every token was the same and positive (what the adapters compute with an
-    all-reduce over their process group)."""
+    learn whether every token was the same, and not ``NO_PLAN`` (what the adapters compute
+    with an all-reduce over their process group)."""
 
     def __init__(self, ranks: int) -> None:
         self.barrier = threading.Barrier(ranks)
-        self.tokens = [0] * ranks
+        self.tokens = [NO_PLAN] * ranks
 
     def agree_for(self, rank: int):
-        def agree(token: int) -> bool:
+        def agree(token: Token) -> bool:
             self.tokens[rank] = token
             self.barrier.wait(timeout=30)
-            same = len(set(self.tokens)) == 1 and self.tokens[0] > 0
+            same = unanimous(self.tokens)
             self.barrier.wait(timeout=30)
             return same
 

@@ -15,7 +15,14 @@ sampler state to ``<output>.state`` (what a training loop checkpoints). Scenario
   ``KILL_AFTER`` of epoch 0 and starts again after step ``RESTART_AFTER``; rank 0 tells
   the test by a file ``<CHRONICA_TEST_DIR>/<event>`` and waits for ``<event>.done``;
 * "crash": the last rank kills itself (SIGKILL) right after saving its state at step
-  ``CRASH_AFTER`` of epoch 0; "resume": every rank continues from its saved state.
+  ``CRASH_AFTER`` of epoch 0; "resume": every rank continues from its saved state;
+* "tampered": three epochs from a fake coordinator (CHRONICA_COORDINATOR, started by
+  tests/comm/test_tampering.py) that attacks window after window, with a time-out of
+  ``TAMPER_TIMEOUT``; a rank whose coordinator stopped answering says hello again after
+  the step (``connect``), so every attack meets an attached rank.
+
+Besides its batches a rank records, per window, its vote (token, agreed) and the
+generation of the plan its client returned (0: none).
 """
 
 import json
@@ -39,6 +46,7 @@ SILENT_AFTER = 5
 DELAYED_FIRST, DELAY, SHORT_TIMEOUT, TIMEOUT = 8, 2.5, 0.5, 10.0
 KILL_AFTER, RESTART_AFTER, RESTART_TIMEOUT, STEP_SECONDS = 5, 13, 3.0, 0.05
 CRASH_AFTER = 9
+TAMPER_TIMEOUT, TAMPER_EPOCHS = 1.0, 3
 
 
 def delay_window() -> None:
@@ -87,7 +95,9 @@ def main(out_path: str, scenario: str) -> None:
         dynamic=DynamicOptions(
             window=WINDOW,
             port=int(os.environ.get("CHRONICA_TEST_PORT", 0)) or None,
-            timeout=RESTART_TIMEOUT if scenario == "coordinator" else TIMEOUT,
+            timeout={"coordinator": RESTART_TIMEOUT, "tampered": TAMPER_TIMEOUT}.get(
+                scenario, TIMEOUT
+            ),
         ),
     )
     journal, checkpoint = Path(out_path + ".journal"), Path(out_path + ".state")
@@ -109,9 +119,18 @@ def main(out_path: str, scenario: str) -> None:
         return agreed
 
     session.agree = recording
+    gens = []  # the generation of the plan the client returned per window, 0 for none
+    plan = session.client.plan
+
+    def recording_plan(epoch, first, timeout=None):
+        got = plan(epoch, first, timeout)
+        gens.append(0 if got is None else got.gen)
+        return got
+
+    session.client.plan = recording_plan
     slow = 4.0 if rank == world - 1 else 1.0
     epochs, reported = [], 0
-    for epoch in range(first_epoch, 2):
+    for epoch in range(first_epoch, TAMPER_EPOCHS if scenario == "tampered" else 2):
         start = first_step if epoch == first_epoch else 0
         if start == 0:
             sampler.set_epoch(epoch)
@@ -132,6 +151,8 @@ def main(out_path: str, scenario: str) -> None:
                 if rank == 0:
                     tell_test("kill" if step == KILL_AFTER else "restart")
                 dist.barrier()
+            if scenario == "tampered" and not session.client.attached:
+                session.client.connect()
             silent = scenario == "silent" and rank == world - 1
             if not (silent and (epoch > 0 or step > SILENT_AFTER)):
                 sampler.report(lengths[batch].sum() * 1e-6 * slow)
@@ -141,6 +162,8 @@ def main(out_path: str, scenario: str) -> None:
         "rank": rank,
         "epochs": epochs,
         "votes": votes,
+        "gens": gens,
+        "plans_refused": session.plans_refused,
         "dynamic_windows": session.windows_dynamic,
         "static_windows": session.windows_static,
         "client": asdict(session.client.stats),

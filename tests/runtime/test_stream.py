@@ -11,7 +11,7 @@ from workers import free_ports
 
 from chronica.core import Packing, ScheduleConfig, Scheduler
 from chronica.runtime import DynamicOptions, KeyValueAgreement, RankStream
-from chronica.runtime.agreement import key_value_agreement, unanimous
+from chronica.runtime.agreement import NO_PLAN, key_value_agreement, unanimous
 from chronica.runtime.build import open_stream, resolve_world, schedule_config
 
 
@@ -164,7 +164,8 @@ def test_key_value_agreement_gives_every_rank_the_same_answer():
         KeyValueAgreement(put, get, r, world, prefix="job", timeout_ms=30_000, delete=delete)
         for r in range(world)
     ]
-    rounds = [(7, 7, 7), (7, 0, 7), (7, 8, 7), (0, 0, 0), (9, 9, 9)]
+    a, b, c = (7, 1, 2, 3), (7, 1, 2, 4), (1 << 61, 5, 0, (1 << 62) - 1)
+    rounds = [(a, a, a), (a, NO_PLAN, a), (a, b, a), (NO_PLAN,) * 3, (c, c, c)]
     results = _agree_in_threads(agreements, rounds)
     expected = [unanimous(tokens) for tokens in rounds]
     assert expected == [True, False, False, False, True]
@@ -177,7 +178,7 @@ def test_a_rank_that_never_answers_is_named_in_a_time_out():
     _, put, get, delete = _store()
     alone = KeyValueAgreement(put, get, 0, 2, prefix="job", timeout_ms=50, delete=delete)
     with pytest.raises(TimeoutError, match="rank 1 did not take part in agreement round 0"):
-        alone(5)
+        alone((5, 0, 0, 0))
 
 
 def test_key_value_agreement_factory_keys_by_digest_and_needs_a_store():

@@ -44,7 +44,7 @@ from chronica.adapters.torch.packed import PackedDataset, collate_packed, packed
 from chronica.core import ScheduleConfig, Scheduler, resolve_sizes
 from chronica.core.packing import Packing
 from chronica.core.sizes import defines_sizeof
-from chronica.runtime import Agreement, DynamicOptions
+from chronica.runtime import NO_PLAN, Agreement, DynamicOptions, Token
 from chronica.runtime.build import (
     open_stream,
     resolve_world,
@@ -181,12 +181,13 @@ def _gloo_agreement(scheduler: Scheduler) -> Agreement | None:
         )
     group = dist.new_group(backend="gloo")
 
-    def agree(token: int) -> bool:
+    def agree(token: Token) -> bool:
         # One all-reduce: the minimum of (token, -token) gives the smallest and largest.
-        both = torch.tensor([token, -token], dtype=torch.int64)
+        both = torch.tensor([*token, *(-w for w in token)], dtype=torch.int64)
         dist.all_reduce(both, op=dist.ReduceOp.MIN, group=group)
-        low, high = int(both[0]), -int(both[1])
-        return low == high > 0
+        n = len(token)
+        low, high = both[:n].tolist(), (-both[n:]).tolist()
+        return low == high and tuple(low) != NO_PLAN
 
     return agree
 

@@ -1,0 +1,349 @@
+"""A wrong coordinator against real ranks: a fake one (real ZeroMQ ROUTER and PUB sockets in
+this process, speaking chronica's protocol) attacks a real two-rank torch job (gloo on
+127.0.0.1, tests/helpers/fault_worker.py "tampered") window after window, and a real
+``PlanClient`` is flooded in process.
+
+Every attack must end the same way: a warning, and the static plan for that window on both
+ranks together, within the time-out; exactly-once holds over every epoch, and the honest
+windows around the attacks are used. ``ATTACKS`` lists what is tried here, for the count of
+attacks in the security documentation.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import zmq
+from dynamic_job import WINDOW, check_exactly_once
+from dynamic_job import static_plan as plan_of
+from workers import HELPERS, ROOT, base_env, free_port, free_ports, start_workers, wait_workers
+
+from chronica.comm.client import HELD_PLANS
+from chronica.comm.protocol import (
+    MAX_REQUEST_BYTES,
+    Parts,
+    decode,
+    encode,
+    plan_message,
+    topic,
+)
+
+WORLD, GEN = 2, 7
+static_plan = functools.cache(plan_of)  # the fake coordinator asks for it at every fetch
+WORKER = HELPERS / "fault_worker.py"
+Window = list[list[np.ndarray]]  # per step of a window, every rank's part
+
+
+@dataclass(frozen=True)
+class Attack:
+    """One attack of the registry: its name, what it does, and the outcome the suite checks
+    (``held``: exactly-once kept and the static plan served the window on every rank with a
+    warning; ``degraded``: held, at some cost named in ``what``)."""
+
+    name: str
+    what: str
+    outcome: str = "held"
+
+
+ATTACKS = [
+    Attack("duplicate samples", "both ranks of every step get the same half of the step"),
+    Attack("empty rank", "one rank gets the whole step, the other none"),
+    Attack("swapped ranks", "each rank gets the same part, under windows that say otherwise"),
+    Attack("unequal counts", "a step of 17 samples (one twice) where the plan has 16"),
+    Attack("part not its share", "a rank's part differs from its share of the whole window"),
+    Attack("mixed generations", "the same window under two generations, one per rank"),
+    Attack("no whole window", "per-rank plans without every rank's part (an old coordinator)"),
+    Attack("error answer", "the fetch is refused with an error naming the window"),
+    Attack(
+        "error answer, no window",
+        "an error that names no window: the rank waits out its time-out",
+        "degraded",
+    ),
+    Attack(
+        "stale window and garbage",
+        "another window's plan, bytes that are no message and a three-frame message answer "
+        "the fetch: the rank waits out its time-out",
+        "degraded",
+    ),
+    Attack(
+        "flood",
+        "thousands of garbage frames and plans of future windows on PUB and ROUTER while the "
+        "rank waits: it waits out its time-out, holding at most HELD_PLANS plans",
+        "degraded",
+    ),
+]
+
+# The attack of every window (3 epochs of 5 windows); None: an honest window.
+SCHEDULE: list[str | None] = [
+    None,
+    "duplicate samples",
+    "empty rank",
+    "swapped ranks",
+    "unequal counts",
+    "part not its share",
+    "mixed generations",
+    "no whole window",
+    "error answer",
+    None,
+    "error answer, no window",
+    None,
+    "stale window and garbage",
+    None,
+    "flood",
+]
+TIMED_OUT = {"error answer, no window", "stale window and garbage", "flood"}
+
+
+def _windows(epoch: int) -> list[int]:
+    return list(range(0, static_plan(WORLD, epoch).num_steps, WINDOW))
+
+
+def _honest(epoch: int, first: int) -> Window:
+    """A valid window other than the static plan's: the ranks' static parts swapped."""
+    static = static_plan(WORLD, epoch)
+    stop = min(first + WINDOW, static.num_steps)
+    return [[static.local(s, 1), static.local(s, 0)] for s in range(first, stop)]
+
+
+def _plan(
+    epoch: int, first: int, whole: Window, rank: int, *, own=None, gen=GEN, parts=True
+) -> bytes:
+    """Rank ``rank``'s plan message of ``whole`` (its part: ``own``, else its share), with
+    the loss weights its counts imply, as a coordinator would send it."""
+    static = static_plan(WORLD, epoch)
+    own = [step[rank] for step in whole] if own is None else own
+    sizes = [static.bounds[s, -1] - static.bounds[s, 0] for s in range(first, first + len(own))]
+    counts = np.array([len(o) for o in own])
+    return plan_message(
+        seq=0,
+        gen=gen,
+        epoch=epoch,
+        first=first,
+        indices=np.concatenate(own),
+        offsets=np.concatenate([[0], np.cumsum(counts)]),
+        weights=counts * WORLD / np.array(sizes),
+        loads=np.ones(len(own)),
+        parts=Parts(
+            np.concatenate([p for step in whole for p in step]),
+            np.array([[len(p) for p in step] for step in whole]),
+        )
+        if parts
+        else None,
+    )
+
+
+def _garbage(rng: np.random.Generator) -> bytes:
+    return rng.integers(0, 256, int(rng.integers(1, 200)), dtype=np.uint8).tobytes()
+
+
+class FakeCoordinator:
+    """A coordinator that welcomes every rank and answers its fetches (not its prefetches)
+    with the messages ``answer(rank, epoch, first)`` gives, each a list of frames; where it
+    gives ``None``, floods both sockets instead until the rank says hello again. Records
+    the windows fetched, by rank."""
+
+    def __init__(self, answer: Callable[[int, int, int], list[list[bytes]] | None]) -> None:
+        self.answer = answer
+        self.context = zmq.Context()
+        self.router = self.context.socket(zmq.ROUTER)
+        self.pub = self.context.socket(zmq.PUB)
+        port = free_ports(2)[0]
+        self.router.bind(f"tcp://127.0.0.1:{port}")
+        self.pub.bind(f"tcp://127.0.0.1:{port + 1}")
+        self.port = port
+        self.fetched: set[tuple[int, int, int]] = set()
+        self.flooding: dict[int, bytes] = {}  # rank -> its ROUTER identity, while flooded
+        self.sent_flood = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        self.router.close(0)
+        self.pub.close(0)
+        self.context.term()
+
+    def _serve(self) -> None:
+        rng = np.random.default_rng(0)
+        while not self._stop.is_set():
+            if self.router.poll(0 if self.flooding else 20):
+                identity, payload = self.router.recv_multipart()
+                message = decode(payload, MAX_REQUEST_BYTES)
+                rank = message.get("rank", -1)
+                if message["t"] == "hello":
+                    self.flooding.pop(rank, None)
+                    welcome = encode("welcome", window=WINDOW, steps=0)
+                    self.router.send_multipart([identity, welcome])
+                elif message["t"] == "fetch" and not message.get("ahead"):
+                    key = (rank, message["epoch"], message["first"])
+                    self.fetched.add(key)
+                    answer = self.answer(*key)
+                    if answer is None:
+                        self.flooding[rank] = identity
+                    for frames in answer or []:
+                        self.router.send_multipart([identity, *frames])
+            for rank, identity in self.flooding.items():
+                self._flood(rank, identity, rng)
+
+    def _flood(self, rank: int, identity: bytes, rng: np.random.Generator) -> None:
+        """A burst of garbage, three-frame messages and plans of future windows, for far
+        epochs and for every window start of the next."""
+        for i in range(64):
+            future = plan_message(
+                0, GEN, 1 + i % 9, 4 * int(rng.integers(0, 1 << 20)), *_tiny_plan()
+            )
+            for frames in ([_garbage(rng)], [future], [b"a", b"b"]):
+                for sock, head in ((self.pub, [topic(rank)]), (self.router, [identity])):
+                    try:
+                        sock.send_multipart([*head, *frames], zmq.NOBLOCK)
+                        self.sent_flood += 1
+                    except zmq.Again:
+                        pass
+
+
+def _tiny_plan() -> tuple[np.ndarray, ...]:
+    return (np.arange(4), np.array([0, 4]), np.ones(1), np.ones(1))
+
+
+def _answer(rank: int, epoch: int, first: int) -> list[list[bytes]] | None:
+    """What the fake coordinator sends rank ``rank`` for window ``(epoch, first)``."""
+    kind = SCHEDULE[epoch * len(_windows(0)) + first // WINDOW]
+    honest = _honest(epoch, first)
+    static = static_plan(WORLD, epoch)
+    stop = first + len(honest)
+    a = [static.local(s, 0) for s in range(first, stop)]
+    b = [static.local(s, 1) for s in range(first, stop)]
+    rng = np.random.default_rng(rank)
+    if kind is None:
+        return [[_plan(epoch, first, honest, rank)]]
+    if kind == "duplicate samples":
+        return [[_plan(epoch, first, [[x, x] for x in a], rank)]]
+    if kind == "empty rank":
+        return [
+            [
+                _plan(
+                    epoch,
+                    first,
+                    [[np.concatenate([x, y]), y[:0]] for x, y in zip(a, b, strict=True)],
+                    rank,
+                )
+            ]
+        ]
+    if kind == "swapped ranks":
+        # Rank 0 is told the window is (a, b), rank 1 that it is (b, a): both train a.
+        whole = [[x, y] if rank == 0 else [y, x] for x, y in zip(a, b, strict=True)]
+        return [[_plan(epoch, first, whole, rank)]]
+    if kind == "unequal counts":
+        whole = [[np.concatenate([x, y[:1]]), y] for x, y in zip(a, b, strict=True)]
+        return [[_plan(epoch, first, whole, rank)]]
+    if kind == "part not its share":
+        return [[_plan(epoch, first, honest, rank, own=[s[0] for s in honest])]]
+    if kind == "mixed generations":
+        return [[_plan(epoch, first, honest, rank, gen=GEN + rank)]]
+    if kind == "no whole window":
+        return [[_plan(epoch, first, honest, rank, parts=False)]]
+    if kind == "error answer":
+        return [[encode("error", code="protocol", msg="refused", epoch=epoch, first=first)]]
+    if kind == "error answer, no window":
+        return [[encode("error", code="protocol", msg="refused")]]
+    if kind == "stale window and garbage":
+        # The window before: a plan the rank no longer needs.
+        stale = _plan(epoch, first - WINDOW, _honest(epoch, first - WINDOW), rank)
+        return [[stale], [_garbage(rng)], [b"x", b"y", b"z"]]
+    assert kind == "flood"
+    return None
+
+
+@pytest.fixture(scope="module")
+def attacked_job(tmp_path_factory):
+    """The two-rank job of fault_worker.py "tampered" against the fake coordinator: every
+    rank's result, the log of both, and the windows each rank fetched."""
+    folder = tmp_path_factory.mktemp("tampered")
+    for epoch in range(3):  # planned before the ranks ask, so every answer comes at once
+        static_plan(WORLD, epoch)
+    fake = FakeCoordinator(_answer)
+    try:
+        env = base_env(
+            ROOT,
+            WORLD_SIZE=str(WORLD),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(free_port()),
+            CHRONICA_COORDINATOR=f"127.0.0.1:{fake.port}",
+        )
+        outputs = [folder / f"rank{rank}.json" for rank in range(WORLD)]
+        procs = start_workers(
+            [[sys.executable, str(WORKER), str(out), "tampered"] for out in outputs],
+            [{**env, "RANK": str(rank)} for rank in range(WORLD)],
+        )
+        logs = wait_workers(procs, timeout=150)
+    finally:
+        fake.close()
+    results = [json.loads(out.read_text()) for out in outputs]
+    return results, logs, fake
+
+
+def _window_names() -> list[tuple[int, int]]:
+    return [(epoch, first) for epoch in range(3) for first in _windows(epoch)]
+
+
+@pytest.mark.timeout(200)
+def test_no_tampered_window_breaks_exactly_once_and_every_one_falls_back_together(
+    attacked_job,
+):
+    results, _, fake = attacked_job
+    check_exactly_once(results, WORLD, epochs=3)
+    windows = _window_names()
+    assert len(windows) == len(SCHEDULE)
+    # Every attack met the rank: each rank fetched every window.
+    assert fake.fetched == {(r, e, f) for r in range(WORLD) for e, f in windows}
+    agreed = [[a for _, a in r["votes"]] for r in results]
+    assert agreed[0] == agreed[1]  # one source per window on both ranks
+    for n, ((epoch, first), attack) in enumerate(zip(windows, SCHEDULE, strict=True)):
+        static = static_plan(WORLD, epoch)
+        honest = _honest(epoch, first)
+        for r in results:
+            steps = r["epochs"][epoch][first : first + len(honest)]
+            if attack is None and (n == 0 or SCHEDULE[n - 1] not in TIMED_OUT):
+                assert agreed[0][n], (n, attack)  # honest windows are used ...
+            if agreed[0][n]:
+                assert attack is None  # ... and attacks never
+                assert steps == [p[r["rank"]].tolist() for p in honest]
+            else:
+                assert steps == [
+                    static.local(s, r["rank"]).tolist() for s in range(first, first + len(honest))
+                ]
+
+
+@pytest.mark.timeout(200)
+def test_every_failure_is_told_and_bounded(attacked_job):
+    results, logs, fake = attacked_job
+    windows = _window_names()
+    for r, log in zip(results, logs, strict=True):
+        rank = r["rank"]
+        for (epoch, first), attack in zip(windows, SCHEDULE, strict=True):
+            last = first + len(_honest(epoch, first)) - 1
+            said = f"rank {rank}: the coordinator sent no plan for epoch {epoch} step {first}"
+            if attack in TIMED_OUT:
+                assert said in log, attack
+            elif attack is not None:
+                assert said not in log  # the error answer fell back at once
+            if attack in TIMED_OUT or attack in (None, "error answer"):
+                continue
+            # A checked window that failed: this rank refused it, or heard that another did.
+            window = f"epoch {epoch} steps {first}..{last}"
+            assert any(f"rank {rank}: " in line and window in line for line in log.splitlines())
+        assert "refused a request (protocol): refused" in log
+        client = r["client"]
+        assert client["refused_fetches"] == 1  # the error answer naming its window
+        assert client["held_most"] <= HELD_PLANS and client["dropped"] > 0  # the flood
+        assert client["rejected"] >= 2  # garbage and a three-frame message, at least
+    assert fake.sent_flood > 1000
