@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import json
 import logging
 import os
 import secrets
@@ -36,10 +37,10 @@ from typing import Any
 import numpy as np
 import zmq
 
-from chronica.comm.auth import CurveServer, HandshakeMonitor, ZapGate
+from chronica.comm.auth import CurveServer
+from chronica.comm.gate import Gate, GateLimits
 from chronica.comm.protocol import (
     MAX_GENERATION,
-    MAX_REQUEST_BYTES,
     MAX_WORLD,
     Micro,
     Parts,
@@ -71,12 +72,6 @@ DEFAULT_PORT = 50051
 ENV_BIND = "CHRONICA_BIND"
 _POLL_MS = 50
 _WILDCARDS = {"*": "0.0.0.0", "0.0.0.0": "0.0.0.0", "::": "::", "[::]": "::"}
-# A PUB socket receives subscriptions (a flag byte and a 17-byte topic) and, with CURVE,
-# handshake commands of about 300 bytes, which the same cap applies to.
-_MAX_SUBSCRIPTION_BYTES = 1024
-# Inbound messages queued per connection before ZeroMQ stops reading it (TCP back-pressure,
-# nothing is dropped): bounds what one peer can park in memory to this many requests.
-_ROUTER_RCVHWM = 256
 # An error answer quotes the refused input; keep it far below the ranks' string cap.
 _MAX_ERROR_TEXT = 512
 
@@ -191,7 +186,10 @@ class CoordinatorStats:
     allow-list turned away, ``duplicate_hellos`` a rank saying hello on a second connection,
     ``prefetches_by_pub`` the prefetches left to the PUB copy of a window (see ``_fetch``),
     ``cpu_seconds`` the processor time of the serving thread (what it takes from the
-    training process it runs in).
+    training process it runs in). ``gate_restarts`` counts gate processes replaced (see
+    ``chronica.comm.gate``), ``gate`` what the gate turned away: ``cut`` connections past
+    their byte budget, ``limited`` requests of strangers past their rate, ``dropped``
+    requests past the link's queue, ``frames`` messages of more than one frame.
     """
 
     hellos: int = 0
@@ -207,6 +205,8 @@ class CoordinatorStats:
     duplicate_hellos: int = 0
     prefetches_by_pub: int = 0
     cpu_seconds: float = 0.0
+    gate_restarts: int = 0
+    gate: dict[str, int] = field(default_factory=dict)
 
 
 class _Throttle:
@@ -246,6 +246,10 @@ class Coordinator:
     key is on its allow-list. ``start()`` returns at once; the thread serves until
     ``close()``.
 
+    The sockets live in a gate process (``chronica.comm.gate``, bounds in ``limits``), so
+    nothing a peer sends reaches this process except single-frame requests of at most
+    ``MAX_REQUEST_BYTES``, at a bounded rate; a gate that dies is replaced on the same ports.
+
     Guarantees: no input from a peer stops the thread or grows memory without bound
     (frames are capped, the peer table is bounded, plans are kept for two epochs); a window
     is planned at most once, so every rank that receives it receives the same plan, marked
@@ -261,6 +265,7 @@ class Coordinator:
         *,
         context: zmq.Context | None = None,
         curve: CurveServer | None = None,
+        limits: GateLimits | None = None,
     ) -> None:
         if not isinstance(scheduler, Scheduler):
             raise ValueError(f"scheduler must be a chronica Scheduler, not {type(scheduler)}")
@@ -271,6 +276,8 @@ class Coordinator:
             raise ValueError(f"context must be a zmq.Context, not {type(context)}")
         if curve is not None and not isinstance(curve, CurveServer):
             raise ValueError(f"curve must be a CurveServer, not {type(curve)}")
+        if limits is not None and not isinstance(limits, GateLimits):
+            raise ValueError(f"limits must be a chronica.comm.gate.GateLimits, not {type(limits)}")
         self.planner = DynamicPlanner(scheduler)
         self.scheduler = scheduler
         self.host, self.bind_source = resolve_bind(host)
@@ -279,11 +286,8 @@ class Coordinator:
         self.stats = CoordinatorStats()
         self._given_context = context
         self._context: zmq.Context | None = None
-        self._own_context = False
-        self._router: zmq.Socket | None = None
-        self._pub: zmq.Socket | None = None
-        self._monitors: list[HandshakeMonitor] = []
-        self._gate: ZapGate | None = None
+        self._limits = limits
+        self._gate: Gate | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._seq: dict[tuple[int, int], int] = {}
@@ -335,46 +339,19 @@ class Coordinator:
         return self
 
     def _open(self) -> None:
-        if self.curve is not None:
-            # The authenticator owns the context's one ZAP endpoint, so it gets a context of
-            # its own, and it must run before the first peer can connect.
-            self._own_context = self._given_context is None
-            self._context = self._given_context or zmq.Context()
-            self._gate = ZapGate(self._context, self.curve)
-        else:
-            self._context = self._given_context or zmq.Context.instance()
-        self._router = router = self._context.socket(zmq.ROUTER)
-        self._pub = pub = self._context.socket(zmq.PUB)
-        for sock in (router, pub):
-            sock.setsockopt(zmq.LINGER, 0)
-            if ":" in self.host:
-                sock.setsockopt(zmq.IPV6, 1)
-            if self.curve is not None:
-                self.curve.apply(sock)
-            self._monitors.append(HandshakeMonitor(sock))
-        router.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
-        router.setsockopt(zmq.RCVHWM, _ROUTER_RCVHWM)
-        router.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        pub.setsockopt(zmq.MAXMSGSIZE, _MAX_SUBSCRIPTION_BYTES)
-        pub.setsockopt(zmq.SNDHWM, 100_000)
-        if self._port == 0:
-            ports = (self._bind(router, 0, "router"), self._bind(pub, 0, "pub"))
-        else:
-            ports = (
-                self._bind(router, self._port, "router"),
-                self._bind(pub, self._port + 1, "pub"),
-            )
-        self.endpoint = (self.host, *ports)
-
-    def _bind(self, sock: zmq.Socket, port: int, role: str) -> int:
-        url = tcp_url(self.host, "*" if port == 0 else port)
+        self._context = self._given_context or zmq.Context.instance()
+        world = self.scheduler.config.num_replicas
+        ports = (self._port, 0 if self._port == 0 else self._port + 1)
+        self._gate = gate = Gate(self._context, self.host, ports, world, self.curve, self._limits)
         try:
-            sock.bind(url)
-        except zmq.ZMQError as exc:
+            gate.bind()
+        except OSError as exc:
+            port, role = gate.failed_port
             raise RuntimeError(self._bind_error(exc, port, role)) from exc
-        return int(sock.getsockopt_string(zmq.LAST_ENDPOINT).rpartition(":")[2])
+        gate.open()
+        self.endpoint = (self.host, *gate.ports)
 
-    def _bind_error(self, exc: zmq.ZMQError, port: int, role: str) -> str:
+    def _bind_error(self, exc: OSError, port: int, role: str) -> str:
         where = f"{self.host}:{port}"
         if exc.errno == errno.EADDRINUSE:
             what = "port" if role == "router" else f"port {port} (port + 1, for publishing) of"
@@ -397,12 +374,10 @@ class Coordinator:
     @property
     def bound(self) -> tuple[str, str]:
         """The endpoints the ROUTER and PUB sockets are bound to, as ZeroMQ reports them."""
-        if self._router is None or self._pub is None:
+        if self._gate is None or self.endpoint is None:
             raise RuntimeError("the coordinator is not running")
-        return (
-            self._router.getsockopt_string(zmq.LAST_ENDPOINT),
-            self._pub.getsockopt_string(zmq.LAST_ENDPOINT),
-        )
+        host, router, pub = self.endpoint
+        return tcp_url(host, router), tcp_url(host, pub)
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop serving, close the sockets and stop the authenticator (idempotent)."""
@@ -415,19 +390,10 @@ class Coordinator:
         self._shut()
 
     def _shut(self) -> None:
-        for monitor in self._monitors:
-            monitor.close()
-        self._monitors = []
-        for sock in (self._router, self._pub):
-            if sock is not None:
-                sock.close(0)
-        self._router = self._pub = None
         if self._gate is not None:
-            self._gate.stop()
+            self._gate.close()
             self._gate = None
-        if self._context is not None and self._own_context:
-            self._context.term()
-        self._context, self._own_context = None, False
+        self._context = None
 
     def __enter__(self) -> Coordinator:
         return self.start() if self._thread is None else self
@@ -438,42 +404,63 @@ class Coordinator:
     # -- serving ------------------------------------------------------------------------
 
     def _serve(self) -> None:
-        assert self._router is not None
-        poller = zmq.Poller()
-        poller.register(self._router, zmq.POLLIN)
-        for monitor in self._monitors:
-            poller.register(monitor.socket, zmq.POLLIN)
+        gate = self._gate
+        assert gate is not None and gate.link is not None
+        link = gate.link
         started = time.thread_time()
+        calm_since = time.monotonic()
         while not self._stop.is_set():
             self.stats.cpu_seconds = time.thread_time() - started
             try:
-                ready = dict(poller.poll(_POLL_MS))
+                ready = link.poll(_POLL_MS)
             except zmq.ZMQError:
                 break
-            self._watch_handshakes()
-            if self._router not in ready:
+            if not ready:
+                if not gate.alive():
+                    continue
+                if gate.restarts != self.stats.gate_restarts:
+                    self._forget_peers()  # every connection went with the old gate
+                    self.stats.gate_restarts = gate.restarts
+                    calm_since = time.monotonic()
+                elif time.monotonic() - calm_since > 10.0:
+                    gate.calm()
                 continue
             for _ in range(1024):  # drain, but let the stop flag be seen now and then
                 try:
-                    frames = self._router.recv_multipart(zmq.NOBLOCK)
+                    frames = link.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
                 except zmq.ZMQError:
                     return
-                self._handle(frames)
+                self._from_gate(frames)
 
-    def _watch_handshakes(self) -> None:
-        for monitor in self._monitors:
-            for why in monitor.failures():
-                self.stats.handshake_failures += 1
-                self._throttle.warn("chronica: coordinator: a connection failed: %s", why)
-        if self._gate is not None:
-            for key in self._gate.take_refused():
-                self._throttle.warn(
-                    "chronica: coordinator refused CURVE client key %s (not on the allow-list)",
-                    key.decode("ascii", "replace"),
-                )
-            self.stats.refused_keys = self._gate.refused
+    def _forget_peers(self) -> None:
+        self._peers.clear()
+        self._holder.clear()
+        self._joined.clear()
+
+    def _from_gate(self, frames: list[bytes]) -> None:
+        kind = frames[0]
+        if kind == b"m":
+            self._handle(frames[1:])
+        elif kind == b"f":
+            self._refuse(frames[1], "frames", "expected one frame")
+        elif kind == b"h":
+            self.stats.handshake_failures += 1
+            self._throttle.warn(
+                "chronica: coordinator: a connection failed: %s", frames[1].decode(errors="replace")
+            )
+        elif kind == b"k":
+            self.stats.refused_keys += 1
+            self._throttle.warn(
+                "chronica: coordinator refused CURVE client key %s (not on the allow-list)",
+                frames[1].decode("ascii", "replace"),
+            )
+        elif kind == b"x":
+            text = frames[1].decode(errors="replace")
+            self._throttle.warn("chronica: coordinator gate: %s", text)
+        elif kind == b"n":
+            self.stats.gate = json.loads(frames[1])
 
     def _handle(self, frames: list[bytes]) -> None:
         if len(frames) != 2:
@@ -521,11 +508,20 @@ class Coordinator:
         self._reply(identity, "error", code=code, msg=text[:_MAX_ERROR_TEXT], **fields)
 
     def _reply(self, identity: bytes, kind: str, **fields: Any) -> None:
-        assert self._router is not None
+        self._send(identity, encode(kind, **fields))
+
+    def _send(self, identity: bytes, payload: bytes) -> None:
+        """To one connection, through the gate."""
+        self._to_gate([b"s", identity, payload])
+
+    def _to_gate(self, frames: list[bytes]) -> None:
+        assert self._gate is not None and self._gate.link is not None
         try:
-            self._router.send_multipart([identity, encode(kind, **fields)], zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass  # the peer is gone or its queue is full; it will time out and fall back
+            self._gate.link.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            # No gate (one is being replaced): the message is lost, and the ranks fetch,
+            # time out or say hello again, as for any message lost on the network.
+            pass
 
     def _check_rank(self, rank: int) -> None:
         world = self.scheduler.config.num_replicas
@@ -575,6 +571,8 @@ class Coordinator:
                 "or reconnected rank, or two processes with the same RANK)",
                 rank,
             )
+        if identity not in self._peers:
+            self._to_gate([b"a", identity])  # its requests now pass the gate unthrottled
         self._peers[identity] = rank
         self._peers.move_to_end(identity)
         self._holder[rank] = identity
@@ -582,6 +580,7 @@ class Coordinator:
         while len(self._peers) > self._max_peers:
             old, old_rank = self._peers.popitem(last=False)
             del self._joined[old]
+            self._to_gate([b"d", old])
             if self._holder.get(old_rank) == old:
                 del self._holder[old_rank]
         self.stats.hellos += 1
@@ -602,11 +601,7 @@ class Coordinator:
             # it, the rank fetches again when it needs the window, and is answered).
             self.stats.prefetches_by_pub += 1
         else:
-            assert self._router is not None
-            try:
-                self._router.send_multipart([identity, self._part(plan, rank, seq)], zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
+            self._send(identity, self._part(plan, rank, seq))
         self._plan_ahead(epoch, first)
 
     def _report(self, identity: bytes, message: dict[str, Any]) -> None:
@@ -718,15 +713,13 @@ class Coordinator:
         )
 
     def _publish(self, plan: WindowPlan, seq: int) -> None:
-        assert self._pub is not None
         started = time.perf_counter()
+        frames = [b"p"]
         for rank in range(plan.num_replicas):
             payload = self._part(plan, rank, seq)
             self.stats.published_bytes += len(payload)
-            try:
-                self._pub.send_multipart([rank_topic(rank), payload], zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass  # a slow subscriber: it fetches what it missed
+            frames += (rank_topic(rank), payload)
+        self._to_gate(frames)  # the gate publishes each (topic, plan)
         self.stats.published_indices += int(plan.indices.shape[0])
         logger.debug(
             "chronica: published epoch %d steps %d..%d (seq %d) in %.1f ms",

@@ -18,6 +18,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+from attacks import attack
 from workers import free_ports
 
 import chronica
@@ -25,6 +26,7 @@ from chronica.comm import standalone
 from chronica.comm.auth import CurveClient, CurveServer, make_keys
 from chronica.comm.client import PlanClient
 from chronica.comm.coordinator import Coordinator, resolve_bind, resolve_endpoint
+from chronica.comm.gate import HARD_BYTES
 from chronica.core import ScheduleConfig, Scheduler
 from chronica.runtime.session import DynamicSession
 
@@ -460,3 +462,154 @@ def test_the_coordinator_command_serves_with_curve_from_a_key_folder(tmp_path):
     finally:
         if server.poll() is None:
             server.kill()
+
+
+# -- an unauthenticated flood beside a training job ------------------------------------
+
+# A peer that speaks just enough ZMTP to be read (greeting, READY), then sends one endless
+# multipart message: 1 MiB chunks of empty frames (about 32 bytes of libzmq memory per byte
+# on the wire) or of 4 KiB frames, to the ROUTER and the PUB port in turn, reconnecting
+# whenever it is cut, until the kernel has taken TOTAL bytes.
+_FLOOD = r"""
+import socket, sys
+host, ports, total = sys.argv[1], [int(p) for p in sys.argv[2:4]], int(sys.argv[4])
+greeting = b"\xff" + bytes(8) + b"\x7f\x03\x00NULL" + bytes(16) + b"\x00" + bytes(31)
+def ready(kind):
+    body = b"\x05READY\x0bSocket-Type" + len(kind).to_bytes(4, "big") + kind
+    return bytes([0x04, len(body)]) + body
+chunks = [b"\x01\x00" * (1 << 19), (b"\x03" + (4096).to_bytes(8, "big") + bytes(4096)) * 256]
+sent = connections = 0
+while sent < total:
+    port = ports[(connections // 2) % 2]
+    chunk = chunks[connections % 2]
+    connections += 1
+    try:
+        with socket.create_connection((host, port), timeout=5) as s:
+            s.sendall(greeting + ready(b"DEALER" if port == ports[0] else b"SUB"))
+            while sent < total:
+                s.sendall(chunk)
+                sent += len(chunk)
+    except OSError:
+        pass  # cut: connect again
+print(sent, connections)
+"""
+_FLOOD_BYTES = 1 << 30
+# What the flood may add to the memory of the process hosting the coordinator.
+_HOST_GROWTH = 64 << 20
+
+
+def _rss(pid: int | str = "self") -> int:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGESIZE")
+
+
+class _Agreement:
+    """``agree`` for ranks that are threads of one process: true only if every rank passed
+    the same token, and not the all-zero one that means "no plan" (what the adapters'
+    all-reduce decides across processes)."""
+
+    def __init__(self, world: int) -> None:
+        self._barrier = threading.Barrier(world)
+        self._tokens: list[int] = [0] * world
+        self._lock = threading.Lock()
+
+    def for_rank(self, rank: int):
+        def agree(token: int) -> bool:
+            self._tokens[rank] = token
+            self._barrier.wait(60)
+            with self._lock:
+                first = self._tokens[0]
+                words = first if isinstance(first, tuple) else (first,)
+                same = all(t == first for t in self._tokens) and any(words)
+            self._barrier.wait(60)
+            return same
+
+        return agree
+
+
+@attack(
+    "held",
+    "1 GiB of unauthenticated ZMTP (multipart floods of empty and 4 KiB frames, both ports) "
+    "beside a 2-rank job: the host process stays within 64 MiB, exactly-once holds",
+)
+def test_a_gigabyte_of_unauthenticated_flood_costs_the_host_nothing(caplog):
+    """The coordinator runs as in the default deployment (a thread of rank 0's process,
+    here this test's); an unauthenticated peer sends 1 GiB of the multipart floods that
+    grow libzmq without bound. Its sockets live in the gate process, which cuts or is
+    replaced, so the hosting process's memory stays within ``_HOST_GROWTH`` and both
+    ranks train every sample exactly once per epoch, from dynamic or static plans."""
+    sizes = np.random.default_rng(0).lognormal(5, 1, 400)
+    config = ScheduleConfig(num_replicas=2, batch_size=16, kind="dynamic", window=4)
+    scheduler = Scheduler(sizes, config)
+    agreement = _Agreement(2)
+    sessions = [
+        DynamicSession(scheduler, rank, port=0, timeout=2.0, agree=agreement.for_rank(rank))
+        for rank in (0,)
+    ]
+    host, port, pub = sessions[0].coordinator.endpoint
+    sessions.append(
+        DynamicSession(scheduler, 1, host=host, port=port, timeout=2.0, agree=agreement.for_rank(1))
+    )
+    gate = sessions[0].coordinator._gate
+    limits = Path(f"/proc/{gate.pid()}/limits").read_text().splitlines()
+    address_space = next(line for line in limits if line.startswith("Max address space"))
+    assert address_space.split()[3] == str(HARD_BYTES)  # the gate's memory, capped
+    trained: list[list[tuple[int, int, np.ndarray]]] = [[], []]
+    failures: list[BaseException] = []
+    peak = [0]
+    flood: subprocess.Popen[str] | None = None
+
+    def train(rank: int, epochs: range) -> None:
+        session = sessions[rank]
+        try:
+            for epoch in epochs:  # while the flood lasts, and at least two epochs
+                for step, indices, _, _ in session.steps(epoch):
+                    trained[rank].append((epoch, step, np.asarray(indices)))
+                    peak[0] = max(peak[0], _rss())
+                    session.report(1e-3, step)
+                if epoch >= epochs.start + 1 and flood is not None and flood.poll() is not None:
+                    return
+        except BaseException as exc:
+            failures.append(exc)
+            raise
+
+    def run(epochs: range) -> list[threading.Thread]:
+        ranks = [threading.Thread(target=train, args=(r, epochs)) for r in (0, 1)]
+        for thread in ranks:
+            thread.start()
+        return ranks
+
+    with caplog.at_level(logging.WARNING, logger="chronica"):
+        try:
+            for thread in run(range(1)):  # first use: imports, compiled kernels, caches
+                thread.join(120)
+            base = _rss()
+            flood = subprocess.Popen(
+                [sys.executable, "-c", _FLOOD, host, str(port), str(pub), str(_FLOOD_BYTES)],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            ranks = run(range(1, 10_000))
+            out, _ = flood.communicate(timeout=600)
+            for thread in ranks:
+                thread.join(600)
+        finally:
+            if flood is not None:
+                flood.kill()
+            stats = sessions[0].coordinator.stats
+            for session in sessions:
+                session.close()
+    sent, connections = map(int, out.split())
+    assert sent >= _FLOOD_BYTES and connections > 1  # the gate cut it, again and again
+    assert not failures and not any(thread.is_alive() for thread in ranks)
+    assert peak[0] - base < _HOST_GROWTH
+    # Exactly once: both ranks ran the same steps, and every step holds its static samples.
+    assert [(e, s) for e, s, _ in trained[0]] == [(e, s) for e, s, _ in trained[1]]
+    for (epoch, step, mine), (_, _, theirs) in zip(*trained, strict=True):
+        static = scheduler.plan_epoch(epoch)
+        whole = static.indices[static.bounds[step, 0] : static.bounds[step, -1]]
+        np.testing.assert_array_equal(np.sort(np.concatenate([mine, theirs])), np.sort(whole))
+    epochs = {e for e, _, _ in trained[0]}
+    for epoch in epochs:
+        seen = np.concatenate([i for e, _, i in trained[0] + trained[1] if e == epoch])
+        assert np.array_equal(np.sort(seen), np.arange(sizes.shape[0])[: seen.shape[0]])
+    assert stats.gate_restarts + stats.gate.get("cut", 0) + stats.handshake_failures > 0

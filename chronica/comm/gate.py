@@ -1,0 +1,563 @@
+"""The coordinator's public sockets, in a child process that cannot take the trainer down.
+
+libzmq reads a multipart message whole before it hands over its first frame, and its
+limits count messages and cap each frame's size, not the number of frames: one message of
+empty frames grows the receiving process by about 32 bytes of memory per byte on the wire
+(4 MB sent: 125 MB), and the process aborts when memory runs out. No socket option bounds
+that, so the sockets anyone can reach live in a *gate* process of their own:
+
+* the parent (the coordinator: a thread of rank 0, or ``chronica coordinator``) binds the
+  TCP listening sockets itself and hands them to the gate (``ZMQ_USE_FD``), so the ports
+  stay held while a gate is replaced;
+* the gate runs the ROUTER and PUB sockets (CURVE and its authenticator too, when on) and
+  relays over a private IPC link (a folder only this user can open): requests of exactly
+  one frame and at most ``MAX_REQUEST_BYTES`` up, answers and plans down;
+* the gate bounds what peers cost: every connection may send ``PEER_BYTES`` bytes at
+  once and ``PEER_BYTES`` per second (measured by the kernel's per-connection byte count,
+  ``TCP_INFO``, whenever the gate's memory grows by ``SWEEP_GROWTH`` and at least once a
+  second); a connection beyond it is cut, which frees whatever libzmq buffered for it.
+  Requests from connections that have not said a valid ``hello`` pass at most
+  ``STRANGER_RATE`` per second (a burst of ``2 · world + 64``); the link holds at most
+  ``LINK_HWM`` requests. Past ``SOFT_BYTES`` of resident memory the gate exits, and its
+  address space is capped at ``HARD_BYTES`` (``RLIMIT_AS``): the parent starts a new one
+  on the same ports and the ranks say ``hello`` again. Nothing a peer sends ever reaches the
+  parent except requests that fit in one small frame, at a bounded rate.
+
+This module imports only the standard library and pyzmq (and, in the gate, ``auth.py`` by
+its path), so a gate starts in about 0.1 s instead of loading numpy and numba.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import importlib.util
+import json
+import logging
+import os
+import resource
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+__all__ = [
+    "HARD_BYTES",
+    "LINK_HWM",
+    "MAX_CONNECTIONS",
+    "PEER_BYTES",
+    "SOFT_BYTES",
+    "STRANGER_RATE",
+    "SWEEP_GROWTH",
+    "Gate",
+    "GateLimits",
+]
+
+logger = logging.getLogger("chronica")
+
+# Bytes a connection may send at once, and per second after that: a rank sends about 100
+# bytes per step, so this leaves room for a thousand steps a second.
+PEER_BYTES = 1 << 20
+# The gate measures connections when its memory grew this much since it last looked.
+SWEEP_GROWTH = 8 << 20
+# Resident memory beyond which the gate restarts (on top of about 20 MB of interpreter).
+SOFT_BYTES = 192 << 20
+# The gate's address space (RLIMIT_AS): libzmq aborts rather than pass it.
+HARD_BYTES = 768 << 20
+# Requests a second passed on from connections that have not said a valid hello.
+STRANGER_RATE = 256
+# Requests queued between the gate and the coordinator.
+LINK_HWM = 1024
+# Open TCP connections per socket beyond this are cut, newest first.
+MAX_CONNECTIONS = 4096
+
+_MAX_SUBSCRIPTION_BYTES = 1024  # a subscription, or a CURVE handshake command
+_ROUTER_RCVHWM = 256
+_READY_SECONDS = 30.0
+_TICK_MS = 5
+_SWEEP_EVERY_S = 1.0
+_REPORT_EVERY_S = 1.0
+# Offset of tcpi_bytes_received (u64) in Linux's struct tcp_info (kernel >= 4.1).
+_TCPI_BYTES_RECEIVED = 128
+_TCP_INFO_SIZE = 136
+_WATCH = (
+    zmq.EVENT_ACCEPTED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_CLOSED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+
+
+@dataclass(frozen=True)
+class GateLimits:
+    """What the gate lets peers cost (the module's constants by default; tests and
+    benchmarks may lower them)."""
+
+    peer_bytes: int = PEER_BYTES
+    sweep_growth: int = SWEEP_GROWTH
+    soft_bytes: int = SOFT_BYTES
+    hard_bytes: int = HARD_BYTES
+    stranger_rate: int = STRANGER_RATE
+    stranger_burst: int | None = None  # None: 2 * world + 64
+    link_hwm: int = LINK_HWM
+    max_connections: int = MAX_CONNECTIONS
+
+
+def _listener(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (``OSError`` as ``bind`` raises it)."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST | socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class Gate:
+    """The parent's end: binds ``host`` on ``ports`` (``0``: any free port), runs a gate
+    process on them and relays through ``link``, a PAIR socket of ``context``.
+
+    ``curve`` is the ``CurveServer`` whose keys the gate's sockets use (``None``: no
+    authentication). ``world`` sizes the burst of strangers' requests. ``OSError`` from
+    ``open`` is a bind failure (port in use, address not local).
+    """
+
+    def __init__(
+        self,
+        context: zmq.Context,
+        host: str,
+        ports: tuple[int, int],
+        world: int,
+        curve: Any = None,
+        limits: GateLimits | None = None,
+    ) -> None:
+        self.host = host
+        self.limits = limits or GateLimits()
+        self._context = context
+        self._world = world
+        self._curve = curve
+        self._listeners: list[socket.socket] = []
+        self.ports = ports
+        self.failed_port = (ports[0], "router")  # the port ``bind`` failed on, and its role
+        self._folder: str | None = None
+        self.link: zmq.Socket | None = None
+        self._child: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        self._backoff = 0.0
+        self._retry_at = 0.0
+
+    def bind(self) -> tuple[int, int]:
+        """Bind the two listening sockets and return their ports; on ``OSError``,
+        ``failed_port`` says which one failed."""
+        for port, role in zip(self.ports, ("router", "pub"), strict=True):
+            self.failed_port = (port, role)
+            self._listeners.append(_listener(self.host, port))
+        self.ports = (self._listeners[0].getsockname()[1], self._listeners[1].getsockname()[1])
+        return self.ports
+
+    def open(self) -> None:
+        """Open the link and start the first gate; ``RuntimeError`` if it does not start."""
+        self._folder = tempfile.mkdtemp(prefix="chronica-gate-")  # mode 700: this user only
+        self.link = self._context.socket(zmq.PAIR)
+        self.link.setsockopt(zmq.LINGER, 0)
+        self.link.setsockopt(zmq.RCVHWM, self.limits.link_hwm)
+        self.link.setsockopt(zmq.SNDHWM, 0)
+        self.link.bind(f"ipc://{self._folder}/link")
+        self._spawn()
+        if not self._ready():
+            raise RuntimeError(
+                "chronica coordinator: its gate process did not start "
+                f"(exit status {self._child.poll() if self._child else None}); see its stderr"
+            )
+
+    def _spawn(self) -> None:
+        assert self._folder is not None
+        env = {**os.environ, "MALLOC_ARENA_MAX": "2"}  # fewer 64 MB arenas against RLIMIT_AS
+        child = subprocess.Popen(
+            [sys.executable, "-I", __file__],
+            stdin=subprocess.PIPE,
+            pass_fds=[s.fileno() for s in self._listeners],
+            env=env,
+        )
+        config = {
+            "link": f"ipc://{self._folder}/link",
+            "fds": [s.fileno() for s in self._listeners],
+            "urls": [_url(self.host, port) for port in self.ports],
+            "ipv6": ":" in self.host,
+            "world": self._world,
+            "limits": self.limits.__dict__,
+            "curve": None
+            if self._curve is None
+            else {
+                "secret": self._curve.secret.decode(),
+                "allowed": sorted(k.decode() for k in self._curve.allowed),
+            },
+        }
+        assert child.stdin is not None
+        child.stdin.write(json.dumps(config).encode() + b"\n")
+        child.stdin.flush()  # stays open: the gate exits when it closes (this process ended)
+        self._child = child
+
+    def _ready(self) -> bool:
+        assert self.link is not None and self._child is not None
+        deadline = time.monotonic() + _READY_SECONDS
+        while time.monotonic() < deadline:
+            if self.link.poll(50):
+                if self.link.recv_multipart()[0] == b"ready":
+                    return True
+            elif self._child.poll() is not None:
+                return False
+        return False
+
+    def alive(self) -> bool:
+        """Whether a gate serves; a gate that died is replaced (after a short, growing
+        pause, so a peer that kills it again and again costs little), and ``False`` is
+        returned until the new one is ready."""
+        child = self._child
+        if child is not None and child.poll() is None:
+            return True
+        now = time.monotonic()
+        if child is not None:
+            self._reap(child)
+            self._child = None
+            self.restarts += 1
+            self._retry_at = now + self._backoff
+            self._backoff = min(max(2 * self._backoff, 0.05), 2.0)
+            logger.warning(
+                "chronica: coordinator: its gate process ended (status %s, %d restarts); "
+                "starting another on the same ports",
+                child.returncode,
+                self.restarts,
+            )
+        if now < self._retry_at:
+            return False
+        self._spawn()
+        if self._ready():
+            return True
+        return False
+
+    def calm(self) -> None:
+        """The gate has served a while: the next restart comes at once again."""
+        self._backoff = 0.0
+
+    def pid(self) -> int | None:
+        """The running gate's process id."""
+        return None if self._child is None else self._child.pid
+
+    @staticmethod
+    def _reap(child: subprocess.Popen[bytes]) -> None:
+        if child.stdin is not None:
+            try:
+                child.stdin.close()
+            except OSError:
+                pass  # the gate is gone: its end of the pipe too
+        try:
+            child.wait(2.0)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+    def close(self) -> None:
+        """Stop the gate, close the link and the listening sockets (idempotent)."""
+        if self._child is not None:
+            self._reap(self._child)
+            self._child = None
+        if self.link is not None:
+            self.link.close(0)
+            self.link = None
+        for sock in self._listeners:
+            sock.close()
+        self._listeners = []
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+
+
+def _url(host: str, port: int) -> str:
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+# -- the gate process -------------------------------------------------------------------
+
+
+def _rss() -> int:
+    with open("/proc/self/statm", "rb") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize()
+
+
+def _socket(fd: int) -> socket.socket | None:
+    """A socket object on a duplicate of ``fd`` (``None``: closed, or not a socket)."""
+    try:
+        dup = os.dup(fd)
+    except OSError:
+        return None
+    try:
+        return socket.socket(fileno=dup)
+    except OSError:
+        os.close(dup)
+        return None
+
+
+def _received(fd: int) -> int | None:
+    """Bytes the kernel received on connection ``fd`` so far (``None``: not a TCP socket)."""
+    sock = _socket(fd)
+    if sock is None:
+        return None
+    with sock:
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
+        except OSError:
+            return None
+    if len(info) < _TCP_INFO_SIZE:
+        return None
+    return int(struct.unpack_from("<Q", info, _TCPI_BYTES_RECEIVED)[0])
+
+
+def _cut(fd: int) -> None:
+    """Shut connection ``fd`` down: libzmq sees it end and frees what it buffered."""
+    sock = _socket(fd)
+    if sock is None:
+        return
+    with sock:
+        try:
+            # libzmq reads the end of input and closes the connection; lingering 0 makes
+            # that close a reset, so no half-closed socket stays behind with the peer's data.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.shutdown(socket.SHUT_RD)
+        except OSError:
+            pass  # already gone
+
+
+class _Peer:
+    """One accepted connection's byte budget (a token bucket over the kernel's count)."""
+
+    __slots__ = ("allowance", "seen", "stamp")
+
+    def __init__(self, seen: int, allowance: float, stamp: float) -> None:
+        self.seen, self.allowance, self.stamp = seen, allowance, stamp
+
+
+class _Serve:
+    """The gate's loop (runs in the gate process only)."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.limits = GateLimits(**config["limits"])
+        self.context = zmq.Context()
+        self.link = self.context.socket(zmq.PAIR)
+        self.link.setsockopt(zmq.LINGER, 0)
+        self.link.setsockopt(zmq.SNDHWM, self.limits.link_hwm)
+        self.link.connect(config["link"])
+        auth = _auth_module()
+        self.describe = auth.describe_handshake_failure
+        self.zap = None
+        curve = None
+        if config["curve"] is not None:
+            curve = auth.CurveServer(
+                secret=config["curve"]["secret"].encode(),
+                allowed=[k.encode() for k in config["curve"]["allowed"]],
+            )
+            self.zap = auth.ZapGate(self.context, curve)
+        self.router = self.context.socket(zmq.ROUTER)
+        self.pub = self.context.socket(zmq.PUB)
+        self.monitors = []
+        for sock, fd in zip((self.router, self.pub), config["fds"], strict=True):
+            sock.setsockopt(zmq.LINGER, 0)
+            if config["ipv6"]:
+                sock.setsockopt(zmq.IPV6, 1)
+            if curve is not None:
+                curve.apply(sock)
+            self.monitors.append(sock.get_monitor_socket(_WATCH))
+            sock.setsockopt(zmq.USE_FD, fd)
+        self.router.setsockopt(zmq.MAXMSGSIZE, 4096)
+        self.router.setsockopt(zmq.RCVHWM, _ROUTER_RCVHWM)
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self.pub.setsockopt(zmq.MAXMSGSIZE, _MAX_SUBSCRIPTION_BYTES)
+        self.pub.setsockopt(zmq.SNDHWM, 100_000)
+        self.router.bind(config["urls"][0])
+        self.pub.bind(config["urls"][1])
+        self.admitted: set[bytes] = set()
+        burst = self.limits.stranger_burst
+        self.burst = float(min(2 * config["world"] + 64, 1 << 16) if burst is None else burst)
+        self.tokens = self.burst
+        self.stamp = time.monotonic()
+        self.peers: dict[int, _Peer] = {}
+        self.counts = {"dropped": 0, "limited": 0, "cut": 0, "frames": 0}
+        # Give what a cut connection held back to the system, so the next one starts low.
+        libc = ctypes.util.find_library("c")
+        trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+        self.trim = (lambda: trim(0)) if trim is not None else (lambda: 0)
+        self.reported = dict(self.counts)
+
+    def run(self) -> int:
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        poller.register(self.link, zmq.POLLIN)
+        poller.register(sys.stdin.fileno(), zmq.POLLIN)
+        for monitor in self.monitors:
+            poller.register(monitor, zmq.POLLIN)
+        self.link.send_multipart([b"ready"])
+        base = _rss()
+        swept_at, swept_rss, reported_at = time.monotonic(), base, time.monotonic()
+        while True:
+            ready = dict(poller.poll(_TICK_MS))
+            if sys.stdin.fileno() in ready:
+                return 0  # the parent closed the pipe, or ended
+            for monitor in self.monitors:
+                if monitor in ready:
+                    self._events(monitor)
+            if self.link in ready:
+                self._down()
+            if self.router in ready:
+                self._up()
+            if self.zap is not None:
+                for key in self.zap.take_refused():
+                    self._note(b"k", key)
+            now, rss = time.monotonic(), _rss()
+            if rss - swept_rss > self.limits.sweep_growth or now - swept_at > _SWEEP_EVERY_S:
+                self._sweep(now)
+                swept_at, swept_rss = now, _rss()
+            if rss > self.limits.soft_bytes:
+                self._note(b"x", f"memory reached {rss >> 20} MiB; restarting".encode())
+                return 3
+            if now - reported_at > _REPORT_EVERY_S and self.counts != self.reported:
+                self.reported = dict(self.counts)
+                self._note(b"n", json.dumps(self.counts).encode())
+                reported_at = now
+
+    def _note(self, kind: bytes, *frames: bytes) -> None:
+        try:
+            self.link.send_multipart([kind, *frames], zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the coordinator is busy; notes are best effort
+
+    def _events(self, monitor: zmq.Socket) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        while True:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind, fd = event["event"], event["value"]
+            if kind == zmq.EVENT_ACCEPTED:
+                if len(self.peers) >= 2 * self.limits.max_connections:
+                    self.counts["cut"] += 1
+                    _cut(fd)
+                    continue
+                # Counted from the connection's first byte, read before this event was.
+                self.peers[fd] = _Peer(0, self.limits.peer_bytes, time.monotonic())
+            elif kind in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
+                self.peers.pop(fd, None)
+            else:  # a failed handshake: ``fd`` is its error code
+                self._note(b"h", self.describe(kind, fd).encode())
+
+    def _sweep(self, now: float) -> None:
+        limit = self.limits.peer_bytes
+        for fd, peer in list(self.peers.items()):
+            seen = _received(fd)
+            if seen is None:
+                self.peers.pop(fd)
+                continue
+            peer.allowance = min(limit, peer.allowance + (now - peer.stamp) * limit)
+            peer.allowance -= max(seen - peer.seen, 0)
+            peer.seen, peer.stamp = seen, now
+            if peer.allowance < 0:
+                self.counts["cut"] += 1
+                self.peers.pop(fd)
+                _cut(fd)
+                self._note(b"x", f"a peer sent more than {limit} bytes a second; cut".encode())
+                self.trim()
+
+    def _up(self) -> None:
+        for _ in range(256):
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return
+            if len(frames) != 2:
+                self.counts["frames"] += 1
+                self._note(b"f", frames[0])
+                continue
+            identity = frames[0]
+            if identity not in self.admitted:
+                now = time.monotonic()
+                rate = self.limits.stranger_rate
+                self.tokens = min(self.burst, self.tokens + (now - self.stamp) * rate)
+                self.stamp = now
+                if self.tokens < 1:
+                    self.counts["limited"] += 1
+                    continue
+                self.tokens -= 1
+            try:
+                self.link.send_multipart([b"m", *frames], zmq.NOBLOCK)
+            except zmq.Again:
+                self.counts["dropped"] += 1
+
+    def _down(self) -> None:
+        for _ in range(4096):
+            try:
+                frames = self.link.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind = frames[0]
+            if kind == b"s":
+                try:
+                    self.router.send_multipart(frames[1:], zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass  # the peer is gone or its queue is full: it times out and falls back
+            elif kind == b"p":
+                for i in range(1, len(frames) - 1, 2):
+                    try:
+                        self.pub.send_multipart(frames[i : i + 2], zmq.NOBLOCK)
+                    except zmq.ZMQError:
+                        pass  # a slow subscriber: it fetches what it missed
+            elif kind == b"a":
+                self.admitted.add(frames[1])
+            elif kind == b"d":
+                self.admitted.discard(frames[1])
+
+
+def _auth_module() -> Any:
+    """``chronica.comm.auth`` loaded by its path: it needs only pyzmq, and importing the
+    package would load numpy and numba for nothing."""
+    spec = importlib.util.spec_from_file_location(
+        "_chronica_gate_auth", Path(__file__).with_name("auth.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _main() -> int:
+    config = json.loads(sys.stdin.buffer.readline())
+    hard = config["limits"]["hard_bytes"]
+    resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    try:
+        return _Serve(config).run()
+    except MemoryError:
+        return 3
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
