@@ -45,27 +45,30 @@ _NO_INDEX = np.empty(0, np.int64)
 def _radix_argsort_into(
     keys: np.ndarray, spare_keys: np.ndarray, order: np.ndarray, spare_order: np.ndarray
 ) -> np.ndarray:
-    """Stable ascending argsort of the 32-bit ``keys`` by LSD radix, in linear time and the
-    same on every machine; ``keys`` and the spare buffers (as long) are overwritten, and the
-    result is ``order`` or ``spare_order``. Byte positions where all keys agree are skipped."""
+    """Stable ascending argsort of unsigned integer ``keys`` (32 or 64 bits) by LSD radix, in
+    linear time and the same on every machine; ``keys`` and the spare buffers (as long) are
+    overwritten, and the result is ``order`` or ``spare_order``. Bytes where all keys agree
+    are skipped."""
     n = keys.shape[0]
-    counts = np.zeros((4, 257), np.int64)
+    width = keys.itemsize
+    counts = np.zeros((width, 257), np.int64)
     for i in range(n):
-        key = keys[i]
+        key = np.uint64(keys[i])
         order[i] = i
-        for d in range(4):
-            counts[d, ((key >> np.uint32(8 * d)) & np.uint32(0xFF)) + 1] += 1
-    for d in range(4):
+        for d in range(width):
+            counts[d, ((key >> np.uint64(8 * d)) & np.uint64(0xFF)) + 1] += 1
+    for d in range(width):
         digits = counts[d]
         if digits[1:].max() == n:  # one digit for every key: this pass keeps the order
             continue
         for b in range(256):
             digits[b + 1] += digits[b]
-        shift = np.uint32(8 * d)
+        shift = np.uint64(8 * d)
         for i in range(n):
             key = keys[i]
-            slot = digits[(key >> shift) & np.uint32(0xFF)]
-            digits[(key >> shift) & np.uint32(0xFF)] = slot + 1
+            digit = (np.uint64(key) >> shift) & np.uint64(0xFF)
+            slot = digits[digit]
+            digits[digit] = slot + 1
             spare_keys[slot] = key
             spare_order[slot] = order[i]
         keys, spare_keys = spare_keys, keys

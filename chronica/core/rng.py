@@ -76,12 +76,17 @@ def permutation(n: int, key: np.uint64) -> np.ndarray:
 
 
 @njit(cache=True)
+def _uniform(key: np.uint64, i: int) -> float:
+    """Element ``i`` of ``uniforms(n, key)``."""
+    r = _mix64(key + _GOLDEN * np.uint64(i + 1))
+    return np.float64(r >> np.uint64(11)) * (1.0 / 9007199254740992.0)  # 2**-53
+
+
+@njit(cache=True)
 def _uniforms_kernel(n: int, key: np.uint64) -> np.ndarray:
     out = np.empty(n)
-    scale = 1.0 / 9007199254740992.0  # 2**-53
     for i in range(n):
-        r = _mix64(key + _GOLDEN * np.uint64(i + 1))
-        out[i] = np.float64(r >> np.uint64(11)) * scale
+        out[i] = _uniform(key, i)
     return out
 
 

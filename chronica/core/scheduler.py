@@ -50,15 +50,21 @@ from chronica.core.balance import balance_steps
 from chronica.core.checks import check_bool, check_int, check_number
 from chronica.core.controller import ControllerOptions
 from chronica.core.cost import CostModel, as_cost_model
+from chronica.core.grouping import grouped_by_size, jittered_costs
 from chronica.core.packing import Packing, pack_epoch, pieces
 from chronica.core.partition import Owners, _fitted, base_partitions, epoch_partitions
 from chronica.core.plan import EpochPlan, MicroLayout, PlanStats
 from chronica.core.pool import fill_slack, lpt_bins
-from chronica.core.rng import Stream, derive_key, permutation, uniforms
+from chronica.core.rng import Stream, derive_key, permutation
 from chronica.core.shuffle import as_shuffle_policy, epoch_order
 from chronica.core.sizes import sizes_digest, validate_sizes
 
-__all__ = ["KINDS", "ScheduleConfig", "Scheduler", "per_replica", "step_counts"]
+__all__ = ["KINDS", "MAX_REPLICAS", "ScheduleConfig", "Scheduler", "per_replica", "step_counts"]
+
+MAX_REPLICAS = 1 << 16
+"""The most data-parallel ranks a plan is made for: more than any job runs, few enough that
+a mistyped ``num_replicas`` is refused at once instead of planning per-rank arrays for a
+million ranks."""
 
 KINDS = ("static", "guided", "dynamic")
 
@@ -105,7 +111,14 @@ class ScheduleConfig:
     def __post_init__(self) -> None:
         # numpy integers are accepted (as torch does) and stored as Python ints, so that
         # digests and states serialise the same whatever the caller passed.
-        object.__setattr__(self, "num_replicas", check_int("num_replicas", self.num_replicas, 1))
+        replicas = check_int(
+            "num_replicas",
+            self.num_replicas,
+            1,
+            MAX_REPLICAS,
+            hint=" (data-parallel ranks; planning holds a few arrays per rank)",
+        )
+        object.__setattr__(self, "num_replicas", replicas)
         if self.batch_size is not None:
             batch = check_int(
                 "batch_size", self.batch_size, 1, hint=" (the global batch over all ranks) or None"
@@ -538,7 +551,7 @@ class Scheduler:
             k = counts[0] if counts else 1
             full = sum(1 for c in counts if c == k)
             if cfg.kind == "guided":
-                stream = self._grouped_by_size(epoch, owner, stream, ranks * k, full, step_order)
+                stream = self._grouped_by_size(epoch, owner, stream, ranks * k, step_order)
             elif not cfg.exact and full:
                 starts = _step_starts(counts, ranks)
                 return self._pooled(epoch, owner, stream, ranks, starts, full, step_order)
@@ -561,21 +574,16 @@ class Scheduler:
     def _sort_keys(self, epoch: int, owner: int, samples: np.ndarray) -> np.ndarray:
         """Costs with seeded multiplicative jitter, so similar samples mix between epochs."""
         cfg = self.config
-        noise = uniforms(samples.shape[0], derive_key(cfg.seed, epoch, Stream.JITTER, owner))
-        return self.costs[samples] * (1.0 + cfg.jitter * noise)
+        keys = np.empty(samples.shape[0])
+        key = derive_key(cfg.seed, epoch, Stream.JITTER, owner)
+        jittered_costs(self.costs, samples, np.uint64(key), float(cfg.jitter), keys)
+        return keys
 
     def _grouped_by_size(
-        self,
-        epoch: int,
-        owner: int,
-        stream: np.ndarray,
-        per_step: int,
-        full: int,
-        step_order: np.ndarray,
+        self, epoch: int, owner: int, stream: np.ndarray, per_step: int, step_order: np.ndarray
     ) -> np.ndarray:
-        by_size = stream[np.argsort(-self._sort_keys(epoch, owner, stream), kind="stable")]
-        blocks = by_size[: full * per_step].reshape(full, per_step)[step_order].ravel()
-        return np.concatenate([blocks, by_size[full * per_step :]])
+        key = derive_key(self.config.seed, epoch, Stream.JITTER, owner)
+        return grouped_by_size(self.costs, stream, key, self.config.jitter, per_step, step_order)
 
     def _pooled(
         self,

@@ -48,6 +48,16 @@ def smallest(values, count: int, exclude: int) -> list[int]:
     return [i for _, i in ranked[:count]]
 
 
+def grouped_by_size(costs, stream, key: int, jitter: float, per_step: int, step_order):
+    """Guided mode's order: stream sorted by jittered cost, largest first (stable), runs of
+    ``per_step`` in ``step_order``, the tail last."""
+    keys = costs[stream] * (1.0 + jitter * uniforms(len(stream), key))
+    by_size = stream[np.argsort(-keys, kind="stable")]
+    full = len(step_order)
+    blocks = by_size[: full * per_step].reshape(full, per_step)[step_order].ravel()
+    return np.concatenate([blocks, by_size[full * per_step :]])
+
+
 def _speeds(num_ranks, caps, alpha, beta, n):
     caps = [n // num_ranks] * num_ranks if caps is None else [int(c) for c in caps]
     alpha = [0.0] * num_ranks if alpha is None else [float(a) for a in alpha]
