@@ -72,6 +72,9 @@ DEFAULT_PORT = 50051
 ENV_BIND = "CHRONICA_BIND"
 _POLL_MS = 50
 _WILDCARDS = {"*": "0.0.0.0", "0.0.0.0": "0.0.0.0", "::": "::", "[::]": "::"}
+# Planning runs at most this many steps (and at least 4 windows) ahead of the slowest rank:
+# room for prefetching data loaders, never whole epochs that no rank needs yet.
+_HORIZON_STEPS = 64
 # An error answer quotes the refused input; keep it far below the ranks' string cap.
 _MAX_ERROR_TEXT = 512
 
@@ -294,7 +297,10 @@ class Coordinator:
         # This coordinator's plans, told apart from those of one it replaces (a restart):
         # ranks use a window only if they all hold parts of the same planning of it.
         self.generation = secrets.randbelow(MAX_GENERATION) + 1
-        self._newest: int | None = None  # the newest epoch planned
+        # Where each connection last said it is, (epoch, step) of a fetch or report: the
+        # job's progress is the slowest rank's, and planning stays within a horizon of it.
+        self._pos: dict[bytes, tuple[int, int]] = {}
+        self.horizon = max(4 * self.planner.window, _HORIZON_STEPS)
         # Which rank each connection (ROUTER routing id) said hello as, oldest first.
         self._peers: OrderedDict[bytes, int] = OrderedDict()
         self._holder: dict[int, bytes] = {}
@@ -438,6 +444,7 @@ class Coordinator:
         self._peers.clear()
         self._holder.clear()
         self._joined.clear()
+        self._pos.clear()
 
     def _from_gate(self, frames: list[bytes]) -> None:
         kind = frames[0]
@@ -580,6 +587,7 @@ class Coordinator:
         while len(self._peers) > self._max_peers:
             old, old_rank = self._peers.popitem(last=False)
             del self._joined[old]
+            self._pos.pop(old, None)
             self._to_gate([b"d", old])
             if self._holder.get(old_rank) == old:
                 del self._holder[old_rank]
@@ -593,6 +601,7 @@ class Coordinator:
         if first % self.planner.window or first >= steps:
             raise ProtocolError(f"first={first} is not a window start of an epoch of {steps} steps")
         self._peer_rank(identity, rank)
+        self._pos[identity] = (epoch, first)
         plan = self._ensure(epoch, first)
         self.stats.fetches += 1
         seq = self._seq[(epoch, first)]
@@ -611,6 +620,7 @@ class Coordinator:
         if step >= steps:
             raise ProtocolError(f"step={step} is outside an epoch of {steps} steps")
         self._peer_rank(identity, rank)
+        self._pos[identity] = (message["epoch"], step)
         self.stats.reports += 1
         self.planner.observe(rank, step, message["load"], message["seconds"], message.get("work"))
         window = self.planner.window
@@ -620,19 +630,47 @@ class Coordinator:
 
     def _steps(self, epoch: int | None) -> int:
         """Steps of ``epoch`` (a packed token budget cuts every epoch anew; ``None``: the
-        job's newest). An epoch that may not be planned is refused first, since counting a
-        packed epoch's steps plans it."""
+        job's current one). A packed epoch outside the horizon is refused first, since
+        counting its steps plans it."""
         if self.scheduler.config.packing is None:
             return self.scheduler.num_steps()
-        newest = self._newest
         if epoch is None:
-            epoch = 0 if newest is None else newest
-        if newest is not None and not newest - 1 <= epoch <= newest + 1:
+            progress = self._progress()
+            return self.scheduler.num_steps(0 if progress is None else progress[0])
+        self._check_horizon(epoch, 0, counting=True)
+        return self.scheduler.num_steps(epoch)
+
+    def _progress(self) -> tuple[int, int] | None:
+        """The job's progress: the earliest position of the ranks' current connections."""
+        known = [self._pos[i] for i in self._holder.values() if i in self._pos]
+        return min(known) if known else None
+
+    def _check_horizon(self, epoch: int, first: int, counting: bool = False) -> None:
+        """Refuse a window more than ``horizon`` steps after the job's progress (or in an
+        epoch whose windows were dropped) before anything is planned for it."""
+        if epoch < self.planner.forgotten:
             raise ProtocolError(
-                f"epoch {epoch} cannot be planned while the job is at epoch {newest}",
+                f"epoch {epoch} was dropped (the job planned epoch {self.planner.forgotten + 1}"
+                f"); the static plan serves it",
                 code="stale",
             )
-        return self.scheduler.num_steps(epoch)
+        progress = self._progress()
+        if progress is None:
+            return
+        at, step = progress
+        if epoch < at or (epoch == at and first <= step + self.horizon):
+            return
+        if epoch == at + 1:
+            if counting:
+                return  # the next epoch's step count is needed to place it
+            ahead = self.scheduler.num_steps(at) - step + first
+            if ahead <= self.horizon:
+                return
+        raise ProtocolError(
+            f"epoch {epoch} step {first} is more than {self.horizon} steps ahead of the job "
+            f"(its slowest rank is at epoch {at} step {step}); the static plan serves it",
+            code="stale",
+        )
 
     def _plan_ahead(self, epoch: int, first: int) -> None:
         """Plan (and publish) the window after ``(epoch, first)`` if not done yet; a window
@@ -650,24 +688,16 @@ class Coordinator:
         plan = self.planner.planned(epoch, first)
         if plan is not None:
             return plan
-        newest = self._newest
-        # The planner keeps two epochs. Re-planning a dropped window could hand a rank a
-        # split other ranks did not train on, and planning two epochs ahead would drop the
-        # windows ranks are using now; both are refused (the rank uses the static plan).
-        if newest is not None and not newest - 1 <= epoch <= newest + 1:
-            raise ProtocolError(
-                f"epoch {epoch} cannot be planned while the job is at epoch {newest} (only "
-                f"epochs {max(newest - 1, 0)} to {newest + 1} are); the static plan serves it",
-                code="stale",
-            )
+        # Re-planning a dropped window could hand a rank a split other ranks did not train
+        # on, and planning far ahead of the slowest rank would spend memory and time on
+        # windows nobody needs yet: both are refused (the rank uses the static plan).
+        self._check_horizon(epoch, first)
         plan = self.planner.plan_window(epoch, first)
         seq = self.stats.windows
         self.stats.windows += 1
         self._seq[(epoch, first)] = seq
-        if newest is None or epoch > newest:
-            self._newest = epoch
-            for old in [k for k in self._seq if k[0] < epoch - 1]:
-                del self._seq[old]
+        for old in [k for k in self._seq if k[0] < self.planner.forgotten]:
+            del self._seq[old]
         self._publish(plan, seq)
         return plan
 

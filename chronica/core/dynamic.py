@@ -67,6 +67,9 @@ class DynamicPlanner:
             for ranks in scheduler.owners.ranks
         ]
         self._plans: dict[tuple[int, int], WindowPlan] = {}
+        # 1 + the newest epoch whose windows were dropped: planning one of them again could
+        # split a step differently from what ranks already trained on.
+        self.forgotten = 0
         self.calibration = (
             None
             if config.packing is None
@@ -115,6 +118,7 @@ class DynamicPlanner:
         self._plans[key] = plan
         for old in [k for k in self._plans if k[0] <= key[0] - _EPOCHS_KEPT]:
             del self._plans[old]
+            self.forgotten = max(self.forgotten, old[0] + 1)
         return plan
 
     def _plan_packed(self, epoch: int, first: int, stop: int) -> WindowPlan:

@@ -87,7 +87,10 @@ def test_master_addr_names_the_interface_and_names_are_resolved(scheduler, monke
     assert resolve_bind("::1") == ("::1", "host")
 
 
-@pytest.mark.parametrize("wildcard", ["0.0.0.0", "*", "::", "0", "0.0", "::0", "[::]"])
+@pytest.mark.parametrize(
+    "wildcard",
+    ["0.0.0.0", "*", "::", "0", "0.0", "0.0.0", "00", "0x0", "::0", "[::]", "0:0:0:0:0:0:0:0"],
+)
 def test_every_interface_is_never_taken_from_master_addr(scheduler, monkeypatch, wildcard):
     monkeypatch.setenv("MASTER_ADDR", wildcard)
     with pytest.raises(
@@ -613,3 +616,68 @@ def test_a_gigabyte_of_unauthenticated_flood_costs_the_host_nothing(caplog):
         seen = np.concatenate([i for e, _, i in trained[0] + trained[1] if e == epoch])
         assert np.array_equal(np.sort(seen), np.arange(sizes.shape[0])[: seen.shape[0]])
     assert stats.gate_restarts + stats.gate.get("cut", 0) + stats.handshake_failures > 0
+
+
+# -- planning stays within a horizon of the job's progress -----------------------------
+
+
+def _ranks(coordinator, ranks):
+    return [_client(coordinator, r, timeout=2.0) for r in ranks]
+
+
+@pytest.fixture(scope="module")
+def long_epochs():
+    """Epochs of 312 steps: longer than the planning horizon (64 steps)."""
+    sizes = np.random.default_rng(0).lognormal(5, 1, 20_000)
+    return Scheduler(sizes, ScheduleConfig(4, 64, kind="dynamic", variable_batch=True, window=4))
+
+
+@attack(
+    "held",
+    "a far epoch fetched, or a report planning ahead, before the job starts: refused or "
+    "harmless, every real rank gets its plans",
+)
+def test_a_far_epoch_before_the_job_starts_leaves_the_ranks_their_plans(scheduler):
+    with Coordinator(scheduler, "127.0.0.1", 0) as coordinator:
+        (rogue,) = _ranks(coordinator, [3])
+        assert rogue.connect()
+        far = 10**6
+        rogue.plan(far, 0)  # alone, it is the job's progress: planned, but nothing is lost
+        ranks = _ranks(coordinator, range(4))  # real rank 3 takes over from the rogue
+        assert all(c.connect() for c in ranks)
+        static = scheduler.plan_epoch(0)
+        for first in range(0, scheduler.num_steps(), 4):
+            plans = [c.plan(0, first) for c in ranks]
+            assert all(p is not None for p in plans)
+            for step in range(first, first + plans[0].num_steps):
+                got = np.sort(np.concatenate([p.local(step) for p in plans]))
+                whole = static.indices[static.bounds[step, 0] : static.bounds[step, -1]]
+                np.testing.assert_array_equal(got, np.sort(whole))
+            for c in ranks:
+                c.report(0, first, 1.0, 1e-3)
+        assert all(c.stats.fallbacks == 0 for c in ranks)
+        for c in [rogue, *ranks]:
+            c.close()
+
+
+@attack(
+    "held",
+    "an insider fetches epochs 1 to 10 mid-job: each refused without planning, the real "
+    "ranks keep their plans",
+)
+def test_an_insider_fetching_ahead_is_refused_without_planning(long_epochs):
+    with Coordinator(long_epochs, "127.0.0.1", 0) as coordinator:
+        ranks = _ranks(coordinator, range(4))
+        assert all(c.connect() for c in ranks)
+        assert all(c.plan(0, 0) is not None for c in ranks)
+        planned = coordinator.stats.windows
+        (insider,) = _ranks(coordinator, [2])  # says hello as a real rank
+        assert insider.connect()
+        for epoch in range(1, 11):
+            assert insider.plan(epoch, 0) is None
+        assert insider.stats.refused_fetches == 10 and coordinator.stats.refused["stale"] == 10
+        assert coordinator.stats.windows == planned  # nothing was planned for it
+        assert coordinator.planner.planned(1, 0) is None
+        assert all(c.plan(0, 4) is not None for c in ranks)
+        for c in [insider, *ranks]:
+            c.close()
