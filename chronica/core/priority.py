@@ -37,6 +37,7 @@ from chronica.core.checks import check_int
 __all__ = [
     "GradientQueue",
     "Layout",
+    "bucket_layout",
     "build_layout",
     "fifo_order",
     "partition_ready_times",
@@ -106,13 +107,7 @@ def build_layout(
     ``dtype_keys`` (one int per tensor) keeps tensors of different dtypes out of one fused
     partition; by default ``itemsize`` stands in for the dtype.
     """
-    numel = np.asarray(numel, dtype=np.int64)
-    itemsize = np.asarray(itemsize, dtype=np.int64)
-    keys = itemsize if dtype_keys is None else np.asarray(dtype_keys, dtype=np.int64)
-    if numel.ndim != 1 or itemsize.shape != numel.shape or keys.shape != numel.shape:
-        raise ValueError("numel, itemsize and dtype_keys must be 1-D arrays of one length")
-    if (numel < 0).any() or (itemsize <= 0).any():
-        raise ValueError("numel must be >= 0 and itemsize > 0 for every tensor")
+    numel, itemsize, keys = _checked(numel, itemsize, dtype_keys)
     check_int("partition_bytes", partition_bytes, 1)
     segs: list[tuple[int, int, int]] = []
     ptr = [0]
@@ -142,6 +137,27 @@ def build_layout(
         group_bytes += nbytes
         group_key = key
     close()
+    return _assemble(numel, itemsize, segs, ptr, partition_bytes)
+
+
+def _checked(numel, itemsize, dtype_keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    numel = np.asarray(numel, dtype=np.int64)
+    itemsize = np.asarray(itemsize, dtype=np.int64)
+    keys = itemsize if dtype_keys is None else np.asarray(dtype_keys, dtype=np.int64)
+    if numel.ndim != 1 or itemsize.shape != numel.shape or keys.shape != numel.shape:
+        raise ValueError("numel, itemsize and dtype_keys must be 1-D arrays of one length")
+    if (numel < 0).any() or (itemsize <= 0).any():
+        raise ValueError("numel must be >= 0 and itemsize > 0 for every tensor")
+    return numel, itemsize, keys
+
+
+def _assemble(
+    numel: np.ndarray,
+    itemsize: np.ndarray,
+    segs: list[tuple[int, int, int]],
+    ptr: list[int],
+    partition_bytes: int,
+) -> Layout:
     arr = np.asarray(segs, dtype=np.int64).reshape(-1, 3)
     part_ptr = np.asarray(ptr, dtype=np.int64)
     seg_bytes = (arr[:, 2] - arr[:, 1]) * itemsize[arr[:, 0]] if len(arr) else np.zeros(0, np.int64)
@@ -156,6 +172,41 @@ def build_layout(
         part_bytes=part_bytes.astype(np.int64),
         partition_bytes=int(partition_bytes),
     )
+
+
+def bucket_layout(
+    numel: np.ndarray,
+    itemsize: np.ndarray,
+    bucket_bytes: int,
+    first_bucket_bytes: int,
+    dtype_keys: np.ndarray | None = None,
+) -> Layout:
+    """Whole tensors (given in priority order) fused into buckets from the *last* tensor back.
+
+    DDP's bucketing: the bucket holding the last tensors (ready first in the backward pass)
+    takes at most ``first_bucket_bytes``, every other one at most ``bucket_bytes``; a tensor
+    larger than its bucket's cap gets a bucket of its own and is never cut; tensors of
+    different ``dtype_keys`` never share a bucket. The result is a ``Layout`` like
+    ``build_layout``'s (partitions in priority order), whose partitions are never slices.
+    """
+    numel, itemsize, keys = _checked(numel, itemsize, dtype_keys)
+    check_int("bucket_bytes", bucket_bytes, 1)
+    check_int("first_bucket_bytes", first_bucket_bytes, 1)
+    groups: list[list[int]] = []  # from the last tensor back
+    filled, key = 0, -1
+    for t in range(numel.shape[0] - 1, -1, -1):
+        nbytes = int(numel[t] * itemsize[t])
+        cap = first_bucket_bytes if len(groups) == 1 else bucket_bytes
+        if not groups or filled + nbytes > cap or int(keys[t]) != key:
+            groups.append([])
+            filled = 0
+        groups[-1].append(t)
+        filled += nbytes
+        key = int(keys[t])
+    segs = [(t, 0, int(numel[t])) for group in reversed(groups) for t in reversed(group)]
+    sizes = [len(group) for group in reversed(groups)]
+    ptr = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).tolist()
+    return _assemble(numel, itemsize, segs, ptr, bucket_bytes)
 
 
 def partition_ready_times(layout: Layout, tensor_ready: np.ndarray) -> np.ndarray:

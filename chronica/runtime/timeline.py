@@ -1,4 +1,5 @@
-"""A Chrome-trace timeline of one rank's gradient communication (``CHRONICA_TIMELINE``).
+"""A Chrome-trace timeline of one rank's gradient communication (``CHRONICA_TIMELINE``), and
+the exposed-communication diagnostic read from it or from a shim's own measurements.
 
 Framework-free; written by ``chronica.runtime.dispatcher`` and the adapters' gradient shims.
 """
@@ -8,9 +9,17 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Any
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
 
-__all__ = ["Timeline", "timeline_path"]
+import numpy as np
+
+__all__ = ["Exposure", "Timeline", "read_exposure", "timeline_path"]
+
+STEP_ROW = "step"  # the timeline row of one span per training step, carrying its exposure
 
 
 def timeline_path(path: str, rank: int, world: int) -> str:
@@ -23,15 +32,25 @@ def timeline_path(path: str, rank: int, world: int) -> str:
     return f"{root}.rank{rank}.{ext}" if dot and "/" not in ext else f"{path}.rank{rank}"
 
 
+def _finish(file: IO[str], lock: threading.Lock) -> None:
+    with lock:
+        if not file.closed:
+            file.write("\n]\n")
+            file.close()
+
+
 class Timeline:
     """A Chrome-trace (JSON array format) file of complete ("X") events, loadable by
-    chrome://tracing and Perfetto. Complete JSON once ``close`` ran; until then it is the
-    array format's accepted unterminated form. Thread-safe."""
+    chrome://tracing and Perfetto. Complete JSON once ``close`` ran, or once the timeline was
+    garbage-collected or the interpreter exited normally (a finalizer closes it), so a
+    training loop that never calls ``close`` still leaves a loadable file; while open it is
+    the array format's accepted unterminated form. Thread-safe."""
 
     def __init__(self, path: str, pid: int = 0) -> None:
         self._file = open(path, "w")
         self._pid = pid
         self._lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, _finish, self._file, self._lock)
         self._first = True
         self._t0 = time.perf_counter()
         self._wall0_us = time.time() * 1e6
@@ -62,8 +81,100 @@ class Timeline:
             }
         )
 
+    def step(
+        self, start: float, end: float, after_backward: float, forward_wait: float, mode: str
+    ) -> None:
+        """One training step's span on the ``step`` row, with its exposed communication
+        (seconds; see ``Exposure``) and mode as arguments, which ``read_exposure`` reads."""
+        self.span(
+            "step",
+            STEP_ROW,
+            start,
+            end,
+            after_backward=after_backward,
+            forward_wait=forward_wait,
+            mode=mode,
+        )
+
     def close(self) -> None:
-        with self._lock:
-            if not self._file.closed:
-                self._file.write("\n]\n")
-                self._file.close()
+        """Terminate the JSON array and close the file (idempotent)."""
+        self._finalizer()
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """How much gradient communication one rank's steps exposed: medians over ``steps``.
+
+    ``step_time``: seconds from one ``step()`` to the next; ``after_backward``: from the end
+    of the backward pass (the ``step()`` call) until every gradient was reduced;
+    ``forward_wait``: how long the next forward pass waited for parameters still being
+    reduced; ``decision``: why the shim runs in ``mode`` (empty if it was told to). With
+    bucketed all-reduce (``mode="bucketed"``) the step waits for the reduction, so all of
+    ``after_backward`` is exposed; with priority scheduling (``"scheduled"``) the reduction
+    overlaps the next forward and only ``forward_wait`` is exposed. Either way no scheduling
+    of the same messages can hide more than ``after_backward``: overlapping it with the next
+    forward is all priority scheduling does, hence ``saving_bound``.
+    """
+
+    steps: int
+    step_time: float
+    after_backward: float
+    forward_wait: float
+    mode: str
+    decision: str = ""
+
+    @classmethod
+    def from_steps(
+        cls, records: Iterable[tuple[float, float, float]], mode: str, decision: str = ""
+    ) -> Exposure:
+        """From ``(step_time, after_backward, forward_wait)`` per step (seconds);
+        ``decision`` says why the shim runs in ``mode``."""
+        rows = np.asarray(list(records), dtype=np.float64).reshape(-1, 3)
+        med = np.median(rows, axis=0) if len(rows) else np.zeros(3)
+        return cls(len(rows), float(med[0]), float(med[1]), float(med[2]), mode, decision)
+
+    @property
+    def exposed(self) -> float:
+        """Seconds per step the training thread waited for communication."""
+        return self.forward_wait if self.mode == "scheduled" else self.after_backward
+
+    @property
+    def saving_bound(self) -> float:
+        """The largest fraction of step time priority scheduling could save (0 to 1)."""
+        return min(1.0, self.after_backward / self.step_time) if self.step_time > 0 else 0.0
+
+    @property
+    def verdict(self) -> str:
+        """One line: what was exposed, and what priority scheduling could save at most."""
+        if not self.steps:
+            return "no step measured yet: nothing to say about exposed communication"
+        ms, share = 1e3 * self.step_time, self.saving_bound
+        if self.mode == "scheduled":
+            hidden = max(0.0, self.after_backward - self.forward_wait) / self.step_time
+            return (
+                f"gradients reduced {1e3 * self.after_backward:.1f} ms after backward, the next "
+                f"forward waited {1e3 * self.forward_wait:.1f} ms per {ms:.1f} ms step: "
+                f"priority scheduling would save at most {share:.1%} of step time "
+                f"and hides about {hidden:.1%} here"
+            )
+        return (
+            f"communication exposed after backward: {1e3 * self.after_backward:.1f} ms per "
+            f"{ms:.1f} ms step: priority scheduling would save at most {share:.1%} of step time"
+        )
+
+
+def read_exposure(path: str | Path) -> Exposure:
+    """The ``Exposure`` of the steps a timeline file recorded (closed or still open)."""
+    text = Path(path).read_text().rstrip()
+    events = json.loads(text if text.endswith("]") else text + "]")
+    steps = [e for e in events if e.get("tid") == STEP_ROW and e.get("ph") == "X"]
+    # A run can switch from bucketed all-reduce to scheduling: describe the mode it ended in.
+    mode = steps[-1]["args"]["mode"] if steps else "bucketed"
+    return Exposure.from_steps(
+        (
+            (e["dur"] / 1e6, e["args"]["after_backward"], e["args"]["forward_wait"])
+            for e in steps
+            if e["args"]["mode"] == mode
+        ),
+        mode,
+    )

@@ -1,10 +1,14 @@
-"""One rank of the gloo job of tests/test_grad_torch.py: scheduled versus plain training.
+"""One rank of the gloo job of tests/adapters/torch/test_grad_torch.py.
 
 argv: output JSON path, timeline path. Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
 For SGD (momentum, two parameter groups), Adam and AdamW (weight decay) it trains a model
 whose forward order differs from its registration order, once with ``ScheduledOptimizer``
 (small partitions and credit, rank-dependent backward delays) and once with plain
-all-reduce-average + ``optimizer.step()``, and reports both.
+all-reduce-average + ``optimizer.step()``, and reports both. Then, against real
+``DistributedDataParallel(find_unused_parameters=True)`` (broadcast_buffers on), a model with
+BatchNorm, a layer only rank 1 uses on odd steps and one that no rank uses after the first
+step, in every mode of ``ScheduledOptimizer``. Last, a scheduled loop with a timeline that
+never calls ``close()``: the file must be complete once this process exited.
 """
 
 import json
@@ -15,6 +19,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from chronica.torch.distributed import ScheduledOptimizer
 
@@ -70,14 +75,20 @@ def train(kind: str, scheduled: bool, rank: int, world: int, timeline: str | Non
     if scheduled:
         slow_backward(model, rank)
         opt = ScheduledOptimizer(
-            model, opt, partition_bytes=2048, credit_bytes=3000, timeline=timeline
+            model,
+            opt,
+            partition_bytes=2048,
+            credit_bytes=3000,
+            timeline=timeline,
+            mode="scheduled",
         )
     for step in range(STEPS):
         x, y = batch(rank, step)
         opt.zero_grad()
         loss = loss_fn(model(x), y)
-        if scheduled and step:
-            # The forward waited for every parameter: the previous step is complete.
+        if scheduled and step > 1:
+            # The forward waited for every parameter: the previous step is complete (the
+            # first step reduces everything at once, before scheduling starts).
             report["dispatch"].append(opt.last_dispatch)
         loss.backward()
         if not scheduled:
@@ -107,6 +118,96 @@ def train(kind: str, scheduled: bool, rank: int, world: int, timeline: str | Non
     return report
 
 
+DDP_STEPS = 8  # mode="auto" decides after step 6, so it runs both engines
+VARIANTS = {
+    "bucketed": {"mode": "bucketed"},
+    "scheduled": {"mode": "scheduled", "partition_bytes": 1024, "credit_bytes": 2048},
+    "auto-switch": {"mode": "auto", "min_saving": 0.0, "partition_bytes": 1024},
+    "auto-stay": {"mode": "auto", "min_saving": 1.0},
+}
+
+
+class UnusedNet(nn.Module):
+    """BatchNorm statistics; ``spare`` is used by rank 1 on odd steps only (unused on rank 0,
+    and by everyone on even steps); ``once`` on the first step only, then by no rank, so
+    momentum and weight decay would move it if it were stepped with a zero gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(8, 32)
+        self.bn = nn.BatchNorm1d(32)
+        self.big = nn.Linear(32, 64)
+        self.head = nn.Linear(64, 3)
+        self.spare = nn.Linear(64, 3)
+        self.once = nn.Linear(64, 3)
+
+    def forward(self, x: torch.Tensor, step: int, rank: int) -> torch.Tensor:
+        h = torch.relu(self.big(self.bn(torch.relu(self.stem(x)))))
+        out = self.head(h)
+        if step % 2 == 1 and rank == 1:
+            out = out + self.spare(h)
+        if step == 0:
+            out = out + self.once(h)
+        return out
+
+
+def against_ddp(kind: str, variant: str, rank: int) -> dict:
+    """Train ``UnusedNet`` with DDP (``variant="ddp"``) or ScheduledOptimizer; report all."""
+    torch.manual_seed(0)
+    model = UnusedNet()
+    if kind == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    net: nn.Module = model
+    if variant == "ddp":
+        net = DistributedDataParallel(model, find_unused_parameters=True)
+    else:
+        opt = ScheduledOptimizer(model, opt, **VARIANTS[variant])
+    loss_fn = nn.CrossEntropyLoss()
+    for step in range(DDP_STEPS):
+        x, y = batch(rank, step)
+        opt.zero_grad()
+        loss_fn(net(x, step, rank), y).backward()
+        opt.step()
+    report: dict = {}
+    if isinstance(opt, ScheduledOptimizer):
+        opt.synchronize()
+        stats = opt.stats()
+        report["stats"] = {"mode": stats.mode, "steps": stats.steps, "verdict": stats.verdict}
+        report["stats"]["decision"] = stats.decision
+        state = opt.state_dict()
+        opt.close()
+    else:
+        state = opt.state_dict()
+    report["params"] = {n: p.detach().flatten().tolist() for n, p in model.named_parameters()}
+    report["buffers"] = {n: b.flatten().tolist() for n, b in model.named_buffers()}
+    report["state"] = {
+        str(k): {n: v.flatten().tolist() for n, v in s.items() if torch.is_tensor(v)}
+        for k, s in state["state"].items()
+    }
+    return report
+
+
+KEEP = []  # optimizers left open until the interpreter exits
+
+
+def unclosed_timeline(path: str, rank: int) -> None:
+    """The docs' loop: synchronize() at the end, never close(); the object stays alive."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = ScheduledOptimizer(
+        model, torch.optim.SGD(model.parameters(), lr=0.01), timeline=path, mode="scheduled"
+    )
+    for step in range(4):
+        x, y = batch(rank, step)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    opt.synchronize()
+    KEEP.append(opt)
+
+
 def main(out_path: str, timeline: str) -> None:
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -116,6 +217,9 @@ def main(out_path: str, timeline: str) -> None:
             "scheduled": train(kind, True, rank, world, timeline if kind == "adam" else None),
             "plain": train(kind, False, rank, world, None),
         }
+    for kind in ("sgd", "adamw"):
+        results[f"ddp-{kind}"] = {v: against_ddp(kind, v, rank) for v in ("ddp", *VARIANTS)}
+    unclosed_timeline(timeline.replace("trace", "unclosed"), rank)
     dist.barrier()
     dist.destroy_process_group()
     with open(out_path, "w") as f:

@@ -1,6 +1,7 @@
 """The gradient task queue (chronica.core.priority) and the dispatcher machinery
 (chronica.runtime.dispatcher) without any framework: layout, reassembly, credit, order."""
 
+import gc
 import json
 import random
 import threading
@@ -11,9 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chronica.core.priority import GradientQueue, build_layout, fifo_order, simulate_order
+from chronica.core.priority import (
+    GradientQueue,
+    bucket_layout,
+    build_layout,
+    fifo_order,
+    simulate_order,
+)
 from chronica.runtime.dispatcher import AutoTuner, Dispatcher, SchedulingOptions
-from chronica.runtime.timeline import Timeline, timeline_path
+from chronica.runtime.timeline import Exposure, Timeline, read_exposure, timeline_path
 
 tensors = st.lists(st.tuples(st.integers(0, 300), st.sampled_from([1, 2, 4, 8])), max_size=12)
 
@@ -83,6 +90,53 @@ def _drive(queue, ready_order, rng):
         if not pending and not flight and not queue.done_dispatching:
             raise AssertionError("stuck")
     return issued
+
+
+@given(spec=tensors, cap=st.integers(1, 900), first=st.integers(1, 900))
+def test_buckets_hold_whole_tensors_fused_from_the_last_one(spec, cap, first):
+    numel = np.array([n for n, _ in spec], dtype=np.int64)
+    itemsize = np.array([s for _, s in spec], dtype=np.int64)
+    layout = bucket_layout(numel, itemsize, cap, first)
+    segs = [layout.segments(p) for p in range(layout.num_partitions)]
+    assert [t for part in segs for t, _, _ in part] == list(range(len(spec)))  # in order, once
+    assert all(a == 0 and b == numel[t] for part in segs for t, a, b in part)  # never cut
+    for p, part in enumerate(segs):
+        assert len({itemsize[t] for t, _, _ in part}) == 1
+        limit = first if p == len(segs) - 1 else cap  # the last bucket is ready first
+        if len(part) > 1:
+            assert layout.part_bytes[p] <= limit
+        if p > 0 and itemsize[segs[p - 1][-1][0]] == itemsize[part[0][0]]:
+            # greedy from the back: the previous bucket's last tensor did not fit in this one
+            assert layout.part_bytes[p] + numel[segs[p - 1][-1][0]] * itemsize[part[0][0]] > limit
+
+
+def test_exposure_medians_bound_and_verdict():
+    bucketed = Exposure.from_steps(
+        [(0.1, 0.01, 0.0), (0.3, 0.03, 0.0), (0.2, 0.02, 0.0)], "bucketed"
+    )
+    assert (bucketed.steps, bucketed.step_time, bucketed.after_backward) == (3, 0.2, 0.02)
+    assert bucketed.exposed == 0.02 and bucketed.saving_bound == pytest.approx(0.1)
+    assert "would save at most 10.0% of step time" in bucketed.verdict
+    scheduled = Exposure.from_steps([(0.2, 0.05, 0.01)], "scheduled", decision="told")
+    assert scheduled.exposed == 0.01 and scheduled.decision == "told"
+    assert "hides about 20.0% here" in scheduled.verdict
+    assert "no step measured" in Exposure.from_steps([], "bucketed").verdict
+
+
+def test_timeline_finished_when_collected_and_exposure_read_back(tmp_path):
+    path = tmp_path / "t.json"
+    timeline = Timeline(str(path), pid=1)
+    timeline.step(1.0, 1.2, 0.05, 0.0, "bucketed")
+    timeline.step(1.2, 1.4, 0.04, 0.01, "scheduled")
+    timeline.step(1.4, 1.7, 0.06, 0.02, "scheduled")
+    del timeline  # never closed: the finalizer terminates the JSON array
+    gc.collect()
+    events = json.loads(path.read_text())
+    assert [e["tid"] for e in events if e["ph"] == "X"] == ["step"] * 3
+    exposure = read_exposure(path)  # the mode the run ended in
+    assert (exposure.mode, exposure.steps) == ("scheduled", 2)
+    assert exposure.step_time == pytest.approx(0.25)
+    assert exposure.forward_wait == pytest.approx(0.015)
 
 
 @given(spec=tensors, part=st.integers(1, 600), credit=st.integers(1, 2000), seed=st.integers(0, 99))

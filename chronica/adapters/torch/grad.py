@@ -2,15 +2,26 @@
 
 ``ScheduledOptimizer(model, optimizer)`` wraps a model and any ``torch.optim`` optimizer whose
 update of one parameter depends only on that parameter (SGD, Adam, AdamW, RMSprop, Adagrad,
-...; not LBFGS). Per-parameter gradient hooks post tasks to a ``chronica.comm.Dispatcher``,
-which all-reduces partitions asynchronously in a rank-identical order under credit; once all
-partitions of a parameter are averaged, and ``step()`` was called, that parameter alone is
-updated by the wrapped optimizer; a forward pre-hook on each module waits for its own
-parameters only, so the next forward starts while later layers' gradients still travel.
+...; not LBFGS) and averages gradients over ranks with DDP's semantics (parameters and
+buffers broadcast from rank 0 at start, buffers again before every forward that records
+gradients, a parameter no rank used left untouched). Two engines:
 
-The first step discovers the priority (order of first use in the forward pass) and reduces
-everything before updating; rank 0's priority, measured ready times and bandwidth are
-broadcast so every rank builds the same partitions and order.
+- **bucketed** (DDP's way): gradients are copied into preallocated buckets in backward order;
+  each bucket's asynchronous all-reduce starts from the gradient hook as soon as it is full;
+  ``step()`` waits for them and runs the optimizer once.
+- **scheduled** (ByteScheduler): per-parameter gradient hooks post tasks to a
+  ``chronica.runtime.dispatcher.Dispatcher``, which all-reduces partitions asynchronously in
+  a rank-identical priority order under credit; once all partitions of a parameter are
+  averaged, and ``step()`` was called, that parameter alone is updated; a forward pre-hook on
+  each module waits for its own parameters only, so the next forward starts while later
+  layers' gradients still travel.
+
+``mode="auto"`` (the default) runs bucketed, measures how much communication the steps
+expose, and switches to scheduling only where that could save at least ``min_saving`` of
+the step time. The first step discovers the priority (order of first use in the forward
+pass) and reduces everything in one all-reduce before updating; rank 0's priority, measured
+ready times, bandwidth and decisions are broadcast so every rank builds the same partitions
+and order.
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ import logging
 import threading
 import time
 import zlib
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -26,30 +38,56 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from chronica.core.priority import GradientQueue, build_layout, fifo_order, simulate_order
+from chronica.adapters.torch.grad_buffers import Buckets, Packing
+from chronica.core.checks import check_number
+from chronica.core.priority import (
+    GradientQueue,
+    Layout,
+    bucket_layout,
+    build_layout,
+    fifo_order,
+    simulate_order,
+)
 from chronica.runtime.dispatcher import AutoTuner, Dispatcher, SchedulingOptions
-from chronica.runtime.timeline import Timeline, timeline_path
+from chronica.runtime.timeline import Exposure, Timeline, timeline_path
 
-__all__ = ["ScheduledOptimizer"]
+__all__ = ["MODES", "ScheduledOptimizer"]
 
 log = logging.getLogger("chronica")
 
-_REFRESH_STEPS = (1, 3)  # re-measure ready times and bandwidth once warm
+MODES = ("auto", "scheduled", "bucketed")
+_REFRESH_STEPS = (1, 3)  # scheduled steps after which ready times and bandwidth are re-measured
+_MEASURE_STEPS = 4  # bucketed steps measured before mode="auto" decides
+_FIRST_BUCKET_BYTES = 1 << 20  # DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
+_BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb
+_BROADCAST_BYTES = 250 << 20  # DDP's broadcast_bucket_size
+_HISTORY = 256  # steps kept for stats()
 
 
 class ScheduledOptimizer:
-    """Priority-scheduled gradient averaging plus per-parameter updates for ``optimizer``.
+    """Gradient averaging over ranks plus updates by ``optimizer``, bucketed or scheduled.
 
-    Use it in place of the optimizer: ``loss.backward(); opt.step()``. ``step()`` returns while
-    gradients may still be in flight; the next forward waits, module by module, for exactly
-    the parameters it uses. Guarantees: after any number of steps and ``synchronize()``, the
-    parameters and optimizer state equal those of ``all_reduce``-average then
-    ``optimizer.step()`` (bitwise when the all-reduce sums in the same order); collectives are
-    issued in the same order on every rank. Gradients are cleared per parameter once it is
-    updated, so ``zero_grad()`` does nothing and gradient accumulation over several backward
-    passes is not supported. Call ``synchronize()`` before evaluating, checkpointing or
-    reading parameters outside the model's forward. A model wrapped in
-    ``DistributedDataParallel`` is refused (``ValueError``): DDP averages the gradients itself.
+    Use it in place of the optimizer: ``loss.backward(); opt.step()``. Guarantees: after any
+    number of steps and ``synchronize()``, the parameters, buffers and optimizer state equal
+    those of ``DistributedDataParallel(find_unused_parameters=True, broadcast_buffers=True)``
+    with ``optimizer`` (bitwise when the all-reduce sums in the same order, as with two
+    ranks): a parameter that no rank used in a step gets no gradient and is not stepped (one
+    unused on some ranks only gets the average, their zeros included); parameters and buffers
+    start from rank 0's, and buffers (BatchNorm statistics) are broadcast from rank 0 before
+    every forward run with gradients enabled (not under ``torch.no_grad()``, so evaluating on
+    one rank alone cannot hang). Collectives are issued in the same order on every rank, in
+    every mode. ``mode``: ``"bucketed"`` always runs DDP's bucketed all-reduce, ``"scheduled"``
+    always priority scheduling, ``"auto"`` starts bucketed and switches to scheduling after
+    ``_MEASURE_STEPS`` measured steps only if rank 0's measurements say it could save at least
+    ``min_saving`` of the step time (``stats()`` and a log line say which and why).
+
+    When scheduling, ``step()`` returns while gradients may still be in flight and the next
+    forward waits, module by module, for exactly the parameters it uses. Gradients are
+    cleared once their parameter is updated, so ``zero_grad()`` does nothing and gradient
+    accumulation over several backward passes is not supported. Call ``synchronize()`` before
+    evaluating, checkpointing or reading parameters outside the model's forward. A model
+    wrapped in ``DistributedDataParallel`` is refused (``ValueError``): DDP averages the
+    gradients itself.
     """
 
     def __init__(
@@ -63,6 +101,8 @@ class ScheduledOptimizer:
         order: str | None = None,
         auto_tune: bool | None = None,
         timeline: str | None = None,
+        mode: str = "auto",
+        min_saving: float = 0.05,
     ) -> None:
         if isinstance(optimizer, torch.optim.LBFGS):
             raise ValueError("LBFGS couples all parameters; it cannot be stepped per parameter")
@@ -73,8 +113,17 @@ class ScheduledOptimizer:
                 "order would not matter. Pass the bare model (model.module) and let "
                 "ScheduledOptimizer do the averaging, or keep DDP and a plain optimizer"
             )
+        if mode not in MODES:
+            raise ValueError(
+                f"mode={mode!r} must be one of {MODES}: 'auto' measures the first steps and "
+                "schedules only where that can help"
+            )
+        self.min_saving = check_number(
+            "min_saving", min_saving, 0.0, 1.0, hint=" (a fraction of the step time)"
+        )
         self.model = model
         self.optimizer = optimizer
+        self.mode = mode
         self.options = SchedulingOptions.resolve(
             partition_bytes, credit_bytes, order, auto_tune, timeline
         )
@@ -95,26 +144,39 @@ class ScheduledOptimizer:
         self._index = {id(p): i for i, p in enumerate(self._params)}
         self._names = [names[id(p)] for p in self._params]
         self._handles: list[Any] = []
+        self._engine: str | None = None  # None until the first step() set up an engine
+        self._decision = ""
         self._dispatcher: Dispatcher | None = None
+        self._buckets: Buckets | None = None
         self._timeline: Timeline | None = None
         if self.world == 1:
             return  # nothing to communicate: step() is the optimizer's own step
         ranks = dist.get_process_group_ranks(self._group)
         self._src = ranks[0]
         self._control = dist.new_group(ranks, backend="gloo")
+        with torch.no_grad():  # DDP's start: every rank from rank 0's parameters and buffers
+            states = [*model.parameters(), *model.buffers()]
+            dist._broadcast_coalesced(self._group, states, _BROADCAST_BYTES, 0)
+        n = len(self._params)
         self._first_use: dict[int, None] = {}
-        self._ready_seen: dict[int, None] = {}
+        self._seen = np.zeros(n, dtype=bool)
+        self._ready_at = np.full(n, np.nan)
         self._cv = threading.Condition()
         self._update_lock = threading.Lock()
         self._released = False
-        self._updated = np.ones(len(self._params), dtype=bool)
-        self._left = np.zeros(len(self._params), dtype=np.int64)
+        self._updated = np.ones(n, dtype=bool)
+        self._left = np.zeros(n, dtype=np.int64)
         self._pending: list[int] = []
         self._hyper: list[dict[str, Any]] = []
         self._steps = 0
-        self._last_step_time: float | None = None
+        self._scheduled_steps = 0
+        self._last_call: float | None = None
+        self._last_done = self._reduced_at = 0.0
+        self._forward_wait = 0.0
+        self._history: deque[tuple[float, float, float]] = deque(maxlen=_HISTORY)
         self._tuner: AutoTuner | None = None
         self._module_params: dict[int, list[int]] = {}
+        self._handles.append(model.register_forward_pre_hook(self._sync_buffers, prepend=True))
         for module in model.modules():
             own = [
                 self._index[id(p)] for p in module.parameters(recurse=False) if id(p) in self._index
@@ -132,47 +194,40 @@ class ScheduledOptimizer:
         return self.optimizer.param_groups
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Does nothing when scheduling (gradients are cleared as parameters are updated)."""
-        if self._dispatcher is None and self.world == 1:
+        """Does nothing with several ranks (gradients are cleared as parameters are updated)."""
+        if self.world == 1:
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self) -> None:
-        """Release this step's updates; returns before communication necessarily finished."""
+        """Average this step's gradients and update: bucketed, before returning; scheduled,
+        released here and applied as partitions arrive (``step()`` may return first)."""
         if self.world == 1:
             self.optimizer.step()
             return
         now = time.perf_counter()
-        step_time = None if self._last_step_time is None else now - self._last_step_time
-        self._last_step_time = now
-        dispatcher = self._setup() if self._dispatcher is None else self._dispatcher
-        for t in range(len(self._params)):
-            if t not in self._ready_seen:
-                p = self._params[t]
-                if p.grad is None:  # unused this step: take part with a zero gradient
-                    p.grad = torch.zeros_like(p)
-                self._post(t)
-        with self._update_lock:
-            # Updates still in flight must use this step's hyper-parameters, even when an LR
-            # scheduler changes the optimizer's groups as soon as step() returns.
-            self._hyper = [
-                {k: v for k, v in group.items() if k != "params"}
-                for group in self.optimizer.param_groups
-            ]
-            with self._cv:
-                self._released = True
-                batch, self._pending = self._pending, []
-            self._apply(batch)
+        for t in np.flatnonzero(~self._seen).tolist():  # unused here: zeros, flagged unused
+            self._post(t, None)
+        if self._engine == "scheduled":
+            self._release(now)
+        else:
+            if self._engine is None:
+                self._setup()
+            self._finish_buckets(now)
         self._steps += 1
-        knobs = None
-        if self._tuner is not None and step_time is not None:
-            knobs = self._tuner.record(step_time)
-        if knobs is not None or self._steps in _REFRESH_STEPS:
-            self._replan(dispatcher, knobs)
+        self._seen[:] = False
 
     def synchronize(self) -> None:
         """Wait until every released update is applied: parameters are current afterwards."""
         if self._dispatcher is not None and self._released:
             self._dispatcher.wait_all()
+
+    def stats(self) -> Exposure:
+        """Exposed communication of this rank's recent steps (medians), the mode in force and
+        why (``decision``); ``stats().verdict`` is one line saying what priority scheduling
+        could save at most. See ``chronica.runtime.timeline.Exposure``."""
+        if self.world == 1:
+            return Exposure(0, 0.0, 0.0, 0.0, "bucketed", "one process: nothing to communicate")
+        return Exposure.from_steps(self._history, self._engine or "bucketed", self._decision)
 
     def state_dict(self) -> dict[str, Any]:
         self.synchronize()
@@ -190,29 +245,36 @@ class ScheduledOptimizer:
         self._handles = []
         if self._dispatcher is not None:
             self._dispatcher.close()
+        if self._timeline is not None:
+            self._timeline.close()
 
     @property
     def max_in_flight_bytes(self) -> int:
-        """The most gradient bytes this rank ever had in flight."""
+        """The most gradient bytes this rank ever had in flight while scheduling."""
         return self._dispatcher.max_in_flight if self._dispatcher is not None else 0
 
     @property
     def credit_bytes(self) -> int:
-        """The credit in force (``options.credit_bytes`` unless auto-tuned)."""
+        """The credit in force while scheduling (``options.credit_bytes`` unless auto-tuned)."""
         return self._queue.credit_bytes if self._dispatcher is not None else 0
 
     @property
     def partition_bytes(self) -> int:
-        """The partition size in force (``options.partition_bytes`` unless auto-tuned)."""
-        return self._layout.partition_bytes if self._dispatcher is not None else 0
+        """The partition (or bucket) size in force."""
+        return self._layout.partition_bytes if self._engine is not None else 0
 
     @property
     def last_dispatch(self) -> list[str]:
-        """Partitions of the latest step in the order they were issued (same on every rank)."""
-        return [self._part_names[p] for p in self._dispatcher.issued] if self._dispatcher else []
+        """Partitions (or buckets) of the latest step in the order they were issued (same on
+        every rank)."""
+        if self._dispatcher is not None:
+            return [self._part_names[p] for p in self._dispatcher.issued]
+        if self._buckets is not None:
+            return [self._part_names[p] for p in self._buckets.last_issued]
+        return []
 
     def partition_shapes(self) -> list[list[tuple[str, int, int]]]:
-        """Each partition as ``(parameter name, start, stop)`` element ranges, by priority."""
+        """Each partition (or bucket) as ``(parameter name, start, stop)`` element ranges."""
         return [
             [(self._names[self._priority[t]], a, b) for t, a, b in self._layout.segments(p)]
             for p in range(self._layout.num_partitions)
@@ -220,21 +282,31 @@ class ScheduledOptimizer:
 
     # -- hooks ----------------------------------------------------------------------------
 
+    def _sync_buffers(self, module: torch.nn.Module, args: Any) -> None:
+        if not torch.is_grad_enabled():
+            return
+        buffers = list(module.buffers())
+        if buffers:
+            with torch.no_grad():  # the control group: dispatcher threads use the other one
+                dist._broadcast_coalesced(self._control, buffers, _BROADCAST_BYTES, 0)
+
     def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:
         own = self._module_params[id(module)]
-        dispatcher = self._dispatcher
-        if dispatcher is None:
+        if self._engine is None:
             self._first_use.update(dict.fromkeys(own))
             return
-        if self._released and not self._updated[own].all():
+        dispatcher = self._dispatcher
+        if dispatcher is not None and self._released and not self._updated[own].all():
             start = time.perf_counter()
             with self._cv:
                 self._cv.wait_for(lambda: self._updated[own].all() or dispatcher.failed)
             if dispatcher.failed:
                 dispatcher.wait_all()
+            end = time.perf_counter()
+            self._forward_wait += end - start
             if self._timeline is not None:
                 name = self._module_names[id(module)]
-                self._timeline.span(name, "forward wait", start, time.perf_counter())
+                self._timeline.span(name, "forward wait", start, end)
 
     def _hook(self, i: int):
         def hook(p: torch.Tensor) -> None:
@@ -242,58 +314,176 @@ class ScheduledOptimizer:
                 p.grad = p.grad.contiguous()
             if self._dispatcher is not None and self._released:
                 self._begin_step(self._dispatcher)
-            self._post(i)
+            self._post(i, p.grad)
 
         return hook
 
-    def _post(self, t: int) -> None:
-        self._ready_seen[t] = None
-        if self._dispatcher is not None:
-            self._dispatcher.ready(self._slot[t])
+    def _post(self, i: int, grad: torch.Tensor | None) -> None:
+        self._seen[i] = True
+        self._ready_at[i] = time.perf_counter()
+        if self._engine is None:
+            return
+        t = int(self._slot[i])
+        if self._buckets is not None:
+            self._buckets.post(t, grad)
+            return
+        self._packing.fill(t, grad)
+        assert self._dispatcher is not None  # the scheduled engine
+        self._dispatcher.ready(t)
 
-    # -- step machinery -------------------------------------------------------------------
+    # -- engines ----------------------------------------------------------------------------
 
-    def _begin_step(self, dispatcher: Dispatcher) -> None:
-        dispatcher.wait_all()
-        with self._cv:
-            self._released = False
-            self._updated[:] = False
-            self._left[:] = self._parts_per_param
-            self._ready_seen = {}
-        dispatcher.begin(self._queue, self._part_names)
-
-    def _setup(self) -> Dispatcher:
-        """First step: agree on the priority, reduce everything, update, then plan."""
-        rest = [t for t in range(len(self._params)) if t not in self._first_use]
-        priority = self._agree(np.asarray([*self._first_use, *rest], dtype=np.int64))
-        self._priority = priority.tolist()
-        self._slot = np.empty(len(priority), dtype=np.int64)
-        self._slot[priority] = np.arange(len(priority))
-        self._numel = np.array([self._params[t].numel() for t in self._priority], np.int64)
-        self._itemsize = np.array(
-            [self._params[t].element_size() for t in self._priority], np.int64
-        )
+    def _setup(self) -> None:
+        """First step: agree on the priority, then reduce everything in one bucket."""
+        n = len(self._params)
+        rest = [t for t in range(n) if t not in self._first_use]
+        ready = np.nan_to_num(self._ready_at - np.nanmin(self._ready_at), nan=0.0)
+        agreed = self._agree(np.concatenate([[*self._first_use, *rest], ready]))
+        self._priority = agreed[:n].astype(np.int64).tolist()
+        self._slot = np.empty(n, dtype=np.int64)
+        self._slot[self._priority] = np.arange(n)
+        self._ordered = [self._params[t] for t in self._priority]
+        self._numel = np.array([p.numel() for p in self._ordered], np.int64)
+        self._itemsize = np.array([p.element_size() for p in self._ordered], np.int64)
         self._dtype_key = np.array(
-            [zlib.crc32(str(self._params[t].dtype).encode()) for t in self._priority], np.int64
+            [zlib.crc32(str(p.dtype).encode()) for p in self._ordered], np.int64
         )
+        if self.options.timeline:
+            path = timeline_path(self.options.timeline, self.rank, self.world)
+            self._timeline = Timeline(path, self.rank)
+        everything = bucket_layout(self._numel, self._itemsize, 1 << 62, 1 << 62, self._dtype_key)
+        self._use_buckets(everything, np.arange(everything.num_partitions))
+        for t in range(n):
+            i = self._priority[t]
+            assert self._buckets is not None
+            self._buckets.post(t, self._params[i].grad if self._seen[i] else None)
+        self._first_ready = agreed[n:][self._priority]
+
+    def _use_buckets(self, layout: Layout, order: np.ndarray) -> None:
+        self._engine = "bucketed"
+        self._layout = layout
+        self._buckets = Buckets(Packing(layout, self._ordered), order, self._group, self.world)
+        self._label(layout)
+
+    def _label(self, layout: Layout) -> None:
+        names = [self._names[i] for i in self._priority]
+        self._part_names = [layout.label(p, names) for p in range(layout.num_partitions)]
+
+    def _finish_buckets(self, now: float) -> None:
+        """Bucketed step: wait for every bucket, update once, measure, maybe switch engine."""
+        buckets = self._buckets
+        assert buckets is not None
+        first = self._steps == 0
+        buckets.finish()
+        for t, param in enumerate(self._ordered):
+            if not buckets.packing.used[t]:
+                param.grad = None  # no rank used it: DDP leaves it without a gradient
+        self.optimizer.step()
+        for param in self._ordered:
+            param.grad = None
+        done = time.perf_counter()
+        if self._timeline is not None:
+            self._timeline.span("gradients reduced", "gradient wait", now, done)
+        self._record(now, done - now, 0.0)
+        if first:
+            self._after_first_step()
+        elif self.mode == "auto" and not self._decision and len(self._history) >= _MEASURE_STEPS:
+            self._decide()
+
+    def _after_first_step(self) -> None:
+        ready = np.asarray(self._first_ready, dtype=np.float64)
+        if self.mode == "scheduled":
+            self._decision = ""
+            self._start_scheduling(ready)
+            return
+        layout = bucket_layout(
+            self._numel, self._itemsize, _BUCKET_BYTES, _FIRST_BUCKET_BYTES, self._dtype_key
+        )
+        self._use_buckets(layout, fifo_order(layout, ready))
+        self._restart_history()
+
+    def _decide(self) -> None:
+        """mode="auto": rank 0's exposure decides, for every rank, whether to schedule."""
+        exposure = Exposure.from_steps(self._history, "bucketed")
+        ready = np.nan_to_num(self._ready_at[self._priority] - np.nanmin(self._ready_at))
+        agreed = self._agree(np.concatenate([[exposure.saving_bound], ready]))
+        bound = float(agreed[0])
+        if bound < self.min_saving:
+            self._decision = (
+                f"bucketed: rank 0 measured that priority scheduling would save at most "
+                f"{bound:.1%} of step time (< min_saving={self.min_saving:.0%})"
+            )
+            log.info("chronica gradients: %s; staying with bucketed all-reduce", self._decision)
+            return
+        self._decision = (
+            f"scheduled: rank 0 measured that priority scheduling could save up to {bound:.1%} "
+            f"of step time (>= min_saving={self.min_saving:.0%})"
+        )
+        log.info("chronica gradients: %s; switching to priority scheduling", self._decision)
+        self._start_scheduling(agreed[1:])
+
+    def _start_scheduling(self, ready: np.ndarray) -> None:
+        self._buckets = None
+        self._engine = "scheduled"
         opts = self.options
         if opts.auto_tune:
             self._tuner = AutoTuner.default_grid(int((self._numel * self._itemsize).sum()))
             opts = opts.with_knobs(*self._tuner.current)
-        if opts.timeline:
-            path = timeline_path(opts.timeline, self.rank, self.world)
-            self._timeline = Timeline(path, self.rank)
-        dispatcher = Dispatcher(self._start, self._wait, self._on_complete, self._timeline)
-        self._dispatcher = dispatcher
-        # Until measured, assume gradients arrive in backward order (reverse priority).
-        self._build(opts, np.arange(len(priority), 0, -1, dtype=np.float64))
+        self._dispatcher = Dispatcher(self._start, self._wait, self._on_complete, self._timeline)
+        self._build(opts, ready)
+        self._begin_step(self._dispatcher)
+        self._released = False
+        self._restart_history()
+
+    def _restart_history(self) -> None:
+        self._history.clear()
+        self._last_call = None  # the next step only sets the reference point
+
+    def _record(self, now: float, after_backward: float, forward_wait: float) -> None:
+        if self._last_call is not None:
+            self._history.append((now - self._last_call, after_backward, forward_wait))
+            if self._timeline is not None:
+                mode = self._engine or "bucketed"
+                self._timeline.step(self._last_call, now, after_backward, forward_wait, mode)
+        self._last_call = now
+
+    # -- the scheduled engine ---------------------------------------------------------------
+
+    def _release(self, now: float) -> None:
+        """Scheduled step: release the updates, measure, maybe re-plan."""
+        dispatcher = self._dispatcher
+        assert dispatcher is not None
+        previous = self._last_call
+        with self._update_lock:
+            # Updates still in flight must use this step's hyper-parameters, even when an LR
+            # scheduler changes the optimizer's groups as soon as step() returns.
+            self._hyper = [
+                {k: v for k, v in group.items() if k != "params"}
+                for group in self.optimizer.param_groups
+            ]
+            with self._cv:
+                self._released = True
+                batch, self._pending = self._pending, []
+            self._apply(batch)
+        # This forward waited for the previous step's gradients, all reduced at _reduced_at.
+        after = max(0.0, self._reduced_at - previous) if previous is not None else 0.0
+        self._record(now, after, self._forward_wait)
+        self._forward_wait = 0.0
+        self._scheduled_steps += 1
+        knobs = None
+        if self._tuner is not None and previous is not None:
+            knobs = self._tuner.record(now - previous)
+        if knobs is not None or self._scheduled_steps in _REFRESH_STEPS:
+            self._replan(dispatcher, knobs)
+
+    def _begin_step(self, dispatcher: Dispatcher) -> None:
+        dispatcher.wait_all()
+        self._reduced_at = self._last_done  # when the previous step's last partition arrived
+        with self._cv:
+            self._released = False
+            self._updated[:] = False
+            self._left[:] = self._parts_per_param
         dispatcher.begin(self._queue, self._part_names)
-        self._updated[:] = False
-        self._left[:] = self._parts_per_param
-        seen, self._ready_seen = self._ready_seen, {}
-        for t in seen:
-            self._post(t)
-        return dispatcher
 
     def _build(self, opts: SchedulingOptions, tensor_ready: np.ndarray, rate: float = 0.0) -> None:
         layout = build_layout(self._numel, self._itemsize, opts.partition_bytes, self._dtype_key)
@@ -303,11 +493,11 @@ class ScheduledOptimizer:
             order = simulate_order(layout, tensor_ready, opts.credit_bytes, rate)
         self._queue = GradientQueue(layout, order, opts.credit_bytes)
         self._layout = layout
+        self._packing = Packing(layout, self._ordered)
         self._current = opts
         self._parts_per_param = np.empty(len(self._params), dtype=np.int64)
         self._parts_per_param[self._priority] = layout.parts_per_tensor()
-        names = [self._names[i] for i in self._priority]
-        self._part_names = [layout.label(p, names) for p in range(layout.num_partitions)]
+        self._label(layout)
 
     def _replan(self, dispatcher: Dispatcher, knobs: tuple[int, int] | None) -> None:
         """At a step boundary: finish, then rebuild from rank 0's measurements and knobs."""
@@ -327,32 +517,21 @@ class ScheduledOptimizer:
             self._layout.num_partitions,
         )
 
-    def _agree(self, values: np.ndarray) -> np.ndarray:
-        tensor = torch.from_numpy(np.ascontiguousarray(values))
+    def _agree(self, values: Iterable[float] | np.ndarray) -> np.ndarray:
+        array = np.ascontiguousarray(np.asarray(values, dtype=np.float64))
+        tensor = torch.from_numpy(array)
         dist.broadcast(tensor, src=self._src, group=self._control)
         return tensor.numpy()
 
     # -- dispatcher callables (run on the dispatcher's threads) ----------------------------
 
-    def _views(self, partition: int) -> list[torch.Tensor]:
-        return [
-            self._params[self._priority[t]].grad.view(-1)[a:b]
-            for t, a, b in self._layout.segments(partition)
-        ]
+    def _start(self, partition: int) -> Any:
+        buf = self._packing.buffers[partition]
+        return dist.all_reduce(buf, group=self._group, async_op=True)
 
-    def _start(self, partition: int) -> tuple[torch.Tensor, list[torch.Tensor], Any]:
-        views = self._views(partition)
-        buf = views[0] if len(views) == 1 else torch.cat(views)
-        work = dist.all_reduce(buf, group=self._group, async_op=True)
-        return buf, views, work
-
-    def _wait(self, partition: int, handle: tuple[torch.Tensor, list[torch.Tensor], Any]) -> None:
-        buf, views, work = handle
+    def _wait(self, partition: int, work: Any) -> None:
         work.wait()
-        buf.div_(self.world)
-        if len(views) > 1:
-            for view, part in zip(views, buf.split([v.numel() for v in views]), strict=True):
-                view.copy_(part)
+        self._packing.complete(partition, self.world)
 
     def _on_complete(self, partition: int) -> None:
         done = []
@@ -362,6 +541,7 @@ class ScheduledOptimizer:
                 self._left[i] -= 1
                 if self._left[i] == 0:
                     done.append(i)
+            self._last_done = time.perf_counter()
             if not self._released:
                 self._pending.extend(done)
                 return
@@ -369,22 +549,28 @@ class ScheduledOptimizer:
             self._apply(done)
 
     def _apply(self, indices: Iterable[int]) -> None:
-        """Step the wrapped optimizer on exactly ``indices`` (caller holds the update lock)."""
+        """Step the wrapped optimizer on exactly ``indices`` that some rank used (the caller
+        holds the update lock); the others lose their gradient, untouched, as under DDP."""
         indices = list(indices)
-        if not indices:
-            return
         groups: dict[int, list[torch.Tensor]] = {}
         for i in indices:
             p = self._params[i]
-            groups.setdefault(self._group_of[id(p)], []).append(p)
-        saved = self.optimizer.param_groups
-        self.optimizer.param_groups = [dict(self._hyper[g], params=ps) for g, ps in groups.items()]
-        try:
-            self.optimizer.step()
-        finally:
-            self.optimizer.param_groups = saved
+            if self._packing.used[self._slot[i]]:
+                groups.setdefault(self._group_of[id(p)], []).append(p)
+            else:
+                p.grad = None
+        if groups:
+            saved = self.optimizer.param_groups
+            self.optimizer.param_groups = [
+                dict(self._hyper[g], params=ps) for g, ps in groups.items()
+            ]
+            try:
+                self.optimizer.step()
+            finally:
+                self.optimizer.param_groups = saved
         for i in indices:
             self._params[i].grad = None
-        with self._cv:
-            self._updated[indices] = True
-            self._cv.notify_all()
+        if indices:
+            with self._cv:
+                self._updated[indices] = True
+                self._cv.notify_all()

@@ -1,6 +1,8 @@
 """chronica.torch.distributed.ScheduledOptimizer on a real 2-rank gloo job: exactness against
 plain all-reduce + optimizer.step() for SGD, Adam and AdamW, identical dispatch order on both
-ranks, bounded bytes in flight, and a loadable timeline."""
+ranks, bounded bytes in flight, a loadable timeline (closed or not), and bitwise equality
+with real DistributedDataParallel for unused parameters and BatchNorm statistics in every
+mode, with the exposed-communication diagnostic."""
 
 import json
 import sys
@@ -12,7 +14,10 @@ torch = pytest.importorskip("torch")
 from partitions import assert_tiled, spans_by_tensor  # noqa: E402
 from workers import HELPERS, ROOT, base_env, free_port, run_workers  # noqa: E402
 
+from chronica.runtime.timeline import read_exposure  # noqa: E402
 from chronica.torch.distributed import ScheduledOptimizer  # noqa: E402
+
+DDP_VARIANTS = ("bucketed", "scheduled", "auto-switch", "auto-stay")
 
 
 @pytest.fixture(scope="module")
@@ -95,12 +100,63 @@ def test_timeline_is_valid_chrome_trace(job):
         events = json.loads((tmp / f"trace.rank{rank}.json").read_text())
         spans = [e for e in events if e["ph"] == "X"]
         # forward waits happen when a module's parameters are still in flight (timing)
-        assert {"queue", "communication"} <= {e["tid"] for e in spans}
-        assert {e["tid"] for e in spans} <= {"queue", "communication", "forward wait"}
+        assert {"queue", "communication", "step"} <= {e["tid"] for e in spans}
+        rows = {"queue", "communication", "forward wait", "step", "gradient wait"}
+        assert {e["tid"] for e in spans} <= rows
         waits = {e["name"] for e in spans if e["tid"] == "forward wait"}
         assert waits <= {"stem", "norm", "big", "head"}, waits
         assert all(e["dur"] >= 0 and e["pid"] == rank for e in spans)
         assert all({"name", "ts", "args"} <= set(e) for e in spans)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+@pytest.mark.parametrize("variant", DDP_VARIANTS)
+def test_equal_to_ddp_with_unused_parameters_and_batchnorm_bitwise(job, kind, variant):
+    results, _ = job
+    for rank_result in results:
+        ddp, ours = rank_result[f"ddp-{kind}"]["ddp"], rank_result[f"ddp-{kind}"][variant]
+        assert ours["params"] == ddp["params"]
+        assert ours["buffers"] == ddp["buffers"]  # BatchNorm statistics, num_batches_tracked
+        assert ours["state"] == ddp["state"]  # momentum / moments of unused ones untouched
+    # The statistics are broadcast before each forward, then updated with the local batch.
+    ranks = [r[f"ddp-{kind}"][variant]["buffers"]["bn.running_mean"] for r in results]
+    assert ranks[0] != ranks[1]
+
+
+def test_unused_parameter_untouched_after_its_last_use(job):
+    """``once`` is used on the first step only: DDP, and so every mode, leaves it there."""
+    results, _ = job
+    for rank_result in results:
+        runs = rank_result["ddp-sgd"]
+        # A zero gradient with momentum 0.9 and weight decay would have moved it further.
+        assert runs["ddp"]["state"] == runs["bucketed"]["state"]
+        assert len(runs["ddp"]["state"]) == len(runs["bucketed"]["state"])
+
+
+def test_auto_mode_decides_once_and_says_why(job):
+    results, _ = job
+    for rank_result in results:
+        switch = rank_result["ddp-sgd"]["auto-switch"]["stats"]
+        stay = rank_result["ddp-sgd"]["auto-stay"]["stats"]
+        assert switch["mode"] == "scheduled" and switch["decision"].startswith("scheduled:")
+        assert stay["mode"] == "bucketed" and stay["decision"].startswith("bucketed:")
+        assert "min_saving=100%" in stay["decision"]
+        for stats in (switch, stay):
+            assert stats["steps"] >= 1
+            assert "priority scheduling would save at most" in stats["verdict"]
+        forced = rank_result["ddp-sgd"]["bucketed"]["stats"]
+        assert forced["mode"] == "bucketed" and forced["decision"] == ""
+
+
+def test_timeline_loadable_without_close(job):
+    _, tmp = job
+    for rank in range(2):
+        path = tmp / f"unclosed.rank{rank}.json"
+        events = json.loads(path.read_text())  # complete JSON: flushed when the process exited
+        assert any(e.get("tid") == "communication" for e in events)
+        exposure = read_exposure(path)
+        assert exposure.mode == "scheduled" and exposure.steps >= 1
+        assert exposure.step_time > 0 and "would save at most" in exposure.verdict
 
 
 def test_single_process_is_the_plain_optimizer(tmp_path):
@@ -121,6 +177,11 @@ def test_single_process_is_the_plain_optimizer(tmp_path):
                 m(x).square().sum().backward()
                 o.step()
         assert torch.equal(model.weight, ref.weight) and torch.equal(model.bias, ref.bias)
+        assert opt.stats().steps == 0 and "nothing to communicate" in opt.stats().decision
+        with pytest.raises(ValueError, match="mode='ddp' must be one of"):
+            ScheduledOptimizer(model, plain, mode="ddp")
+        with pytest.raises(ValueError, match="min_saving=2"):
+            ScheduledOptimizer(model, plain, min_saving=2)
         with pytest.raises(ValueError, match="LBFGS"):
             ScheduledOptimizer(model, torch.optim.LBFGS(model.parameters()))
     finally:
