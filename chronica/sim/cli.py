@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Discrete-event simulation of synchronous data-parallel training: "
         "chronica's real scheduler against torch's DistributedSampler and length-grouped "
         "batching, on W simulated ranks.",
+        epilog="chronica simulate gradients --help: the gradient-communication model "
+        "(FIFO, priority and DDP buckets on a link).",
     )
     data = p.add_argument_group("data")
     data.add_argument(
@@ -210,7 +212,13 @@ def _write(result: SimulationResult, args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``chronica simulate [options]``; print the table; return the exit code."""
+    """Run ``chronica simulate [options]``; print the table; return the exit code.
+    ``chronica simulate gradients ...`` runs the gradient-communication model instead."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["gradients"]:
+        from chronica.sim.grad_cli import main as gradients_main
+
+        return gradients_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     started = time.perf_counter()

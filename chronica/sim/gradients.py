@@ -1,0 +1,425 @@
+"""Gradient communication of data-parallel training: how long a step lasts, and how much of
+its communication is exposed, under FIFO, priority (ByteScheduler) and DDP-bucket policies.
+
+A discrete-event simulation of one rank (all ranks alike) over several steps; the last
+steps give the steady-state step time. Three resources, each doing one thing at a time:
+
+- **compute**: forward of layers ``0 .. L-1``, then backward of ``L-1 .. 0``; layer ``i``'s
+  gradients are final when its backward ends;
+- **link**: collectives one after the other, each a ring all-reduce over W ranks
+  (``chronica.sim.timing.AllReduceModel``: ``2(W-1)/W · bytes / B + 2(W-1) · α``);
+- **updater** (``fifo`` and ``priority``): the optimizer step of one layer at a time.
+
+Which collectives and when is decided by ``chronica.core.priority`` itself: every policy
+becomes a ``Layout`` of partitions, a dispatch order and a credit, and a ``GradientQueue``
+issues the partitions as the torch shim's dispatcher does (strictly in order, each once its
+tensors are ready and bytes in flight are below the credit):
+
+- ``none``: one all-reduce of every gradient after backward, then the optimizer, then the
+  next forward;
+- ``ddp``: DistributedDataParallel's buckets, rebuilt (as torch does after its first
+  iteration) in gradient-ready order: the first closes at ``first_bucket_bytes``, the others
+  at ``bucket_bytes`` (a bucket closes once it reaches its cap); bucket ``j`` is all-reduced
+  once full and after bucket ``j-1``; the optimizer runs after the last one, then forward;
+- ``fifo``: one all-reduce per tensor in backward order, unlimited credit;
+- ``priority``: partitions of ``partition_bytes`` in the order of
+  ``chronica.core.priority.simulate_order`` (credit ``credit_bytes``, driven by the step's
+  gradient-ready times and the link's rate, as the shim plans it).
+
+Under ``fifo`` and ``priority`` the step crosses the iteration barrier as the shim does: a
+layer is updated as soon as its gradients are reduced and the step was called, and the
+forward of layer ``i`` waits only for layer ``i``'s update. ``slowdown`` (default 0) makes
+compute advance at ``1 / (1 + slowdown)`` while a collective is in flight: the processor
+time a CPU transport takes from a host with no spare core (0 on accelerators).
+Deterministic: no randomness, equal inputs give equal results.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from chronica.core.checks import check_int, check_number
+from chronica.core.priority import (
+    GradientQueue,
+    Layout,
+    build_layout,
+    fifo_order,
+    simulate_order,
+)
+from chronica.sim.timing import AllReduceModel
+
+__all__ = [
+    "POLICIES",
+    "Layer",
+    "Link",
+    "Policy",
+    "StepResult",
+    "parse_bytes",
+    "plan",
+    "simulate_gradients",
+    "simulate_step",
+]
+
+POLICIES = ("none", "ddp", "fifo", "priority")
+MIB = 1 << 20
+# The torch shim's defaults (chronica.runtime.dispatcher.SchedulingOptions) and DDP's.
+DEFAULT_PARTITION_BYTES = 1 * MIB
+DEFAULT_CREDIT_BYTES = 4 * MIB
+DEFAULT_BUCKET_BYTES = 25 * MIB
+DEFAULT_FIRST_BUCKET_BYTES = 1 * MIB
+UNLIMITED = 1 << 62
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer of a model, in forward order: the bytes of each of its gradient tensors (in
+    the order the forward first uses them; empty for a layer without parameters), and the
+    seconds of its forward, its backward and its optimizer update."""
+
+    name: str
+    tensor_bytes: tuple[int, ...]
+    forward_s: float
+    backward_s: float
+    update_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for nbytes in self.tensor_bytes:
+            check_int(f"layer {self.name!r} tensor_bytes", nbytes, 0)
+        for name in ("forward_s", "backward_s", "update_s"):
+            check_number(f"layer {self.name!r} {name}", getattr(self, name), 0.0)
+
+
+@dataclass(frozen=True)
+class Link:
+    """W ranks joined by links of ``bandwidth`` bytes per second with ``latency_s`` per hop;
+    ``seconds(n)`` is one ring all-reduce of ``n`` bytes."""
+
+    bandwidth: float
+    latency_s: float = 5e-6
+    world: int = 2
+
+    def __post_init__(self) -> None:
+        check_number("bandwidth", self.bandwidth, 0.0, hint=" (bytes per second)")
+        if self.bandwidth <= 0:
+            raise ValueError(f"bandwidth={self.bandwidth!r} must be > 0 bytes per second")
+        check_number("latency", self.latency_s, 0.0, hint=" (seconds per hop)")
+        check_int("ranks", self.world, 2, hint=" (one rank has nothing to all-reduce)")
+
+    def seconds(self, nbytes: float) -> float:
+        """Seconds of one ring all-reduce of ``nbytes`` over ``world`` ranks."""
+        return AllReduceModel(self.latency_s, self.bandwidth, nbytes).seconds(self.world)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A communication policy (one of ``POLICIES``) and its knobs; ``None`` is the policy's
+    default: ``fifo`` sends each tensor alone with unlimited credit, ``priority`` the torch
+    shim's 1 MiB partitions and 4 MiB credit, ``ddp`` DDP's 25 MiB buckets after a 1 MiB
+    first one. ``partition_bytes=0``: one partition per tensor (no cut, no fusion);
+    ``credit_bytes=0``: unlimited. Any other ``partition_bytes`` cuts larger tensors and
+    fuses adjacent smaller ones as the shim does. ``label`` names it in tables."""
+
+    kind: str
+    partition_bytes: int | None = None
+    credit_bytes: int | None = None
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in POLICIES:
+            raise ValueError(f"policy={self.kind!r} must be one of {POLICIES}")
+        for name in ("partition_bytes", "credit_bytes"):
+            value = getattr(self, name)
+            if value is not None:
+                check_int(name, value, 0, hint=" (0: one partition per tensor / unlimited credit)")
+        check_int("bucket_bytes", self.bucket_bytes, 1)
+        check_int("first_bucket_bytes", self.first_bucket_bytes, 1)
+        if not self.label:
+            object.__setattr__(self, "label", self.kind)
+
+    @classmethod
+    def parse(cls, spec: str) -> Policy:
+        """``KIND[,key=value...]`` with keys ``partition``, ``credit``, ``bucket``,
+        ``first_bucket`` (bytes, with an optional KiB/MiB/GiB suffix), e.g.
+        ``priority,partition=256KiB,credit=1MiB`` or ``ddp,bucket=100MiB``."""
+        kind, *pairs = spec.split(",")
+        keys = {
+            "partition": "partition_bytes",
+            "credit": "credit_bytes",
+            "bucket": "bucket_bytes",
+            "first_bucket": "first_bucket_bytes",
+        }
+        knobs: dict[str, int] = {}
+        for pair in pairs:
+            key, _, value = pair.partition("=")
+            if key not in keys or not value:
+                raise ValueError(
+                    f"--policy {spec!r}: {pair!r} is not key=value with a key in {sorted(keys)}"
+                )
+            knobs[keys[key]] = parse_bytes(f"--policy {spec!r} {key}", value)
+        return cls(kind.strip(), label=spec, **knobs)
+
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_bytes(name: str, text: str) -> int:
+    """``text`` (e.g. ``1048576``, ``256KiB``, ``1MiB``, ``1.5m``) as a byte count >= 0;
+    ``ValueError`` naming ``name`` otherwise."""
+    core = text.strip().lower().removesuffix("ib").removesuffix("b")
+    unit = core[-1:] if core[-1:] in _UNITS else ""
+    try:
+        value = float(core[: len(core) - len(unit)]) * _UNITS[unit]
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not a byte count (e.g. 1048576 or 1MiB)") from None
+    if not value >= 0 or value != value:
+        raise ValueError(f"{name}={text!r} must be >= 0 bytes")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Steady-state ``step_s`` (step to step) of one policy, beside ``compute_s`` (forward,
+    backward and update with no communication); ``exposed_s`` is what communication adds.
+    ``collectives``: all-reduces per step."""
+
+    policy: str
+    step_s: float
+    compute_s: float
+    collectives: int
+
+    @property
+    def exposed_s(self) -> float:
+        return self.step_s - self.compute_s
+
+    def to_dict(self) -> dict[str, float | int | str]:
+        """JSON-ready fields, ``exposed_s`` included."""
+        return {
+            "policy": self.policy,
+            "step_s": self.step_s,
+            "compute_s": self.compute_s,
+            "exposed_s": self.exposed_s,
+            "collectives": self.collectives,
+        }
+
+
+def _ddp_layout(numel: np.ndarray, bucket_bytes: int, first_bucket_bytes: int) -> Layout:
+    """DDP's buckets over the tensors in gradient-ready (reverse) order, as a ``Layout`` in
+    forward order: bucket ``j`` is partition ``P-1-j``."""
+    cuts = [len(numel)]  # bucket boundaries, forward-order indices, walking backward
+    size, cap = 0, first_bucket_bytes
+    for t in range(len(numel) - 1, -1, -1):
+        size += int(numel[t])
+        if size >= cap and t > 0:
+            cuts.append(t)
+            size, cap = 0, bucket_bytes
+    part_ptr = np.asarray([0, *sorted(cuts[1:]), len(numel)], dtype=np.int64)
+    prefix = np.concatenate([[0], np.cumsum(numel)])
+    return Layout(
+        numel=numel,
+        itemsize=np.ones_like(numel),
+        seg_tensor=np.arange(len(numel), dtype=np.int64),
+        seg_start=np.zeros_like(numel),
+        seg_stop=numel.copy(),
+        part_ptr=part_ptr,
+        part_bytes=(prefix[part_ptr[1:]] - prefix[part_ptr[:-1]]).astype(np.int64),
+        partition_bytes=bucket_bytes,
+    )
+
+
+def plan(layers: list[Layer], link: Link, policy: Policy) -> tuple[Layout, np.ndarray, int]:
+    """The partitions, dispatch order and credit ``policy`` gives ``layers`` on ``link``
+    (tensors as bytes of itemsize 1; layer ``i``'s gradients ready when its backward ends)."""
+    numel = np.asarray([b for layer in layers for b in layer.tensor_bytes], dtype=np.int64)
+    ends = np.cumsum([layer.backward_s for layer in layers][::-1])[::-1]
+    ready = np.repeat(ends, [len(layer.tensor_bytes) for layer in layers])
+    total = int(numel.sum())
+    whole = max(int(numel.max(initial=0)), 1)
+    if policy.kind == "ddp":
+        layout = _ddp_layout(numel, policy.bucket_bytes, policy.first_bucket_bytes)
+        return layout, np.arange(layout.num_partitions)[::-1].copy(), UNLIMITED
+    if policy.kind == "none":
+        layout = build_layout(numel, np.ones_like(numel), max(total, 1))
+        return layout, np.arange(layout.num_partitions), UNLIMITED
+    default_part = 0 if policy.kind == "fifo" else DEFAULT_PARTITION_BYTES
+    default_credit = 0 if policy.kind == "fifo" else DEFAULT_CREDIT_BYTES
+    part = policy.partition_bytes if policy.partition_bytes is not None else default_part
+    credit = policy.credit_bytes if policy.credit_bytes is not None else default_credit
+    # partition_bytes=0: one collective per tensor (distinct keys keep tensors unfused)
+    keys = None if part else np.arange(len(numel))
+    layout = build_layout(numel, np.ones_like(numel), part or whole, dtype_keys=keys)
+    credit = credit or UNLIMITED
+    busy = sum(link.seconds(b) for b in layout.part_bytes.tolist())
+    if policy.kind == "fifo" or total == 0:
+        return layout, fifo_order(layout, ready), credit
+    return layout, simulate_order(layout, ready, credit, total / busy), credit
+
+
+class _Run:
+    """The event loop of ``simulate_step``: one instance per simulation."""
+
+    def __init__(
+        self, layers: list[Layer], link: Link, policy: Policy, slowdown: float, steps: int
+    ) -> None:
+        layout, order, credit = plan(layers, link, policy)
+        self.layers = layers
+        self.queue = GradientQueue(layout, order, credit)
+        self.part_s = [link.seconds(b) for b in layout.part_bytes.tolist()]
+        self.overlapped = policy.kind in ("fifo", "priority")
+        self.rate_while_busy = 1.0 / (1.0 + slowdown)
+        first = np.cumsum([0] + [len(layer.tensor_bytes) for layer in layers])
+        self.tensors = [range(int(a), int(b)) for a, b in itertools.pairwise(first)]
+        tensor_layer = np.repeat(np.arange(len(layers)), np.diff(first))
+        self.part_layers = [
+            sorted({int(tensor_layer[t]) for t, _, _ in layout.segments(p)})
+            for p in range(layout.num_partitions)
+        ]
+        self.parts_per_layer = np.zeros(len(layers), dtype=np.int64)
+        for touched in self.part_layers:
+            self.parts_per_layer[touched] += 1
+        n = len(layers)
+        # The compute thread's program, (kind, step, layer): Forward, Backward, Step called,
+        # Update of every layer (none and ddp only).
+        self.ops: list[tuple[str, int, int]] = []
+        for step in range(steps):
+            self.ops += [("F", step, i) for i in range(n)]
+            self.ops += [("B", step, i) for i in range(n - 1, -1, -1)]
+            self.ops += [("S", step, -1)] + ([] if self.overlapped else [("U", step, -1)])
+        self.stamps: list[float] = []  # when each step() returned
+        self.now = 0.0
+        self.cursor = 0  # next op of the compute thread
+        self.updated = np.zeros(n, dtype=np.int64)  # updates applied to each layer
+        self.missing = self.parts_per_layer.copy()  # this step's partitions not yet reduced
+        self.reduced = 0  # this step's partitions reduced
+        self.stepped = False  # step() called this step: reduced layers may be updated
+        self.to_update: deque[int] = deque()  # layers waiting for the updater
+        self.on_link: deque[int] = deque()  # issued partitions, in issue order
+
+    def _blocked(self, kind: str, step: int, layer: int) -> bool:
+        if kind == "F":
+            return bool(self.updated[layer] < step)
+        return kind == "S" and not self.overlapped and self.reduced < len(self.part_s)
+
+    def _work(self, kind: str, layer: int) -> float:
+        if kind == "F":
+            return self.layers[layer].forward_s
+        if kind == "B":
+            if layer == len(self.layers) - 1:  # a new step's backward: a new queue round
+                self.queue.reset()
+                self.missing = self.parts_per_layer.copy()
+                self.reduced, self.stepped = 0, False
+            return self.layers[layer].backward_s
+        if kind == "U":
+            return sum(layer.update_s for layer in self.layers)
+        return 0.0
+
+    def _op_done(self) -> None:
+        kind, step, layer = self.ops[self.cursor]
+        self.cursor += 1
+        if kind == "B":
+            for t in self.tensors[layer]:
+                self.queue.mark_ready(t)
+        elif kind == "U":
+            self.updated[:] = step + 1
+            self.stamps.append(self.now)
+        elif kind == "S" and self.overlapped:
+            self.stamps.append(self.now)
+            self.stepped = True
+            done = [j for j in range(len(self.layers)) if self.tensors[j] and not self.missing[j]]
+            self.to_update.extend(done)
+
+    def _reduced(self, partition: int) -> None:
+        self.queue.complete(partition)
+        self.reduced += 1
+        for j in self.part_layers[partition]:
+            self.missing[j] -= 1
+            if not self.missing[j] and self.stepped:
+                self.to_update.append(j)
+
+    def run(self) -> list[float]:
+        """Simulate every step; the times at which each ``step()`` returned."""
+        compute: float | None = None  # seconds of work left on each resource (None: idle)
+        comm: float | None = None
+        update: float | None = None
+        while self.cursor < len(self.ops) or self.on_link or self.to_update or update is not None:
+            while compute is None and self.cursor < len(self.ops):
+                kind, step, layer = self.ops[self.cursor]
+                if self._blocked(kind, step, layer):
+                    break
+                compute = self._work(kind, layer)
+                if compute == 0:
+                    compute = None
+                    self._op_done()
+            while (p := self.queue.next_dispatch()) is not None:
+                self.on_link.append(p)
+            if comm is None and self.on_link:
+                comm = self.part_s[self.on_link[0]]
+            if update is None and self.to_update:
+                update = self.layers[self.to_update[0]].update_s
+            rate = self.rate_while_busy if comm is not None else 1.0
+            ends = [t for t in (comm, update) if t is not None]
+            if compute is not None:
+                ends.append(compute / rate)
+            if not ends and self.cursor == len(self.ops):
+                break  # the last ops took no time
+            if not ends:
+                raise RuntimeError("gradient simulation stalled: nothing can progress (a bug)")
+            dt = min(ends)
+            self.now += dt
+            # Whatever ends within this step ends (ties included); the rest advances.
+            if comm is not None:
+                comm = None if comm <= dt else comm - dt
+                if comm is None:
+                    self._reduced(self.on_link.popleft())
+            if update is not None:
+                update = None if update <= dt else update - dt
+                if update is None:
+                    self.updated[self.to_update.popleft()] += 1
+            if compute is not None:
+                compute = None if compute <= dt * rate else compute - dt * rate
+                if compute is None:
+                    self._op_done()
+        return self.stamps
+
+
+def simulate_step(
+    layers: list[Layer],
+    link: Link,
+    policy: Policy | str,
+    slowdown: float = 0.0,
+    steps: int = 6,
+) -> StepResult:
+    """Steady-state step time of ``layers`` training on ``link`` under ``policy``: the mean
+    of the last ``steps // 2`` step-to-step intervals of ``steps`` simulated steps.
+    ``slowdown``: see the module docstring. Deterministic."""
+    if isinstance(policy, str):
+        policy = Policy.parse(policy)
+    if not layers:
+        raise ValueError("layers=[] must hold at least one layer")
+    check_number("slowdown", slowdown, 0.0, hint=" (0: communication takes no compute)")
+    check_int("steps", steps, 2)
+    run = _Run(list(layers), link, policy, float(slowdown), steps)
+    stamps = run.run()
+    tail = steps // 2
+    compute = sum(layer.forward_s + layer.backward_s + layer.update_s for layer in layers)
+    return StepResult(
+        policy=policy.label,
+        step_s=(stamps[-1] - stamps[-1 - tail]) / tail,
+        compute_s=compute,
+        collectives=len(run.part_s),
+    )
+
+
+def simulate_gradients(
+    layers: list[Layer],
+    link: Link,
+    policies: tuple[Policy | str, ...] = POLICIES,
+    slowdown: float = 0.0,
+) -> list[StepResult]:
+    """``simulate_step`` for each of ``policies`` (default: every policy, default knobs)."""
+    return [simulate_step(layers, link, policy, slowdown) for policy in policies]

@@ -1,0 +1,221 @@
+"""The gradient-communication model (``chronica simulate gradients``) against hand-computed
+steps, its determinism, the profiles' sizes and its argument errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from chronica.core.priority import simulate_order
+from chronica.runtime.dispatcher import SchedulingOptions
+from chronica.sim import cli
+from chronica.sim.grad_cli import parse_rate
+from chronica.sim.grad_profiles import PROFILES, DeviceModel, profile_layers
+from chronica.sim.gradients import (
+    DEFAULT_CREDIT_BYTES,
+    DEFAULT_PARTITION_BYTES,
+    POLICIES,
+    Layer,
+    Link,
+    Policy,
+    plan,
+    simulate_gradients,
+    simulate_step,
+)
+
+# A link of 1 MB/s without latency at W = 2: an all-reduce of n bytes takes n µs.
+SLOW = Link(1e6, 0.0, 2)
+MS = 1e-3
+
+
+def step_ms(layers: list[Layer], policy: str, slowdown: float = 0.0) -> float:
+    return round(simulate_step(layers, SLOW, policy, slowdown).step_s / MS, 9)
+
+
+def test_ring_cost_is_the_formula() -> None:
+    link = Link(1e6, 1e-3, 4)
+    # 2(W-1)/W · bytes/B + 2(W-1)·α = 1.5 · 8 ms + 6 ms
+    assert link.seconds(8000) == pytest.approx(18e-3)
+    assert Link(1e6, 0.0, 2).seconds(4000) == pytest.approx(4e-3)
+
+
+def test_one_layer_every_policy_waits_for_its_only_gradient() -> None:
+    # forward 10, backward 20, all-reduce 4, update 1: nothing can overlap the all-reduce
+    layers = [Layer("a", (4000,), 10 * MS, 20 * MS, 1 * MS)]
+    for policy in POLICIES:
+        result = simulate_step(layers, SLOW, policy)
+        assert result.step_s == pytest.approx(35 * MS), policy
+        assert result.compute_s == pytest.approx(31 * MS)
+        assert result.exposed_s == pytest.approx(4 * MS)
+        assert result.collectives == 1
+
+
+TWO = [Layer("a", (4000,), 10 * MS, 20 * MS), Layer("b", (4000,), 10 * MS, 20 * MS)]
+
+
+def test_two_layers_overlap_by_hand() -> None:
+    # Backward: b's gradient at 20 (reduced 20-24), a's at 40 (40-44).
+    # none: 60 of compute + one 8 ms all-reduce after backward.
+    assert step_ms(TWO, "none") == 68
+    # fifo: a's forward waits until 44, b's gradient is long reduced: 44 + 20 of forward.
+    assert step_ms(TWO, "fifo") == 64
+    # DDP's first bucket (1 MiB) and the shim's 1 MiB partition fuse both layers into one
+    # all-reduce after backward, as the real ones do.
+    assert step_ms(TWO, "ddp") == 68
+    assert step_ms(TWO, "priority") == 68
+    # One bucket per layer: b's is reduced during a's backward; the optimizer waits for a's.
+    assert step_ms(TWO, "ddp,first_bucket=4000,bucket=4000") == 64
+
+
+def test_ddp_buckets_close_once_they_reach_their_cap() -> None:
+    layers = [Layer(str(i), (3000,), MS, MS) for i in range(5)]
+    layout, order, _ = plan(layers, SLOW, Policy("ddp", bucket_bytes=5000, first_bucket_bytes=2000))
+    # gradient-ready order 4,3,2,1,0: {4} reaches 2000, {3,2} reaches 5000, {1,0}
+    assert layout.part_ptr.tolist() == [0, 2, 4, 5]
+    assert order.tolist() == [2, 1, 0]
+
+
+# a: 4000 bytes, b: 40000 bytes; forward 1 ms, backward 2 ms each.
+SMALL_FIRST = [Layer("a", (4000,), MS, 2 * MS), Layer("b", (40000,), MS, 2 * MS)]
+
+
+def test_credit_lets_the_first_layer_overtake() -> None:
+    spec = "priority,partition=4000,credit=4000"
+    layout, order, credit = plan(SMALL_FIRST, SLOW, Policy.parse(spec))
+    assert layout.num_partitions == 11 and credit == 4000
+    # b's 10 slices are ready at 2 ms, a's at 4 ms: with one slice in flight, a's slice goes
+    # second and the rest of b after it (the core's own order).
+    assert order.tolist() == [1, 0, *range(2, 11)]
+    ready = np.asarray([4e-3, 2e-3])
+    rate = 44000 / (11 * 4e-3)
+    assert order.tolist() == simulate_order(layout, ready, 4000, rate).tolist()
+    # a reduced at 10 -> its forward 10-11; b's at 46 -> 46-47; then backward again.
+    assert step_ms(SMALL_FIRST, spec) == 47
+    # Unlimited credit dispatches all of b at once: a waits until 46, its forward 46-47,
+    # b's forward 47-48.
+    assert step_ms(SMALL_FIRST, "priority,partition=4000,credit=0") == 48
+    # none: 6 of compute and 44 of all-reduce in a row
+    assert step_ms(SMALL_FIRST, "none") == 50
+
+
+def test_slowdown_stretches_compute_while_the_link_is_busy() -> None:
+    # fifo on TWO: b's all-reduce (20-24) overlaps a's backward, which then advances at half
+    # speed for 4 ms: a's gradient at 42, reduced 42-46, forward 46-66.
+    assert step_ms(TWO, "fifo", slowdown=1.0) == 66
+    # none: the all-reduce never overlaps compute
+    assert step_ms(TWO, "none", slowdown=1.0) == 68
+
+
+def test_deterministic_and_independent_of_the_other_policies() -> None:
+    layers = profile_layers("gpt2")
+    link = Link(parse_rate("--link", "25gbit"), 5e-6, 16)
+    first = [r.to_dict() for r in simulate_gradients(layers, link)]
+    again = [r.to_dict() for r in simulate_gradients(layers, link, tuple(reversed(POLICIES)))]
+    assert first == list(reversed(again))
+    # overlap never makes a step shorter than its compute or the all-reduces in a row
+    total = sum(sum(layer.tensor_bytes) for layer in layers)
+    for r in first:
+        assert r["step_s"] >= r["compute_s"]
+        assert r["step_s"] >= link.seconds(total)
+
+
+def test_defaults_are_the_shims() -> None:
+    shim = SchedulingOptions()
+    assert (DEFAULT_PARTITION_BYTES, DEFAULT_CREDIT_BYTES) == (
+        shim.partition_bytes,
+        shim.credit_bytes,
+    )
+
+
+def test_profiles_hold_the_real_models_parameters() -> None:
+    params = {
+        name: sum(sum(layer.tensor_bytes) for layer in profile_layers(name)) // 4
+        for name in PROFILES
+    }
+    assert params == {
+        "vgg16": 138_357_544,
+        "bert-base": 110_104_890,  # BertModel with pooler and masked-LM head
+        "bert-large": 336_224_058,
+        "gpt2": 124_439_808,
+        "gpt2-medium": 354_823_168,
+    }
+    # compute scales with the device: twice the FLOP/s, half the forward
+    slow = profile_layers("gpt2", DeviceModel(flops=50e12))
+    fast = profile_layers("gpt2", DeviceModel(flops=100e12))
+    assert [a.forward_s for a in slow] == pytest.approx([2 * b.forward_s for b in fast])
+
+
+@pytest.mark.parametrize(
+    ("make", "named"),
+    [
+        (lambda: Link(0.0, 0.0, 8), "bandwidth"),
+        (lambda: Link(1e9, -1.0, 8), "latency"),
+        (lambda: Link(1e9, 0.0, 1), "ranks"),
+        (lambda: Policy("lifo"), "policy"),
+        (lambda: Policy.parse("priority,parts=1MiB"), "--policy"),
+        (lambda: Policy.parse("priority,credit=lots"), "--policy"),
+        (lambda: Layer("x", (-4,), 0.0, 0.0), "tensor_bytes"),
+        (lambda: Layer("x", (4,), float("nan"), 0.0), "forward_s"),
+        (lambda: parse_rate("--link", "fast"), "--link"),
+        (lambda: profile_layers("resnet"), "--profile"),
+        (lambda: profile_layers("gpt2", batch=0), "--batch"),
+        (lambda: simulate_step([], SLOW, "fifo"), "layers"),
+        (lambda: simulate_step(TWO, SLOW, "fifo", slowdown=-1.0), "slowdown"),
+    ],
+)
+def test_bad_arguments_name_the_argument(make, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        make()
+
+
+def test_cli_prints_simulated_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["gradients", "--profile", "gpt2", "--ranks", "8,64", "--link", "10gbit,100gbit"]
+    assert cli.main(argv) == 0
+    table = capsys.readouterr().out
+    assert table.startswith("SIMULATED") and table.count("priority") == 4
+    assert cli.main([*argv, "--policy", "ddp", "--policy", "priority", "--json", "-"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["simulated"] is True
+    assert [(c["ranks"], c["link"]) for c in payload["cases"]] == [
+        (8, "10gbit"),
+        (8, "100gbit"),
+        (64, "10gbit"),
+        (64, "100gbit"),
+    ]
+    assert [r["policy"] for r in payload["cases"][0]["results"]] == ["ddp", "priority"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--ranks", "1,8"], "--ranks"),
+        (["--link", "10gbits"], "--link"),
+        (["--profile", "alexnet"], "--profile"),
+        (["--policy", "lifo"], "policy"),
+        (["--tflops", "0"], "--tflops"),
+        (["--layers", "missing.json"], "missing.json"),
+    ],
+)
+def test_cli_errors_name_the_flag(argv, named, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["gradients", *argv]) == 2
+    assert named in capsys.readouterr().err
+
+
+def test_cli_reads_measured_layers(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "layers.json"
+    rows = [
+        {"name": layer.name, "tensor_bytes": list(layer.tensor_bytes), **times}
+        for layer, times in zip(
+            TWO,
+            [{"forward_s": 0.01, "backward_s": 0.02}] * 2,
+            strict=True,
+        )
+    ]
+    path.write_text(json.dumps(rows))
+    argv = ["gradients", "--layers", str(path), "--ranks", "2", "--link", "8mbit", "--json", "-"]
+    argv += ["--latency", "0", "--policy", "fifo"]
+    assert cli.main(argv) == 0
+    (result,) = json.loads(capsys.readouterr().out)["cases"][0]["results"]
+    assert result["step_s"] == pytest.approx(0.064)
