@@ -218,14 +218,15 @@ class Dispatcher:
         rate = total / covered if covered > 0 else float("inf")
         return StepStats(tensor_ready=ready, bytes_per_second=rate)
 
-    def close(self) -> None:
-        """Stop the threads (after the current step completed) and close the timeline."""
+    def close(self, timeline: bool = True) -> None:
+        """Stop the threads (after the current step completed) and close the timeline
+        (unless ``timeline=False``: its owner goes on writing to it)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         for thread in self._threads:
             thread.join(timeout=60)
-        if self._timeline is not None:
+        if timeline and self._timeline is not None:
             self._timeline.close()
 
     def _raise_if_failed(self) -> None:

@@ -118,7 +118,7 @@ def train(kind: str, scheduled: bool, rank: int, world: int, timeline: str | Non
     return report
 
 
-DDP_STEPS = 8  # mode="auto" decides after step 6, so it runs both engines
+DDP_STEPS = 16  # mode="auto" with min_saving=0 tries scheduling, then settles by step 14
 VARIANTS = {
     "bucketed": {"mode": "bucketed"},
     "scheduled": {"mode": "scheduled", "partition_bytes": 1024, "credit_bytes": 2048},

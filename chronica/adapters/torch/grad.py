@@ -57,7 +57,8 @@ log = logging.getLogger("chronica")
 
 MODES = ("auto", "scheduled", "bucketed")
 _REFRESH_STEPS = (1, 3)  # scheduled steps after which ready times and bandwidth are re-measured
-_MEASURE_STEPS = 4  # bucketed steps measured before mode="auto" decides
+_MEASURE_STEPS = 4  # steps of each engine measured before mode="auto" decides
+_MARGIN = 0.02  # mode="auto" keeps scheduling only if its steps are this much shorter
 _FIRST_BUCKET_BYTES = 1 << 20  # DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
 _BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb
 _BROADCAST_BYTES = 250 << 20  # DDP's broadcast_bucket_size
@@ -174,6 +175,7 @@ class ScheduledOptimizer:
         self._last_done = self._reduced_at = 0.0
         self._forward_wait = 0.0
         self._history: deque[tuple[float, float, float]] = deque(maxlen=_HISTORY)
+        self._trial: float | None = None  # rank 0's bucketed step time while trying scheduling
         self._tuner: AutoTuner | None = None
         self._module_params: dict[int, list[int]] = {}
         self._handles.append(model.register_forward_pre_hook(self._sync_buffers, prepend=True))
@@ -392,35 +394,68 @@ class ScheduledOptimizer:
 
     def _after_first_step(self) -> None:
         ready = np.asarray(self._first_ready, dtype=np.float64)
-        if self.mode == "scheduled":
-            self._decision = ""
-            self._start_scheduling(ready)
-            return
         layout = bucket_layout(
             self._numel, self._itemsize, _BUCKET_BYTES, _FIRST_BUCKET_BYTES, self._dtype_key
         )
-        self._use_buckets(layout, fifo_order(layout, ready))
+        self._bucket_plan = (layout, fifo_order(layout, ready))
+        if self.mode == "scheduled":
+            self._start_scheduling(ready)
+            return
+        self._use_buckets(*self._bucket_plan)
         self._restart_history()
 
     def _decide(self) -> None:
-        """mode="auto": rank 0's exposure decides, for every rank, whether to schedule."""
+        """mode="auto", after measured bucketed steps: rank 0's measurements decide, for every
+        rank, whether priority scheduling gets a trial (it could save ``min_saving``)."""
         exposure = Exposure.from_steps(self._history, "bucketed")
         ready = np.nan_to_num(self._ready_at[self._priority] - np.nanmin(self._ready_at))
-        agreed = self._agree(np.concatenate([[exposure.saving_bound], ready]))
-        bound = float(agreed[0])
+        agreed = self._agree(np.concatenate([[exposure.saving_bound, exposure.step_time], ready]))
+        bound, step_time = float(agreed[0]), float(agreed[1])
         if bound < self.min_saving:
-            self._decision = (
-                f"bucketed: rank 0 measured that priority scheduling would save at most "
-                f"{bound:.1%} of step time (< min_saving={self.min_saving:.0%})"
+            self._settle(
+                "bucketed",
+                f"rank 0 measured that priority scheduling would save at most {bound:.1%} of "
+                f"step time (< min_saving={self.min_saving:.0%})",
             )
-            log.info("chronica gradients: %s; staying with bucketed all-reduce", self._decision)
             return
         self._decision = (
-            f"scheduled: rank 0 measured that priority scheduling could save up to {bound:.1%} "
-            f"of step time (>= min_saving={self.min_saving:.0%})"
+            f"trial: rank 0 measured that priority scheduling could save up to {bound:.1%} "
+            f"of step time (>= min_saving={self.min_saving:.0%}); trying it"
         )
-        log.info("chronica gradients: %s; switching to priority scheduling", self._decision)
-        self._start_scheduling(agreed[1:])
+        log.info("chronica gradients: %s", self._decision)
+        self._trial = step_time
+        self._start_scheduling(agreed[2:])
+
+    def _conclude(self, dispatcher: Dispatcher) -> None:
+        """End of the trial: keep scheduling only if rank 0's steps got shorter."""
+        agreed = self._agree([Exposure.from_steps(self._history, "scheduled").step_time])
+        scheduled, bucketed = float(agreed[0]), self._trial
+        assert bucketed is not None
+        self._trial = None
+        measured = (
+            f"rank 0 measured {1e3 * scheduled:.1f} ms per step scheduled against "
+            f"{1e3 * bucketed:.1f} ms bucketed"
+        )
+        if scheduled <= bucketed * (1 - _MARGIN):
+            self._settle("scheduled", measured)
+            return
+        self._settle("bucketed", measured + f" (scheduling must save {_MARGIN:.0%})")
+        dispatcher.wait_all()  # every released update applied
+        dispatcher.close(timeline=False)
+        self._dispatcher = None
+        self._released = False
+        self._use_buckets(*self._bucket_plan)
+        self._restart_history()
+
+    def _settle(self, engine: str, why: str) -> None:
+        self._decision = f"{engine}: {why}"
+        staying = engine == self._engine
+        log.info(
+            "chronica gradients: %s; %s %s",
+            self._decision,
+            "staying with" if staying else "switching to",
+            "priority scheduling" if engine == "scheduled" else "bucketed all-reduce",
+        )
 
     def _start_scheduling(self, ready: np.ndarray) -> None:
         self._buckets = None
@@ -475,6 +510,14 @@ class ScheduledOptimizer:
             knobs = self._tuner.record(now - previous)
         if knobs is not None or self._scheduled_steps in _REFRESH_STEPS:
             self._replan(dispatcher, knobs)
+            if self._scheduled_steps in _REFRESH_STEPS:  # the re-plan's wait is no step's
+                self._restart_history()
+        if (
+            self._trial is not None
+            and self._scheduled_steps > _REFRESH_STEPS[-1]
+            and len(self._history) >= _MEASURE_STEPS
+        ):
+            self._conclude(dispatcher)
 
     def _begin_step(self, dispatcher: Dispatcher) -> None:
         dispatcher.wait_all()

@@ -138,7 +138,10 @@ def test_auto_mode_decides_once_and_says_why(job):
     for rank_result in results:
         switch = rank_result["ddp-sgd"]["auto-switch"]["stats"]
         stay = rank_result["ddp-sgd"]["auto-stay"]["stats"]
-        assert switch["mode"] == "scheduled" and switch["decision"].startswith("scheduled:")
+        # It tried scheduling, then kept whichever engine was faster: either way, exact.
+        assert switch["mode"] in ("scheduled", "bucketed")
+        assert switch["decision"].startswith(switch["mode"] + ": rank 0 measured")
+        assert "ms bucketed" in switch["decision"]
         assert stay["mode"] == "bucketed" and stay["decision"].startswith("bucketed:")
         assert "min_saving=100%" in stay["decision"]
         for stats in (switch, stay):
