@@ -15,6 +15,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+from attacks import attack
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -408,6 +409,11 @@ def _assert_partitions(scheduler, clients, epoch, first):
     return plans
 
 
+@attack(
+    "held",
+    "500 hostile requests (malformed, oversized, wrong types or versions, several "
+    "frames, wrong digest): each refused, plans still served",
+)
 def test_a_barrage_of_hostile_frames_leaves_the_coordinator_serving(scheduler, caplog):
     ctx = zmq.Context.instance()
     # Strangers' requests are rate-limited by the gate (tested in test_security.py); here
@@ -453,6 +459,10 @@ def test_a_barrage_of_hostile_frames_leaves_the_coordinator_serving(scheduler, c
             c.close()
 
 
+@attack(
+    "held",
+    "a far epoch fetched mid-job: refused, no window planned twice",
+)
 def test_far_epochs_are_refused_and_a_window_is_never_planned_twice(scheduler):
     with Coordinator(scheduler, "127.0.0.1", 0) as coordinator:
         first, second, rogue = _clients(coordinator, scheduler, [0, 1, 2], timeout=2.0)
@@ -470,6 +480,10 @@ def test_far_epochs_are_refused_and_a_window_is_never_planned_twice(scheduler):
             c.close()
 
 
+@attack(
+    "held",
+    "hello as a second rank on one connection, or a rank's hello on a second connection",
+)
 def test_duplicate_hellos_are_counted_and_a_connection_keeps_its_rank(scheduler):
     with Coordinator(scheduler, "127.0.0.1", 0) as coordinator:
         one, two = _clients(coordinator, scheduler, [1, 1])

@@ -1,6 +1,7 @@
 """Security: the address the coordinator binds, a port already in use, CURVE authentication
 with real sockets on loopback, and no pickle, eval or exec anywhere in the package."""
 
+import ast
 import logging
 import os
 import signal
@@ -87,6 +88,11 @@ def test_master_addr_names_the_interface_and_names_are_resolved(scheduler, monke
     assert resolve_bind("::1") == ("::1", "host")
 
 
+@attack(
+    "held",
+    "MASTER_ADDR spelled as every interface (0, 0.0, 00, 0x0, ::0, "
+    "0:0:0:0:0:0:0:0 ...): refused, never bound",
+)
 @pytest.mark.parametrize(
     "wildcard",
     ["0.0.0.0", "*", "::", "0", "0.0", "0.0.0", "00", "0x0", "::0", "[::]", "0:0:0:0:0:0:0:0"],
@@ -158,6 +164,11 @@ def _client(coordinator, rank, curve=None, timeout=2.0):
     return PlanClient(rank, world, digest, host, port, pub_port=pub, timeout=timeout, curve=curve)
 
 
+@attack(
+    "held",
+    "under CURVE, peers without keys, with an unlisted key or expecting another "
+    "server key: refused at the handshake",
+)
 def test_curve_serves_listed_keys_and_refuses_everyone_else(scheduler, keys, caplog):
     before = set(threading.enumerate())
     curve = CurveServer(secret=keys.server[1], allowed=[keys.good[0]])
@@ -388,6 +399,11 @@ def test_the_scan_would_see_them(tmp_path):
 # -- a plan that does not fit is not used ----------------------------------------------
 
 
+@attack(
+    "degraded",
+    "a plan with a foreign sample, an inflated weight, another window or an unequal "
+    "count: the static plan serves",
+)
 @pytest.mark.parametrize(
     "tamper", ["foreign sample", "inflated weight", "other window", "unequal count"]
 )
@@ -530,7 +546,7 @@ class _Agreement:
 
 
 @attack(
-    "held",
+    "degraded",
     "1 GiB of unauthenticated ZMTP (multipart floods of empty and 4 KiB frames, both ports) "
     "beside a 2-rank job: the host process stays within 64 MiB, exactly-once holds",
 )
@@ -670,6 +686,7 @@ def test_an_insider_fetching_ahead_is_refused_without_planning(long_epochs):
         ranks = _ranks(coordinator, range(4))
         assert all(c.connect() for c in ranks)
         assert all(c.plan(0, 0) is not None for c in ranks)
+        _wait_for(lambda: coordinator.stats.windows == 2)  # (0, 0), and (0, 4) planned early
         planned = coordinator.stats.windows
         (insider,) = _ranks(coordinator, [2])  # says hello as a real rank
         assert insider.connect()
@@ -677,7 +694,56 @@ def test_an_insider_fetching_ahead_is_refused_without_planning(long_epochs):
             assert insider.plan(epoch, 0) is None
         assert insider.stats.refused_fetches == 10 and coordinator.stats.refused["stale"] == 10
         assert coordinator.stats.windows == planned  # nothing was planned for it
-        assert coordinator.planner.planned(1, 0) is None
+        assert all(coordinator.planner.planned(epoch, 0) is None for epoch in range(1, 11))
         assert all(c.plan(0, 4) is not None for c in ranks)
         for c in [insider, *ranks]:
             c.close()
+
+
+# -- the table of attacks in SECURITY.md is the suite's --------------------------------
+
+_ROOT = Path(__file__).resolve().parents[2]
+_TABLE_HEAD = "| attack | outcome | test |\n|---|---|---|\n"
+
+
+def _registered_attacks() -> list[tuple[str, str, str]]:
+    """``(what, outcome, test)`` of every test under tests/ decorated with ``@attack``."""
+    found = []
+    for path in sorted((_ROOT / "tests").rglob("test_*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            for decorator in node.decorator_list:
+                if (
+                    isinstance(decorator, ast.Call)
+                    and isinstance(decorator.func, ast.Name)
+                    and decorator.func.id == "attack"
+                ):
+                    outcome, what = (ast.literal_eval(a) for a in decorator.args)
+                    test = f"{path.relative_to(_ROOT)}::{node.name}"
+                    found.append((what, outcome, test))
+    return found
+
+
+def _attack_table(attacks) -> str:
+    held = sum(outcome == "held" for _, outcome, _ in attacks)
+    rows = "".join(f"| {what} | {outcome} | `{test}` |\n" for what, outcome, test in attacks)
+    return (
+        f"{_TABLE_HEAD}{rows}\n**{len(attacks)} attacks tried: {held} held, "
+        f"{len(attacks) - held} degraded.**"
+    )
+
+
+def test_the_attack_table_is_current():
+    """SECURITY.md lists exactly the tests marked ``@attack``, with their outcomes and the
+    counts; docs/deployment.md repeats the counts. To add an attack, decorate its test
+    (tests/helpers/attacks.py) and paste the table this test prints when it fails."""
+    attacks = _registered_attacks()
+    assert len(attacks) >= 10
+    table = _attack_table(attacks)
+    security = (_ROOT / "SECURITY.md").read_text()
+    assert table in security, f"SECURITY.md's table of attacks should read:\n\n{table}"
+    held = sum(outcome == "held" for _, outcome, _ in attacks)
+    count = f"{len(attacks)} attacks tried: {held} held, {len(attacks) - held} degraded"
+    assert count in " ".join((_ROOT / "docs" / "deployment.md").read_text().split())
