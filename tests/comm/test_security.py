@@ -747,3 +747,55 @@ def test_the_attack_table_is_current():
     held = sum(outcome == "held" for _, outcome, _ in attacks)
     count = f"{len(attacks)} attacks tried: {held} held, {len(attacks) - held} degraded"
     assert count in " ".join((_ROOT / "docs" / "deployment.md").read_text().split())
+
+
+# -- the gate ------------------------------------------------------------------------
+
+
+@attack(
+    "held",
+    "5000 requests from a connection that never says a valid hello: at most 256 a second "
+    "(after a burst) reach the coordinator, a real rank is served",
+)
+def test_strangers_reach_the_coordinator_at_a_bounded_rate(scheduler):
+    with Coordinator(scheduler, "127.0.0.1", 0) as coordinator:
+        host, port, _ = coordinator.endpoint
+        stranger = zmq.Context.instance().socket(zmq.DEALER)
+        stranger.setsockopt(zmq.LINGER, 0)
+        stranger.connect(f"tcp://{host}:{port}")
+        started = time.monotonic()
+        for _ in range(5000):
+            stranger.send(b"\x81\xa1v\x02")  # a map without a type: refused when read
+        _wait_for(lambda: coordinator.stats.gate.get("limited", 0) > 0, 30)
+        elapsed = time.monotonic() - started
+        burst = 2 * scheduler.config.num_replicas + 64
+        assert coordinator.stats.rejected <= burst + 256 * elapsed + 1
+        (rank,) = _ranks(coordinator, [0])
+        assert rank.connect() and rank.plan(0, 0) is not None
+        rank.close()
+        stranger.close(0)
+
+
+@attack(
+    "degraded",
+    "the gate process killed mid-job (as when memory runs out): another starts on the same "
+    "ports, the ranks say hello again and are served",
+)
+def test_a_killed_gate_is_replaced_on_the_same_ports(scheduler):
+    with Coordinator(scheduler, "127.0.0.1", 0) as coordinator:
+        ranks = _ranks(coordinator, range(4))
+        assert all(c.connect() for c in ranks)
+        assert all(c.plan(0, 0) is not None for c in ranks)
+        endpoint, pid = coordinator.endpoint, coordinator._gate.pid()
+        os.kill(pid, signal.SIGKILL)
+        _wait_for(lambda: coordinator.stats.gate_restarts == 1, 30)
+        assert coordinator.endpoint == endpoint and coordinator._gate.pid() != pid
+        plans = [c.plan(0, 4) for c in ranks]  # greeted again, fetched again
+        assert all(p is not None for p in plans)
+        static = scheduler.plan_epoch(0)
+        for step in range(4, 4 + plans[0].num_steps):
+            got = np.sort(np.concatenate([p.local(step) for p in plans]))
+            whole = static.indices[static.bounds[step, 0] : static.bounds[step, -1]]
+            np.testing.assert_array_equal(got, np.sort(whole))
+        for c in ranks:
+            c.close()
