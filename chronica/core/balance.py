@@ -137,7 +137,7 @@ def _tree_set(value: np.ndarray, where: np.ndarray, i: int, key: float) -> None:
 
 @njit(cache=True)
 def _lpt(
-    costs: np.ndarray,
+    sorted_costs: np.ndarray,
     order: np.ndarray,
     members: np.ndarray,
     caps: np.ndarray,
@@ -147,8 +147,9 @@ def _lpt(
 ) -> None:
     """Fill ``members[r, :caps[r]]`` (positions, descending cost) and ``loads`` by
     capacity-bounded LPT: each sample to the rank whose predicted time ``alpha + beta·load``
-    is lowest among those with room (ties: lower rank). A winner tree holds the times, a
-    full rank's as ``inf``."""
+    is lowest among those with room (ties: lower rank). ``order`` lists the positions by
+    descending cost, ``sorted_costs`` their costs in that order (read in sequence, not
+    gathered). A winner tree holds the times, a full rank's as ``inf``."""
     num_ranks = members.shape[0]
     counts = np.zeros(num_ranks, np.int64)
     loads[:] = 0.0
@@ -158,7 +159,7 @@ def _lpt(
         r = where[1]
         members[r, counts[r]] = i
         counts[r] += 1
-        loads[r] += costs[i]
+        loads[r] += sorted_costs[t]
         time = alpha[r] + beta[r] * loads[r] if counts[r] < caps[r] else np.inf
         _tree_set(value, where, r, time)
 
@@ -350,6 +351,7 @@ def _balance_step_range(
         longest = max(longest, step_starts[s + 1] - step_starts[s])
     # Buffers for the longest step, reused by every step. Positions within a step fit int32.
     c_buffer = np.empty(longest)
+    c_sorted = np.empty(longest)
     keys = np.empty(longest, np.uint32)
     spare_keys = np.empty(longest, np.uint32)
     by_cost = np.empty(longest, np.int32)
@@ -371,7 +373,9 @@ def _balance_step_range(
         _descending_keys(c, keys[:n])
         order = _radix_argsort_into(keys[:n], spare_keys[:n], by_cost[:n], spare[:n])
         if use_lpt:
-            _lpt(c, order, members, step_caps, alpha, beta, loads)
+            for t in range(n):
+                c_sorted[t] = c[order[t]]
+            _lpt(c_sorted[:n], order, members, step_caps, alpha, beta, loads)
         else:
             loads[:] = 0.0
             offset = 0

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from chronica.core.rng import Stream, derive_key, permutation
-from chronica.core.shuffle import ShufflePolicy
+from chronica.core.shuffle import ShufflePolicy, epoch_order
 
-__all__ = ["Owners", "base_partitions", "epoch_partitions"]
+__all__ = ["Owners", "base_partitions", "epoch_partitions", "fitted_order"]
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,12 @@ class Owners:
             for node in ids:
                 first.setdefault(int(node), len(first))
             ids = np.array([first[int(node)] for node in ids])
-        ranks = tuple(np.flatnonzero(ids == i) for i in range(int(ids.max()) + 1))
+        # One stable sort groups the ranks of every owner: linear in the world's size, so a
+        # huge num_replicas is refused by later checks instead of hanging here.
+        ids = np.asarray(ids, dtype=np.int64)
+        by_owner = np.argsort(ids, kind="stable")
+        ends = np.cumsum(np.bincount(ids))
+        ranks = tuple(np.split(by_owner, ends[:-1]))
         return cls(rank_owner=ids.astype(np.int64), ranks=ranks)
 
     @property
@@ -70,6 +75,30 @@ def _fitted(order: np.ndarray, total: int) -> tuple[np.ndarray, int, int]:
     if total <= n:
         return order[:total], 0, n - total
     return np.concatenate([order, np.resize(order, total - n)]), total - n, 0
+
+
+def fitted_order(
+    policy: ShufflePolicy,
+    n: int,
+    seed: int,
+    epoch: int,
+    labels: np.ndarray | None,
+    total: int,
+) -> tuple[np.ndarray, int, int]:
+    """``epoch_order`` fitted to ``total`` like ``_fitted``: ``(order, padded, dropped)``,
+    the same values. The ``global`` permutation is drawn into its padded buffer, in the
+    narrowest integer type that numbers every sample (int32 below 2**31), so a large epoch
+    holds one compact copy of its order."""
+    if policy.kind != "global":
+        return _fitted(epoch_order(policy, n, seed, epoch, labels), total)
+    buffer = np.empty(max(n, total), dtype=np.int32 if max(n, total) < 2**31 else np.int64)
+    order = permutation(n, derive_key(seed, epoch, Stream.ORDER), out=buffer[:n])
+    if total <= n:
+        return order[:total], 0, n - total
+    for start in range(n, total, max(n, 1)):  # repeat from the start, as np.resize does
+        piece = min(n, total - start)
+        buffer[start : start + piece] = order[:piece]
+    return buffer, total - n, 0
 
 
 def base_partitions(

@@ -44,7 +44,7 @@ def lpt_bins(costs: np.ndarray, keys: np.ndarray, num_bins: int) -> tuple[np.nda
     loads = np.zeros(num_bins)
     order = _argsort_descending(np.ascontiguousarray(keys, dtype=np.float64))
     caps = np.full(num_bins, members.shape[1], np.int64)
-    _lpt(costs, order, members, caps, np.zeros(num_bins), np.ones(num_bins), loads)
+    _lpt(costs[order], order, members, caps, np.zeros(num_bins), np.ones(num_bins), loads)
     return members, loads
 
 
@@ -70,6 +70,33 @@ def _step_summary(
 
 
 @njit(cache=True)
+def _donor_trade(
+    costs: np.ndarray,
+    donor: np.ndarray,
+    receiver: np.ndarray,
+    limit: float,
+    t: int,
+    best: np.ndarray,
+    at: np.ndarray,
+) -> None:
+    """The largest ``d = c_y - c_x <= limit`` (``y`` from ``donor``, ``x`` from ``receiver``,
+    both ascending by cost) if it beats ``best[0]``, or ties it from an earlier step
+    ``t`` or sample: recorded as ``best[0] = d`` and ``at = (t, i, j)``."""
+    k = donor.shape[0]
+    j = 0
+    for i in range(k):
+        cy = costs[donor[i]]
+        while j < k and costs[receiver[j]] < cy - limit:
+            j += 1
+        if j == k:
+            break
+        d = cy - costs[receiver[j]]
+        if d > best[0] or (d == best[0] and at[0] >= 0 and t < at[0]):
+            best[0] = d
+            at[0], at[1], at[2] = t, i, j
+
+
+@njit(cache=True)
 def _fill_slack_kernel(costs: np.ndarray, members: np.ndarray, loads: np.ndarray, max_iter: int):
     num_steps, num_ranks, k = members.shape
     top = np.empty(num_steps)
@@ -78,9 +105,16 @@ def _fill_slack_kernel(costs: np.ndarray, members: np.ndarray, loads: np.ndarray
     mean = np.empty(num_steps)
     for t in range(num_steps):
         for r in range(num_ranks):
+            # Rows often arrive largest first: reversed, the insertion sort has little to do.
+            row = members[t, r]
+            for i in range(k // 2):
+                row[i], row[k - 1 - i] = row[k - 1 - i], row[i]
             _sort_row(costs, members[t, r], False)
         _step_summary(loads, t, top, arg, runner, mean)
     closed = np.zeros(num_steps, np.bool_)
+    limits = np.empty(num_steps)
+    best = np.empty(1)
+    at = np.empty(3, np.int64)
     for _ in range(max_iter):
         s, worst = -1, 1.0 + _STEP_TOL
         for t in range(num_steps):
@@ -90,33 +124,32 @@ def _fill_slack_kernel(costs: np.ndarray, members: np.ndarray, loads: np.ndarray
             return
         r = int(np.argmin(loads[s]))
         slack = top[s] - loads[s, r]
-        best_d = top[s] * _REL_TOL
-        best_t, best_i, best_j = -1, -1, -1
+        widest = -1
         for t in range(num_steps):
+            limits[t] = -np.inf
             if t == s:
                 continue
             # Up to its lead the donor's ratio falls; beyond it, its new ratio
             # runner / (mean_t - d/W) must stay below the receiver's top / (mean_s + d/W).
             lead = top[t] - runner[t]
             ceiling = num_ranks * (top[s] * mean[t] - runner[t] * mean[s]) / (runner[t] + top[s])
-            limit = min(slack, max(lead, ceiling))
-            if limit <= best_d:
+            limits[t] = min(slack, max(lead, ceiling))
+            if widest < 0 or limits[t] > limits[widest]:
+                widest = t
+        # The best trade: the largest d, then the earliest step and sample. The step with the
+        # widest limit goes first, so that most others are ruled out by their limit alone.
+        best[0] = top[s] * _REL_TOL
+        at[0] = -1
+        for u in range(-1, num_steps):
+            t = widest if u < 0 else u
+            if t < 0 or t == s or (u >= 0 and t == widest) or limits[t] < best[0]:
                 continue
-            q = arg[t]
-            # Largest d = c_y - c_x <= limit, y from the donor bin, x from the receiver.
-            j = 0
-            for i in range(k):
-                cy = costs[members[t, q, i]]
-                while j < k and costs[members[s, r, j]] < cy - limit:
-                    j += 1
-                if j == k:
-                    break
-                d = cy - costs[members[s, r, j]]
-                if d > best_d:
-                    best_d, best_t, best_i, best_j = d, t, i, j
-        if best_t < 0:
+            _donor_trade(costs, members[t, arg[t]], members[s, r], limits[t], t, best, at)
+        if at[0] < 0:
             closed[s] = True
             continue
+        best_t, best_i, best_j = at[0], at[1], at[2]
+        best_d = best[0]
         q = arg[best_t]
         y = members[best_t, q, best_i]
         members[best_t, q, best_i] = members[s, r, best_j]

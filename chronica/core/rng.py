@@ -48,9 +48,11 @@ def derive_key(seed: int, epoch: int, stream: int, *more: int) -> np.uint64:
 
 
 @njit(cache=True)
-def _permutation_kernel(n: int, key: np.uint64) -> np.ndarray:
+def _permutation_into(out: np.ndarray, key: np.uint64) -> None:
     # Fisher-Yates with unbiased bounded draws (rejection of the top partial range).
-    out = np.arange(n)
+    n = out.shape[0]
+    for i in range(n):
+        out[i] = i
     state = key
     top = np.uint64(0xFFFFFFFFFFFFFFFF)
     for i in range(n - 1, 0, -1):
@@ -65,14 +67,19 @@ def _permutation_kernel(n: int, key: np.uint64) -> np.ndarray:
         tmp = out[i]
         out[i] = out[j]
         out[j] = tmp
-    return out
 
 
-def permutation(n: int, key: np.uint64) -> np.ndarray:
-    """A uniformly random permutation of ``range(n)`` (int64) fixed by ``key``."""
+def permutation(n: int, key: np.uint64, out: np.ndarray | None = None) -> np.ndarray:
+    """A uniformly random permutation of ``range(n)`` (int64) fixed by ``key``; written into
+    ``out`` (any integer dtype that holds ``n``, length ``n``) when given, else returned."""
     if n < 0:
         raise ValueError(f"n={n} must be >= 0")
-    return _permutation_kernel(int(n), np.uint64(key))
+    if out is None:
+        out = np.empty(int(n), dtype=np.int64)
+    elif out.shape != (n,):
+        raise ValueError(f"out has shape {out.shape}; it must hold n={n} entries")
+    _permutation_into(out, np.uint64(key))
+    return out
 
 
 @njit(cache=True)

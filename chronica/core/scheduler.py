@@ -52,7 +52,13 @@ from chronica.core.controller import ControllerOptions
 from chronica.core.cost import CostModel, as_cost_model
 from chronica.core.grouping import grouped_by_size, jittered_costs
 from chronica.core.packing import Packing, pack_epoch, pieces
-from chronica.core.partition import Owners, _fitted, base_partitions, epoch_partitions
+from chronica.core.partition import (
+    Owners,
+    _fitted,
+    base_partitions,
+    epoch_partitions,
+    fitted_order,
+)
 from chronica.core.plan import EpochPlan, MicroLayout, PlanStats
 from chronica.core.pool import fill_slack, lpt_bins
 from chronica.core.rng import Stream, derive_key, permutation
@@ -288,7 +294,7 @@ class Scheduler:
         # what balance, and a document costs the sum of its pieces'.
         self.pieces = None if config.packing is None else pieces(self.sizes, config.packing)
         if self.pieces is None:
-            self.costs = config.cost(self.sizes)
+            self.costs = _costs(config.cost, self.sizes)
         else:
             self.piece_costs = config.cost(self.pieces.length)
             self.costs = np.add.reduceat(self.piece_costs, self.pieces.first[:-1])
@@ -519,10 +525,13 @@ class Scheduler:
         if self._base is not None:
             base, padded, dropped = self._base
             return epoch_partitions(cfg.shuffle, base, cfg.seed, epoch), padded, dropped
-        order = epoch_order(cfg.shuffle, self.num_samples, cfg.seed, epoch, self.labels)
         if not fitted:
+            order = epoch_order(cfg.shuffle, self.num_samples, cfg.seed, epoch, self.labels)
             return [order], 0, 0
-        order, padded, dropped = _fitted(order, self.samples_per_replica() * cfg.num_replicas)
+        total = self.samples_per_replica() * cfg.num_replicas
+        order, padded, dropped = fitted_order(
+            cfg.shuffle, self.num_samples, cfg.seed, epoch, self.labels, total
+        )
         return [order], padded, dropped
 
     def _shuffled_steps(self, epoch: int, full_steps: int) -> np.ndarray:
@@ -567,7 +576,7 @@ class Scheduler:
         """Exact mode's split: consecutive steps of ``stream``, each balanced between ranks."""
         if self.config.batch_size is None:
             # torch's split: rank r takes positions r, r + W, ...; one sample per step.
-            return stream, self.costs[stream].reshape(-1, ranks)
+            return stream.astype(np.int64), self.costs[stream].reshape(-1, ranks)
         starts = _step_starts(counts, ranks)
         return balance_steps(self.costs, starts, ranks, progress=progress, index=stream)
 
@@ -603,15 +612,20 @@ class Scheduler:
         bins, bin_loads = lpt_bins(costs, self._sort_keys(epoch, owner, pool), full * ranks)
         grouped = np.argsort(-bin_loads, kind="stable").reshape(full, ranks)[step_order]
         members, loads = bins[grouped], bin_loads[grouped]
+        del bins
         fill_slack(costs, members, loads)
-        ordered = np.concatenate([pool[members.ravel()], stream[starts[full] :]])
-        costs = self.costs[ordered]
-        head, head_loads = balance_steps(
-            costs[: starts[full]], starts[: full + 1], ranks, use_lpt=False
-        )
-        tail, tail_loads = balance_steps(costs[starts[full] :], starts[full:] - starts[full], ranks)
-        perm = np.concatenate([head, tail + starts[full]])
-        return ordered[perm], np.concatenate([head_loads, tail_loads])
+        ordered = np.empty_like(stream)
+        np.take(pool, members.ravel(), out=ordered[: starts[full]])
+        ordered[starts[full] :] = stream[starts[full] :]
+        del members, costs
+        indices = np.empty(stream.shape[0], np.int64)
+        loads = np.empty((len(starts) - 1, ranks))
+        for first, last, lpt in ((0, full, False), (full, len(starts) - 1, True)):
+            cut = starts[first : last + 1]
+            indices[cut[0] : cut[-1]], loads[first:last] = balance_steps(
+                self.costs, cut - cut[0], ranks, use_lpt=lpt, index=ordered[cut[0] : cut[-1]]
+            )
+        return indices, loads
 
 
 def _rank_major(step_major: np.ndarray, ranks: int, counts: list[int]) -> np.ndarray:
@@ -637,6 +651,17 @@ def _step_major(matrix: np.ndarray, counts: list[int]) -> np.ndarray:
         parts.append(block.transpose(1, 0, 2).ravel())
         col += steps * k
     return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+
+def _costs(model: CostModel, sizes: np.ndarray) -> np.ndarray:
+    """``model(sizes)``, read-only; the sizes themselves when the model is the identity
+    (``0 + 1·s`` is ``s`` bit for bit, except ``-0.0``, which it turns into ``0.0``), so a
+    large data set does not hold its sizes twice."""
+    if model.to_tuple() == (0.0, 1.0, 0.0) and not np.signbit(sizes).any():
+        return sizes
+    costs = model(sizes)
+    costs.setflags(write=False)
+    return costs
 
 
 def _validate_labels(labels: Any, n: int) -> np.ndarray:

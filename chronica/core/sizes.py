@@ -137,4 +137,5 @@ def _sizes_from_sizeof(dataset: Any, n: int) -> np.ndarray:
 def sizes_digest(sizes: np.ndarray) -> str:
     """A short hex digest of the validated sizes: equal digests mean equal sizes, bit for bit."""
     data = np.ascontiguousarray(sizes, dtype="<f8")
-    return hashlib.blake2b(data.tobytes(), digest_size=16).hexdigest()
+    # The buffer itself, not a bytes copy of it: a copy would double the sizes' memory.
+    return hashlib.blake2b(memoryview(data).cast("B"), digest_size=16).hexdigest()

@@ -222,3 +222,12 @@ def test_guided_grouping_kernel_equals_reference(dtype, per_step, full):
     expect = reference.grouped_by_size(costs, stream, 2**63 + 5, 0.1, per_step, step_order)
     assert got.dtype == dtype
     assert got.tolist() == expect.tolist()
+
+
+def test_linear_costs_share_the_sizes_unless_a_size_is_negative_zero():
+    sizes = np.array([3.0, 0.0, 5.0])
+    config = ScheduleConfig(num_replicas=1, batch_size=1)
+    assert Scheduler(sizes, config).costs is Scheduler(sizes, config).sizes
+    signed = Scheduler(np.array([3.0, -0.0, 5.0]), config)
+    assert signed.costs is not signed.sizes and not np.signbit(signed.costs).any()
+    assert not Scheduler(sizes, ScheduleConfig(1, 1, cost="quadratic")).costs.flags.writeable

@@ -177,3 +177,27 @@ def test_every_policy_is_deterministic_and_reshuffles(policy):
         assert a.plan_epoch(epoch).indices.tobytes() == b.plan_epoch(epoch).indices.tobytes()
     if policy.shuffles:
         assert a.plan_epoch(0).indices.tobytes() != a.plan_epoch(1).indices.tobytes()
+
+
+@pytest.mark.parametrize("n,total", [(10, 10), (10, 7), (10, 13), (3, 11), (1, 4)])
+@pytest.mark.parametrize("policy", ["global", "block", "none"])
+def test_fitted_order_is_the_padded_epoch_order_in_a_compact_type(n, total, policy):
+    from chronica.core.partition import _fitted, fitted_order
+    from chronica.core.shuffle import as_shuffle_policy, epoch_order
+
+    shuffle = as_shuffle_policy(policy)
+    got, padded, dropped = fitted_order(shuffle, n, 5, 2, None, total)
+    expect = _fitted(epoch_order(shuffle, n, 5, 2, None), total)
+    assert got.tolist() == expect[0].tolist()
+    assert (padded, dropped) == expect[1:]
+    assert got.dtype == (np.int32 if policy == "global" else np.int64)
+
+
+def test_permutation_into_a_narrow_buffer_is_the_same_permutation():
+    from chronica.core.rng import permutation
+
+    out = np.empty(1000, np.int32)
+    assert permutation(1000, np.uint64(9), out=out) is out
+    assert out.tolist() == permutation(1000, np.uint64(9)).tolist()
+    with pytest.raises(ValueError, match="out has shape"):
+        permutation(10, np.uint64(9), out=np.empty(9, np.int32))
