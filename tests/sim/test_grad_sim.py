@@ -77,6 +77,24 @@ def test_ddp_buckets_close_once_they_reach_their_cap() -> None:
     assert order.tolist() == [2, 1, 0]
 
 
+@pytest.mark.parametrize("name", ["gpt2", "vgg16", "bert-base"])
+def test_ddp_buckets_are_torchs(name: str) -> None:
+    """The buckets are those torch's own assignment gives the tensors in gradient-ready
+    order with DDP's default caps (as its Reducer rebuilds them after the first step)."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    layers = profile_layers(name)
+    nbytes = [b for layer in layers for b in layer.tensor_bytes]
+    ready_order = [torch.empty(b // 4, device="meta") for b in reversed(nbytes)]
+    buckets, _ = dist._compute_bucket_assignment_by_size(ready_order, [1 << 20, 25 << 20])
+    last = len(nbytes) - 1
+    expected = [sorted(last - i for i in bucket) for bucket in buckets]
+    layout, order, _ = plan(layers, SLOW, Policy("ddp"))
+    got = [list(range(layout.part_ptr[p], layout.part_ptr[p + 1])) for p in order]
+    assert got == expected
+
+
 # a: 4000 bytes, b: 40000 bytes; forward 1 ms, backward 2 ms each.
 SMALL_FIRST = [Layer("a", (4000,), MS, 2 * MS), Layer("b", (40000,), MS, 2 * MS)]
 
