@@ -131,33 +131,6 @@ def _plot_trace(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def _plot_planning(result: dict, path: Path) -> None:
-    rows = result["rows"]
-    fig, ax = plt.subplots(figsize=(8, 0.55 * len(rows) + 1.2))
-    seconds = [row["seconds"] for row in rows]
-    ax.barh(range(len(rows)), seconds, color="tab:blue", alpha=0.8)
-    for i, row in enumerate(rows):
-        ax.text(
-            row["seconds"],
-            i,
-            f" {row['seconds']:.2f} s ({row['ratio_to_argsort']:.1f}x)",
-            va="center",
-            fontsize=8,
-        )
-    ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([row["label"] for row in rows], fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds (median)")
-    ax.set_xlim(0, max(seconds) * 1.35)
-    ax.set_title(
-        f"Planning one epoch: N={result['num_samples']:,}, W={result['num_replicas']}, "
-        f"B={result['batch_size']:,}"
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def _plot_movement(result: dict, path: Path) -> None:
     """Samples moved per epoch, per policy and W: both splits as bars, analytic as ticks."""
     sizes = result["world_sizes"]
@@ -325,38 +298,6 @@ def _targets_section(result: dict) -> list[str]:
         failures += sum(not c["ok"] for c in ch.values())
         out.append(f"| {case['name']} | " + " | ".join(cells) + " |")
     out += ["", f"{failures} failed check(s)." if failures else "All targets hold.", ""]
-    return out
-
-
-def _planning_section(result: dict, img: str) -> list[str]:
-    out = [
-        "## Planning speed",
-        "",
-        f"Mode `{result['mode']}`: N={result['num_samples']:,} lognormal sizes, "
-        f"W={result['num_replicas']}, B={result['batch_size']:,}; median of "
-        f"{result['repeats']} repeats after a warm-up call (numba kernels loaded or "
-        "compiled). *construct + plan* is `Scheduler(sizes, config).plan_epoch(e)` with a "
-        "fresh scheduler (validation, costs, digest of the sizes, then the plan); *plan only* "
-        "is `plan_epoch(e)` of a new epoch on an existing scheduler. torch's row is "
-        "`list(sampler)` for one rank after `set_epoch(e)`. The machine is shared, so the "
-        "range of the repeats is shown next to the median.",
-        "",
-        "| what | construct + plan (s) | range of repeats (s) | × argsort | plan only (s) "
-        "| × argsort |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    argsort = next(r["seconds"] for r in result["rows"] if r["key"] == "argsort")
-    for row in result["rows"]:
-        plan_only = row.get("plan_only_seconds")
-        cells = [
-            f"{row['seconds']:.3f}",
-            f"{min(row['all']):.3f}–{max(row['all']):.3f}",
-            f"{row['ratio_to_argsort']:.2f}",
-            "–" if plan_only is None else f"{plan_only:.3f}",
-            "–" if plan_only is None else f"{plan_only / argsort:.2f}",
-        ]
-        out.append(f"| {row['label']} | " + " | ".join(cells) + " |")
-    out += ["", f"![planning time]({img}/planning.png)", ""]
     return out
 
 
@@ -531,9 +472,8 @@ def render(
         for key, label in balance["methods"].items():
             lines.append(f"- **{label}**: {PEER_NOTES[key]}")
         lines.append("")
-    if "planning" in results:
-        _plot_planning(results["planning"], img_dir / "planning.png")
-        lines += _planning_section(results["planning"], img)
+    if "planning" in results:  # the module renders its own section
+        lines += [importlib.import_module("planning").render_markdown(results["planning"], img_dir)]
     if "movement" in results:
         _plot_movement(results["movement"], img_dir / "movement.png")
         lines += _movement_section(results["movement"], img)
