@@ -11,10 +11,11 @@ gradients, a parameter no rank used left untouched). Two engines:
   ``step()`` waits for them and runs the optimizer once.
 - **scheduled** (ByteScheduler): per-parameter gradient hooks post tasks to a
   ``chronica.runtime.dispatcher.Dispatcher``, which all-reduces partitions asynchronously in
-  a rank-identical priority order under credit; once all partitions of a parameter are
-  averaged, and ``step()`` was called, that parameter alone is updated; a forward pre-hook on
-  each module waits for its own parameters only, so the next forward starts while later
-  layers' gradients still travel.
+  a rank-identical priority order under credit; a forward pre-hook on each module waits for
+  its own parameters only, so the next forward starts while later layers' gradients still
+  travel. The training thread updates parameters once ``step()`` was called and their
+  averages arrived: in ``step()`` and in those pre-hooks, every parameter averaged by then in
+  one call of the optimizer (so on a fast link, one call per step, as with buckets).
 
 ``mode="auto"`` (the default) runs bucketed, measures how much communication the steps
 expose, and switches to scheduling only where that could save at least ``min_saving`` of
@@ -163,11 +164,10 @@ class ScheduledOptimizer:
         self._seen = np.zeros(n, dtype=bool)
         self._ready_at = np.full(n, np.nan)
         self._cv = threading.Condition()
-        self._update_lock = threading.Lock()
         self._released = False
         self._updated = np.ones(n, dtype=bool)
+        self._reduced = np.ones(n, dtype=bool)
         self._left = np.zeros(n, dtype=np.int64)
-        self._pending: list[int] = []
         self._hyper: list[dict[str, Any]] = []
         self._steps = 0
         self._scheduled_steps = 0
@@ -222,6 +222,7 @@ class ScheduledOptimizer:
         """Wait until every released update is applied: parameters are current afterwards."""
         if self._dispatcher is not None and self._released:
             self._dispatcher.wait_all()
+            self._apply_reduced()
 
     def stats(self) -> Exposure:
         """Exposed communication of this rank's recent steps (medians), the mode in force and
@@ -298,10 +299,12 @@ class ScheduledOptimizer:
             self._first_use.update(dict.fromkeys(own))
             return
         dispatcher = self._dispatcher
-        if dispatcher is not None and self._released and not self._updated[own].all():
+        if dispatcher is None or not self._released or self._updated[own].all():
+            return
+        if not self._reduced[own].all():
             start = time.perf_counter()
             with self._cv:
-                self._cv.wait_for(lambda: self._updated[own].all() or dispatcher.failed)
+                self._cv.wait_for(lambda: self._reduced[own].all() or dispatcher.failed)
             if dispatcher.failed:
                 dispatcher.wait_all()
             end = time.perf_counter()
@@ -309,6 +312,7 @@ class ScheduledOptimizer:
             if self._timeline is not None:
                 name = self._module_names[id(module)]
                 self._timeline.span(name, "forward wait", start, end)
+        self._apply_reduced()
 
     def _hook(self, i: int):
         def hook(p: torch.Tensor) -> None:
@@ -440,7 +444,8 @@ class ScheduledOptimizer:
             self._settle("scheduled", measured)
             return
         self._settle("bucketed", measured + f" (scheduling must save {_MARGIN:.0%})")
-        dispatcher.wait_all()  # every released update applied
+        dispatcher.wait_all()
+        self._apply_reduced()
         dispatcher.close(timeline=False)
         self._dispatcher = None
         self._released = False
@@ -489,17 +494,14 @@ class ScheduledOptimizer:
         dispatcher = self._dispatcher
         assert dispatcher is not None
         previous = self._last_call
-        with self._update_lock:
-            # Updates still in flight must use this step's hyper-parameters, even when an LR
-            # scheduler changes the optimizer's groups as soon as step() returns.
-            self._hyper = [
-                {k: v for k, v in group.items() if k != "params"}
-                for group in self.optimizer.param_groups
-            ]
-            with self._cv:
-                self._released = True
-                batch, self._pending = self._pending, []
-            self._apply(batch)
+        # Updates still in flight must use this step's hyper-parameters, even when an LR
+        # scheduler changes the optimizer's groups as soon as step() returns.
+        self._hyper = [
+            {k: v for k, v in group.items() if k != "params"}
+            for group in self.optimizer.param_groups
+        ]
+        self._released = True
+        self._apply_reduced()
         # This forward waited for the previous step's gradients, all reduced at _reduced_at.
         after = max(0.0, self._reduced_at - previous) if previous is not None else 0.0
         self._record(now, after, self._forward_wait)
@@ -521,10 +523,13 @@ class ScheduledOptimizer:
 
     def _begin_step(self, dispatcher: Dispatcher) -> None:
         dispatcher.wait_all()
+        if self._released:  # parameters the forward did not use are still to update
+            self._apply_reduced()
         self._reduced_at = self._last_done  # when the previous step's last partition arrived
         with self._cv:
             self._released = False
             self._updated[:] = False
+            self._reduced[:] = False
             self._left[:] = self._parts_per_param
         dispatcher.begin(self._queue, self._part_names)
 
@@ -545,6 +550,7 @@ class ScheduledOptimizer:
     def _replan(self, dispatcher: Dispatcher, knobs: tuple[int, int] | None) -> None:
         """At a step boundary: finish, then rebuild from rank 0's measurements and knobs."""
         dispatcher.wait_all()
+        self._apply_reduced()
         stats = dispatcher.stats()
         ready = np.nan_to_num(stats.tensor_ready, nan=0.0)
         rate = stats.bytes_per_second if np.isfinite(stats.bytes_per_second) else 0.0
@@ -577,24 +583,29 @@ class ScheduledOptimizer:
         self._packing.complete(partition, self.world)
 
     def _on_complete(self, partition: int) -> None:
-        done = []
         with self._cv:
             for t, _, _ in self._layout.segments(partition):
                 i = self._priority[t]
                 self._left[i] -= 1
                 if self._left[i] == 0:
-                    done.append(i)
+                    self._reduced[i] = True
             self._last_done = time.perf_counter()
-            if not self._released:
-                self._pending.extend(done)
-                return
-        with self._update_lock:
-            self._apply(done)
+            self._cv.notify_all()
 
-    def _apply(self, indices: Iterable[int]) -> None:
-        """Step the wrapped optimizer on exactly ``indices`` that some rank used (the caller
-        holds the update lock); the others lose their gradient, untouched, as under DDP."""
-        indices = list(indices)
+    # -- updates (on the training thread) ----------------------------------------------------
+
+    def _apply_reduced(self) -> None:
+        """Update every parameter whose average arrived and that is not updated yet, with one
+        call of the wrapped optimizer (after ``step()`` released this step's updates)."""
+        with self._cv:
+            ready = np.flatnonzero(self._reduced & ~self._updated)
+            self._updated[ready] = True
+        if len(ready):
+            self._apply(ready.tolist())
+
+    def _apply(self, indices: list[int]) -> None:
+        """Step the wrapped optimizer on exactly ``indices`` that some rank used; the others
+        lose their gradient, untouched, as under DDP."""
         groups: dict[int, list[torch.Tensor]] = {}
         for i in indices:
             p = self._params[i]
@@ -613,7 +624,3 @@ class ScheduledOptimizer:
                 self.optimizer.param_groups = saved
         for i in indices:
             self._params[i].grad = None
-        if indices:
-            with self._cv:
-                self._updated[indices] = True
-                self._cv.notify_all()
