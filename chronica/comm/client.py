@@ -27,8 +27,9 @@ a rank a bounded amount, whatever it sends:
   garbage or of plans cannot hold the training loop past its time-out;
 * memory: ZeroMQ queues at most ``QUEUED_MESSAGES`` messages per socket of at most
   ``max_plan_bytes`` each (``zmq.RCVHWM``, ``zmq.MAXMSGSIZE``); the client holds at most
-  ``HELD_PLANS`` plans, of the epochs next to the one it asks for (the farthest ahead goes
-  first, never the one it waits for), and remembers only refusals of fetches it sent;
+  ``HELD_PLANS`` plans, for the window it asked for last and those after it up to the end
+  of the next epoch (the farthest ahead goes first, never the one it waits for), and
+  remembers only refusals of fetches it sent;
   frames beyond a message's expected count are read one by one and dropped;
 * log: refused messages are counted (``stats.rejected``) and warned about on the 1st, 10th,
   100th... of them; a coordinator's error codes are warned about once each, for at most
@@ -271,7 +272,9 @@ class PlanClient:
                     self._lost(f"sent no plan for epoch {epoch} step {first}")
                 self.stats.fallbacks += 1
                 return None
-        for old in [k for k in self._plans if k[0] < epoch - 1]:
+        # Windows are asked for in order: the ones before this are done with (a rewind
+        # fetches again).
+        for old in [k for k in self._plans if k < key]:
             del self._plans[old]
         for keys in (self._pending, self._failed):
             keys.difference_update([k for k in keys if k[0] < epoch - 1])
@@ -423,9 +426,11 @@ class PlanClient:
             self._hold(key, plan)
 
     def _hold(self, key: tuple[int, int], plan: Plan) -> None:
-        """Keep ``plan`` if its epoch is next to the one asked for last, dropping the plan
-        farthest ahead (not the one asked for) beyond ``HELD_PLANS``."""
-        if self._asking is not None and abs(key[0] - self._asking[0]) > 1:
+        """Keep ``plan`` if it is for the window asked for last or one after it, in the same
+        epoch or the next, dropping the plan farthest ahead (not the one asked for) beyond
+        ``HELD_PLANS``."""
+        asking = self._asking
+        if asking is not None and (key < asking or key[0] > asking[0] + 1):
             self.stats.dropped += 1
             return
         self._plans[key] = plan

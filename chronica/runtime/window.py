@@ -19,9 +19,17 @@ run (``fault``), and the ranks agree on a digest of what they checked (``token``
   partitions every step: tampering is detectable by construction, not by a probability
   that depends on what the coordinator chose to send.
 
-The cost is the bytes: a rank receives the whole window instead of its part (each index
-once per rank). The token also covers the rank's micro-batch counts of a packed window, so
-ranks with unequal counts (which would hang gradient accumulation) fall back together.
+The token also covers the rank's micro-batch counts of a packed window, so ranks with
+unequal counts (which would hang gradient accumulation) fall back together.
+
+The cost is bytes: a rank receives about ``8 x (global batch + world)`` bytes per step
+instead of ``8 x`` its own batch, and the coordinator sends that to every rank. Measured
+with the coordinator's own encoder (first window of 16 steps, lognormal sizes): 2,078 ->
+133,662 bytes per rank and step at 64 ranks and a global batch of 16,384 (0.13 -> 8.2 MiB
+per step over all ranks); at 1024 ranks, 158 -> 139,422 bytes (0.15 -> 136 MiB per step).
+Fine up to a few hundred ranks; beyond, a check that needs only each rank's own part (a
+multiset hash of the parts under a key the ranks draw after the plan is sent, summed over
+the ranks' own collectives) would keep the same guarantee at constant bytes.
 """
 
 from __future__ import annotations

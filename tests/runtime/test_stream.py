@@ -5,14 +5,18 @@ import json
 import threading
 from collections import Counter
 
+import msgpack
 import numpy as np
 import pytest
+from attacks import attack
 from workers import free_ports
 
+from chronica.comm.coordinator import Coordinator
 from chronica.core import Packing, ScheduleConfig, Scheduler
 from chronica.runtime import DynamicOptions, KeyValueAgreement, RankStream
 from chronica.runtime.agreement import NO_PLAN, key_value_agreement, unanimous
 from chronica.runtime.build import open_stream, resolve_world, schedule_config
+from chronica.runtime.micro import planned_micro_batches
 
 
 def _sizes(n=203, seed=0):
@@ -361,6 +365,63 @@ def test_a_dynamic_packed_job_calibrates_the_cost_and_gives_a_slow_rank_fewer_to
         assert model.c / model.b == pytest.approx(4e-7 / 1e-5, rel=0.05)
         speeds = calibration.speeds()
         assert speeds[0] / speeds[1] == pytest.approx(3.0, rel=0.05)
+    finally:
+        for stream in streams:
+            stream.close()
+
+
+def _split_a_micro_batch(message: dict, table) -> None:
+    """Split the first micro-batch of two pieces or more of every step of ``message`` (one
+    rank's packed plan) in two, each half with the weight its tokens imply: every
+    per-rank check still passes, but the rank runs one micro-batch more than the others."""
+    pieces = np.frombuffer(message["idx"], "<i8")
+    counts = np.frombuffer(message["nm"], "<i8").copy()
+    offsets = list(np.frombuffer(message["mo"], "<i8"))
+    weights = list(np.frombuffer(message["mw"], "<f8"))
+    j = 0
+    for i in range(counts.shape[0]):
+        for k in range(j, j + int(counts[i])):
+            a, b = offsets[k], offsets[k + 1]
+            if b - a >= 2:
+                tokens = table.length[pieces[a:b]].astype(float)
+                half = tokens[:1].sum() / tokens.sum()
+                weights[k : k + 1] = [weights[k] * half, weights[k] * (1 - half)]
+                offsets.insert(k + 1, a + 1)
+                counts[i] += 1
+                break
+        j += int(counts[i])
+    message["nm"] = counts.astype("<i8").tobytes()
+    message["mo"] = np.array(offsets, "<i8").tobytes()
+    message["mw"] = np.array(weights, "<f8").tobytes()
+
+
+@attack("degraded", "a coordinator gives ranks unequal micro-batch counts (packed): static plan")
+def test_a_packed_window_with_unequal_micro_batch_counts_falls_back_on_every_rank(monkeypatch):
+    """Rank 1's packed plans hold one micro-batch more per step than rank 0's, each within
+    the caps and weighted by its tokens: each rank's own checks pass, but unequal
+    micro-batch counts would hang gradient accumulation. The counts are part of the window
+    digest the ranks agree on, so every window takes the static plan on both ranks."""
+    honest = Coordinator._part
+
+    def part(self, plan, rank, seq):
+        message = msgpack.unpackb(honest(self, plan, rank, seq))
+        if rank == 1:
+            _split_a_micro_batch(message, self.scheduler.pieces)
+        return msgpack.packb(message, use_bin_type=True)
+
+    monkeypatch.setattr(Coordinator, "_part", part)
+    sizes = np.clip(_sizes(300, seed=2) * 4, 1, 256)
+    packing = Packing(256, row_length=128, tokens_per_step=4000, long_documents="split")
+    config = ScheduleConfig(2, None, kind="dynamic", window=4, packing=packing)
+    streams, got = _two_rank_job(sizes, config, lambda r, b: 1e-3, epochs=1)
+    try:
+        static = Scheduler(sizes, config).plan_epoch(0)
+        for r in range(2):
+            assert [len(b.micro) for b in got[r][0]] == [
+                len(planned_micro_batches(static, step, r)) for step in range(static.num_steps)
+            ]
+            session = streams[r].session
+            assert session.windows_dynamic == 0 and session.plans_refused == 0
     finally:
         for stream in streams:
             stream.close()
