@@ -38,10 +38,11 @@ import numpy as np
 import zmq
 
 from chronica.comm.auth import CurveServer
-from chronica.comm.gate import Gate, GateLimits
+from chronica.comm.gate import Gate, GateLimits, readable
 from chronica.comm.protocol import (
     MAX_GENERATION,
     MAX_WORLD,
+    WINDOW_TOPIC,
     Micro,
     Parts,
     ProtocolError,
@@ -49,6 +50,7 @@ from chronica.comm.protocol import (
     encode,
     plan_message,
     tcp_url,
+    window_message,
 )
 from chronica.comm.protocol import topic as rank_topic
 from chronica.core.checks import check_int
@@ -413,12 +415,14 @@ class Coordinator:
         gate = self._gate
         assert gate is not None and gate.link is not None
         link = gate.link
+        poller = zmq.Poller()  # one for the loop: a socket's own poll() builds one per call
+        poller.register(link, zmq.POLLIN)
         started = time.thread_time()
         calm_since = time.monotonic()
         while not self._stop.is_set():
             self.stats.cpu_seconds = time.thread_time() - started
             try:
-                ready = link.poll(_POLL_MS)
+                ready = poller.poll(_POLL_MS)
             except zmq.ZMQError:
                 break
             if not ready:
@@ -433,12 +437,11 @@ class Coordinator:
                 continue
             for _ in range(1024):  # drain, but let the stop flag be seen now and then
                 try:
-                    frames = link.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
+                    self._from_gate(link.recv_multipart(zmq.NOBLOCK))
+                    if not readable(link):
+                        break
                 except zmq.ZMQError:
                     return
-                self._from_gate(frames)
 
     def _forget_peers(self) -> None:
         self._peers.clear()
@@ -448,8 +451,9 @@ class Coordinator:
 
     def _from_gate(self, frames: list[bytes]) -> None:
         kind = frames[0]
-        if kind == b"m":
-            self._handle(frames[1:])
+        if kind == b"m":  # requests: (identity, payload) pairs
+            for i in range(1, len(frames) - 1, 2):
+                self._handle(frames[i : i + 2])
         elif kind == b"f":
             self._refuse(frames[1], "frames", "expected one frame")
         elif kind == b"h":
@@ -611,6 +615,7 @@ class Coordinator:
             self.stats.prefetches_by_pub += 1
         else:
             self._send(identity, self._part(plan, rank, seq))
+            self._send(identity, self._window(plan, seq))
         self._plan_ahead(epoch, first)
 
     def _report(self, identity: bytes, message: dict[str, Any]) -> None:
@@ -738,8 +743,14 @@ class Coordinator:
             plan.loss_weights[:, rank],
             plan.loads[:, rank],
             micro,
-            # The whole window, so that every rank checks that the parts partition each step.
-            Parts(source, plan.counts),
+        )
+
+    def _window(self, plan: WindowPlan, seq: int) -> bytes:
+        """The whole window (every rank's part), for every rank to check that the parts
+        partition each step (``chronica.runtime.window``)."""
+        source = plan.indices if plan.micro is None else plan.micro.pieces
+        return window_message(
+            seq, self.generation, plan.epoch, plan.first_step, Parts(source, plan.counts)
         )
 
     def _publish(self, plan: WindowPlan, seq: int) -> None:
@@ -749,6 +760,7 @@ class Coordinator:
             payload = self._part(plan, rank, seq)
             self.stats.published_bytes += len(payload)
             frames += (rank_topic(rank), payload)
+        frames += (WINDOW_TOPIC, self._window(plan, seq))
         self._to_gate(frames)  # the gate publishes each (topic, plan)
         self.stats.published_indices += int(plan.indices.shape[0])
         logger.debug(

@@ -248,10 +248,15 @@ def water_fill(
     hi = float((alpha + rate * high).max())
     for _ in range(200):
         mid = 0.5 * (lo + hi)
+        settled = mid in (lo, hi)
         if filled(mid).sum() < total:
             lo = mid
         else:
             hi = mid
+        # lo and hi are neighbouring floats: every later step would repeat this one, so
+        # stopping here gives the 200 steps' result (bit for bit) in about 60.
+        if settled:
+            break
     return _round_to_total(filled(hi), total, low, high)
 
 

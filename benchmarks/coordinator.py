@@ -1,0 +1,334 @@
+"""The coordinator's own cost: CPU per training step at W=4, publish → rank latency at 64.
+
+1. **CPU per step (W=4).** A real ``Coordinator`` in this process (a thread, as on rank 0,
+   its sockets in the gate process) and 4 real ``PlanClient`` s in one further process,
+   driven as ``DynamicSession`` drives them (``plan()`` at each window start, ``prefetch()``
+   at mid-window, one ``report()`` per step, ranks in lock-step, steps of ``STEP_SECONDS``).
+   Per step: the processor time of the coordinator's thread (``stats.cpu_seconds``, what it
+   takes from rank 0), of which planning (``DynamicPlanner.plan_window``), and of the gate
+   process (``/proc/PID/stat``); medians over repeats.
+2. **Publish → rank (W=64).** The same coordinator publishing windows of a 64-rank job to
+   64 ZeroMQ SUB sockets, one per rank's topic, in ``SUB_PROCESSES`` further processes that
+   only receive and decode; one rank's client fetches one window after another. Latency:
+   from the coordinator starting to publish a window (after planning it) to each rank's
+   SUB socket holding it decoded (one clock, ``CLOCK_MONOTONIC``, for every process);
+   p50/p99 over all (window, rank) pairs.
+
+    PYTHONPATH=. python benchmarks/run_all.py --only coordinator
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+
+from chronica.comm.client import PlanClient
+from chronica.comm.coordinator import Coordinator
+from chronica.comm.protocol import decode, topic
+from chronica.core import ScheduleConfig, Scheduler
+from chronica.core.dynamic import DynamicPlanner
+
+__all__ = ["format_table", "render_markdown", "run"]
+
+REPRODUCE = "PYTHONPATH=. python benchmarks/run_all.py --only coordinator"
+
+CPU_WORLD, CPU_PER_RANK, CPU_WINDOW, CPU_SAMPLES = 4, 32, 16, 16_384
+STEP_SECONDS = 0.02
+LAT_WORLD, LAT_PER_RANK, LAT_WINDOW, LAT_SAMPLES = 64, 32, 8, 65_536
+SUB_PROCESSES = 2
+WINDOW_GAP_SECONDS = 0.05  # between two windows of the latency run
+
+
+def _sizes(n: int) -> np.ndarray:
+    return np.random.default_rng(7).lognormal(5, 1, n)
+
+
+def _scheduler(world: int, per_rank: int, window: int, samples: int) -> Scheduler:
+    config = ScheduleConfig(
+        num_replicas=world,
+        batch_size=world * per_rank,
+        kind="dynamic",
+        variable_batch=True,
+        window=window,
+    )
+    return Scheduler(_sizes(samples), config)
+
+
+def _process_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class _Timed(Coordinator):
+    """The real coordinator, timing its planning and when each window's publishing began."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.planning = 0.0
+        self.published: dict[tuple[int, int], float] = {}
+        plan_window = self.planner.plan_window
+
+        def timed(epoch: int, first: int) -> Any:
+            started = time.thread_time()
+            try:
+                return plan_window(epoch, first)
+            finally:
+                self.planning += time.thread_time() - started
+
+        self.planner.plan_window = timed  # type: ignore[method-assign]
+
+    def _publish(self, plan: Any, seq: int) -> None:
+        self.published[(plan.epoch, plan.first_step)] = time.monotonic()
+        super()._publish(plan, seq)
+
+
+# -- 1. CPU per step ---------------------------------------------------------------------
+
+
+def _ranks(endpoint: tuple[str, int, int], digest: str, epochs: int, steps: int, out: Any) -> None:
+    """W clients in lock-step, as DynamicSession drives them; puts the steps run."""
+    host, port, pub = endpoint
+    clients = [
+        PlanClient(r, CPU_WORLD, digest, host, port, pub_port=pub, timeout=10.0)
+        for r in range(CPU_WORLD)
+    ]
+    for client in clients:
+        client.connect()
+    done = 0
+    for epoch in range(epochs):
+        for step in range(steps):
+            first = step - step % CPU_WINDOW
+            for client in clients:
+                if step == first:
+                    client.plan(epoch, first)
+                if step == first + CPU_WINDOW // 2 and first + CPU_WINDOW < steps:
+                    client.prefetch(epoch, first + CPU_WINDOW)
+            time.sleep(STEP_SECONDS)
+            for client in clients:
+                client.report(epoch, step, 1.0, STEP_SECONDS)
+            done += 1
+    out.put((done, sum(c.stats.fallbacks for c in clients)))
+    for client in clients:
+        client.close()
+
+
+def _warm(scheduler: Scheduler) -> None:
+    """Compile the kernels (numba, once per process) on a twin scheduler, so the run
+    measures the steady state of a long job."""
+    planner = DynamicPlanner(Scheduler(scheduler.sizes, scheduler.config))
+    for rank in range(scheduler.config.num_replicas):
+        planner.observe(rank, 0, 1.0, 0.01)
+    planner.plan_window(0, 0)
+
+
+def _cpu_once(epochs: int) -> dict[str, float]:
+    scheduler = _scheduler(CPU_WORLD, CPU_PER_RANK, CPU_WINDOW, CPU_SAMPLES)
+    _warm(scheduler)
+    steps = scheduler.num_steps()
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    with _Timed(scheduler, "127.0.0.1", 0) as coordinator:
+        assert coordinator.endpoint is not None and coordinator._gate is not None
+        gate = coordinator._gate.pid()
+        assert gate is not None
+        gate_before = _process_cpu(gate)
+        thread_before = coordinator.stats.cpu_seconds
+        ranks = ctx.Process(
+            target=_ranks, args=(coordinator.endpoint, scheduler.digest, epochs, steps, out)
+        )
+        ranks.start()
+        done, fallbacks = out.get(timeout=600)
+        ranks.join(60)
+        time.sleep(0.2)  # the last reports
+        thread = coordinator.stats.cpu_seconds - thread_before
+        gate_cpu = _process_cpu(gate) - gate_before
+        planning = coordinator.planning
+    return {
+        "steps": done,
+        "fallbacks": fallbacks,
+        "thread_ms": 1e3 * thread / done,
+        "planning_ms": 1e3 * planning / done,
+        "gate_ms": 1e3 * gate_cpu / done,
+    }
+
+
+# -- 2. publish -> rank ------------------------------------------------------------------
+
+
+def _subscribers(endpoint: tuple[str, int, int], ranks: list[int], ready: Any, out: Any) -> None:
+    """SUB sockets for ``ranks``: every plan received is decoded and timed."""
+    host, _, pub = endpoint
+    context = zmq.Context()
+    poller = zmq.Poller()
+    sockets = []
+    for rank in ranks:
+        sock = context.socket(zmq.SUB)
+        sock.setsockopt(zmq.SUBSCRIBE, topic(rank))
+        sock.connect(f"tcp://{host}:{pub}")
+        poller.register(sock, zmq.POLLIN)
+        sockets.append(sock)
+    ready.put(len(ranks))
+    got: list[tuple[int, int, int, float]] = []
+    idle_since = time.monotonic()
+    while time.monotonic() - idle_since < 3.0:
+        for sock, _ in poller.poll(100):
+            while True:
+                try:
+                    _, payload = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                plan = decode(payload, 1 << 30)["plan"]
+                got.append((sockets.index(sock), plan.epoch, plan.first, time.monotonic()))
+            idle_since = time.monotonic()
+    out.put([(ranks[i], e, f, t) for i, e, f, t in got])
+    for sock in sockets:
+        sock.close(0)
+    context.term()
+
+
+def _latency(epochs: int) -> dict[str, Any]:
+    scheduler = _scheduler(LAT_WORLD, LAT_PER_RANK, LAT_WINDOW, LAT_SAMPLES)
+    _warm(scheduler)
+    steps = scheduler.num_steps()
+    ctx = mp.get_context("spawn")
+    ready, out = ctx.Queue(), ctx.Queue()
+    with _Timed(scheduler, "127.0.0.1", 0) as coordinator:
+        assert coordinator.endpoint is not None
+        groups = np.array_split(np.arange(LAT_WORLD), SUB_PROCESSES)
+        subs = [
+            ctx.Process(target=_subscribers, args=(coordinator.endpoint, g.tolist(), ready, out))
+            for g in groups
+        ]
+        for process in subs:
+            process.start()
+        for _ in subs:
+            ready.get(timeout=120)
+        time.sleep(1.0)  # subscriptions reach the PUB socket
+        host, port, pub = coordinator.endpoint
+        driver = PlanClient(
+            0, LAT_WORLD, scheduler.digest, host, port, pub_port=pub, timeout=10.0
+        )
+        driver.connect()
+        for epoch in range(epochs):
+            for first in range(0, steps, LAT_WINDOW):
+                driver.plan(epoch, first)
+                time.sleep(WINDOW_GAP_SECONDS)
+        received = [r for _ in subs for r in out.get(timeout=120)]
+        for process in subs:
+            process.join(30)
+        driver.close()
+        published = dict(coordinator.published)
+        windows = coordinator.stats.windows
+        message_bytes = coordinator.stats.published_bytes / max(windows * LAT_WORLD, 1)
+    delays = np.array([t - published[(e, f)] for _, e, f, t in received if (e, f) in published])
+    return {
+        "windows": windows,
+        "deliveries": int(delays.shape[0]),
+        "expected": windows * LAT_WORLD,
+        "p50_ms": float(1e3 * np.percentile(delays, 50)),
+        "p99_ms": float(1e3 * np.percentile(delays, 99)),
+        "max_ms": float(1e3 * delays.max()),
+        "message_bytes": float(message_bytes),
+    }
+
+
+def run(quick: bool) -> dict[str, Any]:
+    """CPU per step (median of 3 runs, 1 in quick mode) and the latency run."""
+    repeats = 1 if quick else 3
+    cpu = [_cpu_once(1 if quick else 2) for _ in range(repeats)]
+    keys = ("thread_ms", "planning_ms", "gate_ms")
+    return {
+        "cpu": {
+            "world": CPU_WORLD,
+            "global_batch": CPU_WORLD * CPU_PER_RANK,
+            "window": CPU_WINDOW,
+            "samples": CPU_SAMPLES,
+            "step_seconds": STEP_SECONDS,
+            "runs": cpu,
+            **{k: float(np.median([c[k] for c in cpu])) for k in keys},
+        },
+        "latency": {
+            "world": LAT_WORLD,
+            "global_batch": LAT_WORLD * LAT_PER_RANK,
+            "window": LAT_WINDOW,
+            "samples": LAT_SAMPLES,
+            "sub_processes": SUB_PROCESSES,
+            **_latency(2 if quick else 5),
+        },
+    }
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The figures as text."""
+    cpu, lat = result["cpu"], result["latency"]
+    return "\n".join(
+        [
+            f"coordinator CPU per step at W={cpu['world']}: thread {cpu['thread_ms']:.3f} ms "
+            f"(planning {cpu['planning_ms']:.3f} ms), gate {cpu['gate_ms']:.3f} ms "
+            f"(median of {len(cpu['runs'])})",
+            f"publish -> rank at W={lat['world']}: p50 {lat['p50_ms']:.2f} ms, p99 "
+            f"{lat['p99_ms']:.2f} ms, max {lat['max_ms']:.2f} ms over {lat['deliveries']} of "
+            f"{lat['expected']} deliveries; {lat['message_bytes']:.0f} bytes per message",
+        ]
+    )
+
+
+def render_markdown(result: dict[str, Any], img_dir: Path) -> str:
+    """The page's section."""
+    del img_dir
+    cpu, lat = result["cpu"], result["latency"]
+    return "\n".join(
+        [
+            "## The coordinator's cost: CPU per step and publish → rank",
+            "",
+            f"**CPU per step.** A real `Coordinator` (a thread of the benchmark's process, "
+            f"as on rank 0, its sockets in the gate process) and {cpu['world']} real "
+            f"`PlanClient`s in one further process, driven as `DynamicSession` drives them "
+            f"(`plan()` per window, `prefetch()` at mid-window, one `report()` per step, in "
+            f"lock-step, steps of {1e3 * cpu['step_seconds']:.0f} ms), {cpu['samples']} "
+            f"lognormal sizes, global batch {cpu['global_batch']}, `variable_batch=True`, "
+            f"{cpu['window']} steps per window. Processor time per step of the coordinator's "
+            f"thread (`Coordinator.stats.cpu_seconds`: what it takes from rank 0), of which "
+            f"planning (`DynamicPlanner.plan_window`), and of the gate process "
+            f"(`/proc/PID/stat`); medians of {len(cpu['runs'])} runs.",
+            "",
+            f"**Publish → rank.** The same coordinator plans and publishes the windows of a "
+            f"{lat['world']}-rank job (global batch {lat['global_batch']}, {lat['window']} "
+            f"steps per window, {lat['samples']} sizes), one window every "
+            f"{1e3 * WINDOW_GAP_SECONDS:.0f} ms as one rank fetches them, to {lat['world']} "
+            f"ZeroMQ SUB sockets (one per rank's topic) in {lat['sub_processes']} further "
+            f"processes that only receive and decode. Latency: from the coordinator starting "
+            f"to publish a window, after planning it, to each SUB socket holding it decoded "
+            f"(`CLOCK_MONOTONIC` in every process); over {lat['deliveries']} (window, rank) "
+            f"pairs of {lat['expected']} published.",
+            "",
+            "| figure | value | target (issue 20) |",
+            "|---|---:|---:|",
+            f"| coordinator thread CPU per step, W={cpu['world']} (ms) | "
+            f"{cpu['thread_ms']:.3f} | ≤ 0.5 |",
+            f"| of which planning (ms) | {cpu['planning_ms']:.3f} | |",
+            f"| gate process CPU per step (ms) | {cpu['gate_ms']:.3f} | |",
+            f"| publish → rank p50 / p99 / max, W={lat['world']} (ms) | "
+            f"{lat['p50_ms']:.2f} / {lat['p99_ms']:.2f} / {lat['max_ms']:.2f} | p99 ≤ 2 |",
+            f"| bytes per plan message, W={lat['world']} | {lat['message_bytes']:.0f} | |",
+            "",
+            f"Reproduce: `{REPRODUCE}`.",
+            "",
+        ]
+    )
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] == ["cpu"]:
+        print(_cpu_once(1))
+    else:
+        print(format_table(run(quick=True)))
