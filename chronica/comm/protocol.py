@@ -9,7 +9,8 @@ uses the message, and raises ``ProtocolError`` naming what is wrong.
 Ranks send on a DEALER socket to the coordinator's ROUTER:
 
 ``hello``   rank, world, digest (sizes + configuration)    -> ``welcome`` or ``error``
-``fetch``   rank, epoch, first (a window's first step)      -> ``plan`` or ``error``
+``fetch``   rank, epoch, first (a window's first step)      -> ``plan`` and ``window``, or
+                                                            ``error``
             [ahead: a prefetch; if the window is published after this connection's hello,
             the PUB copy answers it]
 ``report``  rank, epoch, step, load, seconds                (an ``error`` only if refused)
@@ -23,10 +24,12 @@ The coordinator publishes every planned window on its PUB socket as one ``plan``
 under the topic ``topic(rank)``, with a sequence number that grows by one per window. A
 packed window's plan also carries ``row`` (each piece's row), ``nm`` (micro-batches per
 step), ``mo`` (micro-batch offsets into the rank's pieces) and ``mw`` (their loss
-weights); its ``idx`` are then piece numbers (``chronica.core.packing.Pieces``). Every
-plan also carries the whole window, ``wi`` (every rank's part, step by step, rank by rank)
-and ``wc`` (their counts, steps x world), so a rank can check that the parts partition each
-step (``chronica.runtime.window``); a plan without them is not used.
+weights); its ``idx`` are then piece numbers (``chronica.core.packing.Pieces``). With the
+plans it publishes the whole window once, under ``WINDOW_TOPIC`` (every rank subscribes):
+a ``window`` message with the plans' ``seq``, ``gen``, ``epoch`` and ``first``, ``n``
+steps, ``wi`` (every rank's part, step by step, rank by rank) and ``wc`` (their counts,
+steps x world), so a rank can check that the parts partition each step
+(``chronica.runtime.window``); a rank uses a plan only with its window.
 
 Limits (what a peer can make the decoder allocate or the planner compute with): a request
 is at most ``MAX_REQUEST_BYTES``; msgpack containers are capped (``max_map_len``,
@@ -55,6 +58,7 @@ __all__ = [
     "REPORT_LOAD",
     "REPORT_SECONDS",
     "VERSION",
+    "WINDOW_TOPIC",
     "Micro",
     "Parts",
     "Plan",
@@ -65,6 +69,7 @@ __all__ = [
     "plan_message",
     "tcp_url",
     "topic",
+    "window_message",
 ]
 
 # 2: plans carry ``gen``, the planning that made them (ranks agree on it before use).
@@ -136,6 +141,8 @@ class Plan:
     weights: np.ndarray
     loads: np.ndarray
     micro: Micro | None = None
+    # The whole window, from the ``window`` message of the same planning (the client
+    # attaches it; a ``plan`` message does not carry it).
     parts: Parts | None = None
 
     @property
@@ -164,6 +171,10 @@ def tcp_url(host: str, port: int | str) -> str:
     return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
+# Every rank subscribes to it: not a prefix of any rank's topic, nor one of them its prefix.
+WINDOW_TOPIC = b"chronica/window/"
+
+
 def topic(rank: int) -> bytes:
     """The PUB topic of ``rank``; fixed width so that no rank's topic prefixes another's."""
     return b"chronica/%07d/" % rank
@@ -184,10 +195,8 @@ def plan_message(
     weights: np.ndarray,
     loads: np.ndarray,
     micro: Micro | None = None,
-    parts: Parts | None = None,
 ) -> bytes:
-    """Encode one rank's part of a window (with ``micro`` for a packed one, and ``parts``,
-    the whole window)."""
+    """Encode one rank's part of a window (with ``micro`` for a packed one)."""
     packed = {}
     if micro is not None:
         packed = {
@@ -196,9 +205,6 @@ def plan_message(
             "mo": np.ascontiguousarray(micro.offsets, "<i8").tobytes(),
             "mw": np.ascontiguousarray(micro.weights, "<f8").tobytes(),
         }
-    if parts is not None:
-        packed["wi"] = np.ascontiguousarray(parts.indices, "<i8").tobytes()
-        packed["wc"] = np.ascontiguousarray(parts.counts, "<i8").tobytes()
     return encode(
         "plan",
         seq=int(seq),
@@ -210,6 +216,20 @@ def plan_message(
         w=np.ascontiguousarray(weights, "<f8").tobytes(),
         load=np.ascontiguousarray(loads, "<f8").tobytes(),
         **packed,
+    )
+
+
+def window_message(seq: int, gen: int, epoch: int, first: int, parts: Parts) -> bytes:
+    """Encode the whole window (every rank's part) of the plans ``seq`` of planning ``gen``."""
+    return encode(
+        "window",
+        seq=int(seq),
+        gen=int(gen),
+        epoch=int(epoch),
+        first=int(first),
+        n=int(parts.counts.shape[0]),
+        wi=np.ascontiguousarray(parts.indices, "<i8").tobytes(),
+        wc=np.ascontiguousarray(parts.counts, "<i8").tobytes(),
     )
 
 
@@ -245,6 +265,7 @@ _FIELDS = {
     "welcome": ("window", "steps"),
     "plan": ("seq", "gen", "epoch", "first", "idx", "off", "w", "load"),
     "error": ("code", "msg"),
+    "window": ("seq", "gen", "epoch", "first", "n", "wi", "wc"),
 }
 
 
@@ -320,6 +341,12 @@ def _validate(kind: str, message: dict[str, Any]) -> None:
             _int(message, "first", 0, MAX_STEPS)
     elif kind == "plan":
         message["plan"] = _plan(message)
+    elif kind == "window":
+        _int(message, "seq", 0, MAX_STEPS)
+        _int(message, "gen", 1, MAX_GENERATION)
+        _int(message, "epoch", 0, MAX_STEPS)
+        _int(message, "first", 0, MAX_STEPS)
+        message["parts"] = _parts(message, _int(message, "n", 1, MAX_STEPS))
 
 
 def _plan(message: dict[str, Any]) -> Plan:
@@ -341,7 +368,6 @@ def _plan(message: dict[str, Any]) -> Plan:
     micro = _micro(message, indices.shape[0], steps) if "nm" in message else None
     return Plan(
         micro=micro,
-        parts=_parts(message, steps) if "wi" in message else None,
         seq=_int(message, "seq", 0, MAX_STEPS),
         gen=_int(message, "gen", 1, MAX_GENERATION),
         epoch=_int(message, "epoch", 0, MAX_STEPS),
@@ -354,15 +380,15 @@ def _plan(message: dict[str, Any]) -> Plan:
 
 
 def _parts(message: dict[str, Any], steps: int) -> Parts:
-    """A plan's whole window, its shape checked against its ``steps``."""
+    """A window message's parts, their shape checked against its ``steps``."""
     indices = _array(message, "wi", "<i8")
     counts = _array(message, "wc", "<i8")
     if counts.shape[0] % steps or not 0 < counts.shape[0] // steps <= MAX_WORLD:
-        raise ProtocolError("plan field 'wc' must hold the counts of every step and rank")
+        raise ProtocolError("window field 'wc' must hold the counts of every step and rank")
     if (counts < 0).any() or (counts > indices.shape[0]).any() or counts.sum() != indices.shape[0]:
-        raise ProtocolError("plan field 'wc' must count the entries of 'wi'")
+        raise ProtocolError("window field 'wc' must count the entries of 'wi'")
     if indices.shape[0] and indices.min() < 0:
-        raise ProtocolError("plan field 'wi' must hold indices >= 0")
+        raise ProtocolError("window field 'wi' must hold indices >= 0")
     return Parts(indices, counts.reshape(steps, -1))
 
 

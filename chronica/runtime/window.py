@@ -6,10 +6,11 @@ makes of its own part alone can establish it: parts that each fit the static pla
 give two ranks the same samples, leave one empty or swap two. Hashing each rank's part and
 comparing the hashes with a digest the coordinator sends only shows that the ranks hold what
 the coordinator meant to send; a wrong coordinator computes that digest from the wrong
-parts. So every plan carries every rank's part of the window (``Parts``: a permutation of
-the window's samples, about ``window x global batch`` integers), every rank checks that the
-parts of each step are exactly the static step's samples with counts the training loop can
-run (``fault``), and the ranks agree on a digest of what they checked (``token``). Then:
+parts. So every rank receives every rank's part of the window (``Parts``: a permutation of
+the window's samples, about ``window x global batch`` integers, published once for all
+ranks beside their plans and attached to the plan by ``PlanClient``), checks that the parts
+of each step are exactly the static step's samples with counts the training loop can run
+(``fault``), and the ranks agree on a digest of what they checked (``token``). Then:
 
 * a window that is not a partition fails the check on every rank (they all hold it);
 * ranks holding different windows (different parts, another planning, a mixed generation,
@@ -22,14 +23,15 @@ run (``fault``), and the ranks agree on a digest of what they checked (``token``
 The token also covers the rank's micro-batch counts of a packed window, so ranks with
 unequal counts (which would hang gradient accumulation) fall back together.
 
-The cost is bytes: a rank receives about ``8 x (global batch + world)`` bytes per step
-instead of ``8 x`` its own batch, and the coordinator sends that to every rank. Measured
-with the coordinator's own encoder (first window of 16 steps, lognormal sizes): 2,078 ->
-133,662 bytes per rank and step at 64 ranks and a global batch of 16,384 (0.13 -> 8.2 MiB
-per step over all ranks); at 1024 ranks, 158 -> 139,422 bytes (0.15 -> 136 MiB per step).
-Fine up to a few hundred ranks; beyond, a check that needs only each rank's own part (a
-multiset hash of the parts under a key the ranks draw after the plan is sent, summed over
-the ranks' own collectives) would keep the same guarantee at constant bytes.
+The cost is bytes: a rank receives about ``8 x (global batch + world)`` more bytes per step
+(its plan was ``8 x`` its own batch). The coordinator encodes the window once, but its PUB
+socket sends it to every rank: at 64 ranks and a global batch of 16,384, 2,078 -> 133,662
+bytes per rank and step (0.13 -> 8.2 MiB per step over all ranks); at 1024 ranks, 158 ->
+139,422 bytes (0.15 -> 136 MiB per step), measured with the coordinator's encoder on the
+first window of 16 steps of lognormal sizes. Fine up to a few hundred ranks; beyond, a
+check that needs only each rank's own part (a multiset hash of the parts under a key the
+ranks draw after the plans are sent, combined over the ranks' own collectives) would keep
+the same guarantee at constant bytes.
 """
 
 from __future__ import annotations
@@ -68,8 +70,8 @@ def fault(
     plan: Plan, static: EpochPlan, config: ScheduleConfig, rank: int, first: int, stop: int
 ) -> str | None:
     """Why ``plan`` cannot serve steps ``first..stop-1`` of ``static``'s epoch at ``rank``,
-    or ``None``: it must cover that window, carry every rank's part of it, of which its own
-    part is ``rank``'s share, and every step's parts must be exactly the static step's
+    or ``None``: it must cover that window, of which (``plan.parts``: every rank's part) its
+    own part is ``rank``'s share, and every step's parts must be exactly the static step's
     samples (pieces, when packed), with counts every rank can run: the static counts unless
     ``config.variable_batch``, else within its batch bounds (or the static plan's, where
     wider); a packed rank holds a piece wherever the static plan gives every rank one. The
@@ -81,8 +83,7 @@ def fault(
     if (plan.micro is None) != (static.micro is None):
         return "it is packed and the configuration is not" if plan.micro else "it is not packed"
     parts = plan.parts
-    if parts is None:
-        return "it does not carry every rank's part (a coordinator older than this rank)"
+    assert parts is not None  # PlanClient returns plans with their window
     counts = parts.counts
     if counts.shape[1] != world:
         return f"it holds the parts of {counts.shape[1]} ranks, not {world}"

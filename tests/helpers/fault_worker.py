@@ -107,10 +107,7 @@ def main(out_path: str, scenario: str) -> None:
         sampler.load_state_dict(state)
         first_epoch, first_step = state["epoch"], state["step"]
     session = sampler.stream.session
-    if scenario == "delay" and rank == world - 1:
-        # Set after connecting, so that only the delayed window can exceed it.
-        session.client.timeout = SHORT_TIMEOUT
-    votes = []  # (own token: the plan's generation or 0, agreed) per window, in order
+    votes = []  # (own token: the window's digest or NO_PLAN, agreed) per window, in order
     agree = session.agree
 
     def recording(token: int) -> bool:
@@ -151,6 +148,14 @@ def main(out_path: str, scenario: str) -> None:
                 if rank == 0:
                     tell_test("kill" if step == KILL_AFTER else "restart")
                 dist.barrier()
+            if (
+                scenario == "delay"
+                and rank == world - 1
+                and (epoch, step) == (0, DELAYED_FIRST - 1)
+            ):
+                # Set just before the delayed window, so that only it can exceed it (the
+                # first window, planned cold, may take longer on a loaded machine).
+                session.client.timeout = SHORT_TIMEOUT
             if scenario == "tampered" and not session.client.attached:
                 session.client.connect()
             silent = scenario == "silent" and rank == world - 1
