@@ -31,7 +31,7 @@ import zmq
 
 from chronica.comm.client import PlanClient
 from chronica.comm.coordinator import Coordinator
-from chronica.comm.protocol import decode, topic
+from chronica.comm.protocol import WINDOW_TOPIC, decode, topic
 from chronica.core import ScheduleConfig, Scheduler
 from chronica.core.dynamic import DynamicPlanner
 
@@ -163,7 +163,8 @@ def _cpu_once(epochs: int) -> dict[str, float]:
 
 
 def _subscribers(endpoint: tuple[str, int, int], ranks: list[int], ready: Any, out: Any) -> None:
-    """SUB sockets for ``ranks``: every plan received is decoded and timed."""
+    """SUB sockets for ``ranks``, each on its rank's topic and the window topic (a rank uses
+    its plan with the whole window): decoded, and timed when a rank holds both."""
     host, _, pub = endpoint
     context = zmq.Context()
     poller = zmq.Poller()
@@ -171,23 +172,31 @@ def _subscribers(endpoint: tuple[str, int, int], ranks: list[int], ready: Any, o
     for rank in ranks:
         sock = context.socket(zmq.SUB)
         sock.setsockopt(zmq.SUBSCRIBE, topic(rank))
+        sock.setsockopt(zmq.SUBSCRIBE, WINDOW_TOPIC)
         sock.connect(f"tcp://{host}:{pub}")
         poller.register(sock, zmq.POLLIN)
         sockets.append(sock)
     ready.put(len(ranks))
-    got: list[tuple[int, int, int, float]] = []
+    got: list[tuple[int, int, int, float, float]] = []
+    halves: dict[tuple[int, int, int], float] = {}  # (socket, epoch, first): one of two, when
     idle_since = time.monotonic()
     while time.monotonic() - idle_since < 3.0:
         for sock, _ in poller.poll(100):
+            i = sockets.index(sock)
             while True:
                 try:
                     _, payload = sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                plan = decode(payload, 1 << 30)["plan"]
-                got.append((sockets.index(sock), plan.epoch, plan.first, time.monotonic()))
+                received = time.monotonic()
+                message = decode(payload, 1 << 30)
+                key = (i, message["epoch"], message["first"])
+                if key in halves:
+                    got.append((*key, max(received, halves.pop(key)), time.monotonic()))
+                else:
+                    halves[key] = received
             idle_since = time.monotonic()
-    out.put([(ranks[i], e, f, t) for i, e, f, t in got])
+    out.put([(ranks[i], e, f, t, d) for i, e, f, t, d in got])
     for sock in sockets:
         sock.close(0)
     context.term()
@@ -226,9 +235,12 @@ def _latency(epochs: int) -> dict[str, Any]:
         driver.close()
         published = dict(coordinator.published)
         windows = coordinator.stats.windows
-        message_bytes = coordinator.stats.published_bytes / max(windows * LAT_WORLD, 1)
-    delays = np.array([t - published[(e, f)] for _, e, f, t in received if (e, f) in published])
+        message_bytes = coordinator.stats.published_bytes / max(windows * (LAT_WORLD + 1), 1)
+    delays = np.array([t - published[(e, f)] for _, e, f, t, _ in received])
+    decoded = np.array([d - published[(e, f)] for _, e, f, _, d in received])
     return {
+        "decoded_p50_ms": float(1e3 * np.percentile(decoded, 50)),
+        "decoded_p99_ms": float(1e3 * np.percentile(decoded, 99)),
         "windows": windows,
         "deliveries": int(delays.shape[0]),
         "expected": windows * LAT_WORLD,
@@ -330,5 +342,7 @@ if __name__ == "__main__":
 
     if sys.argv[1:] == ["cpu"]:
         print(_cpu_once(1))
+    elif sys.argv[1:] == ["latency"]:
+        print(_latency(3))
     else:
         print(format_table(run(quick=True)))

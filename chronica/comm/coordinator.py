@@ -302,6 +302,9 @@ class Coordinator:
         # Where each connection last said it is, (epoch, step) of a fetch or report: the
         # job's progress is the slowest rank's, and planning stays within a horizon of it.
         self._pos: dict[bytes, tuple[int, int]] = {}
+        # The newest window's parts regrouped by rank (``_by_rank``), for its messages.
+        self._layout: tuple[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] | None
+        self._layout = None
         self.horizon = max(4 * self.planner.window, _HORIZON_STEPS)
         # Which rank each connection (ROUTER routing id) said hello as, oldest first.
         self._peers: OrderedDict[bytes, int] = OrderedDict()
@@ -706,33 +709,58 @@ class Coordinator:
         self._publish(plan, seq)
         return plan
 
+    def _by_rank(self, plan: WindowPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The window's indices regrouped rank by rank (each rank's steps in order), where
+        each rank's run starts, and every rank's step offsets (a column each): one gather
+        per window instead of a slice per step and rank."""
+        key = (plan.epoch, plan.first_step)
+        if self._layout is not None and self._layout[0] == key:
+            return self._layout[1]
+        counts = plan.counts.T.ravel()  # rank by rank, step by step
+        starts = plan.bounds[:, :-1].T.ravel()
+        ends = np.cumsum(counts)
+        total = int(ends[-1]) if ends.size else 0
+        gather = np.repeat(starts - (ends - counts), counts) + np.arange(total)
+        runs = np.concatenate([[0], np.cumsum(plan.counts.sum(axis=0))])
+        offsets = np.vstack([np.zeros((1, plan.num_replicas), np.int64), np.cumsum(plan.counts, 0)])
+        layout = (plan.indices[gather], runs, offsets)
+        self._layout = (key, layout)
+        return layout
+
     def _part(self, plan: WindowPlan, rank: int, seq: int) -> bytes:
+        if plan.micro is None:
+            grouped, runs, offsets = self._by_rank(plan)
+            return plan_message(
+                seq,
+                self.generation,
+                plan.epoch,
+                plan.first_step,
+                grouped[runs[rank] : runs[rank + 1]],
+                offsets[:, rank],
+                plan.loss_weights[:, rank],
+                plan.loads[:, rank],
+            )
         starts, ends = plan.bounds[:, rank], plan.bounds[:, rank + 1]
         spans = [slice(a, b) for a, b in zip(starts, ends, strict=True)]
         # A packed window sends piece numbers (documents and token ranges follow from them).
-        source = plan.indices if plan.micro is None else plan.micro.pieces
+        layout = plan.micro
         indices = (
-            np.concatenate([source[span] for span in spans])
+            np.concatenate([layout.pieces[span] for span in spans])
             if plan.num_steps
             else np.empty(0, np.int64)
         )
         offsets = np.concatenate([[0], np.cumsum(ends - starts)])
-        micro = None
-        if plan.micro is not None:
-            layout = plan.micro
-            counts = layout.num_micro
-            first = layout.first[:-1] + rank * counts
-            slots = np.concatenate(
-                [np.arange(a, a + m) for a, m in zip(first, counts, strict=True)]
-            )
-            micro = Micro(
-                rows=np.concatenate([layout.rows[span] for span in spans]),
-                counts=counts,
-                offsets=np.concatenate(
-                    [[0], np.cumsum(layout.bounds[slots + 1] - layout.bounds[slots])]
-                ),
-                weights=layout.weights[slots],
-            )
+        counts = layout.num_micro
+        first = layout.first[:-1] + rank * counts
+        slots = np.concatenate([np.arange(a, a + m) for a, m in zip(first, counts, strict=True)])
+        micro = Micro(
+            rows=np.concatenate([layout.rows[span] for span in spans]),
+            counts=counts,
+            offsets=np.concatenate(
+                [[0], np.cumsum(layout.bounds[slots + 1] - layout.bounds[slots])]
+            ),
+            weights=layout.weights[slots],
+        )
         return plan_message(
             seq,
             self.generation,
