@@ -39,10 +39,12 @@ HERE = Path(__file__).resolve().parent
 SECTIONS = (
     "dynamic",
     "soak",
+    "coordinator",
     "hetero_run",
     "simulate",
     "adapters",
     "gradsched",
+    "grad_sim_validation",
     "scaling",
     "packing",
     "packing_e2e",
