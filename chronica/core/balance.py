@@ -182,14 +182,19 @@ def _sort_row(costs: np.ndarray, row: np.ndarray, descending: bool) -> None:
 
 
 @njit(cache=True)
-def _smallest(value: np.ndarray, where: np.ndarray, count: int, exclude: int) -> np.ndarray:
-    """Up to ``count`` finite leaves of a winner tree other than ``exclude``, smallest first
-    (ties: lower position): taken from the root one by one, then put back."""
-    picked = np.empty(count, np.int64)
-    taken = np.empty(count + 1, np.int64)
-    keys = np.empty(count + 1)
+def _smallest(
+    value: np.ndarray,
+    where: np.ndarray,
+    exclude: int,
+    picked: np.ndarray,
+    taken: np.ndarray,
+    keys: np.ndarray,
+) -> np.ndarray:
+    """Up to ``len(picked)`` finite leaves of a winner tree other than ``exclude``, smallest
+    first (ties: lower position), written to ``picked``: taken from the root one by one, then
+    put back (``taken`` and ``keys``, one longer than ``picked``, hold them meanwhile)."""
     filled = removed = 0
-    while filled < count and value[1] < np.inf:
+    while filled < picked.shape[0] and value[1] < np.inf:
         i = where[1]
         taken[removed] = i
         keys[removed] = value[1]
@@ -296,11 +301,14 @@ def _refine(
     # lightest ranks with samples are the smallest times, ranks without as inf.
     top_value, top_where = _tree(-times)
     low_value, low_where = _tree(np.where(caps > 0, times, np.inf))
+    picked = np.empty(partners, np.int64)
+    taken = np.empty(partners + 1, np.int64)
+    keys = np.empty(partners + 1)
     for _ in range(max_iter):
         a = top_where[1]
         if times[a] <= bound:
             return
-        lightest = _smallest(low_value, low_where, partners, a)
+        lightest = _smallest(low_value, low_where, a, picked, taken, keys)
         _, b, i, j = _best_trade(costs, members, caps, times, beta, a, lightest)
         if b < 0 and partners < num_ranks - 1 and costs.shape[0] <= _WIDE_SEARCH_MAX:
             # Stuck with the lightest ranks: a middle rank may still take a trade. Each wide

@@ -94,6 +94,8 @@ def _donor_trade(
         if d > best[0] or (d == best[0] and at[0] >= 0 and t < at[0]):
             best[0] = d
             at[0], at[1], at[2] = t, i, j
+        if d == limit:  # no later sample of this step can do better or tie earlier
+            return
 
 
 @njit(cache=True)
@@ -142,7 +144,10 @@ def _fill_slack_kernel(costs: np.ndarray, members: np.ndarray, loads: np.ndarray
         at[0] = -1
         for u in range(-1, num_steps):
             t = widest if u < 0 else u
-            if t < 0 or t == s or (u >= 0 and t == widest) or limits[t] < best[0]:
+            if t < 0 or t == s or (u >= 0 and t == widest):
+                continue
+            # A later step than the best must beat it, an earlier one may tie it.
+            if limits[t] < best[0] or (limits[t] == best[0] and t > at[0]):
                 continue
             _donor_trade(costs, members[t, arg[t]], members[s, r], limits[t], t, best, at)
         if at[0] < 0:

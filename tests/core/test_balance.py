@@ -172,7 +172,8 @@ def test_winner_tree_gives_the_first_smallest_like_the_reference(values, count, 
             assert where[1] == int(np.argmin(keys))
     exclude = data.draw(st.integers(-1, keys.shape[0] - 1))
     before = (value.copy(), where.copy())
-    assert _smallest(value, where, count, exclude).tolist() == reference.smallest(
+    buffers = (np.empty(count, np.int64), np.empty(count + 1, np.int64), np.empty(count + 1))
+    assert _smallest(value, where, exclude, *buffers).tolist() == reference.smallest(
         keys.tolist(), count, exclude
     )
     np.testing.assert_array_equal(value, before[0])  # put back as it was
