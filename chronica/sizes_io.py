@@ -18,7 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["SIZES_HELP", "describe", "read_sizes"]
+__all__ = ["MAX_LINE", "SIZES_HELP", "describe", "read_sizes"]
+
+MAX_LINE = 4096
+"""The longest line a text sizes file may have (a number and a comment)."""
 
 SIZES_HELP = (
     "sizes file: text (one number per line, # comments), .npy (1-D), or .csv/.parquet with "
@@ -97,7 +100,14 @@ def _read_npy(path: Path, option: str) -> np.ndarray:
 def _read_text(path: Path, option: str) -> np.ndarray:
     values: list[float] = []
     with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+        # Lines are read with a bound, so a file that is not a sizes file (one endless line,
+        # a sparse file of zero bytes) is refused at its first line instead of loaded whole.
+        for number, line in enumerate(iter(lambda: f.readline(MAX_LINE + 1), ""), start=1):
+            if len(line) > MAX_LINE or "\0" in line:
+                raise ValueError(
+                    f"{option} {path.name}:{number}: not a line of text (over {MAX_LINE} "
+                    f"characters or NUL bytes); write one size per line"
+                )
             text = line.split("#", 1)[0].strip()
             if not text:
                 continue

@@ -47,6 +47,8 @@ def test_coordinator_and_simulate_read_the_same_sizes(files, name, column) -> No
         ("\n  \n# only a comment\n", None, r"--sizes s\.txt: no sizes found"),
         ("3\nabc\n", None, r"--sizes s\.txt:2: 'abc' is not a number; write one size per line"),
         ("3\n", "tokens", r"--column 'tokens' only applies to \.csv"),
+        ("3\n" + "7" * 5000 + "\n", None, r"--sizes s\.txt:2: not a line of text \(over 4096"),
+        ("3\n\0\0\0\n", None, r"--sizes s\.txt:2: not a line of text .*NUL bytes"),
     ],
 )
 def test_bad_text_files_name_the_file_and_the_fix(tmp_path, content, column, message) -> None:
@@ -121,3 +123,13 @@ def test_coordinator_command_reports_a_bad_sizes_file(tmp_path) -> None:
     assert "chronica coordinator: --sizes s.csv is a table: name the column with --column NAME" in (
         run.stderr
     )
+
+
+def test_a_huge_sparse_file_is_refused_at_its_first_line(tmp_path) -> None:
+    """A 1 GiB file of zero bytes (sparse: no disk used) is refused after one bounded read,
+    not loaded whole."""
+    path = tmp_path / "s.txt"
+    with path.open("wb") as f:
+        f.truncate(1 << 30)
+    with pytest.raises(ValueError, match=r"s\.txt:1: not a line of text"):
+        sizes_io.read_sizes(path)

@@ -13,7 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from chronica.sim.engine import DEFAULT_STRATEGIES, SimOptions, SimulationResult, simulate
+from chronica.core.checks import is_int
+from chronica.sim.engine import (
+    DEFAULT_STRATEGIES,
+    SimOptions,
+    SimulationResult,
+    check_simulated,
+    simulate,
+)
 from chronica.sim.report import format_table, plot
 from chronica.sim.sizes import SizeDistribution, read_sizes, resample
 from chronica.sim.speeds import PROFILE_HELP
@@ -148,7 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def sizes_from_args(args: argparse.Namespace) -> np.ndarray:
-    """The sizes the arguments name: ``--sizes`` (resampled to ``--samples``) or ``--dist``."""
+    """The sizes the arguments name: ``--sizes`` (resampled to ``--samples``) or ``--dist``.
+    ``--samples`` is checked against the simulator's bounds before anything is drawn."""
+    if args.samples is not None and is_int(args.samples) and args.samples > 0:
+        check_simulated(args.samples, args.epochs if is_int(args.epochs) else 1)
     if args.sizes:
         sizes = read_sizes(args.sizes, args.column)
         return sizes if args.samples is None else resample(sizes, args.samples, args.seed)

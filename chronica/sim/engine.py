@@ -34,9 +34,13 @@ from chronica.sim.timing import AllReduceModel, ComputeModel, StepEvaluation, ev
 
 __all__ = [
     "DEFAULT_STRATEGIES",
+    "MAX_EPOCHS",
+    "MAX_SAMPLES",
+    "MAX_SIMULATED",
     "SimOptions",
     "SimulationResult",
     "StrategyResult",
+    "check_simulated",
     "simulate",
 ]
 
@@ -45,12 +49,33 @@ logger = logging.getLogger("chronica.sim")
 DEFAULT_STRATEGIES = ("torch", "length-grouped", "static", "pool", "guided", "dynamic")
 # Samples per rank and step when no global batch is given.
 DEFAULT_LOCAL_BATCH = 16
+# Bounds checked before anything is allocated, so a mistyped flag is an error, not an
+# out-of-memory kill or a run of days: a simulation holds a few arrays per sample and its
+# time grows with samples x epochs.
+MAX_SAMPLES = 10**8
+MAX_EPOCHS = 10_000
+MAX_SIMULATED = 10**9
 
 
 def _positive_int(name: str, value: Any) -> int:
     if not is_int(value) or value < 1:
         raise ValueError(f"{name} {value!r} must be an int >= 1")
     return int(value)
+
+
+def check_simulated(samples: int, epochs: int) -> None:
+    """``ValueError`` naming ``--samples`` and ``--epochs`` unless ``samples`` is at most
+    ``MAX_SAMPLES`` and ``samples * epochs`` at most ``MAX_SIMULATED``."""
+    if samples > MAX_SAMPLES:
+        raise ValueError(
+            f"--samples {samples:,} is above the simulator's {MAX_SAMPLES:,}; simulate a "
+            f"sample of the data set (--sizes FILE --samples N resamples it)"
+        )
+    if samples * epochs > MAX_SIMULATED:
+        raise ValueError(
+            f"--samples {samples:,} x --epochs {epochs:,} is above the simulator's "
+            f"{MAX_SIMULATED:,} simulated samples; simulate fewer epochs"
+        )
 
 
 @dataclass(frozen=True)
@@ -89,7 +114,8 @@ class SimOptions:
                 f"{max(1, batch // world) * world}"
             )
         object.__setattr__(self, "batch_size", batch)
-        _positive_int("--epochs", self.epochs)
+        if _positive_int("--epochs", self.epochs) > MAX_EPOCHS:
+            raise ValueError(f"--epochs {self.epochs} is above the simulator's {MAX_EPOCHS:,}")
         if not is_int(self.seed):
             raise ValueError(f"--seed {self.seed!r} must be an int")
         try:
@@ -390,6 +416,7 @@ def simulate(sizes: Any, options: SimOptions, *, progress: bool | None = None) -
     sizes = validate_sizes(sizes, name="sizes")
     if sizes.shape[0] == 0:
         raise ValueError("sizes is empty; give at least one sample")
+    check_simulated(sizes.shape[0], options.epochs)
     runs = [_Run(s, sizes, options) for s in options.strategies]
     world, batch = options.world, options.global_batch
     steps = len(step_counts(per_replica(sizes.shape[0], world, False), batch, world))

@@ -284,6 +284,9 @@ def test_parquet_without_pyarrow_names_the_fix(tmp_path) -> None:
         ("3\n4\n", ["--config", "fast"], "--config 'fast' is not one of"),
         ("3\n4\n", ["--config", "dynamic,speed=2"], "unknown option 'speed'"),
         ("3\n4\n", ["--column", "x"], "--column 'x' only applies to .csv"),
+        ("3\n4\n", ["--samples", "100000000000"], "--samples 100,000,000,000 is above the"),
+        ("3\n4\n", ["--epochs", "1000000000"], "--epochs 1000000000 is above the simulator's"),
+        ("3\n4\n", ["--samples", "10000000", "--epochs", "1000"], "x --epochs 1,000 is above"),
     ],
 )
 def test_bad_input_fails_early_naming_the_argument(tmp_path, capsys, content, args, message):
