@@ -172,10 +172,13 @@ class ScheduledOptimizer:
         self._steps = 0
         self._scheduled_steps = 0
         self._last_call: float | None = None
+        self._last_cpu = 0.0
+        self._cpu: deque[float] = deque(maxlen=_HISTORY)  # process CPU seconds per step
         self._last_done = self._reduced_at = 0.0
         self._forward_wait = 0.0
         self._history: deque[tuple[float, float, float]] = deque(maxlen=_HISTORY)
-        self._trial: float | None = None  # rank 0's bucketed step time while trying scheduling
+        # rank 0's bucketed step time and CPU seconds per step while scheduling is on trial
+        self._trial: tuple[float, float] | None = None
         self._tuner: AutoTuner | None = None
         self._module_params: dict[int, list[int]] = {}
         self._handles.append(model.register_forward_pre_hook(self._sync_buffers, prepend=True))
@@ -413,8 +416,9 @@ class ScheduledOptimizer:
         rank, whether priority scheduling gets a trial (it could save ``min_saving``)."""
         exposure = Exposure.from_steps(self._history, "bucketed")
         ready = np.nan_to_num(self._ready_at[self._priority] - np.nanmin(self._ready_at))
-        agreed = self._agree(np.concatenate([[exposure.saving_bound, exposure.step_time], ready]))
-        bound, step_time = float(agreed[0]), float(agreed[1])
+        measured = [exposure.saving_bound, exposure.step_time, np.median(self._cpu)]
+        agreed = self._agree(np.concatenate([measured, ready]))
+        bound = float(agreed[0])
         if bound < self.min_saving:
             self._settle(
                 "bucketed",
@@ -427,23 +431,30 @@ class ScheduledOptimizer:
             f"of step time (>= min_saving={self.min_saving:.0%}); trying it"
         )
         log.info("chronica gradients: %s", self._decision)
-        self._trial = step_time
-        self._start_scheduling(agreed[2:])
+        self._trial = (float(agreed[1]), float(agreed[2]))
+        self._start_scheduling(agreed[3:])
 
     def _conclude(self, dispatcher: Dispatcher) -> None:
-        """End of the trial: keep scheduling only if rank 0's steps got shorter."""
-        agreed = self._agree([Exposure.from_steps(self._history, "scheduled").step_time])
-        scheduled, bucketed = float(agreed[0]), self._trial
-        assert bucketed is not None
-        self._trial = None
+        """End of the trial: keep scheduling only if rank 0's steps got shorter, without
+        costing more CPU (on a machine whose cores compute, CPU time is the step's cost,
+        and a wall-clock gain that costs CPU is an artefact of what else ran)."""
+        step_time = Exposure.from_steps(self._history, "scheduled").step_time
+        agreed = self._agree([step_time, np.median(self._cpu)])
+        assert self._trial is not None
+        (bucketed, bucketed_cpu), self._trial = self._trial, None
+        scheduled, scheduled_cpu = float(agreed[0]), float(agreed[1])
         measured = (
             f"rank 0 measured {1e3 * scheduled:.1f} ms per step scheduled against "
-            f"{1e3 * bucketed:.1f} ms bucketed"
+            f"{1e3 * bucketed:.1f} ms bucketed, CPU {1e3 * scheduled_cpu:.1f} against "
+            f"{1e3 * bucketed_cpu:.1f} ms"
         )
-        if scheduled <= bucketed * (1 - _MARGIN):
+        if scheduled <= bucketed * (1 - _MARGIN) and scheduled_cpu <= bucketed_cpu * (1 + _MARGIN):
             self._settle("scheduled", measured)
             return
-        self._settle("bucketed", measured + f" (scheduling must save {_MARGIN:.0%})")
+        self._settle(
+            "bucketed",
+            measured + f" (scheduling must save {_MARGIN:.0%} and cost no more CPU)",
+        )
         dispatcher.wait_all()
         self._apply_reduced()
         dispatcher.close(timeline=False)
@@ -477,15 +488,18 @@ class ScheduledOptimizer:
 
     def _restart_history(self) -> None:
         self._history.clear()
+        self._cpu.clear()
         self._last_call = None  # the next step only sets the reference point
 
     def _record(self, now: float, after_backward: float, forward_wait: float) -> None:
+        cpu = time.process_time()
         if self._last_call is not None:
             self._history.append((now - self._last_call, after_backward, forward_wait))
+            self._cpu.append(cpu - self._last_cpu)
             if self._timeline is not None:
                 mode = self._engine or "bucketed"
                 self._timeline.step(self._last_call, now, after_backward, forward_wait, mode)
-        self._last_call = now
+        self._last_call, self._last_cpu = now, cpu
 
     # -- the scheduled engine ---------------------------------------------------------------
 
