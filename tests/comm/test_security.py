@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import zmq
 from attacks import attack
-from workers import free_ports
+from workers import free_ports, scaled
 
 import chronica
 from chronica.comm import standalone
@@ -561,12 +561,14 @@ def test_a_gigabyte_of_unauthenticated_flood_costs_the_host_nothing(caplog):
     scheduler = Scheduler(sizes, config)
     agreement = _Agreement(2)
     sessions = [
-        DynamicSession(scheduler, rank, port=0, timeout=2.0, agree=agreement.for_rank(rank))
+        DynamicSession(scheduler, rank, port=0, timeout=scaled(2.0), agree=agreement.for_rank(rank))
         for rank in (0,)
     ]
     host, port, pub = sessions[0].coordinator.endpoint
     sessions.append(
-        DynamicSession(scheduler, 1, host=host, port=port, timeout=2.0, agree=agreement.for_rank(1))
+        DynamicSession(
+            scheduler, 1, host=host, port=port, timeout=scaled(2.0), agree=agreement.for_rank(1)
+        )
     )
     gate = sessions[0].coordinator._gate
     limits = Path(f"/proc/{gate.pid()}/limits").read_text().splitlines()
@@ -638,7 +640,24 @@ def test_a_gigabyte_of_unauthenticated_flood_costs_the_host_nothing(caplog):
 
 
 def _ranks(coordinator, ranks):
-    return [_client(coordinator, r, timeout=2.0) for r in ranks]
+    return [_client(coordinator, r, timeout=scaled(2.0)) for r in ranks]
+
+
+def _serving(coordinator, ranks):
+    """Clients of ``ranks``, connected and holding the first window."""
+    clients = _ranks(coordinator, ranks)
+    assert all(c.connect() for c in clients)
+    assert all(c.plan(0, 0) is not None for c in clients)
+    return clients
+
+
+def _assert_partition(scheduler, plans, epoch, first):
+    """The plans' parts of every step of the window are that step's static samples."""
+    static = scheduler.plan_epoch(epoch)
+    for step in range(first, first + plans[0].num_steps):
+        got = np.sort(np.concatenate([p.local(step) for p in plans]))
+        whole = static.indices[static.bounds[step, 0] : static.bounds[step, -1]]
+        np.testing.assert_array_equal(got, np.sort(whole))
 
 
 @pytest.fixture(scope="module")
@@ -661,14 +680,10 @@ def test_a_far_epoch_before_the_job_starts_leaves_the_ranks_their_plans(schedule
         rogue.plan(far, 0)  # alone, it is the job's progress: planned, but nothing is lost
         ranks = _ranks(coordinator, range(4))  # real rank 3 takes over from the rogue
         assert all(c.connect() for c in ranks)
-        static = scheduler.plan_epoch(0)
         for first in range(0, scheduler.num_steps(), 4):
             plans = [c.plan(0, first) for c in ranks]
             assert all(p is not None for p in plans)
-            for step in range(first, first + plans[0].num_steps):
-                got = np.sort(np.concatenate([p.local(step) for p in plans]))
-                whole = static.indices[static.bounds[step, 0] : static.bounds[step, -1]]
-                np.testing.assert_array_equal(got, np.sort(whole))
+            _assert_partition(scheduler, plans, 0, first)
             for c in ranks:
                 c.report(0, first, 1.0, 1e-3)
         assert all(c.stats.fallbacks == 0 for c in ranks)
@@ -683,10 +698,9 @@ def test_a_far_epoch_before_the_job_starts_leaves_the_ranks_their_plans(schedule
 )
 def test_an_insider_fetching_ahead_is_refused_without_planning(long_epochs):
     with Coordinator(long_epochs, "127.0.0.1", 0) as coordinator:
-        ranks = _ranks(coordinator, range(4))
-        assert all(c.connect() for c in ranks)
-        assert all(c.plan(0, 0) is not None for c in ranks)
-        _wait_for(lambda: coordinator.stats.windows == 2)  # (0, 0), and (0, 4) planned early
+        ranks = _serving(coordinator, range(4))
+        # (0, 0), and (0, 4) planned early
+        _wait_for(lambda: coordinator.stats.windows == 2, scaled(3.0))
         planned = coordinator.stats.windows
         (insider,) = _ranks(coordinator, [2])  # says hello as a real rank
         assert insider.connect()
@@ -783,19 +797,13 @@ def test_strangers_reach_the_coordinator_at_a_bounded_rate(scheduler):
 )
 def test_a_killed_gate_is_replaced_on_the_same_ports(scheduler):
     with Coordinator(scheduler, "127.0.0.1", 0) as coordinator:
-        ranks = _ranks(coordinator, range(4))
-        assert all(c.connect() for c in ranks)
-        assert all(c.plan(0, 0) is not None for c in ranks)
+        ranks = _serving(coordinator, range(4))
         endpoint, pid = coordinator.endpoint, coordinator._gate.pid()
         os.kill(pid, signal.SIGKILL)
         _wait_for(lambda: coordinator.stats.gate_restarts == 1, 30)
         assert coordinator.endpoint == endpoint and coordinator._gate.pid() != pid
         plans = [c.plan(0, 4) for c in ranks]  # greeted again, fetched again
         assert all(p is not None for p in plans)
-        static = scheduler.plan_epoch(0)
-        for step in range(4, 4 + plans[0].num_steps):
-            got = np.sort(np.concatenate([p.local(step) for p in plans]))
-            whole = static.indices[static.bounds[step, 0] : static.bounds[step, -1]]
-            np.testing.assert_array_equal(got, np.sort(whole))
+        _assert_partition(scheduler, plans, 0, 4)
         for c in ranks:
             c.close()
