@@ -138,4 +138,4 @@ def sizes_digest(sizes: np.ndarray) -> str:
     """A short hex digest of the validated sizes: equal digests mean equal sizes, bit for bit."""
     data = np.ascontiguousarray(sizes, dtype="<f8")
     # The buffer itself, not a bytes copy of it: a copy would double the sizes' memory.
-    return hashlib.blake2b(memoryview(data).cast("B"), digest_size=16).hexdigest()
+    return hashlib.blake2b(data.data.cast("B"), digest_size=16).hexdigest()
