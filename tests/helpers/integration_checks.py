@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from workers import HELPERS, ROOT, base_env, free_port, run_workers
+from workers import HELPERS, ROOT, base_env, run_workers, torch_rendezvous
 
 from chronica.torch.utils.data import DistributedSampler
 
@@ -25,26 +25,27 @@ def run_job(worker: str, folder: Path, variables: str, timeout: float = 300) -> 
     JSON (argv[1]) and using ``folder/checkpoints`` (argv[2]); returns the ranks' results.
     ``variables`` picks the launcher's environment: ``"lightning"`` (``LOCAL_RANK``,
     ``NODE_RANK``: processes Lightning did not start) or ``"torchrun"``."""
-    env = base_env(
-        ROOT,
-        WORLD_SIZE=str(WORLD),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(free_port()),
-        OMP_NUM_THREADS="1",
-        TOKENIZERS_PARALLELISM="false",
-    )
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    ranks = []
-    for rank in range(WORLD):
-        extra = {"LOCAL_RANK": str(rank)}
-        if variables == "lightning":
-            extra["NODE_RANK"] = "0"
-        else:
-            extra.update(RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD))
-        ranks.append({**env, **extra})
     outs = [folder / f"rank{rank}.json" for rank in range(WORLD)]
     command = [sys.executable, str(HELPERS / worker)]
-    run_workers([[*command, str(out), str(folder / "checkpoints")] for out in outs], ranks, timeout)
+    with torch_rendezvous(WORLD) as meeting:
+        env = base_env(
+            ROOT,
+            WORLD_SIZE=str(WORLD),
+            OMP_NUM_THREADS="1",
+            TOKENIZERS_PARALLELISM="false",
+            **meeting,
+        )
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        ranks = []
+        for rank in range(WORLD):
+            extra = {"LOCAL_RANK": str(rank)}
+            if variables == "lightning":
+                extra["NODE_RANK"] = "0"
+            else:
+                extra.update(RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD))
+            ranks.append({**env, **extra})
+        commands = [[*command, str(out), str(folder / "checkpoints")] for out in outs]
+        run_workers(commands, ranks, timeout)
     return [json.loads(out.read_text()) for out in outs]
 
 

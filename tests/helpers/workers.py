@@ -1,11 +1,24 @@
-"""Helpers for tests that start real worker processes talking over 127.0.0.1."""
+"""Helpers for tests that start real worker processes talking over 127.0.0.1.
+
+Two rules keep these tests green on a busy machine. Time-outs scale with the load
+(``scaled``): a limit that suits a quiet machine is multiplied by the load per core when
+the wait starts. And no port is guessed where the OS can pick it: a torch job meets at a
+``TCPStore`` this process binds to port 0 and holds (``torch_rendezvous``, as torchrun's
+agent does); only servers whose peers must know the port before it is bound (TF's gRPC
+servers, JAX's and chronica's coordinators) take one from ``free_port``, which draws outside
+the range the kernel hands out to outgoing connections.
+"""
 
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 
 __all__ = [
@@ -15,7 +28,9 @@ __all__ = [
     "free_port",
     "free_ports",
     "run_workers",
+    "scaled",
     "start_workers",
+    "torch_rendezvous",
     "wait_workers",
 ]
 
@@ -25,11 +40,63 @@ ROOT = Path(__file__).resolve().parents[2]
 HELPERS = Path(__file__).resolve().parent
 
 
+def scaled(seconds: float) -> float:
+    """``seconds`` for a machine as busy as this one is now: times the load per core (at
+    least 1) and ``CHRONICA_TEST_TIME_SCALE`` (default 1), so a limit meant for a quiet
+    machine still only catches hangs on a loaded one."""
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return seconds * max(1.0, load) * float(os.environ.get("CHRONICA_TEST_TIME_SCALE", "1"))
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_PORTS = random.Random(os.getpid())
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that was free a moment ago, drawn at random below the
+    kernel's ephemeral range: no outgoing connection takes it as its source port meanwhile,
+    and two suites running at once rarely draw the same one."""
+    high = _ephemeral_low()
+    for _ in range(1000):
+        port = _PORTS.randrange(10_000, high - 1)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port on 127.0.0.1 below the ephemeral range")
+
+
+@contextmanager
+def torch_rendezvous(world: int) -> Iterator[dict[str, str]]:
+    """The environment that makes ``init_process_group(init_method="env://")`` in ``world``
+    worker processes meet at a ``TCPStore`` this process hosts on a port the OS picked, for
+    as long as the ``with`` block lasts (torchrun's agent store: every rank is a client)."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore(
+        "127.0.0.1",
+        0,
+        world,
+        is_master=True,
+        timeout=timedelta(seconds=scaled(300)),
+        wait_for_workers=False,
+    )
+    try:
+        yield {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(store.port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+        }
+    finally:
+        del store
 
 
 def free_ports(count: int) -> list[int]:
@@ -74,10 +141,11 @@ def start_workers(
 
 def wait_workers(procs: Sequence[subprocess.Popen], timeout: float) -> list[str]:
     """Wait for every worker; returns their outputs. Fails the test with the tail of a
-    worker's output when it exits non-zero; kills whatever still runs when time is up, so
-    no worker outlives the test."""
+    worker's output when it exits non-zero; kills whatever still runs when time is up
+    (``scaled(timeout)`` from now), so no worker outlives the test."""
+    deadline = time.monotonic() + scaled(timeout)
     try:
-        logs = [p.communicate(timeout=timeout)[0] for p in procs]
+        logs = [p.communicate(timeout=max(0.0, deadline - time.monotonic()))[0] for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from sized_dataset import Sized
 from torch.utils.data import DataLoader
 from torch.utils.data import DistributedSampler as TorchSampler
-from workers import HELPERS, ROOT, base_env, free_port, run_workers
+from workers import HELPERS, ROOT, base_env, run_workers, torch_rendezvous
 
 from chronica.torch.utils.data import DistributedBatchSampler, DistributedSampler
 
@@ -62,6 +62,11 @@ def test_padding_wraps_when_fewer_samples_than_ranks():
 def test_bad_rank_is_a_value_error(rank):
     with pytest.raises(ValueError, match="Invalid rank"):
         DistributedSampler(range(10), num_replicas=4, rank=rank)
+
+
+def test_a_world_of_a_million_ranks_is_refused_at_once():
+    with pytest.raises(ValueError, match=r"num_replicas=1048576 must be an int in \[1, 65536\]"):
+        DistributedSampler(range(1000), num_replicas=1 << 20, rank=0, batch_size=1 << 21)
 
 
 def test_world_required_without_process_group():
@@ -140,16 +145,15 @@ def test_stats_report_balance_and_padding():
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_real_gloo_job_covers_every_sample_once(tmp_path: Path, world: int):
-    env = base_env(
-        ROOT, WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())
-    )
     outs = [tmp_path / f"rank{rank}.json" for rank in range(world)]
     worker = str(HELPERS / "dist_worker.py")
-    run_workers(
-        [[sys.executable, worker, str(out)] for out in outs],
-        [{**env, "RANK": str(rank), "OMP_NUM_THREADS": "1"} for rank in range(world)],
-        timeout=120,
-    )
+    with torch_rendezvous(world) as meeting:
+        env = base_env(ROOT, WORLD_SIZE=str(world), **meeting)
+        run_workers(
+            [[sys.executable, worker, str(out)] for out in outs],
+            [{**env, "RANK": str(rank), "OMP_NUM_THREADS": "1"} for rank in range(world)],
+            timeout=120,
+        )
     results = [json.loads(out.read_text()) for out in outs]
     n = 203
     per_rank = -(-n // world)
