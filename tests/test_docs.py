@@ -26,8 +26,8 @@ How code blocks run (the convention a docs author follows):
 
   ``FLAGS`` (optional, comma-separated) are:
   ``gloo``: before the block, start a real single-process ``torch.distributed`` group
-  (backend gloo, world size 1, rank 0, ``MASTER_ADDR=127.0.0.1``, a free ``MASTER_PORT``)
-  unless one is running; it is destroyed when the page ends.
+  (backend gloo, world size 1, rank 0, ``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT=0``: the OS
+  picks the store's port) unless one is running; it is destroyed when the page ends.
   ``file=NAME`` (python): do not run the block, write it to ``NAME`` in the page's
   directory for a later sh block to launch (e.g. with ``torchrun``); it is compiled here.
   ``serve`` (sh): the command serves until stopped; it passes once it prints its first
@@ -286,7 +286,8 @@ for block in spec["blocks"]:
             if "gloo" in block["flags"] and not gloo:
                 import torch.distributed as dist
 
-                os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+                # One rank hosts its own store: port 0 lets the OS pick a free one.
+                os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
                 dist.init_process_group("gloo", rank=0, world_size=1)
                 gloo = True
             if block["setup"]:

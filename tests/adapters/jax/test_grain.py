@@ -5,7 +5,6 @@ chronica.jax.iterator), and a real 2-process jax.distributed job trains through 
 DataLoader with worker_count=2 on exactly chronica's balanced batches."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -16,15 +15,10 @@ jax = pytest.importorskip("jax")
 grain = pytest.importorskip("grain")
 
 from grain_data import BATCH, EPOCHS, RESUME_AT, CountingSource, samples  # noqa: E402
-from workers import HELPERS, ROOT, base_env, free_port, run_workers  # noqa: E402
+from workers import HELPERS, ROOT, base_env, free_port, run_workers, scaled  # noqa: E402
 
 import chronica.jax as cj  # noqa: E402
 from chronica import Packing  # noqa: E402
-
-
-def scaled(seconds: float) -> float:
-    """A time-out for a machine as busy as this one is now (load per core, at least 1)."""
-    return seconds * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
 
 
 @pytest.fixture
