@@ -1,30 +1,31 @@
-"""Gradient-priority communication scheduling on a real bandwidth-limited link.
+"""Gradient averaging in PyTorch: chronica's ScheduledOptimizer against DDP, on real links.
 
-Two PyTorch ranks (gloo, one compute thread each) run in two network namespaces joined by a
-veth pair shaped with ``tc`` (``benchmarks/netns.sh``): unshaped (fast), 1 Gbit/s, 400 Mbit/s
-and 100 Mbit/s (quick mode: 400 Mbit/s and ``vgg`` only, fewer steps, one repeat). Two
-models: ``vgg`` (small convolutions first, fully connected layers holding 96% of the
-parameters last) and ``mlp`` (equal layers: a balanced control). For each, the median
-iteration time (step to step on rank 0, over measured steps, then the median over repeats) of:
+Two PyTorch ranks (gloo, one compute thread each) on 127.0.0.1 (``loopback``) or in two
+network namespaces joined by a veth pair (``benchmarks/netns.sh``, MTU 9000), unshaped
+(``fast``) or shaped with ``tc``: 1 Gbit/s, 400 Mbit/s, 100 Mbit/s. Models: ``mlp670k``
+(784-512-512-10) and ``vgg`` (small convolutions first, fully connected layers holding 96% of
+the parameters last) on loopback and the unshaped link, where scheduling must cost no more
+than DDP; ``vgg`` and ``mlp`` (six equal 512x512 layers) on the shaped links. Variants:
 
 - ``no overlap``: backward, one all-reduce of all gradients, optimizer step;
-- ``DDP``: ``torch.nn.parallel.DistributedDataParallel`` with its default buckets;
-- ``FIFO``: chronica in backward order, whole tensors, unlimited credit, crossing the
-  iteration barrier (each layer's forward waits only for its own parameters);
-- ``priority``: chronica priority order, whole tensors, one partition in flight;
-- ``priority+partition+credit``: 256 KiB partitions, 1 MiB credit;
-- ``auto-tuned``: chronica's online search of partition and credit (measured after it).
+- ``DDP`` with its defaults, ``DDP static_graph`` and ``DDP bucket_cap_mb=2`` / ``=0.5``
+  (the best of the three bucket sizes is reported as *DDP tuned*);
+- ``chronica auto`` (``ScheduledOptimizer`` with its defaults) and ``chronica bucketed``;
+- priority scheduling forced (``mode="scheduled"``): ``FIFO`` (backward order, whole
+  tensors, unlimited credit, crossing the iteration barrier), ``priority`` (whole tensors,
+  one partition in flight), ``priority+partition+credit`` (256 KiB, 1 MiB) and
+  ``auto-tuned`` (the online search of partition and credit).
 
 "Whole tensors" means partitions as large as the largest gradient, so no tensor is cut and
-small adjacent ones are fused up to that size (as DDP's buckets fuse them). Beside them, in
-the same run: ``compute`` (forward+backward+update, no communication), ``comm`` (one
-all-reduce of all gradient bytes, no compute) and the bound ``max(compute, comm)``. Ratios
-(speed-up over DDP, distance to the bound) are taken per repeat between runs made minutes
-apart, then the median over repeats, so a slow drift of the shared machine cancels. Needs
-root for the namespaces (in both modes); without it, runs on unshaped loopback only and says
-so. The veth MTU is 9000 (``benchmarks/netns.sh``).
+small adjacent ones are fused up to that size. Every variant keeps its own model for the run;
+each round runs a block of steps of every variant, in an order rotated every round, first to
+warm up (through chronica auto's decision and auto-tuned's search), then measured. Ratios
+are taken per round against DDP's block, then the median. Beside them: ``compute`` (no
+communication), ``comm`` (one all-reduce of all gradient bytes) and their side-by-side run.
+Needs root for the namespaces; without it, runs on loopback only and says so.
 
-Run alone: ``sudo PYTHONPATH=. python benchmarks/gradsched.py [--quick] [--links 400mbit]``.
+Run alone: ``sudo PYTHONPATH=. python benchmarks/gradsched.py [--quick] [--links loopback
+fast] [--model mlp670k vgg]``.
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def _worker(args: argparse.Namespace) -> None:
         rank=args.rank,
         world_size=2,
     )
-    steps, warm, repeats = args.steps, 4, args.repeats
+    steps, warm, repeats = args.steps, 4, args.repeats  # steps per block, measured rounds
     out: dict = {}
     for name in args.models.split(","):
         batch = MODELS[name]
@@ -150,10 +151,10 @@ def _worker(args: argparse.Namespace) -> None:
         y = torch.randint(0, 10, (batch,), generator=g)
         loss_fn = torch.nn.CrossEntropyLoss()
 
-        def run_variant(
-            variant: str, stats: dict, x=x, y=y, loss_fn=loss_fn, name=name
-        ) -> tuple[float, float]:
-            """Median wall and CPU (this process, all its threads) seconds per step."""
+        def make(variant: str, x=x, y=y, loss_fn=loss_fn, name=name):
+            """A ``block(count) -> (seconds, cpu_seconds)`` stepping ``variant``'s own model,
+            and the optimizer (a ScheduledOptimizer is synchronized after each block: no
+            variant may have collectives in flight while another one steps)."""
             torch.manual_seed(0)
             model = _model(name)
             opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
@@ -164,38 +165,42 @@ def _worker(args: argparse.Namespace) -> None:
                 model = DistributedDataParallel(model, **DDP_ARGS[variant])
             elif knobs:
                 opt = ScheduledOptimizer(model, opt, **knobs)
-            extra = AUTO_WARM if knobs.get("mode") == "auto" else 0
-            if variant == "auto-tuned":  # its whole search, then as many warm-up steps again
-                grid = AutoTuner.default_grid(sum(4 * p.numel() for p in model.parameters()))
-                extra = (len(grid.candidates) + grid.finalists) * grid.steps_per_trial + warm
-            times, cpu, prev, prev_cpu = [], [], None, 0.0
-            for i in range(warm + extra + steps):
-                opt.zero_grad()
-                loss_fn(model(x), y).backward()
-                if variant == "no overlap":
-                    grads = [p.grad for p in model.parameters()]
-                    flat = torch.cat([t.view(-1) for t in grads])
-                    dist.all_reduce(flat)
-                    flat.div_(2)
-                    for t, part in zip(grads, flat.split([t.numel() for t in grads]), strict=True):
-                        t.view(-1).copy_(part)
-                opt.step()
-                now, now_cpu = time.perf_counter(), time.process_time()
-                if i >= warm + extra and prev is not None:
-                    times.append(now - prev)
-                    cpu.append(now_cpu - prev_cpu)
-                prev, prev_cpu = now, now_cpu
-            if isinstance(opt, ScheduledOptimizer):
-                exposure = opt.stats()
-                stats[variant] = {
-                    "mode": exposure.mode,
-                    "decision": exposure.decision,
-                    "verdict": exposure.verdict,
-                    "saving_bound": exposure.saving_bound,
-                }
-                opt.close()
-            dist.barrier()
-            return float(np.median(times)), float(np.median(cpu))
+            params = list(model.parameters())
+
+            def block(count: int) -> tuple[list[float], list[float]]:
+                """Step-to-step wall and CPU (this process, all its threads) seconds."""
+                times: list[float] = []
+                cpu: list[float] = []
+                prev = prev_cpu = None
+                for _ in range(count):
+                    opt.zero_grad()
+                    loss_fn(model(x), y).backward()
+                    if variant == "no overlap":
+                        flat = torch.cat([p.grad.view(-1) for p in params])
+                        dist.all_reduce(flat)
+                        flat.div_(2)
+                        sizes = [p.numel() for p in params]
+                        for p, part in zip(params, flat.split(sizes), strict=True):
+                            p.grad.view(-1).copy_(part)
+                    opt.step()
+                    now, now_cpu = time.perf_counter(), time.process_time()
+                    if prev is not None and prev_cpu is not None:
+                        times.append(now - prev)
+                        cpu.append(now_cpu - prev_cpu)
+                    prev, prev_cpu = now, now_cpu
+                if isinstance(opt, ScheduledOptimizer):
+                    opt.synchronize()
+                return times, cpu
+
+            return block, opt
+
+        def warm_steps(variant: str, name=name) -> int:
+            """Steps before ``variant`` is measured: chronica auto's decision, auto-tuned's
+            whole search and as many steps again."""
+            if variant == "auto-tuned":
+                grid = AutoTuner.default_grid(sum(4 * p.numel() for p in _model(name).parameters()))
+                return (len(grid.candidates) + grid.finalists) * grid.steps_per_trial + 2 * warm
+            return warm + (AUTO_WARM if (VARIANTS[variant] or {}).get("mode") == "auto" else 0)
 
         def compute_steps(count: int, running=None, x=x, y=y, loss_fn=loss_fn, name=name):
             """Seconds per step of forward+backward+update without communication: ``count``
@@ -242,7 +247,8 @@ def _worker(args: argparse.Namespace) -> None:
         result: dict = {"variants": {v: [] for v in chosen}, "cpu": {v: [] for v in chosen}}
         result["stats"] = {}
         result |= {"compute": [], "comm": [], "shared_compute": [], "shared_comm": []}
-        for _ in range(repeats):  # interleaved, so slow drifts of the machine hit all alike
+
+        def bounds(result: dict = result) -> None:
             compute = float(np.median(compute_steps(warm + steps)[warm:]))
             dist.barrier()
             comm = float(np.median(comm_steps(warm + steps)[warm:]))
@@ -251,10 +257,33 @@ def _worker(args: argparse.Namespace) -> None:
             shared = side_by_side(compute, comm)
             result["shared_compute"].append(shared[0])
             result["shared_comm"].append(shared[1])
-            for variant in chosen:
-                wall, cpu = run_variant(variant, result["stats"])
-                result["variants"][variant].append(wall)
-                result["cpu"][variant].append(cpu)
+
+        bounds()
+        runners = {v: make(v) for v in chosen}
+        warm_rounds = -(-max(warm_steps(v) for v in chosen) // steps) + 1
+        for r in range(warm_rounds + repeats):
+            # Rounds of one block per variant, the order rotated every round: a slow drift
+            # of the shared machine hits every variant alike and neighbouring blocks compare.
+            order = chosen[r % len(chosen) :] + chosen[: r % len(chosen)]
+            for variant in order:
+                times, cpu = runners[variant][0](steps + 1)
+                if r >= warm_rounds:
+                    result["variants"][variant].append(float(np.median(times)))
+                    result["cpu"][variant].append(float(np.median(cpu)))
+            if r == warm_rounds + repeats // 2:
+                bounds()
+        for variant, (_, opt) in runners.items():
+            if isinstance(opt, ScheduledOptimizer):
+                exposure = opt.stats()
+                result["stats"][variant] = {
+                    "mode": exposure.mode,
+                    "decision": exposure.decision,
+                    "verdict": exposure.verdict,
+                    "saving_bound": exposure.saving_bound,
+                }
+                opt.close()
+        bounds()
+        dist.barrier()
         n = sum(p.numel() for p in _model(name).parameters())
         result["param_bytes"] = 4 * n
         out[name] = result
@@ -337,7 +366,7 @@ def run(quick: bool, links: list[str] | None = None, models: list[str] | None = 
     unknown = sorted(set(names) - set(LINKS) | set(models or ()) - set(MODELS))
     if unknown:
         raise ValueError(f"{unknown} are not among the links {LINKS} or models {list(MODELS)}")
-    steps, repeats = (8, 1) if quick else (12, 5)
+    steps, repeats = (4, 2) if quick else (6, 10)  # steps per block, measured rounds
     load_before = os.getloadavg()
     use_netns = os.geteuid() == 0 and _netns("down")
     if quick and not use_netns:
@@ -384,8 +413,9 @@ def _summary(model: dict) -> dict:
     caps = [v for v in DDP_CAPS if v in times]
     tuned = min(caps, key=lambda v: float(np.median(times[v])))
     compute, comm = np.asarray(model["compute"]), np.asarray(model["comm"])
-    bound = np.maximum(compute, comm)
-    shared = np.maximum(model["shared_compute"], model["shared_comm"])
+    # measured a few times (before, amid, after the rounds): their medians
+    bound = np.median(np.maximum(compute, comm))
+    shared = np.median(np.maximum(model["shared_compute"], model["shared_comm"]))
     base = times["DDP"]
     static = times.get("DDP static_graph")
 
@@ -401,8 +431,8 @@ def _summary(model: dict) -> dict:
         "vs_tuned": {v: ratio(t, times[tuned]) for v, t in times.items()},
         "tuned": tuned,
         "speedup": {v: ratio(base, t) for v, t in times.items()},
-        "to_bound": {v: ratio(t, bound) for v, t in times.items()},
-        "to_shared": {v: ratio(t, shared) for v, t in times.items()},
+        "to_bound": {v: float(np.median(t) / bound) for v, t in times.items()},
+        "to_shared": {v: float(np.median(t) / shared) for v, t in times.items()},
         "compute": float(np.median(compute)),
         "comm": float(np.median(comm)),
         "bound": float(np.median(bound)),
@@ -476,6 +506,14 @@ def render_markdown(result: dict, img_dir: Path) -> str:
                 f"{s['cpu_vs_ddp'].get('chronica auto', float('nan')):.3f} | "
                 f"{st.get('decision', '')} |"
             )
+    floor, cpu_bucketed = [], []
+    for link, name, model in panels:
+        s = _summary(model)
+        floor += [abs(s["vs_ddp"][v] - 1) for v in DDP_ARGS if v in s["vs_ddp"] and v != "DDP"]
+        if "chronica bucketed" in s["cpu_vs_ddp"]:
+            cpu_bucketed.append(
+                f"{s['cpu_vs_ddp']['chronica bucketed']:.3f} ({name}, {link['link']})"
+            )
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     img_dir.mkdir(parents=True, exist_ok=True)
@@ -490,22 +528,30 @@ def render_markdown(result: dict, img_dir: Path) -> str:
             "Two torch ranks (gloo, one compute thread each) on 127.0.0.1 (`loopback`) or in "
             "two network namespaces joined by a veth pair with MTU 9000 "
             "(`benchmarks/netns.sh`), unshaped or shaped with `tc`. Variants, interleaved "
-            "within every repeat: `no overlap` (one all-reduce after backward); DDP with its "
+            "in every round: `no overlap` (one all-reduce after backward); DDP with its "
             "defaults, with `static_graph=True` and with `bucket_cap_mb` 2 and 0.5 (*DDP "
             "tuned* is the one of the three sizes with the lowest median); `chronica auto` "
             "(`ScheduledOptimizer` with its defaults: bucketed, trying priority scheduling "
             "only where its measurements say it can help), `chronica bucketed` "
             "(`mode='bucketed'`), and priority scheduling forced (`mode='scheduled'`): FIFO "
             "and priority with whole tensors, 256 KiB partitions with 1 MiB credit, "
-            "auto-tuned. Step time: the median over "
-            f"{result['steps']} measured steps (after warm-up; `chronica auto` warms up for "
-            f"{AUTO_WARM} more, its decision included), then over {result['repeats']} "
-            "repeats; ratios are taken per repeat against the baseline of that repeat, then "
-            "the median. CPU: the process's CPU seconds per step (all its threads, gloo's "
-            "included) on rank 0, which the other processes on the machine disturb far less "
-            "than the wall clock. Models: `mlp670k` (784-512-512-10, 669,706 parameters, "
-            "batch 128 per rank), `vgg` (a small conv net: 96% of its 1.1 M parameters in the "
-            "last layers, batch 32), `mlp` (six 512x512 layers, batch 1024).",
+            "auto-tuned. Every variant keeps its own model and optimizer for the whole run; "
+            f"a round runs a block of {result['steps'] + 1} steps of each variant, the "
+            "order rotated every round, so that a slow drift of the shared machine hits all "
+            "alike. Rounds first warm up every variant (chronica auto through its decision, "
+            "auto-tuned through its search), then "
+            f"{result['repeats']} rounds are measured. A block's step time is the median of "
+            "its step-to-step times; ratios are taken per round against DDP's block of that "
+            "round, then the median over rounds. A block of a `ScheduledOptimizer` ends with "
+            "`synchronize()` (no collective may stay in flight while another variant steps), "
+            "which costs it nothing measured: its step-to-step times inside the block keep "
+            "the overlap with the next forward. CPU: the process's CPU seconds per step (all "
+            "its threads, gloo's included) on rank 0, which the other processes on the "
+            "machine disturb less than the wall clock. The bound `max(compute, comm)` is "
+            "measured before, amid and after the rounds. Models: `mlp670k` (784-512-512-10, "
+            "669,706 parameters, batch 128 per rank), `vgg` (a small conv net: 96% of its "
+            "1.1 M parameters in the last layers, batch 32), `mlp` (six 512x512 layers, "
+            "batch 1024).",
             "",
             "The target: `chronica auto` within 3% of DDP (step time / DDP's ≤ 1.03) on "
             "loopback and on the unshaped veth, for `mlp670k` and `vgg`:",
@@ -514,6 +560,13 @@ def render_markdown(result: dict, img_dir: Path) -> str:
             "CPU / DDP's | what `chronica auto` decided (rank 0) |",
             "|---|---|---:|---:|---:|---:|---|",
             *targets,
+            "",
+            "The noise floor of this run: DDP's own variants (the same collectives with other "
+            "buckets, or a static graph) differ from default DDP by up to "
+            f"{max(floor, default=float('nan')):.1%} in step time (median over rounds), and "
+            "ratios inside that band cannot be told apart here. The CPU seconds per step, "
+            "which the machine's other work disturbs less, of `chronica bucketed` over "
+            f"DDP's: {', '.join(cpu_bucketed) or 'not measured'}.",
             "",
             "| link | model | variant | ms | / DDP | CPU / DDP's | / bound |",
             "|---|---|---|---:|---:|---:|---:|",
