@@ -371,10 +371,16 @@ class Scheduler:
         called as steps are planned (for a progress bar on large epochs; it counts steps of
         every node-local partition)."""
         check_int("epoch", epoch, 0)
-        for cached in (self._cached, self._previous):
-            if cached is not None and cached.epoch == epoch:  # has_plan(epoch)
-                return cached
+        # No loop variable here: it would keep the older plan alive while the new one is built.
+        hit = next(
+            (p for p in (self._cached, self._previous) if p is not None and p.epoch == epoch), None
+        )
+        if hit is not None:
+            return hit
         epoch = int(epoch)
+        # The older cached plan is the one this plan replaces: let it go first, so that a
+        # large epoch is planned next to one cached plan, not two.
+        self._previous = None
         cfg = self.config
         if cfg.packing is not None:
             streams, num_padded, _ = self._owner_streams(epoch, fitted=False)
@@ -481,7 +487,9 @@ class Scheduler:
         w = self.config.num_replicas
         per_step = np.asarray(counts, dtype=np.int64)
         starts = _step_starts(counts, w)[:-1]
-        bounds = starts[:, None] + per_step[:, None] * np.arange(w + 1)[None, :]
+        # Built in place: without a batch, bounds have one row per sample of a rank.
+        bounds = np.multiply.outer(per_step, np.arange(w + 1, dtype=np.int64))
+        bounds += starts[:, None]
         plan = EpochPlan(
             epoch=epoch,
             num_replicas=w,
