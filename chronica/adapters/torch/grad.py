@@ -371,7 +371,8 @@ class ScheduledOptimizer:
     def _use_buckets(self, layout: Layout, order: np.ndarray) -> None:
         self._engine = "bucketed"
         self._layout = layout
-        self._buckets = Buckets(Packing(layout, self._ordered), order, self._group, self.world)
+        packing = Packing(layout, self._ordered, self.world)
+        self._buckets = Buckets(packing, order, self._group)
         self._label(layout)
 
     def _label(self, layout: Layout) -> None:
@@ -492,10 +493,14 @@ class ScheduledOptimizer:
         self._last_call = None  # the next step only sets the reference point
 
     def _record(self, now: float, after_backward: float, forward_wait: float) -> None:
-        cpu = time.process_time()
+        # CPU time only while mode="auto" still measures: with many threads busy on a loaded
+        # machine, reading it took milliseconds (profiled), a step's cost for nothing.
+        measuring = self.mode == "auto" and (not self._decision or self._trial is not None)
+        cpu = time.process_time() if measuring else 0.0
         if self._last_call is not None:
             self._history.append((now - self._last_call, after_backward, forward_wait))
-            self._cpu.append(cpu - self._last_cpu)
+            if measuring:
+                self._cpu.append(cpu - self._last_cpu)
             if self._timeline is not None:
                 mode = self._engine or "bucketed"
                 self._timeline.step(self._last_call, now, after_backward, forward_wait, mode)
@@ -555,7 +560,7 @@ class ScheduledOptimizer:
             order = simulate_order(layout, tensor_ready, opts.credit_bytes, rate)
         self._queue = GradientQueue(layout, order, opts.credit_bytes)
         self._layout = layout
-        self._packing = Packing(layout, self._ordered)
+        self._packing = Packing(layout, self._ordered, self.world)
         self._current = opts
         self._parts_per_param = np.empty(len(self._params), dtype=np.int64)
         self._parts_per_param[self._priority] = layout.parts_per_tensor()
@@ -594,7 +599,7 @@ class ScheduledOptimizer:
 
     def _wait(self, partition: int, work: Any) -> None:
         work.wait()
-        self._packing.complete(partition, self.world)
+        self._packing.complete(partition)
 
     def _on_complete(self, partition: int) -> None:
         with self._cv:
