@@ -610,10 +610,12 @@ def render_markdown(result: dict[str, Any], img_dir: Path) -> str:
         notes.append(
             f"At N={biggest['n']:,} the peak memory growth is {growth / 2**30:.2f} GiB, "
             f"{biggest['peak_rss_bytes_per_sample']:.0f} bytes per sample on top of the "
-            f"sizes (which double as the costs under the linear model), the largest of the "
-            f"point's phases: a scheduler's previous plan (kept cached while the next one is "
-            f"built), the new plan's int64 indices and the epoch's int32 order. Exact "
-            f"planning alone is measured in a fresh process in *Planning speed* above."
+            f"sizes (which double as the costs under the linear model). The largest phase "
+            f"is the `batch_size=None` scheduler: one step per sample of a rank, so its "
+            f"plans hold a load (float64) and a row of bounds per step besides the int64 "
+            f"indices, and it builds a new one next to the cached one and the epoch's int32 "
+            f"order. Exact planning alone (about 21 bytes per sample) is measured in a fresh "
+            f"process in *Planning speed* above."
         )
     check = result["wire_check"]
     if check["ok"]:
