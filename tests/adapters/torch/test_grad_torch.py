@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from partitions import assert_tiled, spans_by_tensor  # noqa: E402
-from workers import HELPERS, ROOT, base_env, free_port, run_workers  # noqa: E402
+from workers import HELPERS, ROOT, base_env, run_workers, torch_rendezvous  # noqa: E402
 
 from chronica.runtime.timeline import read_exposure  # noqa: E402
 from chronica.torch.distributed import ScheduledOptimizer  # noqa: E402
@@ -23,24 +23,17 @@ DDP_VARIANTS = ("bucketed", "scheduled", "auto-switch", "auto-stay")
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grad_torch")
-    port = free_port()
     outs = [tmp / f"rank{r}.json" for r in range(2)]
     worker = str(HELPERS / "grad_torch_worker.py")
-    run_workers(
-        [[sys.executable, worker, str(out), str(tmp / "trace.json")] for out in outs],
-        [
-            base_env(
-                ROOT,
-                RANK=str(rank),
-                WORLD_SIZE="2",
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                OMP_NUM_THREADS="1",
-            )
-            for rank in range(2)
-        ],
-        timeout=120,
-    )
+    with torch_rendezvous(2) as meeting:
+        run_workers(
+            [[sys.executable, worker, str(out), str(tmp / "trace.json")] for out in outs],
+            [
+                base_env(ROOT, RANK=str(rank), WORLD_SIZE="2", OMP_NUM_THREADS="1", **meeting)
+                for rank in range(2)
+            ],
+            timeout=120,
+        )
     return [json.loads(out.read_text())["results"] for out in outs], tmp
 
 
