@@ -183,26 +183,26 @@ def bucket_layout(
 ) -> Layout:
     """Whole tensors (given in priority order) fused into buckets from the *last* tensor back.
 
-    DDP's bucketing: the bucket holding the last tensors (ready first in the backward pass)
-    takes at most ``first_bucket_bytes``, every other one at most ``bucket_bytes``; a tensor
-    larger than its bucket's cap gets a bucket of its own and is never cut; tensors of
-    different ``dtype_keys`` never share a bucket. The result is a ``Layout`` like
-    ``build_layout``'s (partitions in priority order), whose partitions are never slices.
+    DDP's bucketing (``compute_bucket_assignment_by_size``): the bucket holding the last
+    tensors (ready first in the backward pass) takes tensors until it holds at least
+    ``first_bucket_bytes``, every other one until ``bucket_bytes``, the tensor that reaches the
+    cap included; tensors are never cut; tensors of different ``dtype_keys`` never share a
+    bucket. The result is a ``Layout`` like ``build_layout``'s (partitions in priority order),
+    whose partitions are never slices.
     """
     numel, itemsize, keys = _checked(numel, itemsize, dtype_keys)
     check_int("bucket_bytes", bucket_bytes, 1)
     check_int("first_bucket_bytes", first_bucket_bytes, 1)
     groups: list[list[int]] = []  # from the last tensor back
-    filled, key = 0, -1
+    filled, key, full = 0, -1, True
     for t in range(numel.shape[0] - 1, -1, -1):
-        nbytes = int(numel[t] * itemsize[t])
-        cap = first_bucket_bytes if len(groups) == 1 else bucket_bytes
-        if not groups or filled + nbytes > cap or int(keys[t]) != key:
+        if full or int(keys[t]) != key:
             groups.append([])
             filled = 0
         groups[-1].append(t)
-        filled += nbytes
+        filled += int(numel[t] * itemsize[t])
         key = int(keys[t])
+        full = filled >= (first_bucket_bytes if len(groups) == 1 else bucket_bytes)
     segs = [(t, 0, int(numel[t])) for group in reversed(groups) for t in reversed(group)]
     sizes = [len(group) for group in reversed(groups)]
     ptr = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).tolist()
