@@ -94,14 +94,19 @@ def run_cases(
     policies: list[Policy],
     latency: float,
     slowdown: float = 0.0,
+    queued_latency: float | None = None,
+    link_slowdown: float = 0.0,
 ) -> list[Case]:
     """Every (ranks, link) combination under every policy."""
     cases = []
     for world in ranks:
         for text in links:
             rate = parse_rate("--link", text)
-            link = Link(rate, latency, world)
-            results = [simulate_step(layers, link, p, slowdown) for p in policies]
+            link = Link(rate, latency, world, queued_latency)
+            results = [
+                simulate_step(layers, link, p, slowdown, link_slowdown=link_slowdown)
+                for p in policies
+            ]
             cases.append(Case(world, text, rate, results))
     return cases
 
@@ -169,11 +174,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--latency", type=float, default=5e-6, help="seconds per ring hop (default 5e-6)"
     )
     net.add_argument(
+        "--queued-latency",
+        type=float,
+        help="seconds per ring hop of a collective issued while another is on the link "
+        "(default: --latency)",
+    )
+    net.add_argument(
         "--slowdown",
         type=float,
         default=0.0,
         help="compute runs 1/(1+S) as fast while a collective is in flight (a CPU "
         "transport on a host with no spare core; default 0)",
+    )
+    net.add_argument(
+        "--link-slowdown",
+        type=float,
+        default=0.0,
+        help="a collective advances 1/(1+S) as fast while the rank computes (the "
+        "transport's CPU work waiting for cores; default 0)",
     )
     p.add_argument(
         "--policy",
@@ -202,7 +220,16 @@ def main(argv: list[str] | None = None) -> int:
         policies = [Policy.parse(spec) for spec in args.policy or POLICIES]
         ranks = _int_list("--ranks", args.ranks)
         links = args.link.split(",")
-        cases = run_cases(layers, ranks, links, policies, args.latency, args.slowdown)
+        cases = run_cases(
+            layers,
+            ranks,
+            links,
+            policies,
+            args.latency,
+            args.slowdown,
+            args.queued_latency,
+            args.link_slowdown,
+        )
     except (OSError, ValueError) as exc:
         print(f"chronica simulate gradients: error: {exc}", file=sys.stderr)
         return 2

@@ -2,13 +2,17 @@
 its communication is exposed, under FIFO, priority (ByteScheduler) and DDP-bucket policies.
 
 A discrete-event simulation of one rank (all ranks alike) over several steps; the last
-steps give the steady-state step time. Three resources, each doing one thing at a time:
+steps give the steady-state step time. Two resources, each doing one thing at a time:
 
-- **compute**: forward of layers ``0 .. L-1``, then backward of ``L-1 .. 0``; layer ``i``'s
-  gradients are final when its backward ends;
+- **compute** (the training thread): forward of layers ``0 .. L-1``, then backward of
+  ``L-1 .. 0`` (layer ``i``'s gradients are final when its backward ends), then the
+  optimizer's updates (see below);
 - **link**: collectives one after the other, each a ring all-reduce over W ranks
-  (``chronica.sim.timing.AllReduceModel``: ``2(W-1)/W · bytes / B + 2(W-1) · α``);
-- **updater** (``fifo`` and ``priority``): the optimizer step of one layer at a time.
+  (``chronica.sim.timing.AllReduceModel``: ``2(W-1)/W · bytes / B + 2(W-1) · α``); a
+  collective issued while another is still on the link pays ``Link.queued_latency_s``
+  per hop instead of ``α`` (gloo runs queued collectives on two worker threads, so one
+  starts while the previous one transfers; one issued on an idle link, e.g. after a
+  credit stall, pays the full round trip).
 
 Which collectives and when is decided by ``chronica.core.priority`` itself: every policy
 becomes a ``Layout`` of partitions, a dispatch order and a credit, and a ``GradientQueue``
@@ -26,11 +30,16 @@ tensors are ready and bytes in flight are below the credit):
   ``chronica.core.priority.simulate_order`` (credit ``credit_bytes``, driven by the step's
   gradient-ready times and the link's rate, as the shim plans it).
 
-Under ``fifo`` and ``priority`` the step crosses the iteration barrier as the shim does: a
-layer is updated as soon as its gradients are reduced and the step was called, and the
-forward of layer ``i`` waits only for layer ``i``'s update. ``slowdown`` (default 0) makes
+Under ``fifo`` and ``priority`` the step crosses the iteration barrier as the torch shim
+does, its updates on the training thread: ``step()`` updates every layer reduced by then,
+and the next forward of layer ``i``, if ``i`` is not updated yet, waits until it is
+reduced, then updates every layer reduced by then (one optimizer call each time), then
+computes. ``slowdown`` (default 0) makes
 compute advance at ``1 / (1 + slowdown)`` while a collective is in flight: the processor
-time a CPU transport takes from a host with no spare core (0 on accelerators).
+time a CPU transport takes from a host with no spare core (0 on accelerators);
+``link_slowdown`` (default 0) makes a collective advance at ``1 / (1 + link_slowdown)``
+while the training thread computes (a forward, backward or update runs): the transport's
+own processor time, delayed by compute holding the cores.
 Deterministic: no randomness, equal inputs give equal results.
 """
 
@@ -96,22 +105,31 @@ class Layer:
 @dataclass(frozen=True)
 class Link:
     """W ranks joined by links of ``bandwidth`` bytes per second with ``latency_s`` per hop;
-    ``seconds(n)`` is one ring all-reduce of ``n`` bytes."""
+    ``seconds(n)`` is one ring all-reduce of ``n`` bytes. ``queued_latency_s`` is the
+    per-hop latency of a collective issued while another is on the link (``None``: the
+    same ``latency_s``)."""
 
     bandwidth: float
     latency_s: float = 5e-6
     world: int = 2
+    queued_latency_s: float | None = None
 
     def __post_init__(self) -> None:
         check_number("bandwidth", self.bandwidth, 0.0, hint=" (bytes per second)")
         if self.bandwidth <= 0:
             raise ValueError(f"bandwidth={self.bandwidth!r} must be > 0 bytes per second")
         check_number("latency", self.latency_s, 0.0, hint=" (seconds per hop)")
+        if self.queued_latency_s is not None:
+            check_number("queued_latency", self.queued_latency_s, 0.0, hint=" (seconds per hop)")
         check_int("ranks", self.world, 2, hint=" (one rank has nothing to all-reduce)")
 
-    def seconds(self, nbytes: float) -> float:
-        """Seconds of one ring all-reduce of ``nbytes`` over ``world`` ranks."""
-        return AllReduceModel(self.latency_s, self.bandwidth, nbytes).seconds(self.world)
+    def seconds(self, nbytes: float, queued: bool = False) -> float:
+        """Seconds of one ring all-reduce of ``nbytes`` over ``world`` ranks; ``queued``:
+        issued while another collective was on the link."""
+        latency = self.latency_s
+        if queued and self.queued_latency_s is not None:
+            latency = self.queued_latency_s
+        return AllReduceModel(latency, self.bandwidth, nbytes).seconds(self.world)
 
 
 @dataclass(frozen=True)
@@ -264,14 +282,22 @@ class _Run:
     """The event loop of ``simulate_step``: one instance per simulation."""
 
     def __init__(
-        self, layers: list[Layer], link: Link, policy: Policy, slowdown: float, steps: int
+        self,
+        layers: list[Layer],
+        link: Link,
+        policy: Policy,
+        slowdown: float,
+        steps: int,
+        link_slowdown: float = 0.0,
     ) -> None:
         layout, order, credit = plan(layers, link, policy)
         self.layers = layers
         self.queue = GradientQueue(layout, order, credit)
         self.part_s = [link.seconds(b) for b in layout.part_bytes.tolist()]
+        self.queued_s = [link.seconds(b, queued=True) for b in layout.part_bytes.tolist()]
         self.overlapped = policy.kind in ("fifo", "priority")
         self.rate_while_busy = 1.0 / (1.0 + slowdown)
+        self.link_rate_while_computing = 1.0 / (1.0 + link_slowdown)
         first = np.cumsum([0] + [len(layer.tensor_bytes) for layer in layers])
         self.tensors = [range(int(a), int(b)) for a, b in itertools.pairwise(first)]
         tensor_layer = np.repeat(np.arange(len(layers)), np.diff(first))
@@ -296,27 +322,33 @@ class _Run:
         self.updated = np.zeros(n, dtype=np.int64)  # updates applied to each layer
         self.missing = self.parts_per_layer.copy()  # this step's partitions not yet reduced
         self.reduced = 0  # this step's partitions reduced
-        self.stepped = False  # step() called this step: reduced layers may be updated
-        self.to_update: deque[int] = deque()  # layers waiting for the updater
-        self.on_link: deque[int] = deque()  # issued partitions, in issue order
+        self.applying = np.zeros(0, dtype=np.int64)  # layers the running op updates
+        self.on_link: deque[tuple[int, bool]] = deque()  # issued (partition, queued)
 
     def _blocked(self, kind: str, step: int, layer: int) -> bool:
-        if kind == "F":
-            return bool(self.updated[layer] < step)
+        if kind == "F" and self.updated[layer] < step:
+            return not self.overlapped or bool(self.missing[layer])
         return kind == "S" and not self.overlapped and self.reduced < len(self.part_s)
 
-    def _work(self, kind: str, layer: int) -> float:
+    def _updates(self, target: int) -> float:
+        """Start one optimizer call over every layer reduced and not updated to ``target``
+        yet; its seconds."""
+        self.applying = np.flatnonzero((self.missing == 0) & (self.updated < target))
+        return sum(self.layers[j].update_s for j in self.applying.tolist())
+
+    def _work(self, kind: str, step: int, layer: int) -> float:
         if kind == "F":
-            return self.layers[layer].forward_s
+            late = self.overlapped and self.updated[layer] < step
+            return self.layers[layer].forward_s + (self._updates(step) if late else 0.0)
         if kind == "B":
             if layer == len(self.layers) - 1:  # a new step's backward: a new queue round
                 self.queue.reset()
                 self.missing = self.parts_per_layer.copy()
-                self.reduced, self.stepped = 0, False
+                self.reduced = 0
             return self.layers[layer].backward_s
         if kind == "U":
             return sum(layer.update_s for layer in self.layers)
-        return 0.0
+        return self._updates(step + 1) if self.overlapped else 0.0
 
     def _op_done(self) -> None:
         kind, step, layer = self.ops[self.cursor]
@@ -327,42 +359,41 @@ class _Run:
         elif kind == "U":
             self.updated[:] = step + 1
             self.stamps.append(self.now)
-        elif kind == "S" and self.overlapped:
-            self.stamps.append(self.now)
-            self.stepped = True
-            done = [j for j in range(len(self.layers)) if self.tensors[j] and not self.missing[j]]
-            self.to_update.extend(done)
+        elif self.overlapped and kind in "FS":
+            self.updated[self.applying] = step + (kind == "S")
+            self.applying = self.applying[:0]
+            if kind == "S":
+                self.stamps.append(self.now)
 
     def _reduced(self, partition: int) -> None:
         self.queue.complete(partition)
         self.reduced += 1
         for j in self.part_layers[partition]:
             self.missing[j] -= 1
-            if not self.missing[j] and self.stepped:
-                self.to_update.append(j)
 
     def run(self) -> list[float]:
         """Simulate every step; the times at which each ``step()`` returned."""
         compute: float | None = None  # seconds of work left on each resource (None: idle)
         comm: float | None = None
-        update: float | None = None
-        while self.cursor < len(self.ops) or self.on_link or self.to_update or update is not None:
+        while self.cursor < len(self.ops) or self.on_link:
             while compute is None and self.cursor < len(self.ops):
                 kind, step, layer = self.ops[self.cursor]
                 if self._blocked(kind, step, layer):
                     break
-                compute = self._work(kind, layer)
+                compute = self._work(kind, step, layer)
                 if compute == 0:
                     compute = None
                     self._op_done()
             while (p := self.queue.next_dispatch()) is not None:
-                self.on_link.append(p)
+                self.on_link.append((p, comm is not None or bool(self.on_link)))
             if comm is None and self.on_link:
-                comm = self.part_s[self.on_link[0]]
-            if update is None and self.to_update:
-                update = self.layers[self.to_update[0]].update_s
+                p, queued = self.on_link[0]
+                comm = self.queued_s[p] if queued else self.part_s[p]
             rate = self.rate_while_busy if comm is not None else 1.0
-            ends = [t for t in (comm, update) if t is not None]
+            link_rate = self.link_rate_while_computing if compute is not None else 1.0
+            ends = []
+            if comm is not None:
+                ends.append(comm / link_rate)
             if compute is not None:
                 ends.append(compute / rate)
             if not ends and self.cursor == len(self.ops):
@@ -373,13 +404,9 @@ class _Run:
             self.now += dt
             # Whatever ends within this step ends (ties included); the rest advances.
             if comm is not None:
-                comm = None if comm <= dt else comm - dt
+                comm = None if comm <= dt * link_rate else comm - dt * link_rate
                 if comm is None:
-                    self._reduced(self.on_link.popleft())
-            if update is not None:
-                update = None if update <= dt else update - dt
-                if update is None:
-                    self.updated[self.to_update.popleft()] += 1
+                    self._reduced(self.on_link.popleft()[0])
             if compute is not None:
                 compute = None if compute <= dt * rate else compute - dt * rate
                 if compute is None:
@@ -393,17 +420,21 @@ def simulate_step(
     policy: Policy | str,
     slowdown: float = 0.0,
     steps: int = 6,
+    link_slowdown: float = 0.0,
 ) -> StepResult:
     """Steady-state step time of ``layers`` training on ``link`` under ``policy``: the mean
     of the last ``steps // 2`` step-to-step intervals of ``steps`` simulated steps.
-    ``slowdown``: see the module docstring. Deterministic."""
+    ``slowdown`` and ``link_slowdown``: see the module docstring. Deterministic."""
     if isinstance(policy, str):
         policy = Policy.parse(policy)
     if not layers:
         raise ValueError("layers=[] must hold at least one layer")
     check_number("slowdown", slowdown, 0.0, hint=" (0: communication takes no compute)")
+    check_number(
+        "link_slowdown", link_slowdown, 0.0, hint=" (0: compute does not delay communication)"
+    )
     check_int("steps", steps, 2)
-    run = _Run(list(layers), link, policy, float(slowdown), steps)
+    run = _Run(list(layers), link, policy, float(slowdown), steps, float(link_slowdown))
     stamps = run.run()
     tail = steps // 2
     compute = sum(layer.forward_s + layer.backward_s + layer.update_s for layer in layers)
@@ -420,6 +451,10 @@ def simulate_gradients(
     link: Link,
     policies: tuple[Policy | str, ...] = POLICIES,
     slowdown: float = 0.0,
+    link_slowdown: float = 0.0,
 ) -> list[StepResult]:
     """``simulate_step`` for each of ``policies`` (default: every policy, default knobs)."""
-    return [simulate_step(layers, link, policy, slowdown) for policy in policies]
+    return [
+        simulate_step(layers, link, policy, slowdown, link_slowdown=link_slowdown)
+        for policy in policies
+    ]

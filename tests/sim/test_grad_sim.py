@@ -126,6 +126,47 @@ def test_slowdown_stretches_compute_while_the_link_is_busy() -> None:
     assert step_ms(TWO, "none", slowdown=1.0) == 68
 
 
+def test_updates_run_on_the_training_thread_as_the_shim_does() -> None:
+    # fifo: b's gradient (30 ms on the link) is reduced 20-50, a's 50-54. step() at 40
+    # finds nothing reduced; a's forward waits until 54, then one optimizer call updates
+    # a and b (1 + 5 ms) before it computes: 54-70, b's forward 70-80, backward from 80.
+    layers = [
+        Layer("a", (4000,), 10 * MS, 20 * MS, 1 * MS),
+        Layer("b", (30000,), 10 * MS, 20 * MS, 5 * MS),
+    ]
+    assert step_ms(layers, "fifo") == 80
+
+
+def test_link_slowdown_stretches_communication_while_the_rank_computes() -> None:
+    # fifo, b's all-reduce of 16 ms from 20: at half speed beside a's backward (20-40) it
+    # does 10 ms of work, the last 6 at full speed (40-46, a's forward waits); a's 46-50,
+    # forward 50-70.
+    layers = [TWO[0], Layer("b", (16000,), 10 * MS, 20 * MS)]
+    slowed = simulate_step(layers, SLOW, "fifo", link_slowdown=1.0).step_s
+    assert round(slowed / MS, 9) == 70
+    assert step_ms(layers, "fifo") == 64  # b's 20-36, a's 40-44, forward 44-64
+    # none: its one all-reduce runs after backward, beside no compute
+    assert simulate_step(layers, SLOW, "none", link_slowdown=1.0).step_s == pytest.approx(
+        simulate_step(layers, SLOW, "none").step_s
+    )
+
+
+def test_queued_collectives_pay_the_queued_latency() -> None:
+    # Backward of 1 ms per layer: b's gradient at 1 goes on an idle link (4 + 2·1 ms of
+    # latency: 1-7); a's, ready at 2, is queued behind it: 7-11 with no latency, 7-13 with
+    # the full one. Then both forwards (20 ms) and the next backward: a step of 11 + 20.
+    layers = [Layer(name, (4000,), 10 * MS, 1 * MS) for name in "ab"]
+    full = Link(1e6, 1e-3, 2)
+    queued = Link(1e6, 1e-3, 2, queued_latency_s=0.0)
+    assert queued.seconds(4000, queued=True) == pytest.approx(4e-3)
+    assert full.seconds(4000, queued=True) == pytest.approx(6e-3)
+    assert simulate_step(layers, queued, "fifo").step_s == pytest.approx(31 * MS)
+    assert simulate_step(layers, full, "fifo").step_s == pytest.approx(33 * MS)
+    # a credit of one partition issues a only once b is reduced: on an idle link again
+    credit = "priority,partition=4000,credit=4000"
+    assert simulate_step(layers, queued, credit).step_s == pytest.approx(33 * MS)
+
+
 def test_deterministic_and_independent_of_the_other_policies() -> None:
     layers = profile_layers("gpt2")
     link = Link(parse_rate("--link", "25gbit"), 5e-6, 16)
@@ -181,6 +222,8 @@ def test_profiles_hold_the_real_models_parameters() -> None:
         (lambda: profile_layers("gpt2", batch=0), "--batch"),
         (lambda: simulate_step([], SLOW, "fifo"), "layers"),
         (lambda: simulate_step(TWO, SLOW, "fifo", slowdown=-1.0), "slowdown"),
+        (lambda: simulate_step(TWO, SLOW, "fifo", link_slowdown=-1.0), "link_slowdown"),
+        (lambda: Link(1e9, 0.0, 8, queued_latency_s=-1.0), "queued_latency"),
     ],
 )
 def test_bad_arguments_name_the_argument(make, named: str) -> None:
@@ -213,6 +256,8 @@ def test_cli_prints_simulated_table_and_json(capsys: pytest.CaptureFixture[str])
         (["--profile", "alexnet"], "--profile"),
         (["--policy", "lifo"], "policy"),
         (["--tflops", "0"], "--tflops"),
+        (["--link-slowdown", "-1"], "link_slowdown"),
+        (["--queued-latency", "-1"], "queued_latency"),
         (["--layers", "missing.json"], "missing.json"),
     ],
 )
