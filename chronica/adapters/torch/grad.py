@@ -146,6 +146,8 @@ class ScheduledOptimizer:
         self._index = {id(p): i for i, p in enumerate(self._params)}
         self._names = [names[id(p)] for p in self._params]
         self._handles: list[Any] = []
+        self._forward_hooks: list[Any] = []
+        self._modules: list[torch.nn.Module] = []
         self._engine: str | None = None  # None until the first step() set up an engine
         self._decision = ""
         self._dispatcher: Dispatcher | None = None
@@ -181,14 +183,20 @@ class ScheduledOptimizer:
         self._trial: tuple[float, float] | None = None
         self._tuner: AutoTuner | None = None
         self._module_params: dict[int, list[int]] = {}
-        self._handles.append(model.register_forward_pre_hook(self._sync_buffers, prepend=True))
+        # DDP's buffers are those of the model when it is wrapped; none, no hook at all.
+        self._buffers = list(model.buffers())
+        if self._buffers:
+            self._handles.append(model.register_forward_pre_hook(self._sync_buffers, prepend=True))
         for module in model.modules():
             own = [
                 self._index[id(p)] for p in module.parameters(recurse=False) if id(p) in self._index
             ]
             if own:
                 self._module_params[id(module)] = own
-                self._handles.append(module.register_forward_pre_hook(self._pre_forward))
+                self._modules.append(module)
+        # Only the first forward (to record the priority) and scheduled ones run these: a
+        # hook makes every call of its module take torch's slower path.
+        self._watch_forward(True)
         for i, p in enumerate(self._params):
             self._handles.append(p.register_post_accumulate_grad_hook(self._hook(i)))
 
@@ -246,6 +254,7 @@ class ScheduledOptimizer:
     def close(self) -> None:
         """Finish in-flight work, remove the hooks and close the timeline."""
         self.synchronize()
+        self._watch_forward(False)
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -289,12 +298,20 @@ class ScheduledOptimizer:
     # -- hooks ----------------------------------------------------------------------------
 
     def _sync_buffers(self, module: torch.nn.Module, args: Any) -> None:
-        if not torch.is_grad_enabled():
-            return
-        buffers = list(module.buffers())
-        if buffers:
+        if torch.is_grad_enabled():
             with torch.no_grad():  # the control group: dispatcher threads use the other one
-                dist._broadcast_coalesced(self._control, buffers, _BROADCAST_BYTES, 0)
+                dist._broadcast_coalesced(self._control, self._buffers, _BROADCAST_BYTES, 0)
+
+    def _watch_forward(self, on: bool) -> None:
+        """Add (``on``) or remove the forward pre-hooks of the modules holding parameters."""
+        if on and not self._forward_hooks:
+            self._forward_hooks = [
+                m.register_forward_pre_hook(self._pre_forward) for m in self._modules
+            ]
+        elif not on:
+            for handle in self._forward_hooks:
+                handle.remove()
+            self._forward_hooks = []
 
     def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:
         own = self._module_params[id(module)]
@@ -370,6 +387,7 @@ class ScheduledOptimizer:
 
     def _use_buckets(self, layout: Layout, order: np.ndarray) -> None:
         self._engine = "bucketed"
+        self._watch_forward(False)
         self._layout = layout
         packing = Packing(layout, self._ordered, self.world)
         self._buckets = Buckets(packing, order, self._group)
@@ -477,6 +495,7 @@ class ScheduledOptimizer:
     def _start_scheduling(self, ready: np.ndarray) -> None:
         self._buckets = None
         self._engine = "scheduled"
+        self._watch_forward(True)
         opts = self.options
         if opts.auto_tune:
             self._tuner = AutoTuner.default_grid(int((self._numel * self._itemsize).sum()))

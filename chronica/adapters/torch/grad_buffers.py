@@ -17,11 +17,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from chronica.core.priority import GradientQueue, Layout
+from chronica.core.priority import Layout
 
 __all__ = ["Buckets", "Packing"]
-
-_UNLIMITED = 1 << 62
 
 
 class Packing:
@@ -107,8 +105,10 @@ class Packing:
             buf.div_(self._world)
         length, flagged = self._flagged[p]
         if flagged:
-            for t, flag in zip(flagged, buf[length:].tolist(), strict=True):
-                self.used[t] = flag > 0
+            flags = self._flags[p][length:]
+            if isinstance(flags, torch.Tensor):  # in device memory: one copy to the host
+                flags = flags.cpu().numpy()
+            self.used[flagged] = flags > 0
         for t, a, b, off in self._segments[p]:
             param, whole = self.params[t], self._whole[t]
             if whole is not None:
@@ -121,34 +121,52 @@ class Packing:
 
 class Buckets:
     """Bucketed all-reduce issued from the gradient hooks, DDP's way: each bucket's
-    asynchronous all-reduce starts as soon as all its tensors were posted, in ``order``
-    (identical on every rank), on the posting thread; ``finish`` waits for all of them.
-    No thread of its own and no Python work per bucket beyond one call to start it."""
+    asynchronous all-reduce starts as soon as all its tensors were posted and every bucket
+    before it in ``order`` (identical on every rank) was started, on the posting thread;
+    ``finish`` waits for all of them. No thread of its own; the book-keeping is a counter per
+    bucket in plain Python lists (a hook's cost is the training thread's)."""
 
     def __init__(self, packing: Packing, order: np.ndarray, group: Any) -> None:
+        layout = packing.layout
+        if layout.num_partitions and int(layout.parts_per_tensor().max()) > 1:
+            raise ValueError("buckets hold whole tensors: use bucket_layout for the layout")
         self.packing = packing
-        self.queue = GradientQueue(packing.layout, order, _UNLIMITED)
+        self.order = [int(p) for p in order]
         self.issued: list[int] = []  # this step's buckets in the order they were started
         self.last_issued: list[int] = []  # the last finished step's
         self._group = group
+        self._bucket_of = [0] * layout.num_tensors
+        for k, t in enumerate(layout.seg_tensor.tolist()):
+            self._bucket_of[t] = int(np.searchsorted(layout.part_ptr, k, side="right")) - 1
+        self._tensors = np.diff(layout.part_ptr).tolist()
+        self._missing = list(self._tensors)
+        self._posted = [False] * layout.num_tensors
         self._works: list[tuple[int, Any]] = []
 
     def post(self, t: int, grad: torch.Tensor | None) -> None:
         """Tensor ``t``'s gradient is final (``None``: unused on this rank)."""
+        if self._posted[t]:
+            raise RuntimeError(
+                f"tensor {t}'s gradient was final twice in one step: accumulating gradients "
+                "over several backward passes before one step() is not supported"
+            )
+        self._posted[t] = True
         self.packing.fill(t, grad)
-        self.queue.mark_ready(t)
-        while (p := self.queue.next_dispatch()) is not None:
+        self._missing[self._bucket_of[t]] -= 1
+        order, issued = self.order, self.issued
+        while len(issued) < len(order) and not self._missing[order[len(issued)]]:
+            p = order[len(issued)]
             work = dist.all_reduce(self.packing.buffers[p], group=self._group, async_op=True)
             self._works.append((p, work))
-            self.issued.append(p)
+            issued.append(p)
 
     def finish(self) -> None:
         """Wait for every bucket (all must have been posted), average and deliver them, and
         get ready for the next step."""
         for p, work in self._works:
             work.wait()
-            self.queue.complete(p)
             self.packing.complete(p)
         self._works = []
-        self.queue.reset()
+        self._missing = list(self._tensors)
+        self._posted = [False] * len(self._posted)
         self.last_issued, self.issued = self.issued, []
