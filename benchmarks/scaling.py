@@ -16,13 +16,16 @@ At every point:
   the seeded permutation, no balancing), and ``numpy.argsort(sizes)``, timed in the same run
   as the yardstick. The balancing kernel runs on up to ``min(cores, 8)`` threads once an
   epoch holds 2^18 samples; ``argsort`` runs on one;
-* **coordinator bytes per step**: the real ``Coordinator``'s PUB messages for the first
-  window (``window=16`` steps, ``kind="dynamic"``, the plan its ``DynamicPlanner`` makes from
-  the real scheduler), encoded by the coordinator's own code path (``Coordinator._part``, i.e.
-  ``protocol.plan_message``) plus the topic frame: per rank and step, and all ranks together
-  per step (ZeroMQ and TCP framing not counted). One configuration is also run over real
-  sockets on loopback, capturing the published frames with a SUB socket, to check the
-  computed bytes against what went on the wire;
+* **coordinator bytes per step**: everything a rank receives from the coordinator for the
+  first window (``window=16`` steps, ``kind="dynamic"``, the plan its ``DynamicPlanner``
+  makes from the real scheduler): its own PUB message, the only one per window, encoded by
+  the coordinator's own code path (``Coordinator._part``, i.e. ``protocol.plan_message``)
+  plus the topic frame: per rank and step, and all ranks together per step (ZeroMQ and TCP
+  framing not counted). One configuration is also run over real sockets on loopback,
+  capturing every published frame with a SUB socket subscribed to every topic, to check the
+  computed bytes against what went on the wire. Beside them, the ranks' vote on each
+  window (``chronica.runtime.agreement``) puts two all-reduces of ``KEY_WORDS`` and
+  ``VOTE_WORDS`` int64 per window into the framework's channel (``vote_bytes``);
 * **memory**: the peak resident set size during the point (three schedulers, one after the
   other, and argsort) above the process's size at its start, when the float64 sizes array
   (8 bytes per sample) is already held, sampled every 10 ms.
@@ -50,9 +53,19 @@ from common import lognormal_sizes, machine_info, median_seconds, rss_bytes
 from chronica.comm.coordinator import Coordinator
 from chronica.comm.protocol import decode, encode, tcp_url, topic
 from chronica.core import ScheduleConfig, Scheduler
+from chronica.core.multiset import KEY_WORDS
 from chronica.core.plan import WindowPlan
+from chronica.runtime.agreement import VOTE_WORDS
 
-__all__ = ["fit_exponent", "fit_linear", "format_table", "render_markdown", "run", "window_bytes"]
+__all__ = [
+    "fit_exponent",
+    "fit_linear",
+    "format_table",
+    "render_markdown",
+    "run",
+    "vote_bytes",
+    "window_bytes",
+]
 
 logger = logging.getLogger("chronica")
 
@@ -152,6 +165,12 @@ def window_bytes(coordinator: Coordinator, plan: WindowPlan, seq: int) -> list[i
         len(topic(rank)) + len(coordinator._part(plan, rank, seq))
         for rank in range(plan.num_replicas)
     ]
+
+
+def vote_bytes(steps: int) -> float:
+    """Bytes per step a rank puts into the framework's all-reduces for the ranks' vote on a
+    window of ``steps`` steps: the key's words, then the hash and token words."""
+    return 8 * (KEY_WORDS + VOTE_WORDS) / steps
 
 
 def _offline_coordinator(scheduler: Scheduler) -> Coordinator:
@@ -539,8 +558,11 @@ def render_markdown(result: dict[str, Any], img_dir: Path) -> str:
         f'(`kind="dynamic"`, the same sizes and world), encoded by its own code path '
         f"(`Coordinator._part`, `protocol.plan_message`: int64 indices, offsets, loss "
         f"weights and loads as msgpack `bin`) plus the topic frame; ZeroMQ and TCP framing "
-        f"are not counted. Each rank also sends one report of "
-        f"{biggest['report_bytes_per_rank_step']} bytes per step. "
+        f"are not counted; this message is all a rank receives from the coordinator per "
+        f"window. Each rank also sends one report of "
+        f"{biggest['report_bytes_per_rank_step']} bytes per step, and puts "
+        f"{vote_bytes(biggest['window_steps']):.0f} bytes per step into the framework's "
+        f"all-reduces for the ranks' vote on each window. "
         f"**Memory**: peak resident set size above the process's size before the point "
         f"(the float64 sizes array, 8 bytes per sample, already held), sampled every "
         f"{1e3 * RSS_POLL_SECONDS:.0f} ms. "

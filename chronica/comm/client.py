@@ -1,8 +1,8 @@
 """A rank's side of the coordinator: plans in, feedback out, never blocking training long.
 
-``PlanClient`` subscribes to its rank's topic on the coordinator's PUB socket, and to the
-topic of whole windows (every rank's part, which the rank checks its plan with): plans
-arrive ahead of use, so a step normally finds its plan already here. It talks to the ROUTER
+``PlanClient`` subscribes to its rank's topic on the coordinator's PUB socket (its own
+part of each window, nothing else): plans arrive ahead of use, so a step normally finds its
+plan already here. It talks to the ROUTER
 socket through a DEALER: ``hello`` once, ``fetch`` for a window it does not hold (a gap or
 a late start), ``report`` after each step, sent without waiting.
 
@@ -28,9 +28,8 @@ a rank a bounded amount, whatever it sends:
   garbage or of plans cannot hold the training loop past its time-out;
 * memory: ZeroMQ queues at most ``QUEUED_MESSAGES`` messages per socket of at most
   ``max_plan_bytes`` each (``zmq.RCVHWM``, ``zmq.MAXMSGSIZE``); the client holds at most
-  ``HELD_PLANS`` plans and as many whole windows, for the window it asked for last and
-  those after it up to the end of the next epoch (the farthest ahead goes first, never the
-  one it waits for), and
+  ``HELD_PLANS`` plans, for the window it asked for last and those after it up to the end
+  of the next epoch (the farthest ahead goes first, never the one it waits for), and
   remembers only refusals of fetches it sent;
   frames beyond a message's expected count are read one by one and dropped;
 * log: refused messages are counted (``stats.rejected``) and warned about on the 1st, 10th,
@@ -42,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -51,8 +50,6 @@ import zmq
 from chronica.comm.auth import CurveClient, HandshakeMonitor
 from chronica.comm.protocol import (
     MAX_WORLD,
-    WINDOW_TOPIC,
-    Parts,
     Plan,
     ProtocolError,
     decode,
@@ -190,8 +187,6 @@ class PlanClient:
         self.stats = ClientStats()
         self.window: int | None = None
         self._plans: dict[tuple[int, int], Plan] = {}
-        # Whole windows by (epoch, first): (generation, every rank's part).
-        self._windows: dict[tuple[int, int], tuple[int, Parts]] = {}
         self._asking: tuple[int, int] | None = None  # the window ``plan()`` waits for
         self._pending: set[tuple[int, int]] = set()  # fetched, not answered yet
         self._failed: set[tuple[int, int]] = set()  # fetches the coordinator refused
@@ -219,7 +214,6 @@ class PlanClient:
         # Requests are not queued for a coordinator that is not connected: they fail at once.
         self._dealer.setsockopt(zmq.IMMEDIATE, 1)
         self._sub.setsockopt(zmq.SUBSCRIBE, topic(rank))
-        self._sub.setsockopt(zmq.SUBSCRIBE, WINDOW_TOPIC)
         # Watches the handshake until the first welcome, to say why a connection fails
         # (CURVE keys that do not match); then it goes: it costs two sockets per client.
         self._monitor: HandshakeMonitor | None = HandshakeMonitor(self._dealer)
@@ -256,13 +250,12 @@ class PlanClient:
         return self._attached
 
     def plan(self, epoch: int, first: int, timeout: float | None = None) -> Plan | None:
-        """This rank's part of the window starting at ``first``, with the whole window
-        (``Plan.parts``, from its ``window`` message), or ``None`` to fall back."""
+        """This rank's part of the window starting at ``first``, or ``None`` to fall back."""
         key = (epoch, first)
         self._asking = key
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         self._drain(deadline)
-        plan = self._complete(key)
+        plan = self._plans.get(key)
         if plan is None:
             if not (self._attached or self._rejoining):
                 self.stats.fallbacks += 1
@@ -270,7 +263,7 @@ class PlanClient:
             self._failed.discard(key)
             self._fetch(key)
             while (
-                (plan := self._complete(key)) is None
+                (plan := self._plans.get(key)) is None
                 and key not in self._failed
                 and (self._attached or self._rejoining)
                 and self._wait(deadline)
@@ -283,9 +276,8 @@ class PlanClient:
                 return None
         # Windows are asked for in order: the ones before this are done with (a rewind
         # fetches again).
-        for held in (self._plans, self._windows):
-            for old in [k for k in held if k < key]:
-                del held[old]
+        for old in [k for k in self._plans if k < key]:
+            del self._plans[old]
         for keys in (self._pending, self._failed):
             keys.difference_update([k for k in keys if k[0] < epoch - 1])
         return plan
@@ -293,7 +285,7 @@ class PlanClient:
     def prefetch(self, epoch: int, first: int) -> None:
         """Ask for a window without waiting (the answer is read on a later call)."""
         self._drain()
-        if self._attached and self._complete((epoch, first)) is None:
+        if self._attached and (epoch, first) not in self._plans:
             self._fetch((epoch, first), ahead=True)
 
     def report(
@@ -433,28 +425,18 @@ class PlanClient:
                 self.stats.fetched += 1
             key = (plan.epoch, plan.first)
             self._pending.discard(key)
-            self._hold(self._plans, key, plan)
-        elif kind == "window":
-            key = (message["epoch"], message["first"])
-            self._hold(self._windows, key, (message["gen"], message["parts"]))
+            self._hold(key, plan)
 
-    def _complete(self, key: tuple[int, int]) -> Plan | None:
-        """The plan of window ``key`` with its whole window, if both are here and of one
-        planning."""
-        plan, window = self._plans.get(key), self._windows.get(key)
-        if plan is None or window is None or window[0] != plan.gen:
-            return None
-        return replace(plan, parts=window[1])
-
-    def _hold(self, held: dict[tuple[int, int], Any], key: tuple[int, int], value: Any) -> None:
-        """Keep ``value`` (a plan, or a whole window) in ``held`` if it is for the window
-        asked for last or one after it, in the same epoch or the next, dropping the one
-        farthest ahead (not the one asked for) beyond ``HELD_PLANS``."""
+    def _hold(self, key: tuple[int, int], plan: Plan) -> None:
+        """Keep ``plan`` if it is for the window asked for last or one after it, in the
+        same epoch or the next, dropping the one farthest ahead (not the one asked for)
+        beyond ``HELD_PLANS``."""
         asking = self._asking
         if asking is not None and (key < asking or key[0] > asking[0] + 1):
             self.stats.dropped += 1
             return
-        held[key] = value
+        held = self._plans
+        held[key] = plan
         if len(held) > HELD_PLANS:
             del held[max(k for k in held if k != asking)]
             self.stats.dropped += 1

@@ -42,15 +42,12 @@ from chronica.comm.gate import Gate, GateLimits, readable
 from chronica.comm.protocol import (
     MAX_GENERATION,
     MAX_WORLD,
-    WINDOW_TOPIC,
     Micro,
-    Parts,
     ProtocolError,
     decode,
     encode,
     plan_message,
     tcp_url,
-    window_message,
 )
 from chronica.comm.protocol import topic as rank_topic
 from chronica.core.checks import check_int
@@ -618,7 +615,6 @@ class Coordinator:
             self.stats.prefetches_by_pub += 1
         else:
             self._send(identity, self._part(plan, rank, seq))
-            self._send(identity, self._window(plan, seq))
         self._plan_ahead(epoch, first)
 
     def _report(self, identity: bytes, message: dict[str, Any]) -> None:
@@ -773,14 +769,6 @@ class Coordinator:
             micro,
         )
 
-    def _window(self, plan: WindowPlan, seq: int) -> bytes:
-        """The whole window (every rank's part), for every rank to check that the parts
-        partition each step (``chronica.runtime.window``)."""
-        source = plan.indices if plan.micro is None else plan.micro.pieces
-        return window_message(
-            seq, self.generation, plan.epoch, plan.first_step, Parts(source, plan.counts)
-        )
-
     def _publish(self, plan: WindowPlan, seq: int) -> None:
         started = time.perf_counter()
         frames = [b"p"]
@@ -788,7 +776,6 @@ class Coordinator:
             payload = self._part(plan, rank, seq)
             self.stats.published_bytes += len(payload)
             frames += (rank_topic(rank), payload)
-        frames += (WINDOW_TOPIC, self._window(plan, seq))
         self._to_gate(frames)  # the gate publishes each (topic, plan)
         self.stats.published_indices += int(plan.indices.shape[0])
         logger.debug(

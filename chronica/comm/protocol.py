@@ -9,8 +9,7 @@ uses the message, and raises ``ProtocolError`` naming what is wrong.
 Ranks send on a DEALER socket to the coordinator's ROUTER:
 
 ``hello``   rank, world, digest (sizes + configuration)    -> ``welcome`` or ``error``
-``fetch``   rank, epoch, first (a window's first step)      -> ``plan`` and ``window``, or
-                                                            ``error``
+``fetch``   rank, epoch, first (a window's first step)      -> ``plan`` or ``error``
             [ahead: a prefetch; if the window is published after this connection's hello,
             the PUB copy answers it]
 ``report``  rank, epoch, step, load, seconds                (an ``error`` only if refused)
@@ -24,12 +23,10 @@ The coordinator publishes every planned window on its PUB socket as one ``plan``
 under the topic ``topic(rank)``, with a sequence number that grows by one per window. A
 packed window's plan also carries ``row`` (each piece's row), ``nm`` (micro-batches per
 step), ``mo`` (micro-batch offsets into the rank's pieces) and ``mw`` (their loss
-weights); its ``idx`` are then piece numbers (``chronica.core.packing.Pieces``). With the
-plans it publishes the whole window once, under ``WINDOW_TOPIC`` (every rank subscribes):
-a ``window`` message with the plans' ``seq``, ``gen``, ``epoch`` and ``first``, ``n``
-steps, ``wi`` (every rank's part, step by step, rank by rank) and ``wc`` (their counts,
-steps x world), so a rank can check that the parts partition each step
-(``chronica.runtime.window``); a rank uses a plan only with its window.
+weights); its ``idx`` are then piece numbers (``chronica.core.packing.Pieces``). A rank
+receives only its own part: its bytes per step do not grow with the world. Whether the
+ranks' parts together partition each step, the ranks establish among themselves over
+their framework's channel (``chronica.runtime.window``), never over this protocol.
 
 Limits (what a peer can make the decoder allocate or the planner compute with): a request
 is at most ``MAX_REQUEST_BYTES``; msgpack containers are capped (``max_map_len``,
@@ -58,9 +55,7 @@ __all__ = [
     "REPORT_LOAD",
     "REPORT_SECONDS",
     "VERSION",
-    "WINDOW_TOPIC",
     "Micro",
-    "Parts",
     "Plan",
     "ProtocolError",
     "check_int",
@@ -69,11 +64,11 @@ __all__ = [
     "plan_message",
     "tcp_url",
     "topic",
-    "window_message",
 ]
 
 # 2: plans carry ``gen``, the planning that made them (ranks agree on it before use).
-VERSION = 2
+# 3: no ``window`` message (ranks check a window by a keyed multiset hash among themselves).
+VERSION = 3
 # Requests (hello, fetch, report) are tiny; anything bigger is refused before unpacking.
 MAX_REQUEST_BYTES = 4096
 MAX_WORLD = 1 << 20
@@ -115,15 +110,6 @@ class Micro:
 
 
 @dataclass(frozen=True)
-class Parts:
-    """Every rank's part of a window: step ``i``'s part of rank ``r`` is the next
-    ``counts[i, r]`` entries of ``indices`` (laid out step by step, rank by rank)."""
-
-    indices: np.ndarray
-    counts: np.ndarray
-
-
-@dataclass(frozen=True)
 class Plan:
     """One rank's part of one window: ``indices[offsets[i]:offsets[i+1]]`` at step
     ``first + i``, with its loss weight and predicted load (a packed window: piece numbers,
@@ -141,9 +127,6 @@ class Plan:
     weights: np.ndarray
     loads: np.ndarray
     micro: Micro | None = None
-    # The whole window, from the ``window`` message of the same planning (the client
-    # attaches it; a ``plan`` message does not carry it).
-    parts: Parts | None = None
 
     @property
     def num_steps(self) -> int:
@@ -169,10 +152,6 @@ class Plan:
 def tcp_url(host: str, port: int | str) -> str:
     """The ZeroMQ TCP endpoint of ``host:port``; IPv6 literals are bracketed."""
     return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
-
-
-# Every rank subscribes to it: not a prefix of any rank's topic, nor one of them its prefix.
-WINDOW_TOPIC = b"chronica/window/"
 
 
 def topic(rank: int) -> bytes:
@@ -219,20 +198,6 @@ def plan_message(
     )
 
 
-def window_message(seq: int, gen: int, epoch: int, first: int, parts: Parts) -> bytes:
-    """Encode the whole window (every rank's part) of the plans ``seq`` of planning ``gen``."""
-    return encode(
-        "window",
-        seq=int(seq),
-        gen=int(gen),
-        epoch=int(epoch),
-        first=int(first),
-        n=int(parts.counts.shape[0]),
-        wi=np.ascontiguousarray(parts.indices, "<i8").tobytes(),
-        wc=np.ascontiguousarray(parts.counts, "<i8").tobytes(),
-    )
-
-
 def _int(message: dict[str, Any], name: str, low: int, high: int) -> int:
     value = message.get(name)
     # msgpack decodes integers to Python ints only (no numpy), so isinstance is exact here
@@ -265,7 +230,6 @@ _FIELDS = {
     "welcome": ("window", "steps"),
     "plan": ("seq", "gen", "epoch", "first", "idx", "off", "w", "load"),
     "error": ("code", "msg"),
-    "window": ("seq", "gen", "epoch", "first", "n", "wi", "wc"),
 }
 
 
@@ -341,12 +305,6 @@ def _validate(kind: str, message: dict[str, Any]) -> None:
             _int(message, "first", 0, MAX_STEPS)
     elif kind == "plan":
         message["plan"] = _plan(message)
-    elif kind == "window":
-        _int(message, "seq", 0, MAX_STEPS)
-        _int(message, "gen", 1, MAX_GENERATION)
-        _int(message, "epoch", 0, MAX_STEPS)
-        _int(message, "first", 0, MAX_STEPS)
-        message["parts"] = _parts(message, _int(message, "n", 1, MAX_STEPS))
 
 
 def _plan(message: dict[str, Any]) -> Plan:
@@ -377,19 +335,6 @@ def _plan(message: dict[str, Any]) -> Plan:
         weights=weights,
         loads=loads,
     )
-
-
-def _parts(message: dict[str, Any], steps: int) -> Parts:
-    """A window message's parts, their shape checked against its ``steps``."""
-    indices = _array(message, "wi", "<i8")
-    counts = _array(message, "wc", "<i8")
-    if counts.shape[0] % steps or not 0 < counts.shape[0] // steps <= MAX_WORLD:
-        raise ProtocolError("window field 'wc' must hold the counts of every step and rank")
-    if (counts < 0).any() or (counts > indices.shape[0]).any() or counts.sum() != indices.shape[0]:
-        raise ProtocolError("window field 'wc' must count the entries of 'wi'")
-    if indices.shape[0] and indices.min() < 0:
-        raise ProtocolError("window field 'wi' must hold indices >= 0")
-    return Parts(indices, counts.reshape(steps, -1))
 
 
 def _micro(message: dict[str, Any], pieces: int, steps: int) -> Micro:

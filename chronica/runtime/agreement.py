@@ -2,30 +2,48 @@
 
 A dynamic window is served either by the coordinator's plan or by the static plan; both
 hold the same samples at every step, so exactly-once holds only if *every* rank takes the
-same source and, for the coordinator's, parts of one and the same window. Before each
-window every rank passes a token to an ``Agreement``: a function that returns ``True`` only
-if every rank passed the same token other than ``NO_PLAN``, and returns the same answer on
-every rank. A token is ``TOKEN_WORDS`` integers in ``[0, 2**62)``: the digest of the whole
-window the rank checked (``chronica.runtime.window``), or ``NO_PLAN`` to fall back.
+same source and, for the coordinator's, the ranks' parts together are exactly the static
+window, step by step. Before each window every rank calls its ``Agreement`` once with
 
-Adapters build one from their framework's own machinery: the torch adapter with one gloo
-all-reduce, the JAX and TensorFlow adapters with the key-value store of their coordination
+* a token, ``TOKEN_WORDS`` integers in ``[0, 2**62)``: the digest of what must be the same
+  on every rank (``chronica.runtime.window.token``), or ``NO_PLAN`` to fall back;
+* ``imbalance(key)``: its part's multiset hash minus its static part's, ``HASH_WORDS``
+  words in ``[0, MODULUS)`` (``chronica.runtime.window.imbalance``), under a key that rank
+  0 draws (``os.urandom``) only now, after the plans were made, and shares over the
+  framework's own channel, never over ZeroMQ.
+
+It returns ``True`` only if every rank passed the same token other than ``NO_PLAN`` and
+the imbalances sum to 0 modulo ``MODULUS`` (the union of the parts is the static window's
+multiset, see ``chronica.core.multiset`` for the collision bound), and the same answer on
+every rank. Both rounds are one all-reduce ``SUM`` of a few int64 (``total``): the key is
+rank 0's words plus zeros; the vote sums the imbalances and, for the tokens, each 16-bit
+chunk and its square: a rank's chunks ``c`` are everyone's exactly when the sums are
+``world * c`` and ``world * c**2`` (the chunks' variance is then 0), which, holding on one
+rank, holds on all. At ``MAX_REPLICAS`` ranks every sum stays below ``2**48``.
+
+Adapters give ``total`` from their framework's own machinery: the torch adapter one gloo
+all-reduce, the JAX and TensorFlow adapters the key-value store of their coordination
 service (``KeyValueAgreement``), which needs no device and runs from any thread.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+
+import numpy as np
 
 from chronica.core.checks import check_int
-from chronica.core.scheduler import Scheduler
+from chronica.core.multiset import HASH_WORDS, KEY_WORDS, MODULUS
+from chronica.core.scheduler import MAX_REPLICAS, Scheduler
 
 __all__ = [
     "NO_PLAN",
     "TOKEN_WORDS",
+    "VOTE_WORDS",
     "Agreement",
     "KeyValueAgreement",
     "KeyValueStore",
@@ -33,15 +51,56 @@ __all__ = [
     "agreement_timeout",
     "key_prefix",
     "key_value_agreement",
-    "unanimous",
 ]
 
-# 4 words of 62 bits: two different windows share a token only by a 248-bit collision, which
-# no coordinator can search for; each word and its negation fit an int64 all-reduce.
+# 4 words of 62 bits: two different tokens are equal only by a 248-bit collision, which no
+# coordinator can search for.
 TOKEN_WORDS = 4
 Token = tuple[int, ...]
 NO_PLAN: Token = (0,) * TOKEN_WORDS
-Agreement = Callable[[Token], bool]
+Total = Callable[[np.ndarray], np.ndarray]
+
+_CHUNK_BITS = 16
+_CHUNKS = TOKEN_WORDS * 4  # a 62-bit word in four 16-bit chunks
+# The vote's all-reduce: the imbalance words, then every token chunk and its square.
+VOTE_WORDS = HASH_WORDS + 2 * _CHUNKS
+
+
+def _chunks(token: Token) -> np.ndarray:
+    words = np.array(token, np.int64)
+    shifts = np.arange(4, dtype=np.int64) * _CHUNK_BITS
+    return ((words[:, None] >> shifts) & ((1 << _CHUNK_BITS) - 1)).ravel()
+
+
+class Agreement:
+    """The ranks' vote on a window (module docstring) over ``total``: an all-reduce ``SUM``
+    of an int64 vector over the ``world`` ranks, the same result on every rank, called by
+    every rank in the same order (twice per vote). Rank ``rank`` of ``world``."""
+
+    def __init__(self, total: Total, rank: int, world: int) -> None:
+        self.world = check_int("world", world, 1, MAX_REPLICAS)
+        self.rank = check_int("rank", rank, 0, self.world - 1)
+        if not callable(total):
+            raise ValueError("total must be a function (int64 vector -> its sum over ranks)")
+        self._total = total
+
+    def key(self) -> np.ndarray:
+        """A fresh key (``KEY_WORDS`` int64) drawn by rank 0, the same on every rank."""
+        mine = np.zeros(KEY_WORDS, np.int64)
+        if self.rank == 0:
+            mine = np.frombuffer(os.urandom(8 * KEY_WORDS), np.int64).copy()
+        return np.asarray(self._total(mine), np.int64)
+
+    def __call__(self, token: Token, imbalance: Callable[[np.ndarray], np.ndarray]) -> bool:
+        """Whether every rank passed the same ``token`` (not ``NO_PLAN``) and the ranks'
+        ``imbalance(key)`` sum to 0 modulo ``MODULUS``; the same answer on every rank."""
+        words = np.asarray(imbalance(self.key()), np.int64)
+        assert words.shape == (HASH_WORDS,) and ((words >= 0) & (words < MODULUS)).all()
+        chunks = _chunks(token)
+        sums = np.asarray(self._total(np.concatenate([words, chunks, chunks * chunks])), np.int64)
+        balanced = not (sums[:HASH_WORDS] % MODULUS).any()
+        same = np.array_equal(sums[HASH_WORDS:], self.world * np.concatenate([chunks, chunks**2]))
+        return balanced and same and tuple(token) != NO_PLAN
 
 
 _PREFIXES: Counter[str] = Counter()
@@ -65,22 +124,18 @@ def agreement_timeout(timeout: float) -> float:
     return max(60.0, 6.0 * timeout)
 
 
-def unanimous(tokens: Sequence[Token]) -> bool:
-    """Whether every token is the same one, other than ``NO_PLAN`` (the agreement rule)."""
-    return len(tokens) > 0 and all(t == tokens[0] for t in tokens) and tokens[0] != NO_PLAN
+class KeyValueAgreement(Agreement):
+    """An ``Agreement`` whose ``total`` goes through a key-value store shared by the ranks
+    (a coordination service).
 
-
-class KeyValueAgreement:
-    """An ``Agreement`` over a key-value store shared by the ranks (a coordination service).
-
-    Round ``n``: rank ``r`` writes its token under ``{prefix}/{n}/{r}``, then reads every
-    rank's key of round ``n``, waiting up to ``timeout_ms`` for each. All ranks read the
-    same ``world`` tokens, so all return the same ``unanimous(tokens)``. ``put(key, value)``
-    and ``get(key, timeout_ms) -> str`` are the store's calls; ``get`` blocks until the key
-    exists and raises when the time is up, which ``__call__`` re-raises as ``TimeoutError``
-    naming the rank that did not answer (a rank that stopped; the job cannot go on).
-    ``delete(key)``, when given, drops this rank's key of the round before the last, so
-    the store holds at most two rounds of keys per rank.
+    Round ``n``: rank ``r`` writes its vector under ``{prefix}/{n}/{r}``, then reads every
+    rank's key of round ``n``, waiting up to ``timeout_ms`` for each, and sums them: all
+    ranks read the same ``world`` vectors. ``put(key, value)`` and
+    ``get(key, timeout_ms) -> str`` are the store's calls; ``get`` blocks until the key
+    exists and raises when the time is up, which is re-raised as ``TimeoutError`` naming
+    the rank that did not answer (a rank that stopped; the job cannot go on).
+    ``delete(key)``, when given, drops this rank's key of the round before the last, so the
+    store holds at most two rounds of keys per rank.
     """
 
     def __init__(
@@ -94,21 +149,20 @@ class KeyValueAgreement:
         timeout_ms: int,
         delete: Callable[[str], None] | None = None,
     ) -> None:
-        self.world = check_int("world", world, 1)
-        self.rank = check_int("rank", rank, 0, self.world - 1)
+        super().__init__(self._sum, rank, world)
         self.timeout_ms = check_int("timeout_ms", timeout_ms, 1)
         self.prefix = prefix
         self._put, self._get, self._delete = put, get, delete
         self._rounds = itertools.count()
 
-    def __call__(self, token: Token) -> bool:
+    def _sum(self, vector: np.ndarray) -> np.ndarray:
         round_ = next(self._rounds)
-        self._put(f"{self.prefix}/{round_}/{self.rank}", " ".join(str(int(w)) for w in token))
-        tokens = []
+        self._put(f"{self.prefix}/{round_}/{self.rank}", " ".join(str(int(w)) for w in vector))
+        total = np.zeros(len(vector), np.int64)
         for peer in range(self.world):
             key = f"{self.prefix}/{round_}/{peer}"
             try:
-                tokens.append(tuple(int(w) for w in self._get(key, self.timeout_ms).split()))
+                total += np.array(self._get(key, self.timeout_ms).split(), np.int64)
             except Exception as error:
                 raise TimeoutError(
                     f"chronica: rank {peer} did not take part in agreement round {round_} "
@@ -117,7 +171,7 @@ class KeyValueAgreement:
                 ) from error
         if self._delete is not None and round_ >= 1:
             self._delete(f"{self.prefix}/{round_ - 1}/{self.rank}")
-        return unanimous(tokens)
+        return total
 
 
 KeyValueStore = tuple[Callable[[str, str], None], Callable[[str, int], str], Callable[[str], None]]

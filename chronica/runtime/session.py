@@ -8,30 +8,31 @@
   rank (``micro_batches`` empty unless packed), window by window, from the coordinator's
   plan, or from the static plan when the coordinator does not deliver. Both hold the same
   samples at every step, so coverage stays exactly-once provided *all* ranks take the same
-  source for a window, and, for the coordinator's, parts of the same planning of it (a
-  restarted coordinator plans a window again, differently).
-  ``agree(token) -> bool``, given by the adapter, must return ``True`` only if every rank
-  passed the same token other than ``NO_PLAN`` (``chronica.runtime.agreement``: an
-  all-reduce of the minimum and maximum over the framework's own process group); a rank
-  passes the digest of the whole window it checked, or ``NO_PLAN`` to fall back. Without
-  it a rank decides alone, which is safe unless the coordinator fails while sending a
-  window, or sends the ranks different ones;
+  source for a window and, for the coordinator's, their parts together are the static
+  window. ``agree``, given by the adapter (``chronica.runtime.agreement.Agreement``: two
+  small all-reduces over the framework's own process group), decides that on every rank
+  alike; without it a rank decides alone, which is safe unless the coordinator fails while
+  sending a window, or sends the ranks parts that do not fit together;
 * ``report(seconds, step)`` sends this rank's own compute time for a step it yielded.
 
-A plan from the coordinator comes with every rank's part of its window and is checked as a
-whole against the static plan before use (``chronica.runtime.window``): every step's parts
-must be exactly the step's samples, with counts every rank's loop can run, this rank's part
-its share, its loss weights the ones its counts imply (packed: also every micro-batch under
-the caps, with the weight its tokens or documents imply). Every failure of the coordinator's
-path ends the same way: a plan that fails the check (a bug, or tampering on an
-unauthenticated network), ranks holding different windows, a refusal, an error answer,
-garbage, a flood or silence (``PlanClient`` bounds every wait by ``timeout``) give a warning
-and the static plan for that window, on every rank together.
+A plan from the coordinator is this rank's part only (its bytes do not grow with the world).
+The rank checks it alone against the static plan (``chronica.runtime.window.fault``: it
+covers the window, with counts every rank's loop can run and the loss weights its counts
+imply; packed: also every micro-batch under the caps, with the weight its tokens or
+documents imply), then votes: every rank passes the token of its plan (or ``NO_PLAN``) and
+its part's keyed multiset hash minus its static part's, and the window is used only if all
+tokens match and the hashes sum to 0, i.e. the parts together are the static window
+(``chronica.runtime.window``). Every failure of the coordinator's path ends the same way: a
+plan that fails the check (a bug, or tampering on an unauthenticated network), parts that
+do not fit together, ranks holding different windows, a refusal, an error answer, garbage,
+a flood or silence (``PlanClient`` bounds every wait by ``timeout``) give a warning and the
+static plan for that window, on every rank together.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import math
 import os
@@ -117,12 +118,15 @@ class DynamicSession:
         world = config.num_replicas
         rank = check_int("rank", rank, 0, world - 1, f" (num_replicas={world})")
         timeout = check_seconds("timeout", timeout)
-        if agree is not None and not callable(agree):
-            raise ValueError("agree must be a function (token -> bool), or None")
+        if agree is not None and not isinstance(agree, Agreement):
+            raise ValueError(
+                f"agree must be a chronica.runtime.agreement.Agreement, or None, not {type(agree)}"
+            )
         self.scheduler = scheduler
         self.rank = rank
         self.window = config.window
-        self.agree = agree
+        # A single rank's part is the whole window: it votes alone (the sum of one rank).
+        self.agree = Agreement(np.asarray, 0, 1) if agree is None and world == 1 else agree
         self.coordinator: Coordinator | None = None
         external = _external_coordinator()
         if external is not None:
@@ -141,15 +145,11 @@ class DynamicSession:
                 connect = "127.0.0.1" if bound in ("0.0.0.0", "::") else bound
             host = connect
         _, high = config.batch_bounds()
-        # Every plan also carries the whole window: the step's samples (8 bytes each) and
-        # every rank's count.
-        whole = 8 * ((config.batch_size or 0) + world)
         if config.packing is not None:
             # A rank's part of a packed step holds at most the step's pieces, each with a
             # row and perhaps a micro-batch of its own (40 bytes), on the longest step.
             static = plan_epoch(scheduler, 0)
-            longest = int(np.diff(static.bounds[:, [0, -1]], axis=1).max(initial=1))
-            high, whole = 3 * longest, 8 * (longest + world)
+            high = 3 * int(np.diff(static.bounds[:, [0, -1]], axis=1).max(initial=1))
         try:
             self.client = PlanClient(
                 rank,
@@ -159,7 +159,7 @@ class DynamicSession:
                 port,
                 pub_port=pub_port,
                 timeout=timeout,
-                max_plan_bytes=1024 + config.window * (16 * high + 64 + whole),
+                max_plan_bytes=1024 + config.window * (16 * high + 64),
             )
         except BaseException:
             if self.coordinator is not None:
@@ -203,7 +203,10 @@ class DynamicSession:
                 plan = None if packed is None else plan
             use = plan is not None
             if self.agree is not None:
-                use = self.agree(window.token(plan) if plan is not None else NO_PLAN)
+                use = self.agree(
+                    window.token(plan) if plan is not None else NO_PLAN,
+                    functools.partial(window.imbalance, plan, static, self.rank, first, stop),
+                )
                 if plan is not None and not use:
                     self._fall_back(epoch, first, stop)
             if use:
@@ -241,7 +244,8 @@ class DynamicSession:
     ) -> list[tuple[MicroBatch, ...]] | None:
         """A packed plan's micro-batches, step by step, if every micro-batch keeps the caps
         and carries the weight its tokens (or documents) imply; else ``None`` (and a
-        warning). The plan passed ``window.fault``: its pieces are the step's."""
+        warning). The plan passed ``window.fault``: its pieces exist; whether they are the
+        step's is the vote's to tell."""
         config = self.scheduler.config
         table, packing = self.scheduler.pieces, config.packing
         layout = static.micro
@@ -278,7 +282,9 @@ class DynamicSession:
         return None
 
     def _consistent(self, plan: Plan, static: EpochPlan, first: int, stop: int) -> bool:
-        why = window.fault(plan, static, self.scheduler.config, self.rank, first, stop)
+        table = self.scheduler.pieces
+        items = self.scheduler.sizes.shape[0] if table is None else table.length.shape[0]
+        why = window.fault(plan, static, self.scheduler.config, self.rank, first, stop, items)
         if why is None:
             return True
         self._refuse(static.epoch, first, stop, why)
@@ -286,9 +292,9 @@ class DynamicSession:
 
     def _fall_back(self, epoch: int, first: int, stop: int) -> None:
         logger.warning(
-            "chronica: rank %d: the ranks do not all hold the same checked plan for epoch %d "
-            "steps %d..%d (another rank's failed, or differs); the static plan serves the "
-            "window on every rank",
+            "chronica: rank %d: the ranks' plans for epoch %d steps %d..%d do not fit together "
+            "(another rank's failed its check or differs, or the parts are not the static "
+            "window's samples); the static plan serves the window on every rank",
             self.rank,
             epoch,
             first,

@@ -10,6 +10,7 @@ import pytest
 import zmq
 from hypothesis import given
 from hypothesis import strategies as st
+from thread_total import ThreadTotal
 from workers import free_ports
 
 from chronica.comm.client import PlanClient
@@ -23,7 +24,6 @@ from chronica.comm.protocol import (
     plan_message,
 )
 from chronica.core import ScheduleConfig, Scheduler
-from chronica.runtime.agreement import NO_PLAN, Token, unanimous
 from chronica.runtime.session import DynamicSession
 
 
@@ -196,26 +196,6 @@ def test_decoder_never_fails_other_than_with_protocol_error(blob):
         pass
 
 
-class _Vote:
-    """``agree`` for ranks that are threads of one process: each passes its token and all
-    learn whether every token was the same, and not ``NO_PLAN`` (what the adapters compute
-    with an all-reduce over their process group)."""
-
-    def __init__(self, ranks: int) -> None:
-        self.barrier = threading.Barrier(ranks)
-        self.tokens = [NO_PLAN] * ranks
-
-    def agree_for(self, rank: int):
-        def agree(token: Token) -> bool:
-            self.tokens[rank] = token
-            self.barrier.wait(timeout=30)
-            same = unanimous(self.tokens)
-            self.barrier.wait(timeout=30)
-            return same
-
-        return agree
-
-
 @pytest.mark.parametrize("coordinators", ["one", "two"])
 def test_ranks_use_a_window_only_if_all_hold_the_same_planning_of_it(coordinators):
     """Two coordinators plan the same windows differently (each has its own generation, as
@@ -225,7 +205,7 @@ def test_ranks_use_a_window_only_if_all_hold_the_same_planning_of_it(coordinator
     config = ScheduleConfig(num_replicas=2, batch_size=32, kind="dynamic", variable_batch=True)
     scheduler = Scheduler(sizes, config)
     port, other = free_ports(2)[0], free_ports(2)[0]
-    vote = _Vote(2)
+    total = ThreadTotal(2)
     with Coordinator(scheduler, "127.0.0.1", other) as second:
         # The second coordinator hears that rank 1 is slow; the first hears nothing.
         for step in range(scheduler.num_steps()):
@@ -239,7 +219,7 @@ def test_ranks_use_a_window_only_if_all_hold_the_same_planning_of_it(coordinator
                 rank,
                 host="127.0.0.1",
                 port=other if rank == 1 and coordinators == "two" else port,
-                agree=vote.agree_for(rank),
+                agree=total.agreement(rank),
             )
             sessions.append(session)
             got[rank] = [(step, indices.tolist()) for step, indices, _, _ in session.steps(0)]

@@ -110,8 +110,8 @@ def main(out_path: str, scenario: str) -> None:
     votes = []  # (own token: the window's digest or NO_PLAN, agreed) per window, in order
     agree = session.agree
 
-    def recording(token: int) -> bool:
-        agreed = agree(token)
+    def recording(token, imbalance) -> bool:
+        agreed = agree(token, imbalance)
         votes.append((token, agreed))
         return agreed
 

@@ -13,8 +13,9 @@ from workers import free_ports
 
 from chronica.comm.coordinator import Coordinator
 from chronica.core import Packing, ScheduleConfig, Scheduler
+from chronica.core.multiset import HASH_WORDS, MODULUS
 from chronica.runtime import DynamicOptions, KeyValueAgreement, RankStream
-from chronica.runtime.agreement import NO_PLAN, key_value_agreement, unanimous
+from chronica.runtime.agreement import NO_PLAN, key_value_agreement
 from chronica.runtime.build import open_stream, resolve_world, schedule_config
 from chronica.runtime.micro import planned_micro_batches
 
@@ -146,22 +147,33 @@ def _store():
     return values, put, get, delete
 
 
-def _agree_in_threads(agreements, tokens_per_round):
+def _agree_in_threads(agreements, rounds):
+    """Every rank votes ``rounds`` (per round, every rank's token and imbalance words);
+    returns each rank's answers and the keys its imbalance was asked for."""
     results = [[] for _ in agreements]
+    keys = [[] for _ in agreements]
 
     def run(i):
-        for tokens in tokens_per_round:
-            results[i].append(agreements[i](tokens[i]))
+        for tokens, words in rounds:
+
+            def imbalance(key, i=i, words=words):
+                keys[i].append(key.tolist())
+                return np.array(words[i], np.int64)
+
+            results[i].append(agreements[i](tokens[i], imbalance))
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(agreements))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=60)
-    return results
+    return results, keys
 
 
 def test_key_value_agreement_gives_every_rank_the_same_answer():
+    """A window is used only if every token is the same one, not NO_PLAN, and the
+    imbalances sum to 0 modulo the prime; every rank gets the same answer, and the same
+    fresh key, drawn by rank 0, in every vote."""
     values, put, get, delete = _store()
     world = 3
     agreements = [
@@ -169,20 +181,34 @@ def test_key_value_agreement_gives_every_rank_the_same_answer():
         for r in range(world)
     ]
     a, b, c = (7, 1, 2, 3), (7, 1, 2, 4), (1 << 61, 5, 0, (1 << 62) - 1)
-    rounds = [(a, a, a), (a, NO_PLAN, a), (a, b, a), (NO_PLAN,) * 3, (c, c, c)]
-    results = _agree_in_threads(agreements, rounds)
-    expected = [unanimous(tokens) for tokens in rounds]
-    assert expected == [True, False, False, False, True]
+    # Tokens with a's sum but not a's chunks: the squares tell them apart.
+    low, high = (5, 1, 2, 3), (9, 1, 2, 3)
+    zero = [[0] * HASH_WORDS] * world
+    split = [[MODULUS - 1] * HASH_WORDS, [1] * HASH_WORDS, [0] * HASH_WORDS]
+    off = [[1] + [0] * (HASH_WORDS - 1), [0] * HASH_WORDS, [0] * HASH_WORDS]
+    rounds = [
+        ((a, a, a), zero),
+        ((a, NO_PLAN, a), zero),
+        ((a, b, a), zero),
+        ((NO_PLAN,) * 3, zero),
+        ((c, c, c), split),
+        ((a, a, a), off),
+        ((low, a, high), zero),
+    ]
+    results, keys = _agree_in_threads(agreements, rounds)
+    expected = [True, False, False, False, True, False, False]
     assert results == [expected] * world
-    # Each rank dropped its key of a round once every rank had read it.
-    assert sorted(values) == [f"job/4/{r}" for r in range(world)]
+    assert keys[0] == keys[1] == keys[2]
+    assert len({tuple(k) for k in keys[0]}) == len(rounds)  # a fresh key for every vote
+    # Each rank dropped its key of a round once every rank had read it (two per vote).
+    assert sorted(values) == [f"job/{2 * len(rounds) - 1}/{r}" for r in range(world)]
 
 
 def test_a_rank_that_never_answers_is_named_in_a_time_out():
     _, put, get, delete = _store()
     alone = KeyValueAgreement(put, get, 0, 2, prefix="job", timeout_ms=50, delete=delete)
     with pytest.raises(TimeoutError, match="rank 1 did not take part in agreement round 0"):
-        alone((5, 0, 0, 0))
+        alone((5, 0, 0, 0), lambda key: np.zeros(HASH_WORDS, np.int64))
 
 
 def test_key_value_agreement_factory_keys_by_digest_and_needs_a_store():
@@ -399,8 +425,8 @@ def _split_a_micro_batch(message: dict, table) -> None:
 def test_a_packed_window_with_unequal_micro_batch_counts_falls_back_on_every_rank(monkeypatch):
     """Rank 1's packed plans hold one micro-batch more per step than rank 0's, each within
     the caps and weighted by its tokens: each rank's own checks pass, but unequal
-    micro-batch counts would hang gradient accumulation. The counts are part of the window
-    digest the ranks agree on, so every window takes the static plan on both ranks."""
+    micro-batch counts would hang gradient accumulation. The counts are part of the token
+    the ranks agree on, so every window takes the static plan on both ranks."""
     honest = Coordinator._part
 
     def part(self, plan, rank, seq):

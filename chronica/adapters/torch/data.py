@@ -33,6 +33,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from types import FrameType, FunctionType
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset as _TorchDataset
@@ -44,7 +45,7 @@ from chronica.adapters.torch.packed import PackedDataset, collate_packed, packed
 from chronica.core import ScheduleConfig, Scheduler, resolve_sizes
 from chronica.core.packing import Packing
 from chronica.core.sizes import defines_sizeof
-from chronica.runtime import NO_PLAN, Agreement, DynamicOptions, Token
+from chronica.runtime import Agreement, DynamicOptions
 from chronica.runtime.build import (
     open_stream,
     resolve_world,
@@ -169,8 +170,9 @@ def _torch_world() -> tuple[int, int]:
 
 
 def _gloo_agreement(scheduler: Scheduler) -> Agreement | None:
-    """Whether all ranks hold the same positive token, by one all-reduce over a gloo group
-    of their own; ``None`` without a process group (each rank then decides alone)."""
+    """The ranks' ``Agreement``, its sums all-reduced over a gloo group of their own (the
+    key it draws never leaves torch.distributed); ``None`` without a process group (each
+    rank then decides alone)."""
     if not (dist.is_available() and dist.is_initialized()):
         return None
     config = scheduler.config
@@ -181,15 +183,12 @@ def _gloo_agreement(scheduler: Scheduler) -> Agreement | None:
         )
     group = dist.new_group(backend="gloo")
 
-    def agree(token: Token) -> bool:
-        # One all-reduce: the minimum of (token, -token) gives the smallest and largest.
-        both = torch.tensor([*token, *(-w for w in token)], dtype=torch.int64)
-        dist.all_reduce(both, op=dist.ReduceOp.MIN, group=group)
-        n = len(token)
-        low, high = both[:n].tolist(), (-both[n:]).tolist()
-        return low == high and tuple(low) != NO_PLAN
+    def total(vector: np.ndarray) -> np.ndarray:
+        summed = torch.from_numpy(np.array(vector, np.int64))
+        dist.all_reduce(summed, op=dist.ReduceOp.SUM, group=group)
+        return summed.numpy()
 
-    return agree
+    return Agreement(total, dist.get_rank(), config.num_replicas)
 
 
 class _ScheduledSampler(StreamFace):
