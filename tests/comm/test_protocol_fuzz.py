@@ -5,6 +5,7 @@ bug) could send."""
 import logging
 import math
 import random
+import resource
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ import zmq
 from attacks import attack
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from workers import scaled
 
 from chronica.comm.client import PlanClient
 from chronica.comm.coordinator import Coordinator, resolve_endpoint, resolve_port
@@ -416,9 +418,11 @@ def _assert_partitions(scheduler, clients, epoch, first):
 )
 def test_a_barrage_of_hostile_frames_leaves_the_coordinator_serving(scheduler, caplog):
     ctx = zmq.Context.instance()
-    # Strangers' requests are rate-limited by the gate (tested in test_security.py); here
-    # every hostile frame must reach the coordinator and be answered.
-    limits = GateLimits(stranger_burst=1 << 12)
+    # Strangers' requests are rate-limited by the gate and its queue to the coordinator is
+    # bounded (both tested in test_security.py); here every hostile frame must reach the
+    # coordinator and be answered, even when a busy machine lets the gate forward them one
+    # by one (each its own bundle) faster than the coordinator reads.
+    limits = GateLimits(stranger_burst=1 << 12, link_hwm=1 << 10)
     with Coordinator(scheduler, "127.0.0.1", 0, limits=limits) as coordinator:
         host, port, _ = coordinator.endpoint
         frames = _hostile_frames(random.Random(8), scheduler.digest)
@@ -433,7 +437,7 @@ def test_a_barrage_of_hostile_frames_leaves_the_coordinator_serving(scheduler, c
             for sock in attackers[:4]:
                 poller.register(sock, zmq.POLLIN)
             answers = 0
-            while answers < len(frames) and (ready := poller.poll(5000)):
+            while answers < len(frames) and (ready := poller.poll(1e3 * scaled(5))):
                 for sock, _ in ready:
                     while sock.poll(0):
                         assert decode(sock.recv(), 1 << 20)["t"] == "error"
@@ -672,8 +676,20 @@ def test_atheris_finds_no_decoder_crash(tmp_path):
     seeds.mkdir()
     for kind in ("hello", "fetch", "report", "welcome", "plan", "error"):
         (seeds / kind).write_bytes(b"p" + encode(kind, **_valid(kind)))
+    # Linux carries a process's peak resident size across fork and exec, so the harness
+    # starts with this test process's peak (over 2 GiB late in a full run, with torch, TF
+    # and JAX loaded); libFuzzer's memory limit must sit that far above it to mean 2 GiB.
+    inherited_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     run = subprocess.run(
-        [sys.executable, str(harness), "-runs=100000", "-seed=1", "-max_len=2048", str(seeds)],
+        [
+            sys.executable,
+            str(harness),
+            "-runs=100000",
+            "-seed=1",
+            "-max_len=2048",
+            f"-rss_limit_mb={inherited_mb + 2048}",
+            str(seeds),
+        ],
         capture_output=True,
         text=True,
         timeout=110,
