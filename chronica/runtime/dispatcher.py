@@ -121,19 +121,6 @@ class StepStats:
     tensor_ready: np.ndarray
     bytes_per_second: float
 
-    @classmethod
-    def measure(cls, ready_at: np.ndarray, busy: list[tuple[float, float, int]]) -> StepStats:
-        """From each tensor's ready time (NaN if never) and ``(issued, done, bytes)`` per
-        partition; copies both."""
-        ready = ready_at - np.nanmin(ready_at) if ready_at.size else ready_at.copy()
-        covered, end, total = 0.0, -np.inf, 0
-        for a, b, nbytes in sorted(busy):
-            covered += max(0.0, b - max(a, end))
-            end = max(end, b)
-            total += nbytes
-        rate = total / covered if covered > 0 else float("inf")
-        return cls(tensor_ready=ready, bytes_per_second=rate)
-
 
 class Dispatcher:
     """Issues one ``GradientQueue`` per step through ``start``/``wait`` on two threads.
@@ -217,7 +204,19 @@ class Dispatcher:
     def stats(self) -> StepStats:
         """Statistics of the current (or last completed) step."""
         with self._cond:
-            return StepStats.measure(self._ready_at, self._busy)
+            ready = (
+                self._ready_at - np.nanmin(self._ready_at)
+                if self._ready_at.size
+                else self._ready_at
+            )
+            busy = sorted(self._busy)
+        covered, end, total = 0.0, -np.inf, 0
+        for a, b, nbytes in busy:
+            covered += max(0.0, b - max(a, end))
+            end = max(end, b)
+            total += nbytes
+        rate = total / covered if covered > 0 else float("inf")
+        return StepStats(tensor_ready=ready, bytes_per_second=rate)
 
     def close(self, timeline: bool = True) -> None:
         """Stop the threads (after the current step completed) and close the timeline

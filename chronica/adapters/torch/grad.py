@@ -10,9 +10,8 @@ gradients, a parameter no rank used left untouched). Two engines:
   each bucket's asynchronous all-reduce starts from the gradient hook as soon as it is full;
   ``step()`` waits for them and runs the optimizer once.
 - **scheduled** (ByteScheduler): per-parameter gradient hooks post tasks to a
-  ``chronica.adapters.torch.grad_futures.FutureDispatcher``, which all-reduces partitions
-  asynchronously in a rank-identical priority order under credit, each completed by a
-  callback on its collective's future; a forward pre-hook on each module waits for
+  ``chronica.runtime.dispatcher.Dispatcher``, which all-reduces partitions asynchronously in
+  a rank-identical priority order under credit; a forward pre-hook on each module waits for
   its own parameters only, so the next forward starts while later layers' gradients still
   travel. The training thread updates parameters once ``step()`` was called and their
   averages arrived: in ``step()`` and in those pre-hooks, every parameter averaged by then in
@@ -41,7 +40,6 @@ import torch
 import torch.distributed as dist
 
 from chronica.adapters.torch.grad_buffers import Buckets, Packing
-from chronica.adapters.torch.grad_futures import FutureDispatcher
 from chronica.core.checks import check_number
 from chronica.core.priority import (
     GradientQueue,
@@ -51,7 +49,7 @@ from chronica.core.priority import (
     fifo_order,
     simulate_order,
 )
-from chronica.runtime.dispatcher import AutoTuner, SchedulingOptions
+from chronica.runtime.dispatcher import AutoTuner, Dispatcher, SchedulingOptions
 from chronica.runtime.timeline import Exposure, Timeline, timeline_path
 
 __all__ = ["MODES", "ScheduledOptimizer"]
@@ -152,7 +150,7 @@ class ScheduledOptimizer:
         self._modules: list[torch.nn.Module] = []
         self._engine: str | None = None  # None until the first step() set up an engine
         self._decision = ""
-        self._dispatcher: FutureDispatcher | None = None
+        self._dispatcher: Dispatcher | None = None
         self._buckets: Buckets | None = None
         self._timeline: Timeline | None = None
         if self.world == 1:
@@ -455,7 +453,7 @@ class ScheduledOptimizer:
         self._trial = (float(agreed[1]), float(agreed[2]))
         self._start_scheduling(agreed[3:])
 
-    def _conclude(self, dispatcher: FutureDispatcher) -> None:
+    def _conclude(self, dispatcher: Dispatcher) -> None:
         """End of the trial: keep scheduling only if rank 0's steps got shorter, without
         costing more CPU (on a machine whose cores compute, CPU time is the step's cost,
         and a wall-clock gain that costs CPU is an artefact of what else ran)."""
@@ -502,9 +500,7 @@ class ScheduledOptimizer:
         if opts.auto_tune:
             self._tuner = AutoTuner.default_grid(int((self._numel * self._itemsize).sum()))
             opts = opts.with_knobs(*self._tuner.current)
-        self._dispatcher = FutureDispatcher(
-            self._start, self._deliver, self._on_complete, self._timeline, self._wake
-        )
+        self._dispatcher = Dispatcher(self._start, self._wait, self._on_complete, self._timeline)
         self._build(opts, ready)
         self._begin_step(self._dispatcher)
         self._released = False
@@ -563,7 +559,7 @@ class ScheduledOptimizer:
         ):
             self._conclude(dispatcher)
 
-    def _begin_step(self, dispatcher: FutureDispatcher) -> None:
+    def _begin_step(self, dispatcher: Dispatcher) -> None:
         dispatcher.wait_all()
         if self._released:  # parameters the forward did not use are still to update
             self._apply_reduced()
@@ -589,7 +585,7 @@ class ScheduledOptimizer:
         self._parts_per_param[self._priority] = layout.parts_per_tensor()
         self._label(layout)
 
-    def _replan(self, dispatcher: FutureDispatcher, knobs: tuple[int, int] | None) -> None:
+    def _replan(self, dispatcher: Dispatcher, knobs: tuple[int, int] | None) -> None:
         """At a step boundary: finish, then rebuild from rank 0's measurements and knobs."""
         dispatcher.wait_all()
         self._apply_reduced()
@@ -614,18 +610,15 @@ class ScheduledOptimizer:
         dist.broadcast(tensor, src=self._src, group=self._control)
         return tensor.numpy()
 
-    # -- dispatcher callables (training thread, or the process group's on completion) ----
+    # -- dispatcher callables (run on the dispatcher's threads) ----------------------------
 
     def _start(self, partition: int) -> Any:
         buf = self._packing.buffers[partition]
         return dist.all_reduce(buf, group=self._group, async_op=True)
 
-    def _deliver(self, partition: int) -> None:
+    def _wait(self, partition: int, work: Any) -> None:
+        work.wait()
         self._packing.complete(partition)
-
-    def _wake(self) -> None:
-        with self._cv:
-            self._cv.notify_all()
 
     def _on_complete(self, partition: int) -> None:
         with self._cv:
