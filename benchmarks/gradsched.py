@@ -87,7 +87,7 @@ DDP_ARGS = {
     "DDP bucket_cap_mb=2": {"bucket_cap_mb": 2},
     "DDP bucket_cap_mb=0.5": {"bucket_cap_mb": 0.5},
 }
-AUTO_WARM = 14  # chronica auto: first step, 5 bucketed steps, and a trial of 3 + 5 scheduled
+AUTO_WARM = 19  # chronica auto: first step, 5 bucketed, a trial of 3 + 5 scheduled, 5 bucketed
 MODELS = {"vgg": 32, "mlp": 1024, "mlp670k": 128}  # name -> per-rank batch
 
 

@@ -64,6 +64,17 @@ _FIRST_BUCKET_BYTES = 1 << 20  # DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_
 _BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb
 _BROADCAST_BYTES = 250 << 20  # DDP's broadcast_bucket_size
 _HISTORY = 256  # steps kept for stats()
+# What the scheduled engine runs on, kept aside while bucketed steps are measured after its
+# trial (see _conclude).
+_SCHEDULED_STATE = (
+    "_dispatcher",
+    "_layout",
+    "_packing",
+    "_queue",
+    "_parts_per_param",
+    "_part_names",
+    "_current",
+)
 
 
 class ScheduledOptimizer:
@@ -179,8 +190,11 @@ class ScheduledOptimizer:
         self._last_done = self._reduced_at = 0.0
         self._forward_wait = 0.0
         self._history: deque[tuple[float, float, float]] = deque(maxlen=_HISTORY)
-        # rank 0's bucketed step time and CPU seconds per step while scheduling is on trial
-        self._trial: tuple[float, float] | None = None
+        # While scheduling is on trial: rank 0's (step time, CPU seconds per step), bucketed
+        # before the trial, then scheduled; the scheduled engine, parked while bucketed steps
+        # are measured again after it.
+        self._trial: list[tuple[float, float]] | None = None
+        self._parked: dict[str, Any] | None = None
         self._tuner: AutoTuner | None = None
         self._module_params: dict[int, list[int]] = {}
         # DDP's buffers are those of the model when it is wrapped; none, no hook at all.
@@ -415,8 +429,11 @@ class ScheduledOptimizer:
         self._record(now, done - now, 0.0)
         if first:
             self._after_first_step()
-        elif self.mode == "auto" and not self._decision and len(self._history) >= _MEASURE_STEPS:
-            self._decide()
+        elif self.mode == "auto" and len(self._history) >= _MEASURE_STEPS:
+            if not self._decision:
+                self._decide()
+            elif self._parked is not None:
+                self._conclude()
 
     def _after_first_step(self) -> None:
         ready = np.asarray(self._first_ready, dtype=np.float64)
@@ -450,36 +467,69 @@ class ScheduledOptimizer:
             f"of step time (>= min_saving={self.min_saving:.0%}); trying it"
         )
         log.info("chronica gradients: %s", self._decision)
-        self._trial = (float(agreed[1]), float(agreed[2]))
+        self._trial = [(float(agreed[1]), float(agreed[2]))]
         self._start_scheduling(agreed[3:])
 
-    def _conclude(self, dispatcher: Dispatcher) -> None:
-        """End of the trial: keep scheduling only if rank 0's steps got shorter, without
-        costing more CPU (on a machine whose cores compute, CPU time is the step's cost,
-        and a wall-clock gain that costs CPU is an artefact of what else ran)."""
-        step_time = Exposure.from_steps(self._history, "scheduled").step_time
+    def _measured(self) -> tuple[float, float]:
+        """Rank 0's median step time and CPU seconds per step since the history restarted."""
+        step_time = Exposure.from_steps(self._history, "bucketed").step_time
         agreed = self._agree([step_time, np.median(self._cpu)])
-        assert self._trial is not None
-        (bucketed, bucketed_cpu), self._trial = self._trial, None
-        scheduled, scheduled_cpu = float(agreed[0]), float(agreed[1])
+        return float(agreed[0]), float(agreed[1])
+
+    def _conclude(self) -> None:
+        """End of the trial (after its scheduled steps, then after bucketed ones again): keep
+        scheduling only if rank 0's steps got shorter than bucketed ones measured before
+        *and* after it, without costing more CPU. The machine's load drifts, so one bucketed
+        window may be slow by chance; on a machine whose cores compute, CPU time is the
+        step's cost, and a wall-clock gain that costs CPU is an artefact of what else ran."""
+        assert self._trial is not None and self._dispatcher is not None
+        self._trial.append(self._measured())
+        (bucketed, bucketed_cpu), (scheduled, scheduled_cpu) = self._trial[0], self._trial[1]
+        after = self._trial[2:]
         measured = (
             f"rank 0 measured {1e3 * scheduled:.1f} ms per step scheduled against "
-            f"{1e3 * bucketed:.1f} ms bucketed, CPU {1e3 * scheduled_cpu:.1f} against "
-            f"{1e3 * bucketed_cpu:.1f} ms"
+            f"{1e3 * bucketed:.1f} ms bucketed"
+            + (f" before and {1e3 * after[0][0]:.1f} ms after" if after else "")
+            + f", CPU {1e3 * scheduled_cpu:.1f} against {1e3 * bucketed_cpu:.1f} ms"
+            + (f" and {1e3 * after[0][1]:.1f} ms" if after else "")
         )
-        if scheduled <= bucketed * (1 - _MARGIN) and scheduled_cpu <= bucketed_cpu * (1 + _MARGIN):
+        better = all(
+            scheduled <= step * (1 - _MARGIN) and scheduled_cpu <= cpu * (1 + _MARGIN)
+            for step, cpu in (self._trial[0], *after)
+        )
+        if better and after:
+            self._trial = None
             self._settle("scheduled", measured)
+            self._resume_scheduling()
             return
+        dispatcher = self._dispatcher
+        if self._engine == "scheduled":
+            dispatcher.wait_all()
+            self._apply_reduced()
+            self._released = False
+            self._parked = {name: getattr(self, name) for name in _SCHEDULED_STATE}
+            self._use_buckets(*self._bucket_plan)
+            self._restart_history()
+        if better:  # measure bucketed steps again before keeping it
+            return
+        self._trial = self._parked = None
         self._settle(
             "bucketed",
             measured + f" (scheduling must save {_MARGIN:.0%} and cost no more CPU)",
         )
-        dispatcher.wait_all()
-        self._apply_reduced()
         dispatcher.close(timeline=False)
         self._dispatcher = None
-        self._released = False
-        self._use_buckets(*self._bucket_plan)
+
+    def _resume_scheduling(self) -> None:
+        """Back to the parked scheduled engine, with the plan its trial re-measured."""
+        assert self._parked is not None
+        for name, value in self._parked.items():
+            setattr(self, name, value)
+        self._parked = self._buckets = None
+        self._engine = "scheduled"
+        self._watch_forward(True)
+        assert self._dispatcher is not None
+        self._begin_step(self._dispatcher)
         self._restart_history()
 
     def _settle(self, engine: str, why: str) -> None:
@@ -557,7 +607,7 @@ class ScheduledOptimizer:
             and self._scheduled_steps > _REFRESH_STEPS[-1]
             and len(self._history) >= _MEASURE_STEPS
         ):
-            self._conclude(dispatcher)
+            self._conclude()
 
     def _begin_step(self, dispatcher: Dispatcher) -> None:
         dispatcher.wait_all()

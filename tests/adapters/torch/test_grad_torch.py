@@ -17,7 +17,7 @@ from workers import HELPERS, ROOT, base_env, run_workers, torch_rendezvous  # no
 from chronica.runtime.timeline import read_exposure  # noqa: E402
 from chronica.torch.distributed import ScheduledOptimizer  # noqa: E402
 
-DDP_VARIANTS = ("bucketed", "scheduled", "auto-switch", "auto-stay")
+DDP_VARIANTS = ("bucketed", "scheduled", "auto-switch", "auto-stay", "auto-resume")
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +140,9 @@ def test_auto_mode_decides_once_and_says_why(job):
         for stats in (switch, stay):
             assert stats["steps"] >= 1
             assert "priority scheduling would save at most" in stats["verdict"]
+        resumed = rank_result["ddp-sgd"]["auto-resume"]["stats"]  # every comparison passed
+        assert resumed["mode"] == "scheduled", resumed["decision"]
+        assert " ms bucketed before and " in resumed["decision"]
         forced = rank_result["ddp-sgd"]["bucketed"]["stats"]
         assert forced["mode"] == "bucketed" and forced["decision"] == ""
 
