@@ -5,8 +5,15 @@ fair share of its batch, that step is bound to be unbalanced. Pool mode chooses 
 composition too:
 
 1. ``lpt_bins``: the epoch's samples go into ``steps × W`` local batches ("bins") of equal
-   count by capacity-bounded LPT, so bins have near-equal cost except where a huge sample
-   forces one up.
+   count ``k`` by LPT: samples in descending ``keys`` order (costs with seeded jitter), each
+   to the lightest bin with room (ties: lower bin), so bins have near-equal cost except
+   where a huge sample forces one up. Above ``ROUNDS_ABOVE_BINS`` bins, where the search
+   per sample (a winner tree over the bins) no longer fits in a core's cache, LPT runs in
+   ``k`` rounds instead: one sample per bin per round, the round's largest sample to the
+   lightest bin, its second largest to the second lightest, and so on (bins ordered by the
+   top 32 bits of their load, ties by bin number): one sort of the bin loads and one
+   sequential pass per round. Both give every bin ``k`` samples; rounds balance the bins
+   less finely (the per-step refinement below evens that out) and cost a third as much.
 2. Bins are sorted by cost and grouped ``W`` at a time into steps, so heavy bins share steps.
 3. ``fill_slack``: in the worst step (highest max/mean), the lightest bin trades a small
    sample for a larger one from the heaviest bin of another step. The trade moves at most
@@ -14,38 +21,171 @@ composition too:
    its mean rises; and at most what keeps the donor step's new max/mean below the receiving
    step's new one. So no step ends worse than the worst step was, the worst ratio never
    rises, and the epoch's total step time (the sum of step maxima) never grows.
+4. ``refine_steps``: every step's bins are then balanced between its ranks by the swap
+   refinement of ``chronica.core.balance`` (the trades of step 3 leave donor steps uneven),
+   on threads, one step range each; each rank's samples come out in descending cost order.
+
+Bins carry their samples' costs beside the sample positions, so the trades of steps 3 and 4
+read memory a bin at a time instead of gathering costs from the whole epoch. The result
+depends on the costs, keys and step order only, not on the thread count.
 """
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 from numba import njit
 
-from chronica.core.balance import _argsort_descending, _lpt, _sort_row
+from chronica.core.balance import (
+    DEFAULT_PARTNERS,
+    _descending_keys,
+    _lpt,
+    _radix_argsort_into,
+    _refine,
+)
+from chronica.core.rng import _uniform
 
-__all__ = ["fill_slack", "lpt_bins"]
+__all__ = ["fill_slack", "lpt_bins", "pool_steps", "refine_steps"]
 
 _REL_TOL = 1e-9
 # Steps within this of perfect balance are left alone: the gain would not be measurable.
 _STEP_TOL = 1e-4
+# Below this many samples refinement runs on one thread: starting more costs more.
+_PARALLEL_MIN_SAMPLES = 1 << 18
+# Up to this many bins, LPT goes sample by sample (its winner tree fits in a core's cache);
+# beyond, in rounds.
+ROUNDS_ABOVE_BINS = 1 << 15
 
 
-def lpt_bins(costs: np.ndarray, keys: np.ndarray, num_bins: int) -> tuple[np.ndarray, np.ndarray]:
-    """Pack ``costs`` into ``num_bins`` bins of equal count by capacity-bounded LPT.
+def _position_type(n: int) -> type:
+    """The narrowest integer type that holds positions ``0 .. n - 1``."""
+    return np.int32 if n < 2**31 else np.int64
 
-    Samples are taken in descending ``keys`` order (``keys`` may be the costs themselves, or
-    costs with jitter), each to the lightest bin with room. Returns ``(members, loads)``:
-    ``members[b]`` are bin ``b``'s positions into ``costs`` and ``loads[b]`` their total cost.
+
+@njit(cache=True)
+def _jittered_keys(costs: np.ndarray, key: np.uint64, jitter: float, keys: np.ndarray) -> None:
+    """``keys[p]``: the 32-bit descending key of ``costs[p] · (1 + jitter · u_p)``, with
+    ``u = uniforms(n, key)`` (``chronica.core.grouping.jittered_costs``' values)."""
+    chunk = np.empty(4096)
+    for first in range(0, costs.shape[0], chunk.shape[0]):
+        part = chunk[: min(chunk.shape[0], costs.shape[0] - first)]
+        for p in range(part.shape[0]):
+            part[p] = costs[first + p] * (1.0 + jitter * _uniform(key, first + p))
+        _descending_keys(part, keys[first : first + part.shape[0]])
+
+
+@njit(cache=True)
+def _lpt_bins_kernel(
+    costs: np.ndarray,
+    key: np.uint64,
+    jitter: float,
+    members: np.ndarray,
+    member_costs: np.ndarray,
+    loads: np.ndarray,
+    rounds: bool,
+) -> None:
+    """LPT (module docstring, step 1): ``members[b, j]`` is the ``j``-th position that bin
+    ``b`` receives, ``member_costs`` its cost, ``loads[b]`` the bin's total."""
+    n = costs.shape[0]
+    num_bins, k = members.shape
+    sort_keys = np.empty(n, np.uint32)
+    _jittered_keys(costs, key, jitter, sort_keys)
+    order = _radix_argsort_into(
+        sort_keys, np.empty(n, np.uint32), np.empty(n, members.dtype), np.empty(n, members.dtype)
+    )
+    if not rounds:
+        sorted_costs = np.empty(n)
+        for t in range(n):
+            sorted_costs[t] = costs[order[t]]
+        caps = np.full(num_bins, k, np.int64)
+        _lpt(sorted_costs, order, members, caps, np.zeros(num_bins), np.ones(num_bins), loads)
+        for b in range(num_bins):
+            for j in range(k):
+                member_costs[b, j] = costs[members[b, j]]
+        return
+    bin_keys = np.empty(num_bins, np.uint32)
+    spare_keys = np.empty(num_bins, np.uint32)
+    by_load = np.empty(num_bins, np.int64)
+    spare = np.empty(num_bins, np.int64)
+    loads[:] = 0.0
+    bits = loads.view(np.uint64)
+    for j in range(k):
+        # Loads are >= 0, so they order like their bit patterns; their top 32 bits keep a
+        # relative resolution of 2**-20, and the sort is stable: ties go to the lower bin.
+        for b in range(num_bins):
+            bin_keys[b] = np.uint32(bits[b] >> np.uint64(32))
+        lightest = _radix_argsort_into(bin_keys, spare_keys, by_load, spare)
+        first = j * num_bins
+        for i in range(num_bins):
+            b = lightest[i]
+            p = order[first + i]
+            c = costs[p]
+            members[b, j] = p
+            member_costs[b, j] = c
+            loads[b] += c
+
+
+def lpt_bins(
+    costs: np.ndarray,
+    num_bins: int,
+    key: int | np.uint64 = 0,
+    jitter: float = 0.0,
+    rounds: bool | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pack ``costs`` (>= 0) into ``num_bins`` bins of equal count by LPT (see the module
+    docstring). Samples are taken by descending ``costs[p] · (1 + jitter · u_p)``,
+    ``u = chronica.core.rng.uniforms(n, key)`` (seeded jitter, so that similar samples mix
+    between epochs), compared by their top 32 bits, ties by position. ``rounds``: LPT in
+    rounds (``True``) or sample by sample (``False``); by default in rounds above
+    ``ROUNDS_ABOVE_BINS`` bins.
+
+    Returns ``(members, member_costs, loads)``: ``members[b]`` are bin ``b``'s positions into
+    ``costs`` in the order it received them (int32 below 2**31 samples, else int64),
+    ``member_costs[b]`` their costs and ``loads[b]`` their total.
     """
-    if num_bins < 1 or costs.shape[0] % num_bins:
-        raise ValueError(f"{costs.shape[0]} samples do not fill {num_bins} bins equally")
-    costs = np.ascontiguousarray(costs, dtype=np.float64)
-    members = np.empty((num_bins, costs.shape[0] // num_bins), np.int64)
-    loads = np.zeros(num_bins)
-    order = _argsort_descending(np.ascontiguousarray(keys, dtype=np.float64))
-    caps = np.full(num_bins, members.shape[1], np.int64)
-    _lpt(costs[order], order, members, caps, np.zeros(num_bins), np.ones(num_bins), loads)
-    return members, loads
+    n = costs.shape[0]
+    if num_bins < 1 or n % num_bins:
+        raise ValueError(f"{n} samples do not fill {num_bins} bins equally")
+    members = np.empty((num_bins, n // num_bins), _position_type(n))
+    member_costs = np.empty(members.shape)
+    loads = np.empty(num_bins)
+    _lpt_bins_kernel(
+        np.ascontiguousarray(costs, dtype=np.float64),
+        np.uint64(key),
+        float(jitter),
+        members,
+        member_costs,
+        loads,
+        num_bins > ROUNDS_ABOVE_BINS if rounds is None else bool(rounds),
+    )
+    return members, member_costs, loads
+
+
+@njit(cache=True)
+def _reverse(values: np.ndarray) -> None:
+    """Reverse ``values`` in place."""
+    n = values.shape[0]
+    for i in range(n // 2):
+        values[i], values[n - 1 - i] = values[n - 1 - i], values[i]
+
+
+@njit(cache=True)
+def _sort_bin(costs: np.ndarray, members: np.ndarray) -> None:
+    """Order a bin by ascending cost (ties: lower position first), costs and positions
+    together, in place."""
+    # Insertion sort: bins are short and nearly sorted (after a trade, or reversed as they
+    # come from ``lpt_bins``).
+    for i in range(1, costs.shape[0]):
+        c, item = costs[i], members[i]
+        j = i - 1
+        while j >= 0 and (costs[j] > c or (costs[j] == c and members[j] > item)):
+            costs[j + 1] = costs[j]
+            members[j + 1] = members[j]
+            j -= 1
+        costs[j + 1] = c
+        members[j + 1] = item
 
 
 @njit(cache=True)
@@ -71,7 +211,6 @@ def _step_summary(
 
 @njit(cache=True)
 def _donor_trade(
-    costs: np.ndarray,
     donor: np.ndarray,
     receiver: np.ndarray,
     limit: float,
@@ -79,18 +218,18 @@ def _donor_trade(
     best: np.ndarray,
     at: np.ndarray,
 ) -> None:
-    """The largest ``d = c_y - c_x <= limit`` (``y`` from ``donor``, ``x`` from ``receiver``,
-    both ascending by cost) if it beats ``best[0]``, or ties it from an earlier step
-    ``t`` or sample: recorded as ``best[0] = d`` and ``at = (t, i, j)``."""
+    """The largest ``d = c_y - c_x <= limit`` (``c_y`` from ``donor``, ``c_x`` from
+    ``receiver``, both ascending costs) if it beats ``best[0]``, or ties it from an earlier
+    step ``t`` or sample: recorded as ``best[0] = d`` and ``at = (t, i, j)``."""
     k = donor.shape[0]
     j = 0
     for i in range(k):
-        cy = costs[donor[i]]
-        while j < k and costs[receiver[j]] < cy - limit:
+        cy = donor[i]
+        while j < k and receiver[j] < cy - limit:
             j += 1
         if j == k:
             break
-        d = cy - costs[receiver[j]]
+        d = cy - receiver[j]
         if d > best[0] or (d == best[0] and at[0] >= 0 and t < at[0]):
             best[0] = d
             at[0], at[1], at[2] = t, i, j
@@ -99,7 +238,9 @@ def _donor_trade(
 
 
 @njit(cache=True)
-def _fill_slack_kernel(costs: np.ndarray, members: np.ndarray, loads: np.ndarray, max_iter: int):
+def _fill_slack_kernel(
+    member_costs: np.ndarray, members: np.ndarray, loads: np.ndarray, max_iter: int
+) -> None:
     num_steps, num_ranks, k = members.shape
     top = np.empty(num_steps)
     arg = np.empty(num_steps, np.int64)
@@ -107,14 +248,13 @@ def _fill_slack_kernel(costs: np.ndarray, members: np.ndarray, loads: np.ndarray
     mean = np.empty(num_steps)
     for t in range(num_steps):
         for r in range(num_ranks):
-            # Rows often arrive largest first: reversed, the insertion sort has little to do.
-            row = members[t, r]
-            for i in range(k // 2):
-                row[i], row[k - 1 - i] = row[k - 1 - i], row[i]
-            _sort_row(costs, members[t, r], False)
+            _reverse(member_costs[t, r])
+            _reverse(members[t, r])
+            _sort_bin(member_costs[t, r], members[t, r])
         _step_summary(loads, t, top, arg, runner, mean)
     closed = np.zeros(num_steps, np.bool_)
     limits = np.empty(num_steps)
+    reach = np.empty(num_steps)
     best = np.empty(1)
     at = np.empty(3, np.int64)
     for _ in range(max_iter):
@@ -126,9 +266,10 @@ def _fill_slack_kernel(costs: np.ndarray, members: np.ndarray, loads: np.ndarray
             return
         r = int(np.argmin(loads[s]))
         slack = top[s] - loads[s, r]
+        smallest = member_costs[s, r, 0]
         widest = -1
         for t in range(num_steps):
-            limits[t] = -np.inf
+            limits[t] = reach[t] = -np.inf
             if t == s:
                 continue
             # Up to its lead the donor's ratio falls; beyond it, its new ratio
@@ -136,10 +277,14 @@ def _fill_slack_kernel(costs: np.ndarray, members: np.ndarray, loads: np.ndarray
             lead = top[t] - runner[t]
             ceiling = num_ranks * (top[s] * mean[t] - runner[t] * mean[s]) / (runner[t] + top[s])
             limits[t] = min(slack, max(lead, ceiling))
-            if widest < 0 or limits[t] > limits[widest]:
+            # No trade with step t gains more than its largest sample less the receiver's
+            # smallest (the same subtraction as the trade's): a bound that rules out most
+            # steps without a look at their samples.
+            reach[t] = min(limits[t], member_costs[t, arg[t], k - 1] - smallest)
+            if widest < 0 or reach[t] > reach[widest]:
                 widest = t
-        # The best trade: the largest d, then the earliest step and sample. The step with the
-        # widest limit goes first, so that most others are ruled out by their limit alone.
+        # The best trade: the largest d, then the earliest step and sample. The step that
+        # reaches furthest goes first, so that most others are ruled out by their reach alone.
         best[0] = top[s] * _REL_TOL
         at[0] = -1
         for u in range(-1, num_steps):
@@ -147,31 +292,155 @@ def _fill_slack_kernel(costs: np.ndarray, members: np.ndarray, loads: np.ndarray
             if t < 0 or t == s or (u >= 0 and t == widest):
                 continue
             # A later step than the best must beat it, an earlier one may tie it.
-            if limits[t] < best[0] or (limits[t] == best[0] and t > at[0]):
+            if reach[t] < best[0] or (reach[t] == best[0] and t > at[0]):
                 continue
-            _donor_trade(costs, members[t, arg[t]], members[s, r], limits[t], t, best, at)
+            _donor_trade(member_costs[t, arg[t]], member_costs[s, r], limits[t], t, best, at)
         if at[0] < 0:
             closed[s] = True
             continue
         best_t, best_i, best_j = at[0], at[1], at[2]
         best_d = best[0]
         q = arg[best_t]
-        y = members[best_t, q, best_i]
+        cy, y = member_costs[best_t, q, best_i], members[best_t, q, best_i]
+        member_costs[best_t, q, best_i] = member_costs[s, r, best_j]
         members[best_t, q, best_i] = members[s, r, best_j]
-        members[s, r, best_j] = y
+        member_costs[s, r, best_j], members[s, r, best_j] = cy, y
         loads[best_t, q] -= best_d
         loads[s, r] += best_d
-        _sort_row(costs, members[best_t, q], False)
-        _sort_row(costs, members[s, r], False)
+        _sort_bin(member_costs[best_t, q], members[best_t, q])
+        _sort_bin(member_costs[s, r], members[s, r])
         _step_summary(loads, best_t, top, arg, runner, mean)
         _step_summary(loads, s, top, arg, runner, mean)
 
 
-def fill_slack(costs: np.ndarray, members: np.ndarray, loads: np.ndarray) -> None:
+def fill_slack(member_costs: np.ndarray, members: np.ndarray, loads: np.ndarray) -> None:
     """Move work into under-filled ranks of unbalanced steps (see the module docstring).
 
-    ``members`` has shape ``(steps, W, k)`` (positions into ``costs``) and ``loads`` shape
-    ``(steps, W)``; both are updated in place. Counts per bin never change.
+    ``members`` has shape ``(steps, W, k)`` (sample positions, each bin in the order
+    ``lpt_bins`` returns it), ``member_costs`` their costs and ``loads`` shape ``(steps, W)``;
+    all are updated in place, every bin left in ascending cost order (ties: lower position).
+    Counts per bin never change.
     """
     num_steps, num_ranks = members.shape[:2]
-    _fill_slack_kernel(costs, members, loads, 4 * num_steps * min(num_ranks, 64) + 64)
+    if member_costs.shape != members.shape or loads.shape != (num_steps, num_ranks):
+        raise ValueError(
+            f"member_costs must have members' shape {members.shape} and loads "
+            f"{(num_steps, num_ranks)}, got {member_costs.shape} and {loads.shape}"
+        )
+    _fill_slack_kernel(member_costs, members, loads, 4 * num_steps * min(num_ranks, 64) + 64)
+
+
+@njit(cache=True)
+def _equal_count_bound(costs: np.ndarray, num_ranks: int, k: int, lighter: float) -> float:
+    """No split into ``num_ranks`` ranks of ``k`` samples has a top load below this: the
+    mean load, or the largest sample with the ``k - 1`` smallest ones. ``lighter`` is at
+    least the sum of those ``k - 1`` (any ``k - 1`` samples'): when even with it the largest
+    sample stays clearly below the mean, the mean is the bound, without a selection."""
+    together = costs.sum() / num_ranks
+    heaviest = costs.max()
+    # The margin covers rounding: ``lighter`` and the selection's sum add in other orders.
+    if k == 1 or heaviest + lighter < together * (1.0 - _REL_TOL):
+        return max(together, heaviest)
+    return max(together, heaviest + np.partition(costs, k - 2)[: k - 1].sum())
+
+
+@njit(cache=True, nogil=True)
+def _refine_step_range(
+    member_costs: np.ndarray,
+    members: np.ndarray,
+    samples: np.ndarray,
+    partners: int,
+    first: int,
+    stop: int,
+    indices: np.ndarray,
+    loads: np.ndarray,
+) -> None:
+    """Refine steps ``first .. stop - 1`` (module docstring, step 4)."""
+    _, num_ranks, k = members.shape
+    n = num_ranks * k
+    costs = np.empty(n)
+    local = np.arange(n).astype(np.int32).reshape(num_ranks, k)
+    caps = np.full(num_ranks, k, np.int64)
+    alpha = np.zeros(num_ranks)
+    beta = np.ones(num_ranks)
+    step_loads = np.empty(num_ranks)
+    for s in range(first, stop):
+        # Step-local position r·k + i is bin r's i-th largest sample: every rank starts
+        # with its bin, in the descending order the refinement keeps.
+        lighter = np.inf
+        for r in range(num_ranks):
+            step_loads[r] = 0.0
+            for i in range(k):
+                costs[r * k + i] = member_costs[s, r, k - 1 - i]
+                local[r, i] = r * k + i
+                step_loads[r] += costs[r * k + i]
+            lighter = min(lighter, step_loads[r] - costs[r * k])
+        bound = _equal_count_bound(costs, num_ranks, k, lighter)
+        _refine(costs, local, caps, alpha, beta, step_loads, bound, 8 * num_ranks + 64, partners)
+        out = s * n
+        for r in range(num_ranks):
+            loads[s, r] = 0.0
+            for i in range(k):
+                p = local[r, i]
+                indices[out + r * k + i] = samples[members[s, p // k, k - 1 - p % k]]
+                loads[s, r] += costs[p]
+
+
+def refine_steps(
+    member_costs: np.ndarray,
+    members: np.ndarray,
+    samples: np.ndarray,
+    threads: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Balance every step's bins between its ranks; return ``(indices, loads)``.
+
+    ``members``/``member_costs`` as ``fill_slack`` leaves them (shape ``(steps, W, k)``,
+    bins ascending by cost); ``samples`` maps positions to sample numbers. ``indices``
+    (int64) lists step after step, rank after rank, every rank's ``k`` samples in descending
+    cost order; ``loads[s, r]`` is their total cost. Steps run on ``threads`` threads
+    (default: up to min(cores, 8) for large epochs); the result does not depend on it.
+    """
+    num_steps, num_ranks, k = members.shape
+    indices = np.empty(num_steps * num_ranks * k, np.int64)
+    loads = np.empty((num_steps, num_ranks))
+    if threads is None:
+        threads = min(os.cpu_count() or 1, 8) if indices.shape[0] >= _PARALLEL_MIN_SAMPLES else 1
+    threads = max(1, min(threads, num_steps))
+    cuts = [num_steps * t // threads for t in range(threads + 1)]
+
+    def run(t: int) -> None:
+        _refine_step_range(
+            member_costs, members, samples, DEFAULT_PARTNERS, cuts[t], cuts[t + 1], indices, loads
+        )
+
+    if threads == 1:
+        run(0)
+    else:
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="chronica-pool") as pool:
+            list(pool.map(run, range(threads)))
+    return indices, loads
+
+
+def pool_steps(
+    costs: np.ndarray,
+    samples: np.ndarray,
+    num_ranks: int,
+    step_order: np.ndarray,
+    key: int | np.uint64 = 0,
+    jitter: float = 0.0,
+    threads: int | None = None,
+    rounds: bool | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pool-balance ``samples`` (costing ``costs``) into ``len(step_order)`` steps of
+    ``num_ranks`` equal local batches: steps 1 to 4 of the module docstring. Bins are ranked
+    heaviest first, ``W`` at a time, and the ``i``-th step of the result is the
+    ``step_order[i]``-th of that ranking (so heavy steps line up across owners that share
+    a step order). ``key``, ``jitter`` and ``rounds`` as in ``lpt_bins``, ``threads`` as in
+    ``refine_steps``. Returns ``(indices, loads)`` as ``refine_steps`` does.
+    """
+    num_steps = step_order.shape[0]
+    members, member_costs, bin_loads = lpt_bins(costs, num_steps * num_ranks, key, jitter, rounds)
+    grouped = np.argsort(-bin_loads, kind="stable").reshape(num_steps, num_ranks)[step_order]
+    members, member_costs, loads = members[grouped], member_costs[grouped], bin_loads[grouped]
+    fill_slack(member_costs, members, loads)
+    return refine_steps(member_costs, members, samples, threads)

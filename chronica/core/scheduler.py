@@ -10,9 +10,10 @@ bytes locally. Kinds:
     averages the gradient over the same samples and the training maths is unchanged.
 ``static``, ``exact=False`` (pool balancing, upstream Chronica's ``static``)
     The epoch's samples are packed into ``steps × W`` local batches of equal count and
-    near-equal cost (capacity-bounded LPT over the whole epoch), then local batches of
-    similar cost form a step, so heavy samples share a step with other heavy samples. This
-    changes step composition: a step is no longer a uniform random batch.
+    near-equal cost (LPT in rounds over the whole epoch), then local batches of similar
+    cost form a step, so heavy samples share a step with other heavy samples, and every
+    step is balanced between its ranks (``chronica.core.pool``). This changes step
+    composition: a step is no longer a uniform random batch.
 ``dynamic``
     The global batches of ``static`` exact mode, split between ranks by *measured* speed:
     rank 0's coordinator fits every rank's time from its reports and plans window after
@@ -50,7 +51,7 @@ from chronica.core.balance import balance_steps
 from chronica.core.checks import check_bool, check_int, check_number
 from chronica.core.controller import ControllerOptions
 from chronica.core.cost import CostModel, as_cost_model
-from chronica.core.grouping import grouped_by_size, jittered_costs
+from chronica.core.grouping import grouped_by_size
 from chronica.core.packing import Packing, pack_epoch, pieces
 from chronica.core.partition import (
     Owners,
@@ -60,7 +61,7 @@ from chronica.core.partition import (
     fitted_order,
 )
 from chronica.core.plan import EpochPlan, MicroLayout, PlanStats
-from chronica.core.pool import fill_slack, lpt_bins
+from chronica.core.pool import pool_steps
 from chronica.core.rng import Stream, derive_key, permutation
 from chronica.core.shuffle import as_shuffle_policy, epoch_order
 from chronica.core.sizes import sizes_digest, validate_sizes
@@ -588,14 +589,6 @@ class Scheduler:
         starts = _step_starts(counts, ranks)
         return balance_steps(self.costs, starts, ranks, progress=progress, index=stream)
 
-    def _sort_keys(self, epoch: int, owner: int, samples: np.ndarray) -> np.ndarray:
-        """Costs with seeded multiplicative jitter, so similar samples mix between epochs."""
-        cfg = self.config
-        keys = np.empty(samples.shape[0])
-        key = derive_key(cfg.seed, epoch, Stream.JITTER, owner)
-        jittered_costs(self.costs, samples, np.uint64(key), float(cfg.jitter), keys)
-        return keys
-
     def _grouped_by_size(
         self, epoch: int, owner: int, stream: np.ndarray, per_step: int, step_order: np.ndarray
     ) -> np.ndarray:
@@ -612,27 +605,19 @@ class Scheduler:
         full: int,
         step_order: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray]:
-        # Pack the full steps' samples into full*ranks local batches of equal count, let
-        # local batches of similar cost share a step (heaviest first, then the common step
-        # order, so heavy steps line up across owners), move work into under-filled ranks.
-        pool = stream[: starts[full]]
-        costs = self.costs[pool]
-        bins, bin_loads = lpt_bins(costs, self._sort_keys(epoch, owner, pool), full * ranks)
-        grouped = np.argsort(-bin_loads, kind="stable").reshape(full, ranks)[step_order]
-        members, loads = bins[grouped], bin_loads[grouped]
-        del bins
-        fill_slack(costs, members, loads)
-        ordered = np.empty_like(stream)
-        np.take(pool, members.ravel(), out=ordered[: starts[full]])
-        ordered[starts[full] :] = stream[starts[full] :]
-        del members, costs
+        # The full steps by pool balancing (chronica.core.pool), the partial tail as exact
+        # mode splits it.
         indices = np.empty(stream.shape[0], np.int64)
         loads = np.empty((len(starts) - 1, ranks))
-        for first, last, lpt in ((0, full, False), (full, len(starts) - 1, True)):
-            cut = starts[first : last + 1]
-            indices[cut[0] : cut[-1]], loads[first:last] = balance_steps(
-                self.costs, cut - cut[0], ranks, use_lpt=lpt, index=ordered[cut[0] : cut[-1]]
-            )
+        pool = stream[: starts[full]]
+        key = derive_key(self.config.seed, epoch, Stream.JITTER, owner)
+        indices[: starts[full]], loads[:full] = pool_steps(
+            self.costs[pool], pool, ranks, step_order, key, self.config.jitter
+        )
+        tail = starts[full:]
+        indices[tail[0] :], loads[full:] = balance_steps(
+            self.costs, tail - tail[0], ranks, index=stream[tail[0] :]
+        )
         return indices, loads
 
 

@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 import reference
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chronica.core.pool import fill_slack, lpt_bins
+from chronica.core.pool import fill_slack, lpt_bins, pool_steps, refine_steps
 
 
 def _ratios(loads):
@@ -12,9 +12,27 @@ def _ratios(loads):
 
 
 def _grouped_bins(costs, steps, ranks):
-    members, loads = lpt_bins(costs, costs, steps * ranks)
+    members, member_costs, loads = lpt_bins(costs, steps * ranks)
     grouped = np.argsort(-loads, kind="stable").reshape(steps, ranks)
-    return members[grouped], loads[grouped]
+    return members[grouped], member_costs[grouped], loads[grouped]
+
+
+@pytest.mark.parametrize("rounds", [False, True])
+@pytest.mark.parametrize("jitter", [0.0, 0.1])
+def test_lpt_bins_equal_reference(jitter, rounds):
+    rng = np.random.default_rng(3)
+    costs = np.round(rng.lognormal(3, 1, 96))  # integer sizes: ties between samples and bins
+    members, member_costs, loads = lpt_bins(costs, 8, key=11, jitter=jitter, rounds=rounds)
+    expect = reference.pool_bins(costs, 8, key=11, jitter=jitter, rounds=rounds)
+    assert members.dtype == np.int32
+    assert members.tolist() == expect
+    np.testing.assert_array_equal(member_costs, costs[members])
+    np.testing.assert_array_equal(loads, [sum(costs[i] for i in b) for b in expect])
+
+
+def test_lpt_bins_refuses_counts_that_do_not_divide():
+    with pytest.raises(ValueError, match="do not fill 7 bins"):
+        lpt_bins(np.ones(60), 7)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -22,12 +40,20 @@ def test_fill_slack_equals_reference(seed):
     rng = np.random.default_rng(seed)
     costs = rng.lognormal(3, 1, 6 * 4 * 5)
     costs[rng.choice(costs.size, 2, replace=False)] *= 30
-    members, loads = _grouped_bins(costs, 6, 4)
-    nested = [[sorted(b.tolist()) for b in step] for step in members]
-    fill_slack(costs, members, loads)
+    members, member_costs, loads = _grouped_bins(costs, 6, 4)
+    nested = [[b.tolist() for b in step] for step in members]
+    fill_slack(member_costs, members, loads)
     reference.fill_slack(costs, nested)
-    got = [[sorted(b.tolist()) for b in step] for step in members]
-    assert got == [[sorted(b) for b in step] for step in nested]
+    assert [[b.tolist() for b in step] for step in members] == [
+        [sorted(b, key=lambda i: (costs[i], i)) for b in step] for step in nested
+    ]
+    np.testing.assert_array_equal(member_costs, costs[members])
+
+
+def test_fill_slack_refuses_mismatched_shapes():
+    members, member_costs, loads = _grouped_bins(np.ones(24), 3, 4)
+    with pytest.raises(ValueError, match="member_costs must have members' shape"):
+        fill_slack(member_costs[:, :2], members, loads)
 
 
 @given(
@@ -36,11 +62,12 @@ def test_fill_slack_equals_reference(seed):
 def test_fill_slack_keeps_counts_and_never_raises_the_worst_step(steps, ranks, k, seed):
     rng = np.random.default_rng(seed)
     costs = rng.lognormal(3, 1.5, steps * ranks * k)
-    members, loads = _grouped_bins(costs, steps, ranks)
+    members, member_costs, loads = _grouped_bins(costs, steps, ranks)
     before_worst = _ratios(loads).max()
     before_total = loads.max(axis=1).sum()
-    fill_slack(costs, members, loads)
+    fill_slack(member_costs, members, loads)
     assert np.array_equal(np.sort(members.ravel()), np.arange(costs.size))
+    np.testing.assert_array_equal(member_costs, costs[members])
     np.testing.assert_allclose(loads, costs[members].sum(axis=2), rtol=1e-9)
     assert _ratios(loads).max() <= before_worst * (1 + 1e-9)
     assert loads.max(axis=1).sum() <= before_total * (1 + 1e-9)
@@ -50,18 +77,58 @@ def test_fill_slack_spreads_a_huge_sample():
     rng = np.random.default_rng(7)
     costs = rng.lognormal(5, 1, 64 * 8 * 32)
     costs[:3] = np.median(costs) * 400
-    members, loads = _grouped_bins(costs, 64, 8)
+    members, member_costs, loads = _grouped_bins(costs, 64, 8)
     assert _ratios(loads).max() > 1.5
-    fill_slack(costs, members, loads)
+    fill_slack(member_costs, members, loads)
     assert _ratios(loads).max() < 1.01
 
 
-def test_lpt_bins_fill_equal_counts_with_lpt_order():
-    rng = np.random.default_rng(3)
-    costs = rng.lognormal(3, 1, 60)
-    members, loads = lpt_bins(costs, costs, 6)
-    expect = reference.lpt(costs, 6)
-    assert [list(m) for m in members] == expect
-    np.testing.assert_allclose(loads, [costs[m].sum() for m in members])
-    with pytest.raises(ValueError, match="bins"):
-        lpt_bins(costs, costs, 7)
+@pytest.mark.parametrize("rounds", [False, True])
+@pytest.mark.parametrize(
+    ("steps", "ranks", "k", "seed"), [(5, 4, 6, 0), (7, 3, 4, 1), (4, 8, 3, 2)]
+)
+def test_pool_steps_equal_reference(steps, ranks, k, seed, rounds):
+    rng = np.random.default_rng(seed)
+    costs = rng.lognormal(4, 1, steps * ranks * k)
+    costs[rng.choice(costs.size, 2, replace=False)] *= 25
+    samples = rng.permutation(costs.size * 2)[: costs.size]
+    step_order = rng.permutation(steps)
+    indices, loads = pool_steps(costs, samples, ranks, step_order, key=5, jitter=0.1, rounds=rounds)
+    expect, expect_loads = reference.pool_steps(costs, samples, ranks, step_order, 5, 0.1, rounds)
+    got = indices.reshape(steps, ranks, k)
+    assert [[sorted(r) for r in step] for step in got.tolist()] == expect
+    np.testing.assert_allclose(loads, expect_loads, rtol=1e-12)
+    # Every rank's samples in descending cost order, loads their sums.
+    by_sample = dict(zip(samples.tolist(), costs.tolist(), strict=True))
+    rank_costs = np.vectorize(by_sample.get)(got)
+    assert np.all(np.diff(rank_costs, axis=2) <= 0)
+    np.testing.assert_allclose(loads, rank_costs.sum(axis=2), rtol=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    steps=st.integers(1, 6), ranks=st.integers(1, 5), k=st.integers(1, 5), seed=st.integers(0, 99)
+)
+def test_pool_steps_cover_every_sample_once_and_beat_lpt_alone(steps, ranks, k, seed):
+    rng = np.random.default_rng(seed)
+    costs = rng.lognormal(3, 1.5, steps * ranks * k)
+    samples = np.arange(costs.size)
+    indices, loads = pool_steps(costs, samples, ranks, np.arange(steps))
+    assert np.array_equal(np.sort(indices), samples)
+    np.testing.assert_allclose(loads, costs[indices].reshape(steps, ranks, k).sum(axis=2))
+    _, _, lpt_loads = _grouped_bins(costs, steps, ranks)
+    assert loads.max(axis=1).sum() <= lpt_loads.max(axis=1).sum() * (1 + 1e-9)
+
+
+def test_refine_steps_do_not_depend_on_the_thread_count():
+    rng = np.random.default_rng(4)
+    costs = rng.lognormal(5, 1, 24 * 16 * 8)
+    costs[:5] *= 50
+    members, member_costs, loads = _grouped_bins(costs, 24, 16)
+    fill_slack(member_costs, members, loads)
+    samples = rng.permutation(costs.size)
+    one = refine_steps(member_costs, members, samples, threads=1)
+    three = refine_steps(member_costs, members, samples, threads=3)
+    np.testing.assert_array_equal(one[0], three[0])
+    np.testing.assert_array_equal(one[1], three[1])
+    assert _ratios(one[1]).max() <= _ratios(loads).max() * (1 + 1e-9)

@@ -139,6 +139,31 @@ def balance_step(costs, num_ranks, partners=4, caps=None, alpha=None, beta=None)
     return [sorted(m) for m in members]
 
 
+def pool_bins(costs, num_bins: int, key: int = 0, jitter: float = 0.0, rounds: bool = True):
+    """Reference of ``chronica.core.pool.lpt_bins``: samples by descending jittered cost,
+    each to the lightest bin with room (ties: lower bin); or, with ``rounds``, in rounds of
+    ``num_bins`` where the i-th largest goes to the i-th lightest bin (bins by the top 32 bits
+    of their load, ties by bin number)."""
+    costs = np.asarray(costs, dtype=np.float64)
+    keys = costs * (1.0 + jitter * uniforms(len(costs), key))
+    order = descending_order(keys)
+    k = len(costs) // num_bins
+    bins: list[list[int]] = [[] for _ in range(num_bins)]
+    loads = np.zeros(num_bins)
+    for first in range(0, len(costs), num_bins):
+        top = loads.view(np.uint64) >> np.uint64(32)
+        lightest = sorted(range(num_bins), key=lambda b: (int(top[b]), b))
+        for t, i in enumerate(order[first : first + num_bins]):
+            if not rounds:
+                room = [b for b in range(num_bins) if len(bins[b]) < k]
+                b = min(room, key=lambda b: (loads[b], b))
+            else:
+                b = lightest[t]
+            bins[b].append(int(i))
+            loads[b] += costs[i]
+    return bins
+
+
 def fill_slack(costs: np.ndarray, bins: list[list[list[int]]], step_tol: float = 1e-4) -> None:
     """Reference of ``chronica.core.pool.fill_slack`` on nested lists ``bins[step][rank]``."""
     steps, ranks = len(bins), len(bins[0])
@@ -176,6 +201,30 @@ def fill_slack(costs: np.ndarray, bins: list[list[list[int]]], step_tol: float =
         t, q, y, x = best[1]
         bins[t][q][bins[t][q].index(y)] = x
         bins[s][r][bins[s][r].index(x)] = y
+
+
+def pool_steps(costs, samples, num_ranks: int, step_order, key=0, jitter=0.0, rounds=True):
+    """Reference of ``chronica.core.pool.pool_steps``: ``pool_bins``, bins heaviest first
+    ``W`` at a time in ``step_order``, ``fill_slack``, then every step refined from its bins.
+    Returns ``(steps, loads)``: ``steps[s][r]`` rank r's sample numbers (sorted) and
+    ``loads[s][r]`` their cost."""
+    costs = np.asarray(costs, dtype=np.float64)
+    num_steps = len(step_order)
+    bins = pool_bins(costs, num_steps * num_ranks, key, jitter, rounds)
+    loads = np.array([sum(costs[i] for i in b) for b in bins])
+    grouped = np.argsort(-loads, kind="stable").reshape(num_steps, num_ranks)[step_order]
+    nested = [[list(bins[g]) for g in row] for row in grouped]
+    fill_slack(costs, nested)
+    steps, step_loads = [], []
+    for step in nested:
+        flat = [i for b in step for i in b]
+        local = costs[flat]
+        k = len(step[0])
+        members = [list(range(r * k, (r + 1) * k)) for r in range(num_ranks)]
+        refine(local, members, 4, lower_bound(local, num_ranks))
+        steps.append([sorted(int(samples[flat[p]]) for p in m) for m in members])
+        step_loads.append([float(local[m].sum()) for m in members])
+    return steps, step_loads
 
 
 def weighted_line(loads, times, weights, ridge):
