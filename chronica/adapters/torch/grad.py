@@ -72,6 +72,7 @@ _SCHEDULED_STATE = (
     "_packing",
     "_queue",
     "_parts_per_param",
+    "_part_params",
     "_part_names",
     "_current",
 )
@@ -634,6 +635,13 @@ class ScheduledOptimizer:
         self._current = opts
         self._parts_per_param = np.empty(len(self._params), dtype=np.int64)
         self._parts_per_param[self._priority] = layout.parts_per_tensor()
+        priority = self._priority
+        self._part_params = [
+            [priority[t] for t in layout.seg_tensor[a:b].tolist()]
+            for a, b in zip(
+                layout.part_ptr[:-1].tolist(), layout.part_ptr[1:].tolist(), strict=True
+            )
+        ]
         self._label(layout)
 
     def _replan(self, dispatcher: Dispatcher, knobs: tuple[int, int] | None) -> None:
@@ -673,8 +681,7 @@ class ScheduledOptimizer:
 
     def _on_complete(self, partition: int) -> None:
         with self._cv:
-            for t, _, _ in self._layout.segments(partition):
-                i = self._priority[t]
+            for i in self._part_params[partition]:
                 self._left[i] -= 1
                 if self._left[i] == 0:
                     self._reduced[i] = True
