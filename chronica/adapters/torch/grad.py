@@ -504,6 +504,12 @@ class ScheduledOptimizer:
             self._settle("scheduled", measured)
             self._resume_scheduling()
             return
+        if not better:
+            self._trial = None
+            self._settle(
+                "bucketed",
+                measured + f" (scheduling must save {_MARGIN:.0%} and cost no more CPU)",
+            )
         dispatcher = self._dispatcher
         if self._engine == "scheduled":
             dispatcher.wait_all()
@@ -514,11 +520,7 @@ class ScheduledOptimizer:
             self._restart_history()
         if better:  # measure bucketed steps again before keeping it
             return
-        self._trial = self._parked = None
-        self._settle(
-            "bucketed",
-            measured + f" (scheduling must save {_MARGIN:.0%} and cost no more CPU)",
-        )
+        self._parked = None
         dispatcher.close(timeline=False)
         self._dispatcher = None
 
