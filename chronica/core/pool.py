@@ -13,7 +13,7 @@ composition too:
    lightest bin, its second largest to the second lightest, and so on (bins ordered by the
    top 32 bits of their load, ties by bin number): one sort of the bin loads and one
    sequential pass per round. Both give every bin ``k`` samples; rounds balance the bins
-   less finely (the per-step refinement below evens that out) and cost a third as much.
+   less finely (step 4 evens that out) and cost a third as much.
 2. Bins are sorted by cost and grouped ``W`` at a time into steps, so heavy bins share steps.
 3. ``fill_slack``: in the worst step (highest max/mean), the lightest bin trades a small
    sample for a larger one from the heaviest bin of another step. The trade moves at most
@@ -21,39 +21,30 @@ composition too:
    its mean rises; and at most what keeps the donor step's new max/mean below the receiving
    step's new one. So no step ends worse than the worst step was, the worst ratio never
    rises, and the epoch's total step time (the sum of step maxima) never grows.
-4. ``refine_steps``: every step's bins are then balanced between its ranks by the swap
-   refinement of ``chronica.core.balance`` (the trades of step 3 leave donor steps uneven),
-   on threads, one step range each; each rank's samples come out in descending cost order.
+4. Every step is split between its ranks by ``chronica.core.balance.balance_steps`` (the
+   trades of step 3 leave donor steps uneven): from its bins by swap refinement, or, when
+   the bins come from rounds, anew by LPT and refinement as exact mode splits a global
+   batch. Steps run on threads; each rank's samples keep the order of the step's bins,
+   every bin by ascending cost.
 
-Bins carry their samples' costs beside the sample positions, so the trades of steps 3 and 4
-read memory a bin at a time instead of gathering costs from the whole epoch. The result
-depends on the costs, keys and step order only, not on the thread count.
+Bins carry their samples' costs beside the sample positions, so steps 3 and 4 read memory a
+bin (a step) at a time instead of gathering costs from the whole epoch. The result
+depends on the costs, the jitter key and the step order only, not on the thread count.
 """
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 from numba import njit
 
-from chronica.core.balance import (
-    DEFAULT_PARTNERS,
-    _descending_keys,
-    _lpt,
-    _radix_argsort_into,
-    _refine,
-)
+from chronica.core.balance import _descending_keys, _lpt, _radix_argsort_into, balance_steps
 from chronica.core.rng import _uniform
 
-__all__ = ["fill_slack", "lpt_bins", "pool_steps", "refine_steps"]
+__all__ = ["ROUNDS_ABOVE_BINS", "fill_slack", "lpt_bins", "pool_steps"]
 
 _REL_TOL = 1e-9
 # Steps within this of perfect balance are left alone: the gain would not be measurable.
 _STEP_TOL = 1e-4
-# Below this many samples refinement runs on one thread: starting more costs more.
-_PARALLEL_MIN_SAMPLES = 1 << 18
 # Up to this many bins, LPT goes sample by sample (its winner tree fits in a core's cache);
 # beyond, in rounds.
 ROUNDS_ABOVE_BINS = 1 << 15
@@ -330,97 +321,6 @@ def fill_slack(member_costs: np.ndarray, members: np.ndarray, loads: np.ndarray)
     _fill_slack_kernel(member_costs, members, loads, 4 * num_steps * min(num_ranks, 64) + 64)
 
 
-@njit(cache=True)
-def _equal_count_bound(costs: np.ndarray, num_ranks: int, k: int, lighter: float) -> float:
-    """No split into ``num_ranks`` ranks of ``k`` samples has a top load below this: the
-    mean load, or the largest sample with the ``k - 1`` smallest ones. ``lighter`` is at
-    least the sum of those ``k - 1`` (any ``k - 1`` samples'): when even with it the largest
-    sample stays clearly below the mean, the mean is the bound, without a selection."""
-    together = costs.sum() / num_ranks
-    heaviest = costs.max()
-    # The margin covers rounding: ``lighter`` and the selection's sum add in other orders.
-    if k == 1 or heaviest + lighter < together * (1.0 - _REL_TOL):
-        return max(together, heaviest)
-    return max(together, heaviest + np.partition(costs, k - 2)[: k - 1].sum())
-
-
-@njit(cache=True, nogil=True)
-def _refine_step_range(
-    member_costs: np.ndarray,
-    members: np.ndarray,
-    samples: np.ndarray,
-    partners: int,
-    first: int,
-    stop: int,
-    indices: np.ndarray,
-    loads: np.ndarray,
-) -> None:
-    """Refine steps ``first .. stop - 1`` (module docstring, step 4)."""
-    _, num_ranks, k = members.shape
-    n = num_ranks * k
-    costs = np.empty(n)
-    local = np.arange(n).astype(np.int32).reshape(num_ranks, k)
-    caps = np.full(num_ranks, k, np.int64)
-    alpha = np.zeros(num_ranks)
-    beta = np.ones(num_ranks)
-    step_loads = np.empty(num_ranks)
-    for s in range(first, stop):
-        # Step-local position r·k + i is bin r's i-th largest sample: every rank starts
-        # with its bin, in the descending order the refinement keeps.
-        lighter = np.inf
-        for r in range(num_ranks):
-            step_loads[r] = 0.0
-            for i in range(k):
-                costs[r * k + i] = member_costs[s, r, k - 1 - i]
-                local[r, i] = r * k + i
-                step_loads[r] += costs[r * k + i]
-            lighter = min(lighter, step_loads[r] - costs[r * k])
-        bound = _equal_count_bound(costs, num_ranks, k, lighter)
-        _refine(costs, local, caps, alpha, beta, step_loads, bound, 8 * num_ranks + 64, partners)
-        out = s * n
-        for r in range(num_ranks):
-            loads[s, r] = 0.0
-            for i in range(k):
-                p = local[r, i]
-                indices[out + r * k + i] = samples[members[s, p // k, k - 1 - p % k]]
-                loads[s, r] += costs[p]
-
-
-def refine_steps(
-    member_costs: np.ndarray,
-    members: np.ndarray,
-    samples: np.ndarray,
-    threads: int | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Balance every step's bins between its ranks; return ``(indices, loads)``.
-
-    ``members``/``member_costs`` as ``fill_slack`` leaves them (shape ``(steps, W, k)``,
-    bins ascending by cost); ``samples`` maps positions to sample numbers. ``indices``
-    (int64) lists step after step, rank after rank, every rank's ``k`` samples in descending
-    cost order; ``loads[s, r]`` is their total cost. Steps run on ``threads`` threads
-    (default: up to min(cores, 8) for large epochs); the result does not depend on it.
-    """
-    num_steps, num_ranks, k = members.shape
-    indices = np.empty(num_steps * num_ranks * k, np.int64)
-    loads = np.empty((num_steps, num_ranks))
-    if threads is None:
-        threads = min(os.cpu_count() or 1, 8) if indices.shape[0] >= _PARALLEL_MIN_SAMPLES else 1
-    threads = max(1, min(threads, num_steps))
-    cuts = [num_steps * t // threads for t in range(threads + 1)]
-
-    def run(t: int) -> None:
-        _refine_step_range(
-            member_costs, members, samples, DEFAULT_PARTNERS, cuts[t], cuts[t + 1], indices, loads
-        )
-
-    if threads == 1:
-        run(0)
-    else:
-        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="chronica-pool") as pool:
-            list(pool.map(run, range(threads)))
-    return indices, loads
-
-
 def pool_steps(
     costs: np.ndarray,
     samples: np.ndarray,
@@ -436,11 +336,21 @@ def pool_steps(
     heaviest first, ``W`` at a time, and the ``i``-th step of the result is the
     ``step_order[i]``-th of that ranking (so heavy steps line up across owners that share
     a step order). ``key``, ``jitter`` and ``rounds`` as in ``lpt_bins``, ``threads`` as in
-    ``refine_steps``. Returns ``(indices, loads)`` as ``refine_steps`` does.
+    ``balance_steps``. Returns ``(indices, loads)``: ``indices`` (int64) lists step after
+    step, rank after rank, every rank's local batch; ``loads[s, r]`` is its total cost.
     """
     num_steps = step_order.shape[0]
+    if rounds is None:
+        rounds = num_steps * num_ranks > ROUNDS_ABOVE_BINS
     members, member_costs, bin_loads = lpt_bins(costs, num_steps * num_ranks, key, jitter, rounds)
     grouped = np.argsort(-bin_loads, kind="stable").reshape(num_steps, num_ranks)[step_order]
     members, member_costs, loads = members[grouped], member_costs[grouped], bin_loads[grouped]
     fill_slack(member_costs, members, loads)
-    return refine_steps(member_costs, members, samples, threads)
+    # Bins from rounds are less even: every step is split anew by LPT, as exact mode splits
+    # a global batch; otherwise refinement starts from the step's bins.
+    per_step = num_ranks * members.shape[2]
+    starts = np.arange(0, members.size + 1, per_step)
+    perm, step_loads = balance_steps(
+        member_costs.reshape(-1), starts, num_ranks, use_lpt=rounds, threads=threads
+    )
+    return samples[members.reshape(-1)[perm]], step_loads

@@ -205,9 +205,9 @@ def fill_slack(costs: np.ndarray, bins: list[list[list[int]]], step_tol: float =
 
 def pool_steps(costs, samples, num_ranks: int, step_order, key=0, jitter=0.0, rounds=True):
     """Reference of ``chronica.core.pool.pool_steps``: ``pool_bins``, bins heaviest first
-    ``W`` at a time in ``step_order``, ``fill_slack``, then every step refined from its bins.
-    Returns ``(steps, loads)``: ``steps[s][r]`` rank r's sample numbers (sorted) and
-    ``loads[s][r]`` their cost."""
+    ``W`` at a time in ``step_order``, ``fill_slack``, then every step split anew
+    (``balance_step``, with ``rounds``) or refined from its bins. Returns ``(steps, loads)``:
+    ``steps[s][r]`` rank r's sample numbers (sorted) and ``loads[s][r]`` their cost."""
     costs = np.asarray(costs, dtype=np.float64)
     num_steps = len(step_order)
     bins = pool_bins(costs, num_steps * num_ranks, key, jitter, rounds)
@@ -219,9 +219,12 @@ def pool_steps(costs, samples, num_ranks: int, step_order, key=0, jitter=0.0, ro
     for step in nested:
         flat = [i for b in step for i in b]
         local = costs[flat]
-        k = len(step[0])
-        members = [list(range(r * k, (r + 1) * k)) for r in range(num_ranks)]
-        refine(local, members, 4, lower_bound(local, num_ranks))
+        if rounds:
+            members = balance_step(local, num_ranks)
+        else:
+            k = len(step[0])
+            members = [list(range(r * k, (r + 1) * k)) for r in range(num_ranks)]
+            refine(local, members, 4, lower_bound(local, num_ranks))
         steps.append([sorted(int(samples[flat[p]]) for p in m) for m in members])
         step_loads.append([float(local[m].sum()) for m in members])
     return steps, step_loads
