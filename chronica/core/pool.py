@@ -188,16 +188,19 @@ def _step_summary(
     runner: np.ndarray,
     mean: np.ndarray,
 ) -> None:
-    """Cache step ``t``'s max, argmax, runner-up load and mean."""
-    q = np.argmax(loads[t])
-    runner_up = 0.0
+    """Cache step ``t``'s max, argmax (the first), runner-up load and mean, in one pass."""
+    q, top_load, runner_up, total = 0, loads[t, 0], 0.0, 0.0
     for p in range(loads.shape[1]):
-        if p != q and loads[t, p] > runner_up:
-            runner_up = loads[t, p]
-    top[t] = loads[t, q]
+        value = loads[t, p]
+        total += value
+        if value > top_load:
+            q, top_load, runner_up = p, value, top_load
+        elif p != q and value > runner_up:
+            runner_up = value
+    top[t] = top_load
     arg[t] = q
     runner[t] = runner_up
-    mean[t] = loads[t].mean()
+    mean[t] = total / loads.shape[1]
 
 
 @njit(cache=True)
