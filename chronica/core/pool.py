@@ -342,6 +342,11 @@ def pool_steps(
     ``balance_steps``. Returns ``(indices, loads)``: ``indices`` (int64) lists step after
     step, rank after rank, every rank's local batch; ``loads[s, r]`` is its total cost.
     """
+    if samples.shape != costs.shape:
+        raise ValueError(
+            f"samples must hold one sample number per cost ({costs.shape[0]}), "
+            f"got shape {samples.shape}"
+        )
     num_steps = step_order.shape[0]
     if rounds is None:
         rounds = num_steps * num_ranks > ROUNDS_ABOVE_BINS

@@ -33,6 +33,8 @@ def test_lpt_bins_equal_reference(jitter, rounds):
 def test_lpt_bins_refuses_counts_that_do_not_divide():
     with pytest.raises(ValueError, match="do not fill 7 bins"):
         lpt_bins(np.ones(60), 7)
+    with pytest.raises(ValueError, match="samples must hold one sample number per cost"):
+        pool_steps(np.ones(60), np.arange(59), 6, np.arange(2))
 
 
 @pytest.mark.parametrize("seed", range(4))
