@@ -5,16 +5,19 @@ Measured part: two PyTorch ranks (gloo, one compute thread each) in two network 
 of this script's own (``chr-gsim-0/1``, 10.78.0.1-2, veth MTU 9000, both ends shaped with a
 ``tc`` token bucket), on the models and variants of ``benchmarks/gradsched.py`` (``no
 overlap``, ``DDP``, ``FIFO``, ``priority``, ``priority+partition+credit``). In every
-repeat, in one process pair: all-reduce times at four sizes (the link's bandwidth and
-latency, see ``link_fit``); compute alone and beside back-to-back all-reduces (the CPU slowdown
-communication causes here); then each variant's steps, with hooks timing every layer's
-forward (after any wait for its parameters) and backward in those same steps, between
-compute-only runs. Both ranks' layer times are gathered and the slower taken per layer.
+repeat, in one process pair: all-reduce times at four sizes and all gradients as one
+all-reduce or as ``QUEUED_PARTS`` issued back to back (the link's bandwidth, latency and
+queued latency, see ``link_fit``); compute alone and beside back-to-back all-reduces (the
+CPU slowdown communication causes here, and the all-reduces' own slowdown beside
+compute); then each variant's steps, with hooks timing every layer's forward (after any
+wait for its parameters) and backward in those same steps, between compute-only runs.
+Both ranks' layer times are gathered and the slower taken per layer and step.
 
 The simulator predicts each variant's step time from the fitted link and (``in-run``) the
-layer times of the variant's own steps, or (``alone``) those of the compute-only runs
-around it, with or without the measured slowdown. No input is fitted to the step times;
-ratios simulated / measured are taken per repeat, then the median.
+layer times of the variant's own steps, with the link's slowdown beside compute, or
+(``alone``) those of the compute-only runs around it, with or without both measured
+slowdowns. No input is fitted to the step times; ratios simulated / measured are taken
+per repeat, then the median.
 
 Simulated part: the gain of priority over FIFO and over DDP's buckets for VGG-16, BERT and
 GPT-2 layer profiles at 8-64 ranks on 10-100 Gbit/s links (assumptions in
@@ -56,6 +59,7 @@ POLICY = {
 }
 LINKS = ("1gbit", "400mbit", "100mbit")
 ALLREDUCE_SIZES = (1, 64 << 10, 256 << 10)  # elements (fp32); plus all gradients at once
+QUEUED_PARTS = 16  # all gradients as this many collectives issued back to back
 PREDICTION_RANKS = (8, 16, 32, 64)
 PREDICTION_LINKS = ("10gbit", "25gbit", "100gbit")
 PREDICTION_PROFILES = ("vgg16", "bert-base", "bert-large", "gpt2", "gpt2-medium")
@@ -67,9 +71,10 @@ __all__ = ["format_table", "render_markdown", "run"]
 
 
 class _Probe:
-    """Hooks timing each layer of a ``gradsched`` model: its forward from when it starts
-    computing (after any wait for its parameters: registered after the shim's hooks) to
-    its end (the loss counts as the last layer's), its backward from the previous layer's
+    """Times each layer of a ``gradsched`` model: its forward from when it starts
+    computing (its ``forward`` wrapped, so after every forward pre-hook: the shim's wait
+    for the parameters and its updates, whenever the shim registered them) to its end
+    (the loss counts as the last layer's), its backward from the previous layer's
     gradients (or the call to ``backward``) to its own."""
 
     def __init__(self, model) -> None:
@@ -85,14 +90,28 @@ class _Probe:
         self.forward: list[np.ndarray] = []
         self.backward: list[np.ndarray] = []
         for i, group in enumerate(groups):
-            group[0].register_forward_pre_hook(lambda *_, i=i: self._stamp(self.start, i))
-            group[-1].register_forward_hook(lambda *_, i=i: self._stamp(self.end, i))
+            self._wrap(group[0], self.start, i, before=True)
+            self._wrap(group[-1], self.end, i, before=False)
             for p in self.params[i]:
                 p.register_post_accumulate_grad_hook(lambda _, i=i: self._stamp(self.ready, i))
 
     @staticmethod
     def _stamp(times: np.ndarray, i: int) -> None:
         times[i] = time.perf_counter()
+
+    def _wrap(self, module, times: np.ndarray, i: int, before: bool) -> None:
+        """Stamp ``times[i]`` as ``module.forward`` starts (``before``) or returns."""
+        inner = module.forward
+
+        def forward(*args, **kwargs):
+            if before:
+                self._stamp(times, i)
+            out = inner(*args, **kwargs)
+            if not before:
+                self._stamp(times, i)
+            return out
+
+        module.forward = forward
 
     def step(self, loss_end: float) -> None:
         """Record the step whose loss was computed at ``loss_end``, backward since done."""
@@ -129,12 +148,11 @@ def _setup(name: str, variant: str | None):
     knobs = dict(VARIANTS[variant] or {}) if variant else {}
     if knobs.get("partition_bytes") == WHOLE:
         knobs["partition_bytes"] = max(4 * p.numel() for p in model.parameters())
-    probe = _Probe(model) if not knobs else None
+    probe = _Probe(model)
     if variant == "DDP":
         model = DistributedDataParallel(model)
     elif knobs:
         opt = ScheduledOptimizer(model, opt, **knobs)
-        probe = _Probe(model)  # after the shim's hooks: forward times exclude its waits
     return model, probe, x, y, torch.nn.CrossEntropyLoss(), opt
 
 
@@ -151,23 +169,29 @@ def _run_steps(
 
     model, probe, x, y, loss_fn, opt = _setup(name, variant)
     params = list(model.parameters())
-    stamps, update = [time.perf_counter()], []
+    stamps, update, reduce = [time.perf_counter()], [], []
     while len(update) < count or (running is not None and running()):
         opt.zero_grad()
         loss = loss_fn(model(x), y)
         loss_end = time.perf_counter()
         loss.backward()
         probe.step(loss_end)
+        packing = 0.0  # no overlap's flatten and copy back: its compute, beside opt.step()
         if variant == "no overlap":
+            before = time.perf_counter()
             flat = torch.cat([p.grad.view(-1) for p in params])
+            sent = time.perf_counter()
             dist.all_reduce(flat)
+            received = time.perf_counter()
             flat.div_(2)
             for p, part in zip(params, flat.split([p.numel() for p in params]), strict=True):
                 p.grad.view(-1).copy_(part)
+            packing = sent - before + time.perf_counter() - received
+            reduce.append(received - sent)
         before = time.perf_counter()
         opt.step()
         stamps.append(time.perf_counter())
-        update.append(stamps[-1] - before)
+        update.append(stamps[-1] - before + packing)
     if isinstance(opt, ScheduledOptimizer):
         opt.close()
     if variant is not None:
@@ -177,6 +201,7 @@ def _run_steps(
         "forward": np.asarray(probe.forward[half:]),
         "backward": np.asarray(probe.backward[half:]),
         "update": np.asarray(update[half:]),
+        "reduce": np.asarray(reduce[half:]),
         "step_s": float(np.median(np.diff(stamps)[half:])),
     }
     ranks: list = [None] * dist.get_world_size()
@@ -187,13 +212,25 @@ def _run_steps(
 def _slowest(ranks: list[dict]) -> dict:
     """The ranks' steps as those of one rank as slow, at every layer of every step, as the
     slowest (a collective waits for the last rank's gradients; the maximum of two noisy
-    ranks per step, not of their medians), then the median over steps; ``step_s`` is rank
-    0's and ``overhead_s`` the step's time outside the probed layers and the optimizer."""
+    ranks per step, not of their medians), then the median over steps, scaled so that the
+    layers add up to the median over steps of the slower rank's forward and backward
+    (``spread``: that factor; on a busy machine a step holds a delay in some layer or
+    other, which the layers' medians each leave out); ``step_s`` is rank 0's and
+    ``overhead_s`` the step's time outside the probed layers and the optimizer. With no
+    overlap's all-reduces, ``reduce_s``: the faster rank's (the one that did not wait for
+    the other), median over steps."""
     n = min(len(r["update"]) for r in ranks)
     out: dict = {"step_s": ranks[0]["step_s"]}
-    for key in ("forward", "backward", "update"):
-        slowest = np.max([r[key][:n] for r in ranks], axis=0)
-        out[f"{key}_s"] = np.median(slowest, axis=0).tolist()
+    slowest = {key: np.max([r[key][:n] for r in ranks], axis=0) for key in ("forward", "backward")}
+    layers = sum(float(np.median(slowest[key], axis=0).sum()) for key in slowest)
+    per_rank = [r["forward"][:n].sum(1) + r["backward"][:n].sum(1) for r in ranks]
+    steps = float(np.median(np.max(per_rank, axis=0)))
+    out["spread"] = steps / layers
+    for key in ("forward", "backward"):
+        out[f"{key}_s"] = (out["spread"] * np.median(slowest[key], axis=0)).tolist()
+    out["update_s"] = float(np.median(np.max([r["update"][:n] for r in ranks], axis=0)))
+    if len(ranks[0]["reduce"]):
+        out["reduce_s"] = float(np.median(np.min([r["reduce"][:n] for r in ranks], axis=0)))
     compute = sum(out["forward_s"]) + sum(out["backward_s"]) + out["update_s"]
     out["overhead_s"] = max(0.0, out["step_s"] - compute)
     out["rank_compute_s"] = [
@@ -218,9 +255,31 @@ def _allreduce_times(numels: list[int], count: int) -> list[float]:
     return out
 
 
+def _queued_times(numel: int, count: int) -> list[float]:
+    """Seconds of all-reducing ``numel`` elements as one collective and as
+    ``QUEUED_PARTS`` collectives issued back to back without waiting (as DDP and the shim
+    issue them), alternately ``count`` times; the medians of the second half."""
+    import torch
+    import torch.distributed as dist
+
+    whole = torch.zeros(numel)
+    parts = list(torch.zeros(numel).chunk(QUEUED_PARTS))
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(count):
+        t0 = time.perf_counter()
+        dist.all_reduce(whole)
+        t1 = time.perf_counter()
+        for work in [dist.all_reduce(part, async_op=True) for part in parts]:
+            work.wait()
+        times[0].append(t1 - t0)
+        times[1].append(time.perf_counter() - t1)
+    return [float(np.median(t[count // 2 :])) for t in times]
+
+
 def _with_allreduces(name: str, count: int, numel: int, comm_s: float) -> dict:
     """Profiles of compute steps alone, then while a thread all-reduces all gradient bytes
-    back to back (as many times on both ranks: rank 0's count), covering ``count`` steps."""
+    back to back (as many times on both ranks: rank 0's count), covering ``count`` steps;
+    ``allreduce_s``: those all-reduces' median (the link beside compute)."""
     import torch
     import torch.distributed as dist
 
@@ -234,11 +293,12 @@ def _with_allreduces(name: str, count: int, numel: int, comm_s: float) -> dict:
         ]
     )
     dist.broadcast(rounds, src=0)
-    thread = threading.Thread(target=_allreduce_times, args=([numel], int(rounds)))
+    beside: list[float] = []
+    thread = threading.Thread(target=lambda: beside.extend(_allreduce_times([numel], int(rounds))))
     thread.start()
     shared = _run_steps(name, None, 2, running=thread.is_alive)
     thread.join()
-    return {"alone": alone, "shared": shared}
+    return {"alone": alone, "shared": shared, "allreduce_s": beside[0]}
 
 
 def _worker(spec: dict) -> None:
@@ -261,6 +321,7 @@ def _worker(spec: dict) -> None:
             sizes = [*ALLREDUCE_SIZES, numel]
             dist.barrier()
             link = {"numel": sizes, "seconds": _allreduce_times(sizes, 2 * steps)}
+            link["queued"] = _queued_times(numel, steps)
             shared = _with_allreduces(name, steps, numel, link["seconds"][-1])
             runs = {}
             for variant in VALIDATED:
@@ -336,7 +397,10 @@ def _pair(rate: str | None, steps: int, repeats: int, models: tuple[str, ...]) -
 def measure(quick: bool, links: list[str] | None = None) -> dict:
     """The measured part on every shaped link (loopback when not root)."""
     names = links or (["400mbit"] if quick else list(LINKS))
-    steps, repeats = (8, 1) if quick else (12, 3)
+    # 6 steps of each variant after 6 of warm-up (the shim re-plans after its 1st and 3rd):
+    # every case, 3 repeats, in one run of under 15 minutes on the 2 shared cores (a step
+    # at 100 Mbit/s takes half a second)
+    steps, repeats = (6, 1) if quick else (6, 3)
     models = ("vgg",) if quick else ("vgg", "mlp")
     use_netns = os.geteuid() == 0
     measured = []
@@ -379,14 +443,19 @@ def sim_layers(
     ]
 
 
-def link_fit(allreduce: dict) -> tuple[float, float]:
-    """Bandwidth and latency from all-reduce times at several sizes, at W = 2 where
+def link_fit(allreduce: dict) -> tuple[float, float, float]:
+    """Bandwidth, latency and queued latency from all-reduce times, at W = 2 where
     ``t = bytes / B + 2α``: the bandwidth from the two largest sizes (their difference
-    cancels the latency), the latency from the smallest (one element: all latency)."""
+    cancels the latency), the latency from the smallest (one element on an idle link: all
+    latency), the queued latency from all gradients as ``QUEUED_PARTS`` collectives issued
+    back to back against one (``QUEUED_PARTS - 1`` more collectives, 2 hops each; 0 when
+    noise makes the split faster)."""
     nbytes = 4 * np.asarray(allreduce["numel"], dtype=float)
     seconds = np.asarray(allreduce["seconds"], dtype=float)
     bandwidth = (nbytes[-1] - nbytes[-2]) / (seconds[-1] - seconds[-2])
-    return float(bandwidth), float(seconds[0] / 2)
+    whole, split = allreduce["queued"]
+    queued = max(0.0, (split - whole) / (2 * (QUEUED_PARTS - 1)))
+    return float(bandwidth), float(seconds[0] / 2), queued
 
 
 def _policy(variant: str, largest: int):
@@ -404,10 +473,13 @@ def _policy(variant: str, largest: int):
 
 def validate(measured: dict) -> list[dict]:
     """Simulated against measured step time per link, model and variant, per repeat, then
-    the medians. Three predictions, on the same fitted link: ``in_run``, from the layer
-    times measured in the variant's own steps (hooks; the CPU contention of this machine
-    included); ``alone``, from compute measured without communication just before and
-    after the variant; ``contended``, ``alone`` with the slowdown measured side by side."""
+    the medians. Predictions: ``in_run``, from the layer times measured in the variant's
+    own steps (hooks; the CPU contention of this machine included) on the fitted link,
+    slowed by the contention measured beside compute while the rank computes;
+    ``link_alone``, the same without the queued latency and the link's contention (the
+    link as all-reduces alone measure it); ``alone``, from compute measured without
+    communication just before and after the variant, no contention; ``contended``,
+    ``alone`` with both slowdowns measured side by side."""
     from chronica.sim.gradients import Link, simulate_step
 
     rows = []
@@ -416,31 +488,49 @@ def validate(measured: dict) -> list[dict]:
             per: dict[str, dict[str, list[float]]] = {}
             inputs = []
             for repeat in repeats:
-                bandwidth, latency = link_fit(repeat["allreduce"])
-                alone, shared = (sim_layers([repeat["shared"][k]]) for k in ("alone", "shared"))
-                slowdown = max(_total(shared) / _total(alone) - 1.0, 0.0)
-                inputs.append((bandwidth, latency, slowdown))
-                sim_link = Link(bandwidth, latency, 2)
+                bandwidth, latency, queued = link_fit(repeat["allreduce"])
+                shared = repeat["shared"]
+                alone, beside = (sim_layers([shared[k]]) for k in ("alone", "shared"))
+                slowdown = max(_total(beside) / _total(alone) - 1.0, 0.0)
+                whole = repeat["allreduce"]["seconds"][-1]
+                link_slowdown = max(shared["allreduce_s"] / whole - 1.0, 0.0)
+                reduce = repeat["measured"]["no overlap"]["reduce_s"] / whole
+                inputs.append((bandwidth, latency, queued, slowdown, link_slowdown, reduce))
+                fitted = Link(bandwidth, latency, 2, queued)
+                plain = Link(bandwidth, latency, 2)
                 for k, (variant, run) in enumerate(repeat["measured"].items()):
                     bracket = repeat["profiles"][k : k + 2]
                     around = sim_layers(bracket)
-                    update = float(np.mean([p["update_s"] for p in bracket]))
+                    # none and DDP update in step() (in-run, no overlap's packing with it);
+                    # the shim updates on its own thread, so its update is measured alone.
+                    own = POLICY[variant] in ("none", "ddp")
+                    update = None if own else float(np.mean([p["update_s"] for p in bracket]))
                     overhead = float(np.mean([p["overhead_s"] for p in bracket]))
                     in_run = sim_layers([run], update, overhead)
                     largest = max(max(layer.tensor_bytes) for layer in around)
                     policy = _policy(variant, largest)
                     row = per.setdefault(variant, {})
                     row.setdefault("measured", []).append(run["step_s"])
-                    for key, layers, factor in (
-                        ("in_run", in_run, 0.0),
-                        ("alone", around, 0.0),
-                        ("contended", around, slowdown),
+                    for key, layers, sim_link, factor, link_factor in (
+                        ("in_run", in_run, fitted, 0.0, link_slowdown),
+                        ("link_alone", in_run, plain, 0.0, 0.0),
+                        ("alone", around, fitted, 0.0, 0.0),
+                        ("contended", around, fitted, slowdown, link_slowdown),
                     ):
-                        step = simulate_step(layers, sim_link, policy, factor).step_s
+                        step = simulate_step(
+                            layers, sim_link, policy, factor, link_slowdown=link_factor
+                        ).step_s
                         row.setdefault(key, []).append(step)
                         row.setdefault(f"{key}_ratio", []).append(step / run["step_s"])
                         row.setdefault(f"{key}_compute", []).append(_total(layers))
-            bandwidth, latency, slowdown = np.median(np.asarray(inputs), axis=0)
+            fit = dict(
+                zip(
+                    ("bandwidth", "latency_s", "queued_latency_s", "slowdown", "link_slowdown",
+                     "reduce_in_run"),
+                    np.median(np.asarray(inputs), axis=0).tolist(),
+                    strict=True,
+                )
+            )  # fmt: skip
             for variant, row in per.items():
                 rows.append(
                     {
@@ -452,9 +542,7 @@ def validate(measured: dict) -> list[dict]:
                             for k, v in row.items()
                         },
                         "repeats": row,
-                        "bandwidth": float(bandwidth),
-                        "latency_s": float(latency),
-                        "slowdown": float(slowdown),
+                        **fit,
                     }
                 )
     return rows
@@ -538,12 +626,12 @@ def format_table(result: dict) -> str:
     """The validation (simulated vs measured) and the simulated predictions."""
     lines = [
         f"{'link':<10}{'model':<6}{'variant':<28}{'measured':>10}{'in-run':>9}{'ratio':>7}"
-        f"{'alone':>9}{'ratio':>7}"
+        f"{'link alone':>11}{'alone':>9}{'ratio':>7}"
     ]
     for r in result["validation"]:
         lines.append(
             f"{r['link']:<10}{r['model']:<6}{r['variant']:<28}{1e3 * r['measured_s']:>9.1f}m"
-            f"{1e3 * r['in_run_s']:>8.1f}m{r['in_run_ratio']:>7.2f}"
+            f"{1e3 * r['in_run_s']:>8.1f}m{r['in_run_ratio']:>7.2f}{r['link_alone_ratio']:>11.2f}"
             f"{1e3 * r['alone_s']:>8.1f}m{r['alone_ratio']:>7.2f}"
         )
     lines.append("SIMULATED: priority's gain (step time of the other / priority's)")
@@ -609,37 +697,50 @@ def _plot(result: dict, path: Path) -> None:
 def _validation_reading(rows: list[dict]) -> list[str]:
     """What the validation table says, from its figures."""
     median = float(np.median([r["in_run_ratio"] for r in rows]))
+    plain = float(np.median([r["link_alone_ratio"] for r in rows]))
     chronica = [r for r in rows if POLICY[r["variant"]] in ("fifo", "priority")]
     torch_side = [r for r in rows if r not in chronica]
     swing = max(abs(r["alone_compute_s"] / r["in_run_compute_s"] - 1) for r in rows)
+    links = list({(r["link"], r["model"]): r for r in rows}.values())
 
-    def share(group: list[dict]) -> str:
-        good = sum(abs(r["in_run_ratio"] - 1) <= 0.1 for r in group)
+    def span(key: str, scale: float = 1.0, add: float = 0.0, digits: int = 2) -> str:
+        values = [scale * r[key] + add for r in links]
+        return f"{min(values):.{digits}f}–{max(values):.{digits}f}"
+
+    def share(group: list[dict], key: str = "in_run_ratio") -> str:
+        good = sum(abs(r[key] - 1) <= 0.1 for r in group)
         return f"{good} of {len(group)}"
 
+    low = [r for r in rows if r["in_run_ratio"] < 0.9]
+    high = [r for r in rows if r["in_run_ratio"] > 1.1]
+    misses = "; ".join(
+        f"{label}: "
+        + (", ".join(f"{r['link']} {r['model']} {r['variant']}" for r in group) or "none")
+        for label, group in (("more than 10% low", low), ("more than 10% high", high))
+    )
     return [
-        f"The median ratio simulated / measured is {median:.2f}. Within 10%: "
-        f"{share(torch_side)} for `no overlap` and `DDP`, {share(chronica)} for chronica's "
-        "variants. What the model leaves out, all of it more present on this machine than "
-        "on a training cluster: the shim's per-partition thread hand-offs (a Python thread "
-        "issues each partition, another completes it and runs that layer's update; with "
-        "2 cores shared by other jobs each wake-up can wait for a core), where DDP's "
-        "reducer is C++; the two ranks' drift (the model takes the slower rank per layer "
-        "and step, but a collective also waits for the other rank's earlier delays); and "
-        "the link's CPU: it is fitted on all-reduces run alone, which are slower when "
-        "compute competes for the cores. "
-        + (
-            "Misses are mostly low (the real step is longer), as those omissions predict."
-            if median < 1
-            else "Misses are mostly high, which those omissions do not explain."
-        ),
+        f"The median ratio simulated / measured is {median:.2f} ({plain:.2f} with the link "
+        f"as all-reduces alone measure it). Within 10%: {share(torch_side)} for `no "
+        f"overlap` and `DDP`, {share(chronica)} for chronica's variants; "
+        f"{share(rows, 'link_alone_ratio')} without the two link terms. Those terms are "
+        "measured, not fitted: beside compute the all-reduces took "
+        f"{span('link_slowdown', add=1.0)}× as long as alone (gloo's thread waits for "
+        "cores the ranks' compute holds), and a collective issued behind another paid "
+        f"{span('queued_latency_s', 1e6, digits=0)} µs per hop against "
+        f"{span('latency_s', 1e6, digits=0)} µs for a lone one on an idle link. In its own "
+        "steps, `no overlap`'s all-reduce on the rank that did not wait took "
+        f"{span('reduce_in_run')}× the all-reduce measured alone. Misses: {misses}. What "
+        "the model leaves out: the shim's per-partition thread hand-offs (a Python thread "
+        "issues each partition, another completes it; each wake-up can wait for a core), "
+        "the two ranks' drift (a collective also waits for the other rank's earlier "
+        "delays), and the load of the other jobs on this machine, which changes between "
+        "the link's measurement and the steps.",
         "",
         "The *alone* columns are why the in-run layer times are the main figure here: "
         "compute measured seconds before and after a variant, without communication, "
         f"differs from the compute inside its steps by up to {100 * swing:.0f}% on this "
-        "busy machine, so a prediction from compute alone mostly measures the load of "
-        "the moment; adding the slowdown measured beside all-reduces does not repair it. "
-        "On a dedicated machine the two compute figures should agree.",
+        "shared machine, so a prediction from compute alone mostly measures the load of "
+        "the moment. On a dedicated machine the two compute figures should agree.",
     ]
 
 
@@ -677,14 +778,16 @@ def render_markdown(result: dict, img_dir: Path) -> str:
         f"| {r['link']} | {r['model']} | {r['variant']} | {1e3 * r['measured_s']:.1f} | "
         f"{1e3 * r['in_run_s']:.1f} | {100 * (r['in_run_ratio'] - 1):+.1f}% | "
         f"{'yes' if abs(r['in_run_ratio'] - 1) <= 0.1 else '**no**'} | "
-        f"{1e3 * r['in_run_compute_s']:.1f} | {1e3 * r['alone_compute_s']:.1f} | "
+        f"{100 * (r['link_alone_ratio'] - 1):+.1f}% | {1e3 * r['in_run_compute_s']:.1f} | "
+        f"{1e3 * r['alone_compute_s']:.1f} | "
         f"{100 * (r['alone_ratio'] - 1):+.0f}% | {100 * (r['contended_ratio'] - 1):+.0f}% |"
         for r in rows
     ]
     links = {
         (r["link"], r["model"]): f"| {r['link']} | {r['model']} | "
         f"{8 * r['bandwidth'] / 1e6:.0f} Mbit/s | {1e6 * r['latency_s']:.0f} µs | "
-        f"{r['slowdown']:.2f} |"
+        f"{1e6 * r['queued_latency_s']:.0f} µs | {r['slowdown']:.2f} | "
+        f"{r['link_slowdown']:.2f} | {r['reduce_in_run']:.2f} |"
         for r in rows
     }
     within = sum(abs(r["in_run_ratio"] - 1) <= 0.1 for r in rows)
@@ -724,29 +827,37 @@ def render_markdown(result: dict, img_dir: Path) -> str:
             "torch ranks (gloo, one compute thread each) in two network namespaces joined by "
             "a `tc`-shaped veth pair (MTU 9000), on `benchmarks/gradsched.py`'s models and "
             "variants. In every repeat, in one process pair: all-reduce times at four sizes "
-            "(the link's bandwidth from the two largest, its latency from one element), "
-            "compute alone and beside "
-            "back-to-back all-reduces (the slowdown communication's CPU work causes), then "
-            f"each variant's steps (median of the last {result['steps']} of "
+            "(the link's bandwidth from the two largest, its latency on an idle link from one "
+            f"element), all gradients as one all-reduce against {QUEUED_PARTS} issued back "
+            "to back without waiting (the latency a queued collective pays), compute alone "
+            "and beside back-to-back all-reduces (compute's slowdown beside communication, "
+            "and the all-reduces' own slowdown beside compute: the link's contention), "
+            f"then each variant's steps (median of the last {result['steps']} of "
             f"{2 * result['steps']}) with hooks timing every layer's forward (after any wait "
             "for its parameters) and backward in those same steps, between compute-only "
-            "runs; both ranks' layer times are gathered and the slower kept per layer. The "
-            "simulator predicts each step from the fitted link and **in-run** layer times "
-            "(the main figure), or from the compute-only runs around the variant "
-            "(**alone**) with and without the measured slowdown. Nothing is fitted to the "
-            "step times; each ratio is the median over "
+            "runs; both ranks' layer times are gathered and the slower kept per layer and "
+            "step, the layers' medians scaled to the slower rank's median step (a loaded "
+            "machine puts a delay in some layer of most steps, which per-layer medians "
+            "drop). `no overlap`'s flatten and copy back are timed in its steps with its "
+            "optimizer. The simulator predicts each step from **in-run** layer times (the "
+            "main figure) on the fitted link, whose collectives pay the queued latency when "
+            "issued behind another and advance at the speed measured beside compute while "
+            "the rank computes (`link_slowdown`); *link as measured alone* drops those two "
+            "link terms; *alone* uses the compute-only runs around the variant, with and "
+            "without both measured slowdowns. Nothing is fitted to the step times; each "
+            "ratio is the median over "
             f"{result['repeats']} repeats of the per-repeat ratio.",
             "",
-            "| link | model | fitted bandwidth | fitted latency (2 ranks) | slowdown "
-            "beside all-reduces |",
-            "|---|---|---:|---:|---:|",
+            "| link | model | fitted bandwidth | latency, idle link (per hop) | latency, "
+            "queued (per hop) | compute's slowdown beside all-reduces | link's slowdown "
+            "beside compute | no overlap's all-reduce in its steps / alone |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
             *links.values(),
             "",
             "| link | model | variant | measured (ms) | simulated, in-run (ms) | error (median "
-            "per repeat) | "
-            "within 10% | in-run compute (ms) | alone compute (ms) | error, alone | "
-            "error, alone + slowdown |",
-            "|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|",
+            "per repeat) | within 10% | error, link as measured alone | in-run compute (ms) | "
+            "alone compute (ms) | error, alone | error, alone + both slowdowns |",
+            "|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
             *table,
             "",
             f"{within} of {len(rows)} within 10% from in-run layer times; the largest error "

@@ -4,6 +4,8 @@ steps, its determinism, the profiles' sizes and its argument errors."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -282,3 +284,50 @@ def test_cli_reads_measured_layers(tmp_path, capsys: pytest.CaptureFixture[str])
     assert cli.main(argv) == 0
     (result,) = json.loads(capsys.readouterr().out)["cases"][0]["results"]
     assert result["step_s"] == pytest.approx(0.064)
+
+
+def _validation_module():
+    sys.path.append(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import grad_sim_validation
+
+    return grad_sim_validation
+
+
+def test_validation_fits_the_link_from_its_own_all_reduces() -> None:
+    bench = _validation_module()
+    bandwidth, alpha, queued = 1.25e7, 1e-4, 3e-4  # bytes/s; seconds per hop (2 at W=2)
+    numel = [1, 1 << 16, 1 << 18, 1 << 20]
+    seconds = [4 * n / bandwidth + 2 * alpha for n in numel]
+    parts = bench.QUEUED_PARTS
+    split = seconds[-1] + 2 * (parts - 1) * queued
+    fit = bench.link_fit({"numel": numel, "seconds": seconds, "queued": [seconds[-1], split]})
+    # the one-element all-reduce is all latency (its 4 bytes take 0.3 µs here)
+    assert fit == pytest.approx((bandwidth, alpha + 2 / bandwidth, queued))
+    # a split faster than the whole (noise) gives no negative latency
+    assert bench.link_fit({"numel": numel, "seconds": seconds, "queued": [1.0, 0.9]})[2] == 0
+
+
+def test_validation_scales_layers_to_the_slower_ranks_median_step() -> None:
+    bench = _validation_module()
+    # two ranks, three steps, two layers; each step one rank has a delay in some layer
+    forward = [
+        np.array([[1.0, 1.0], [5.0, 1.0], [1.0, 1.0]]),
+        np.array([[1.0, 1.0], [1.0, 1.0], [1.0, 5.0]]),
+    ]
+    ranks = [
+        {
+            "forward": f,
+            "backward": np.ones((3, 2)),
+            "update": np.full(3, 0.5),
+            "reduce": np.asarray([]),
+            "step_s": 20.0,
+        }
+        for f in forward
+    ]
+    out = bench._slowest(ranks)
+    # per layer and step the slower rank: forward [[1,1],[5,1],[1,5]], medians 1 and 1;
+    # the slower rank's totals per step 4, 8, 8: median 8 against 2 + 2 from the medians
+    assert out["spread"] == pytest.approx(2.0)
+    assert out["forward_s"] == pytest.approx([2.0, 2.0])
+    assert out["backward_s"] == pytest.approx([2.0, 2.0])
+    assert out["overhead_s"] == pytest.approx(20.0 - 8.0 - 0.5)
