@@ -734,10 +734,7 @@ def _validation_reading(rows: list[dict]) -> list[str]:
         "issues each partition, another completes it; each wake-up can wait for a core), "
         "which a credit of one byte (`priority`: one partition in flight, the next issued "
         "once the previous one's completion has passed through those threads) puts on the "
-        "critical path, where the model issues the next partition at once; the dispatch "
-        "order, planned by the shim from its own measurement of when gradients are ready, "
-        "which varies from step to step here, while the model replays one median step; "
-        "the two ranks' "
+        "critical path, where the model issues the next partition at once; the two ranks' "
         "drift (a collective also waits for the other rank's earlier delays); and the load "
         "of the other jobs on this machine, which changes between the link's measurement "
         "and the steps.",
