@@ -45,9 +45,10 @@ __all__ = ["ROUNDS_ABOVE_BINS", "fill_slack", "lpt_bins", "pool_steps"]
 _REL_TOL = 1e-9
 # Steps within this of perfect balance are left alone: the gain would not be measurable.
 _STEP_TOL = 1e-4
-# Up to this many bins, LPT goes sample by sample (its winner tree fits in a core's cache);
-# beyond, in rounds.
 ROUNDS_ABOVE_BINS = 1 << 15
+"""Up to this many bins (local batches of an epoch), LPT goes sample by sample, its winner
+tree over the bins small enough to stay in a core's cache, and plans are those of earlier
+releases; beyond, LPT runs in rounds (see the module docstring)."""
 
 
 def _position_type(n: int) -> type:
