@@ -132,3 +132,17 @@ def test_pool_steps_do_not_depend_on_the_thread_count(rounds):
     three = pool_steps(costs, samples, 16, order, key=3, jitter=0.1, threads=3, rounds=rounds)
     np.testing.assert_array_equal(one[0], three[0])
     np.testing.assert_array_equal(one[1], three[1])
+
+
+def test_scheduler_plans_in_rounds_above_the_bin_threshold_deterministically():
+    from chronica.core import ScheduleConfig, Scheduler
+    from chronica.core.pool import ROUNDS_ABOVE_BINS
+
+    sizes = np.random.default_rng(9).lognormal(5, 1, 64 * 600 + 17)
+    config = ScheduleConfig(64, 64, exact=False, seed=2)
+    assert 600 * 64 > ROUNDS_ABOVE_BINS  # one sample per bin, 600 full steps of 64 bins
+    first, again = (Scheduler(sizes, config).plan_epoch(1) for _ in range(2))
+    np.testing.assert_array_equal(first.indices, again.indices)
+    np.testing.assert_array_equal(first.loads, again.loads)
+    assert np.array_equal(np.unique(first.indices), np.arange(sizes.size))
+    assert np.all(np.diff(first.bounds, axis=1) == np.diff(first.bounds, axis=1)[:, :1])
