@@ -128,7 +128,9 @@ class Dispatcher:
     Guarantees: partitions are started in the queue's order, from one thread; ``on_complete``
     runs once per partition, in start order, after its ``wait`` returned; ``wait_all`` returns
     after every partition of the current step completed and re-raises the first error of a
-    dispatcher thread. ``ready`` is cheap and may be called from any thread.
+    dispatcher thread, and ``on_failure`` (if given) runs once, on the failing thread, so a
+    caller blocked on its own condition can wake and see ``failed``. ``ready`` is cheap and
+    may be called from any thread.
     """
 
     def __init__(
@@ -137,8 +139,10 @@ class Dispatcher:
         wait: Callable[[int, Any], None],
         on_complete: Callable[[int], None],
         timeline: Timeline | None = None,
+        on_failure: Callable[[], None] | None = None,
     ) -> None:
         self._start, self._wait, self._on_complete = start, wait, on_complete
+        self._on_failure = on_failure
         self._timeline = timeline
         self._names: list[str] | None = None
         self.issued: list[int] = []
@@ -240,8 +244,11 @@ class Dispatcher:
             except BaseException as exc:  # surfaced to the training thread by wait_all
                 log.exception("chronica gradient dispatcher thread failed")
                 with self._cond:
-                    self._error = exc
+                    first = self._error is None
+                    self._error = self._error or exc
                     self._cond.notify_all()
+                if first and self._on_failure is not None:
+                    self._on_failure()
 
         return run
 

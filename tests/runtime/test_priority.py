@@ -236,12 +236,24 @@ def test_dispatcher_threads_bound_credit_and_keep_order(tmp_path):
 
 def test_dispatcher_surfaces_errors():
     layout = build_layout(np.array([4]), np.array([4]), 16)
-    dispatcher = Dispatcher(lambda p: p, lambda p, h: 1 / 0, lambda p: None)
+    # A caller blocked on its own condition (the torch shim's forward waiting for its
+    # parameters) is woken by on_failure, once, and then sees ``failed``.
+    outside = threading.Condition()
+    woken = []
+
+    def wake():
+        with outside:
+            woken.append(threading.current_thread().name)
+            outside.notify_all()
+
+    dispatcher = Dispatcher(lambda p: p, lambda p, h: 1 / 0, lambda p: None, on_failure=wake)
     dispatcher.begin(GradientQueue(layout, np.array([0]), 16))
     dispatcher.ready(0)
+    with outside:
+        assert outside.wait_for(lambda: woken, timeout=60)
+    assert dispatcher.failed and woken == ["chronica-complete"]
     with pytest.raises(RuntimeError, match="dispatcher failed"):
         dispatcher.wait_all()
-    assert dispatcher.failed
     dispatcher.close()
 
 

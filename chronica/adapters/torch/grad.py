@@ -554,7 +554,9 @@ class ScheduledOptimizer:
         if opts.auto_tune:
             self._tuner = AutoTuner.default_grid(int((self._numel * self._itemsize).sum()))
             opts = opts.with_knobs(*self._tuner.current)
-        self._dispatcher = Dispatcher(self._start, self._wait, self._on_complete, self._timeline)
+        self._dispatcher = Dispatcher(
+            self._start, self._wait, self._on_complete, self._timeline, on_failure=self._wake
+        )
         self._build(opts, ready)
         self._begin_step(self._dispatcher)
         self._released = False
@@ -680,6 +682,12 @@ class ScheduledOptimizer:
     def _wait(self, partition: int, work: Any) -> None:
         work.wait()
         self._packing.complete(partition)
+
+    def _wake(self) -> None:
+        """Wake a forward waiting for its parameters: the dispatcher failed, and the forward
+        re-raises its error instead of waiting for reductions that will never come."""
+        with self._cv:
+            self._cv.notify_all()
 
     def _on_complete(self, partition: int) -> None:
         with self._cv:
