@@ -55,6 +55,7 @@ from chronica.core.checks import check_int, check_number
 from chronica.core.priority import (
     GradientQueue,
     Layout,
+    bucket_layout,
     build_layout,
     fifo_order,
     simulate_order,
@@ -226,30 +227,6 @@ class StepResult:
         }
 
 
-def _ddp_layout(numel: np.ndarray, bucket_bytes: int, first_bucket_bytes: int) -> Layout:
-    """DDP's buckets over the tensors in gradient-ready (reverse) order, as a ``Layout`` in
-    forward order: bucket ``j`` is partition ``P-1-j``."""
-    cuts = [len(numel)]  # bucket boundaries, forward-order indices, walking backward
-    size, cap = 0, first_bucket_bytes
-    for t in range(len(numel) - 1, -1, -1):
-        size += int(numel[t])
-        if size >= cap and t > 0:
-            cuts.append(t)
-            size, cap = 0, bucket_bytes
-    part_ptr = np.asarray([0, *sorted(cuts[1:]), len(numel)], dtype=np.int64)
-    prefix = np.concatenate([[0], np.cumsum(numel)])
-    return Layout(
-        numel=numel,
-        itemsize=np.ones_like(numel),
-        seg_tensor=np.arange(len(numel), dtype=np.int64),
-        seg_start=np.zeros_like(numel),
-        seg_stop=numel.copy(),
-        part_ptr=part_ptr,
-        part_bytes=(prefix[part_ptr[1:]] - prefix[part_ptr[:-1]]).astype(np.int64),
-        partition_bytes=bucket_bytes,
-    )
-
-
 def plan(layers: list[Layer], link: Link, policy: Policy) -> tuple[Layout, np.ndarray, int]:
     """The partitions, dispatch order and credit ``policy`` gives ``layers`` on ``link``
     (tensors as bytes of itemsize 1; layer ``i``'s gradients ready when its backward ends)."""
@@ -259,7 +236,9 @@ def plan(layers: list[Layer], link: Link, policy: Policy) -> tuple[Layout, np.nd
     total = int(numel.sum())
     whole = max(int(numel.max(initial=0)), 1)
     if policy.kind == "ddp":
-        layout = _ddp_layout(numel, policy.bucket_bytes, policy.first_bucket_bytes)
+        layout = bucket_layout(
+            numel, np.ones_like(numel), policy.bucket_bytes, policy.first_bucket_bytes
+        )
         return layout, np.arange(layout.num_partitions)[::-1].copy(), UNLIMITED
     if policy.kind == "none":
         layout = build_layout(numel, np.ones_like(numel), max(total, 1))
