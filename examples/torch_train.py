@@ -112,11 +112,8 @@ def train(rank: int, world: int, port: int) -> None:
                 loss.backward()
                 optimizer.step()
                 tokens_per_step.append(len(tokens))
-        local = torch.tensor(tokens_per_step, dtype=torch.float64)
-        loads = [torch.empty_like(local) for _ in range(world)]
-        dist.all_gather(loads, local)
+        per_step = _gathered(torch.tensor(tokens_per_step, dtype=torch.float64), world)
         if rank == 0:
-            per_step = torch.stack(loads, dim=1)  # (step, rank) tokens
             ratio = per_step.max(dim=1).values / per_step.mean(dim=1)
             print(
                 f"{name:>8} sampler: per-step max/mean rank tokens {ratio.mean():.3f} "
@@ -124,6 +121,23 @@ def train(rank: int, world: int, port: int) -> None:
                 flush=True,
             )
     dist.destroy_process_group()
+
+
+def _gathered(local: torch.Tensor, world: int) -> torch.Tensor:
+    """Every rank's ``local`` as the columns of one tensor, on every rank, gathered over a gloo
+    group of their own that is gone when this returns.
+
+    Why not the default group: DDP keeps it, and so its gloo threads, alive until the
+    interpreter exits, and a gloo thread that lets go of a tensor made here after the exit has
+    begun aborts the process ("terminate called without an active exception"). This group's
+    threads are joined below, while this frame still holds the tensors.
+    """
+    group = dist.new_group(backend="gloo")
+    loads = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(loads, local, group=group)
+    dist.destroy_process_group(group)
+    del group  # the last reference: its threads are joined here
+    return torch.stack(loads, dim=1)  # (step, rank)
 
 
 def _free_port() -> int:
