@@ -74,6 +74,11 @@ class Packing:
         cpu = all(buf.device.type == "cpu" for buf in self.buffers)
         self._flags: list[Any] = [buf.numpy() if cpu else buf for buf in self.buffers]
         self._whole: list[torch.Tensor | None] = []
+        # The gradients autograd produced, replaced by buffer views in complete(), live until
+        # the next backward fills again (as DDP's live until zero_grad): freed amid step(),
+        # glibc gave the heap's top back to the kernel and the next forward faulted it in
+        # again, 1-4 ms per step on the benchmarks' conv net (docs/benchmarks.md).
+        self._stale: list[torch.Tensor] = []
         for t, param in enumerate(params):
             places = self._places[t]
             whole = len(places) == 1 and places[0][2] - places[0][1] == param.numel()
@@ -83,6 +88,7 @@ class Packing:
 
     def fill(self, t: int, grad: torch.Tensor | None) -> None:
         """Copy tensor ``t``'s gradient (``None``: unused on this rank) into its partitions."""
+        self._stale.clear()
         if grad is None:
             for dst, _, _, _ in self._dst[t]:
                 dst.zero_()
@@ -112,6 +118,8 @@ class Packing:
         for t, a, b, off in self._segments[p]:
             param, whole = self.params[t], self._whole[t]
             if whole is not None:
+                if param.grad is not None:
+                    self._stale.append(param.grad)
                 param.grad = whole
                 continue
             if param.grad is None:  # unused here: no local gradient to copy the slices into
