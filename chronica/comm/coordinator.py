@@ -38,7 +38,7 @@ import numpy as np
 import zmq
 
 from chronica.comm.auth import CurveServer
-from chronica.comm.gate import Gate, GateLimits, readable
+from chronica.comm.gate import PUBLISH_SIZE, Gate, GateLimits, readable
 from chronica.comm.protocol import (
     MAX_GENERATION,
     MAX_WORLD,
@@ -47,6 +47,7 @@ from chronica.comm.protocol import (
     decode,
     encode,
     plan_message,
+    plan_messages,
     tcp_url,
 )
 from chronica.comm.protocol import topic as rank_topic
@@ -723,19 +724,25 @@ class Coordinator:
         self._layout = (key, layout)
         return layout
 
+    def _unpacked(self, plan: WindowPlan, seq: int, ranks: slice) -> list[bytes]:
+        """The messages of ``ranks`` (a slice of whole ranks) of an unpacked window."""
+        grouped, runs, offsets = self._by_rank(plan)
+        at = runs[ranks.start : ranks.stop + 1]
+        return plan_messages(
+            seq,
+            self.generation,
+            plan.epoch,
+            plan.first_step,
+            grouped[at[0] : at[-1]],
+            at - at[0],
+            offsets[:, ranks],
+            plan.loss_weights[:, ranks],
+            plan.loads[:, ranks],
+        )
+
     def _part(self, plan: WindowPlan, rank: int, seq: int) -> bytes:
         if plan.micro is None:
-            grouped, runs, offsets = self._by_rank(plan)
-            return plan_message(
-                seq,
-                self.generation,
-                plan.epoch,
-                plan.first_step,
-                grouped[runs[rank] : runs[rank + 1]],
-                offsets[:, rank],
-                plan.loss_weights[:, rank],
-                plan.loads[:, rank],
-            )
+            return self._unpacked(plan, seq, slice(rank, rank + 1))[0]
         starts, ends = plan.bounds[:, rank], plan.bounds[:, rank + 1]
         spans = [slice(a, b) for a, b in zip(starts, ends, strict=True)]
         # A packed window sends piece numbers (documents and token ranges follow from them).
@@ -769,14 +776,21 @@ class Coordinator:
             micro,
         )
 
+    def _parts(self, plan: WindowPlan, seq: int) -> list[bytes]:
+        """Every rank's ``_part`` of ``plan``, an unpacked window's in one batch."""
+        if plan.micro is not None:
+            return [self._part(plan, rank, seq) for rank in range(plan.num_replicas)]
+        return self._unpacked(plan, seq, slice(0, plan.num_replicas))
+
     def _publish(self, plan: WindowPlan, seq: int) -> None:
         started = time.perf_counter()
-        frames = [b"p"]
-        for rank in range(plan.num_replicas):
-            payload = self._part(plan, rank, seq)
-            self.stats.published_bytes += len(payload)
-            frames += (rank_topic(rank), payload)
-        self._to_gate(frames)  # the gate publishes each (topic, plan)
+        parts: list[bytes] = []
+        for rank, payload in enumerate(self._parts(plan, seq)):
+            parts += (rank_topic(rank), payload)
+        sizes = np.fromiter(map(len, parts), PUBLISH_SIZE, len(parts))
+        self.stats.published_bytes += int(sizes[1::2].sum())
+        # Three frames, not two per rank: a frame costs both ends a few microseconds.
+        self._to_gate([b"p", sizes.tobytes(), b"".join(parts)])  # the gate publishes each
         self.stats.published_indices += int(plan.indices.shape[0])
         logger.debug(
             "chronica: published epoch %d steps %d..%d (seq %d) in %.1f ms",

@@ -37,6 +37,7 @@ a report's ``seconds`` and ``load`` are 0 or within ``REPORT_SECONDS`` / ``REPOR
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,7 @@ __all__ = [
     "decode",
     "encode",
     "plan_message",
+    "plan_messages",
     "tcp_url",
     "topic",
 ]
@@ -198,6 +200,72 @@ def plan_message(
     )
 
 
+def _bin_header(size: int) -> bytes:
+    """msgpack's header of a ``bin`` of ``size`` bytes (the smallest form, as ``packb``)."""
+    if size < 1 << 8:
+        return b"\xc4" + size.to_bytes(1, "big")
+    if size < 1 << 16:
+        return b"\xc5" + size.to_bytes(2, "big")
+    return b"\xc6" + size.to_bytes(4, "big")
+
+
+def _bin_field(name: str, size: int) -> np.ndarray:
+    """A map entry's key and the header of its ``bin`` value, as bytes in a numpy row."""
+    return np.frombuffer(msgpack.packb(name) + _bin_header(size), np.uint8)
+
+
+def plan_messages(
+    seq: int,
+    gen: int,
+    epoch: int,
+    first: int,
+    indices: np.ndarray,
+    runs: np.ndarray,
+    offsets: np.ndarray,
+    weights: np.ndarray,
+    loads: np.ndarray,
+) -> list[bytes]:
+    """Every rank's part of an unpacked window at once: message ``r`` is exactly
+    ``plan_message(seq, gen, epoch, first, indices[runs[r]:runs[r + 1]], offsets[:, r],
+    weights[:, r], loads[:, r])`` (``offsets`` has one row more than the window has steps).
+
+    The map's header and scalars are packed once per window and the columns converted in
+    one pass each, so a rank costs one join of ready bytes instead of a msgpack map."""
+    steps = weights.shape[0]
+    head = bytearray(
+        msgpack.packb(
+            {"v": VERSION, "t": "plan", "seq": int(seq), "gen": int(gen)}
+            | {"epoch": int(epoch), "first": int(first)}
+        )
+    )
+    head[0] += 4  # a fixmap's count is in its first byte: the four arrays follow
+    head += msgpack.packb("idx")
+    # The fixed-size rest of every rank's message, one row per rank, built column-wise.
+    columns = [
+        (_bin_field("off", 8 * (steps + 1)), np.ascontiguousarray(offsets.T, "<i8")),
+        (_bin_field("w", 8 * steps), np.ascontiguousarray(weights.T, "<f8")),
+        (_bin_field("load", 8 * steps), np.ascontiguousarray(loads.T, "<f8")),
+    ]
+    world = offsets.shape[1]
+    tail = np.concatenate(
+        [
+            part
+            for field, values in columns
+            for part in (np.broadcast_to(field, (world, field.shape[0])), values.view(np.uint8))
+        ],
+        axis=1,
+    )
+    width = tail.shape[1]
+    rest = tail.tobytes()
+    data = np.ascontiguousarray(indices, "<i8").tobytes()
+    bounds = (8 * np.asarray(runs, np.int64)).tolist()
+    prefix = bytes(head)
+    return [
+        b"".join((prefix, _bin_header(b - a), data[a:b], rest[r * width : (r + 1) * width]))
+        for r, (a, b) in enumerate(itertools.pairwise(bounds))
+    ]
+
+
 def _int(message: dict[str, Any], name: str, low: int, high: int) -> int:
     value = message.get(name)
     # msgpack decodes integers to Python ints only (no numpy), so isinstance is exact here
@@ -315,13 +383,16 @@ def _plan(message: dict[str, Any]) -> Plan:
     steps = offsets.shape[0] - 1
     if steps < 1 or weights.shape[0] != steps or loads.shape[0] != steps:
         raise ProtocolError("plan arrays disagree on the number of steps")
-    if offsets[0] != 0 or offsets[-1] != indices.shape[0] or (np.diff(offsets) < 0).any():
+    if offsets[0] != 0 or offsets[-1] != indices.shape[0] or (offsets[1:] < offsets[:-1]).any():
         raise ProtocolError("plan offsets must rise from 0 to the number of indices")
     if indices.shape[0] and indices.min() < 0:
         raise ProtocolError("plan indices must be >= 0")
-    if not (np.isfinite(weights).all() and np.isfinite(loads).all()):
-        raise ProtocolError("plan weights and loads must be finite")
-    if (weights < 0).any() or (loads < 0).any():
+    values = np.concatenate((weights, loads))
+    # Two reductions pass every valid plan (NaN fails both comparisons); what fails them is
+    # told apart in order. Every numpy call costs a plan's decoding microseconds.
+    if not (values.min() >= 0 and values.max() < np.inf):
+        if not np.isfinite(values).all():
+            raise ProtocolError("plan weights and loads must be finite")
         raise ProtocolError("plan weights and loads must be >= 0")
     micro = _micro(message, indices.shape[0], steps) if "nm" in message else None
     return Plan(

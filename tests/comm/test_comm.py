@@ -162,12 +162,24 @@ def test_plan_message_round_trip():
     np.testing.assert_array_equal(plan.local(17), np.arange(4, 10))
 
 
+_THREE_STEPS = dict(w=np.ones(3, "<f8").tobytes(), load=np.ones(3, "<f8").tobytes())
+_FOUR_STEPS = dict(w=np.ones(4, "<f8").tobytes(), load=np.ones(4, "<f8").tobytes())
+
+
 @pytest.mark.parametrize(
     "fields, match",
     [
         (dict(off=np.array([0, 5], "<i8").tobytes()), "offsets"),
         (dict(idx=b"\x00" * 7), "8-byte"),
         (dict(w=np.array([np.inf], "<f8").tobytes()), "finite"),
+        (dict(load=np.array([np.nan], "<f8").tobytes()), "finite"),
+        (dict(load=np.array([-np.inf], "<f8").tobytes()), "finite"),
+        (dict(w=np.array([-1.0], "<f8").tobytes(), load=np.array([np.inf]).tobytes()), "finite"),
+        (dict(w=np.array([-1e-300], "<f8").tobytes()), "weights and loads must be >= 0"),
+        (dict(load=np.array([-2.0], "<f8").tobytes()), "weights and loads must be >= 0"),
+        (dict(off=np.array([0, 3, 2, 4], "<i8").tobytes(), **_THREE_STEPS), "offsets must rise"),
+        # every int64 difference of these, wrapped, is >= 0 (an earlier check passed them)
+        (dict(off=np.array([0, 2**63 - 1, -(2**63), -1, 4]).tobytes(), **_FOUR_STEPS), "rise"),
         (dict(idx=np.array([-1, 0, 1, 2], "<i8").tobytes()), ">= 0"),
         (dict(gen=0), "'gen'"),
     ],

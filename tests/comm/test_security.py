@@ -436,7 +436,11 @@ def test_a_tampered_plan_is_refused_and_the_static_plan_serves(monkeypatch, capl
             message["first"] += 4
         return msgpack.packb(message, use_bin_type=True)
 
+    def parts(self, plan, seq):
+        return [part(self, plan, rank, seq) for rank in range(plan.num_replicas)]
+
     monkeypatch.setattr(Coordinator, "_part", part)
+    monkeypatch.setattr(Coordinator, "_parts", parts)  # what it publishes
     scheduler = _scheduler(1)
     if tamper == "unequal count":
         sizes = np.random.default_rng(0).lognormal(5, 1, 600)
