@@ -17,12 +17,15 @@ than DDP; ``vgg`` and ``mlp`` (six equal 512x512 layers) on the shaped links. Va
   ``auto-tuned`` (the online search of partition and credit).
 
 "Whole tensors" means partitions as large as the largest gradient, so no tensor is cut and
-small adjacent ones are fused up to that size. Every variant keeps its own model for the run;
-each round runs a block of steps of every variant, in an order rotated every round, first to
-warm up (through chronica auto's decision and auto-tuned's search), then measured. Ratios
-are taken per round against DDP's block, then the median. Beside them: ``compute`` (no
-communication), ``comm`` (one all-reduce of all gradient bytes) and their side-by-side run.
-Needs root for the namespaces; without it, runs on loopback only and says so.
+small adjacent ones are fused up to that size; ``DDP again`` is a second default DDP, the
+run's own noise. Every variant keeps its own model for the run, and each rank is pinned to a
+core of its own. Warm-up rounds run a block of every variant (through chronica auto's
+decision and auto-tuned's search); each measured round then runs every variant's block next
+to a default DDP block, in pairs of alternating order rotated every round. A ratio is the
+median over rounds of a block over its neighbouring DDP block, with a 95% bootstrap
+interval. Beside them: ``compute`` (no communication) and ``comm`` (one all-reduce of all
+gradient bytes). Needs root for the namespaces; without it, runs on loopback only and says
+so.
 
 Run alone: ``sudo PYTHONPATH=. python benchmarks/gradsched.py [--quick] [--links loopback
 fast] [--model mlp670k vgg]``.
@@ -33,11 +36,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -59,6 +62,7 @@ VARIANTS: dict[str, dict | None] = {
     "DDP static_graph": None,
     "DDP bucket_cap_mb=2": None,
     "DDP bucket_cap_mb=0.5": None,
+    "DDP again": None,
     "chronica auto": {"mode": "auto"},
     "chronica bucketed": {"mode": "bucketed"},
     "FIFO": {
@@ -86,9 +90,14 @@ DDP_ARGS = {
     "DDP static_graph": {"static_graph": True},
     "DDP bucket_cap_mb=2": {"bucket_cap_mb": 2},
     "DDP bucket_cap_mb=0.5": {"bucket_cap_mb": 0.5},
+    "DDP again": {},  # a second default DDP: the run's noise, measured like any variant
 }
 AUTO_WARM = 19  # chronica auto: first step, 5 bucketed, a trial of 3 + 5 scheduled, 5 bucketed
 MODELS = {"vgg": 32, "mlp": 1024, "mlp670k": 128}  # name -> per-rank batch
+# Steps per block as a multiple of the run's, so that every model's blocks last about as long
+# (mlp670k's steps are about 5x shorter than vgg's): a block of a few short steps is mostly
+# the machine's noise.
+BLOCK_SCALE = {"mlp670k": 5}
 
 
 def input_shape(name: str, batch: int) -> tuple[int, ...]:
@@ -127,7 +136,31 @@ def _model(name: str):
     return nn.Sequential(*layers, nn.Linear(512, 10))
 
 
+# Measured per step on rank 0: wall seconds ("variants"), CPU seconds of the process (all its
+# threads, gloo's included), CPU seconds of the training thread, minor page faults.
+QUANTITIES = ("variants", "cpu", "thread", "faults")
+
+
+def _clocks() -> tuple[float, float, float, float]:
+    """Now, in each of ``QUANTITIES``."""
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    return time.perf_counter(), time.process_time(), time.thread_time(), float(faults)
+
+
+def _pin(rank: int) -> int | None:
+    """Pin this process, and every thread it starts afterwards (gloo's included), to a core
+    of its own, so that the ranks never share a core nor migrate between blocks; ``None``
+    where fewer than two cores are available."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
+    return cpus[rank % len(cpus)]
+
+
 def _worker(args: argparse.Namespace) -> None:
+    core = _pin(args.rank)  # before torch starts any thread
+
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -142,10 +175,10 @@ def _worker(args: argparse.Namespace) -> None:
         rank=args.rank,
         world_size=2,
     )
-    steps, warm, repeats = args.steps, 4, args.repeats  # steps per block, measured rounds
+    warm, repeats = 4, args.repeats  # measured rounds
     out: dict = {}
     for name in args.models.split(","):
-        batch = MODELS[name]
+        batch, steps = MODELS[name], args.steps * BLOCK_SCALE.get(name, 1)  # steps per block
         g = torch.Generator().manual_seed(args.rank)
         x = torch.randn(*input_shape(name, batch), generator=g)
         y = torch.randint(0, 10, (batch,), generator=g)
@@ -167,11 +200,10 @@ def _worker(args: argparse.Namespace) -> None:
                 opt = ScheduledOptimizer(model, opt, **knobs)
             params = list(model.parameters())
 
-            def block(count: int) -> tuple[list[float], list[float]]:
-                """Step-to-step wall and CPU (this process, all its threads) seconds."""
-                times: list[float] = []
-                cpu: list[float] = []
-                prev = prev_cpu = None
+            def block(count: int) -> list[list[float]]:
+                """Step to step, each of ``QUANTITIES``."""
+                series: list[list[float]] = [[] for _ in QUANTITIES]
+                prev = None
                 for _ in range(count):
                     opt.zero_grad()
                     loss_fn(model(x), y).backward()
@@ -183,14 +215,14 @@ def _worker(args: argparse.Namespace) -> None:
                         for p, part in zip(params, flat.split(sizes), strict=True):
                             p.grad.view(-1).copy_(part)
                     opt.step()
-                    now, now_cpu = time.perf_counter(), time.process_time()
-                    if prev is not None and prev_cpu is not None:
-                        times.append(now - prev)
-                        cpu.append(now_cpu - prev_cpu)
-                    prev, prev_cpu = now, now_cpu
+                    now = _clocks()
+                    if prev is not None:
+                        for kept, a, b in zip(series, now, prev, strict=True):
+                            kept.append(a - b)
+                    prev = now
                 if isinstance(opt, ScheduledOptimizer):
                     opt.synchronize()
-                return times, cpu
+                return series
 
             return block, opt
 
@@ -227,50 +259,41 @@ def _worker(args: argparse.Namespace) -> None:
                 times.append(time.perf_counter() - t0)
             return times
 
-        def side_by_side(compute: float, comm: float) -> tuple[float, float]:
-            """Computation and all-reduces at once with no dependency between them: the
-            overlap this machine allows when both compete for its cores."""
-            # Both ranks must issue as many all-reduces: rank 0's count, enough to cover
-            # warm + steps compute steps.
-            count = torch.tensor([max(warm + steps, int(np.ceil((warm + steps) * compute / comm)))])
-            dist.broadcast(count, src=0)
-            comm_times: list[float] = []
-            thread = threading.Thread(target=lambda: comm_times.extend(comm_steps(int(count))))
-            thread.start()
-            compute_times = compute_steps(0, running=thread.is_alive)
-            thread.join()
-            dist.barrier()
-            measured = compute_times[warm:] or compute_times
-            return float(np.median(measured)), float(np.median(comm_times[warm:]))
-
         chosen = args.variants.split(",") if args.variants else list(VARIANTS)
-        result: dict = {"variants": {v: [] for v in chosen}, "cpu": {v: [] for v in chosen}}
+        chosen = ["DDP", *(v for v in chosen if v != "DDP")]  # every ratio's reference
+        # Per measured round and variant: its block and the DDP block run next to it.
+        result: dict = {q: {v: [] for v in chosen} for q in QUANTITIES}
+        result["ddp"] = {q: {v: [] for v in chosen[1:]} for q in QUANTITIES}
         result["stats"] = {}
-        result |= {"compute": [], "comm": [], "shared_compute": [], "shared_comm": []}
+        result["core"] = core
+        result |= {"compute": [], "comm": []}
 
-        def bounds(result: dict = result) -> None:
+        def bounds(result: dict = result, steps: int = steps) -> None:
             compute = float(np.median(compute_steps(warm + steps)[warm:]))
             dist.barrier()
             comm = float(np.median(comm_steps(warm + steps)[warm:]))
             result["compute"].append(compute)
             result["comm"].append(comm)
-            shared = side_by_side(compute, comm)
-            result["shared_compute"].append(shared[0])
-            result["shared_comm"].append(shared[1])
 
         bounds()
         runners = {v: make(v) for v in chosen}
         warm_rounds = -(-max(warm_steps(v) for v in chosen) // steps) + 1
-        for r in range(warm_rounds + repeats):
-            # Rounds of one block per variant, the order rotated every round: a slow drift
-            # of the shared machine hits every variant alike and neighbouring blocks compare.
-            order = chosen[r % len(chosen) :] + chosen[: r % len(chosen)]
-            for variant in order:
-                times, cpu = runners[variant][0](steps + 1)
-                if r >= warm_rounds:
-                    result["variants"][variant].append(float(np.median(times)))
-                    result["cpu"][variant].append(float(np.median(cpu)))
-            if r == warm_rounds + repeats // 2:
+        for r in range(warm_rounds):
+            for variant in chosen[r % len(chosen) :] + chosen[: r % len(chosen)]:
+                runners[variant][0](steps + 1)
+        others = chosen[1:]
+        for r in range(repeats):
+            # Each variant's block next to a DDP block of its own, in pairs whose order
+            # alternates and whose sequence rotates every round: the machine's drift between
+            # two neighbouring blocks is all a ratio sees, and it favours neither side.
+            for k, variant in enumerate(others[r % len(others) :] + others[: r % len(others)]):
+                pair = ("DDP", variant) if (r + k) % 2 == 0 else (variant, "DDP")
+                medians = {v: [float(np.median(m)) for m in runners[v][0](steps + 1)] for v in pair}
+                for q, mine, ddp in zip(QUANTITIES, medians[variant], medians["DDP"], strict=True):
+                    result[q][variant].append(mine)
+                    result["ddp"][q][variant].append(ddp)
+                    result[q]["DDP"].append(ddp)
+            if r == repeats // 2:
                 bounds()
         for variant, (_, opt) in runners.items():
             if isinstance(opt, ScheduledOptimizer):
@@ -315,11 +338,13 @@ def _pair(
     use_netns: bool,
     models: tuple[str, ...],
     variants: tuple[str, ...] = (),
+    default_malloc: bool = False,
 ) -> dict:
     """Run both ranks (in the namespaces if ``use_netns``) and return rank 0's report."""
     port = 29400 if use_netns else _free_port()
     addr = ADDRS[0] if use_netns else "127.0.0.1"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**({} if default_malloc else FIXED_HEAP), **os.environ}
+    env |= {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rank0.json"
         procs = []
@@ -347,14 +372,29 @@ def _pair(
 
 
 LINKS = ("loopback", "fast", "1gbit", "400mbit", "100mbit")
+# Every variant lives in the same process, so with glibc's defaults the pages a variant's
+# step faults in depend on where the *other* variants' memory lies (the heap's top is given
+# back to the kernel and faulted in again: 0 to 6,000 faults per vgg step, changing from run
+# to run for the same code). A heap that is never trimmed gives every variant its own cost.
+FIXED_HEAP = {"MALLOC_TRIM_THRESHOLD_": str(1 << 31), "MALLOC_MMAP_THRESHOLD_": str(1 << 30)}
 FAST_MODELS = ("mlp670k", "vgg")  # where scheduling must cost no more than DDP
 SHAPED_MODELS = ("vgg", "mlp")  # where communication matters
 
 
-def run(quick: bool, links: list[str] | None = None, models: list[str] | None = None) -> dict:
-    """Measure every variant on every link (``links``: a subset of ``LINKS``; ``loopback``
-    is 127.0.0.1 without namespaces, ``fast`` the unshaped veth) for ``models`` (default:
-    ``FAST_MODELS`` on loopback and the unshaped veth, ``SHAPED_MODELS`` on shaped links);
+def run(
+    quick: bool,
+    links: list[str] | None = None,
+    models: list[str] | None = None,
+    only: list[str] | None = None,
+    rounds: int | None = None,
+    block: int | None = None,
+    default_malloc: bool = False,
+) -> dict:
+    """Measure every variant (or ``only`` those, always beside DDP) on every link (``links``:
+    a subset of ``LINKS``; ``loopback`` is 127.0.0.1 without namespaces, ``fast`` the
+    unshaped veth) for ``models`` (default: ``FAST_MODELS`` on loopback and the unshaped
+    veth, ``SHAPED_MODELS`` on shaped links), in ``rounds`` measured rounds of blocks of
+    ``block`` steps (defaults by mode), with ``FIXED_HEAP`` unless ``default_malloc``;
     JSON-serialisable."""
     from common import machine_info
 
@@ -363,10 +403,16 @@ def run(quick: bool, links: list[str] | None = None, models: list[str] | None = 
     # cores) runs one link (the shaped 400 Mbit/s one with namespaces, else loopback) and
     # the vgg model only.
     names = links or (["400mbit"] if quick else list(LINKS))
-    unknown = sorted(set(names) - set(LINKS) | set(models or ()) - set(MODELS))
+    unknown = sorted(
+        set(names) - set(LINKS) | set(models or ()) - set(MODELS) | set(only or ()) - set(VARIANTS)
+    )
     if unknown:
-        raise ValueError(f"{unknown} are not among the links {LINKS} or models {list(MODELS)}")
-    steps, repeats = (4, 2) if quick else (6, 10)  # steps per block, measured rounds
+        raise ValueError(
+            f"{unknown} are not among the links {LINKS}, models {list(MODELS)} or variants "
+            f"{list(VARIANTS)}"
+        )
+    steps, repeats = (4, 2) if quick else (6, 20)  # steps per block, measured rounds
+    steps, repeats = (block or steps + 1) - 1, rounds or repeats
     load_before = os.getloadavg()
     use_netns = os.geteuid() == 0 and _netns("down")
     if quick and not use_netns:
@@ -382,7 +428,7 @@ def run(quick: bool, links: list[str] | None = None, models: list[str] | None = 
         if netns and not _netns("up", rate or "100gbit"):
             raise RuntimeError(f"benchmarks/netns.sh up {rate} failed")
         try:
-            measured = _pair(rate, steps, repeats, netns, chosen)
+            measured = _pair(rate, steps, repeats, netns, chosen, tuple(only or ()), default_malloc)
         finally:
             if netns:
                 _netns("down")
@@ -397,54 +443,86 @@ def run(quick: bool, links: list[str] | None = None, models: list[str] | None = 
         "command": "sudo PYTHONPATH=. python benchmarks/gradsched.py"
         + (" --quick" * quick)
         + (f" --links {' '.join(links)}" if links else "")
-        + (f" --model {' '.join(models)}" if models else ""),
+        + (f" --model {' '.join(models)}" if models else "")
+        + "".join(f" --only '{v}'" for v in only or ())
+        + (f" --rounds {rounds}" if rounds else "")
+        + (f" --block {block}" if block else "")
+        + (" --default-malloc" if default_malloc else ""),
+        "heap": "glibc defaults" if default_malloc else FIXED_HEAP,
         "links": measured_links,
     }
 
 
 DDP_CAPS = ("DDP", "DDP bucket_cap_mb=2", "DDP bucket_cap_mb=0.5")
+BOOTSTRAP = 4000  # resamples of the measured rounds for a ratio's confidence interval
+
+
+def _interval(ratios: np.ndarray) -> tuple[float, float]:
+    """95% bootstrap interval of the median of per-round ``ratios`` (rounds resampled with
+    replacement; a fixed seed, so the same rounds give the same interval)."""
+    rng = np.random.default_rng(0)
+    picks = rng.integers(0, len(ratios), size=(BOOTSTRAP, len(ratios)))
+    low, high = np.percentile(np.median(ratios[picks], axis=1), [2.5, 97.5])
+    return float(low), float(high)
 
 
 def _summary(model: dict) -> dict:
-    """Medians over repeats: times, and per-repeat ratios (over DDP, to the bound); "DDP
-    tuned" is the DDP bucket size with the lowest median, compared repeat by repeat."""
-    times = {v: np.asarray(t) for v, t in model["variants"].items()}
-    cpu = {v: np.asarray(t) for v, t in model.get("cpu", {}).items()}
-    caps = [v for v in DDP_CAPS if v in times]
-    tuned = min(caps, key=lambda v: float(np.median(times[v])))
+    """Per variant: median block times, and the median over rounds of its block over the DDP
+    block run next to it (step time, process CPU, training thread CPU) with a 95% bootstrap
+    interval; ratios to DDP static_graph or *DDP tuned* (the DDP bucket size with the lowest
+    median ratio) are those ratios' quotients, round by round."""
+    paired = model["ddp"]
+
+    def ratios(q: str, v: str) -> np.ndarray:
+        if v == "DDP":
+            return np.ones(len(next(iter(paired[q].values()))))
+        return np.asarray(model[q][v]) / np.asarray(paired[q][v])
+
+    names = list(model["variants"])
+    step = {v: ratios("variants", v) for v in names}
+    cpu = {v: ratios("cpu", v) for v in names}
+    thread = {v: ratios("thread", v) for v in names}
+    tuned = min((v for v in DDP_CAPS if v in step), key=lambda v: float(np.median(step[v])))
     compute, comm = np.asarray(model["compute"]), np.asarray(model["comm"])
     # measured a few times (before, amid, after the rounds): their medians
     bound = np.median(np.maximum(compute, comm))
-    shared = np.median(np.maximum(model["shared_compute"], model["shared_comm"]))
-    base = times["DDP"]
-    static = times.get("DDP static_graph")
+    static = step.get("DDP static_graph")
 
-    def ratio(t: np.ndarray, ref: np.ndarray) -> float:
-        return float(np.median(t / ref))
+    def against(ref: np.ndarray) -> dict[str, float]:
+        return {v: float(np.median(r / ref)) for v, r in step.items()}
 
     return {
-        "median": {v: float(np.median(t)) for v, t in times.items()},
-        "cpu": {v: float(np.median(t)) for v, t in cpu.items()},
-        "vs_ddp": {v: ratio(t, base) for v, t in times.items()},
-        "cpu_vs_ddp": {v: ratio(t, cpu["DDP"]) for v, t in cpu.items()},
-        "vs_static": {v: ratio(t, static) for v, t in times.items()} if static is not None else {},
-        "vs_tuned": {v: ratio(t, times[tuned]) for v, t in times.items()},
+        "median": {v: float(np.median(model["variants"][v])) for v in names},
+        "vs_ddp": {v: float(np.median(r)) for v, r in step.items()},
+        "interval": {v: _interval(r) for v, r in step.items()},
+        "cpu_vs_ddp": {v: float(np.median(r)) for v, r in cpu.items()},
+        "cpu_interval": {v: _interval(r) for v, r in cpu.items()},
+        "thread_vs_ddp": {v: float(np.median(r)) for v, r in thread.items()},
+        "thread_interval": {v: _interval(r) for v, r in thread.items()},
+        "faults": {v: float(np.median(model["faults"][v])) for v in names},
+        "vs_static": against(static) if static is not None else {},
+        "vs_tuned": against(step[tuned]),
         "tuned": tuned,
-        "speedup": {v: ratio(base, t) for v, t in times.items()},
-        "to_bound": {v: float(np.median(t) / bound) for v, t in times.items()},
-        "to_shared": {v: float(np.median(t) / shared) for v, t in times.items()},
+        "to_bound": {v: float(np.median(model["variants"][v]) / bound) for v in names},
         "compute": float(np.median(compute)),
         "comm": float(np.median(comm)),
-        "bound": float(np.median(bound)),
-        "shared": float(np.median(shared)),
-        "shared_compute": float(np.median(model["shared_compute"])),
-        "shared_comm": float(np.median(model["shared_comm"])),
+        "bound": float(bound),
+        "rounds": len(step["DDP"]),
     }
 
 
+def _ci(s: dict, variant: str, key: str = "interval") -> str:
+    low, high = s[key][variant]
+    return f"[{low:.3f}, {high:.3f}]"
+
+
 def format_table(result: dict) -> str:
-    """Median iteration times (ms), time over DDP's, CPU time over DDP's, and to the bound."""
-    head = f"{'link':<14}{'model':<8}{'variant':<28}{'ms':>8}{'/DDP':>7}{'cpu/DDP':>8}{'/bound':>8}"
+    """Median iteration times (ms); time, CPU and training thread CPU over the neighbouring
+    DDP block's, with 95% intervals; page faults per step; time to the bound."""
+    head = (
+        f"{'link':<14}{'model':<8}{'variant':<28}{'ms':>8}{'/DDP':>7}{'95% interval':>17}"
+        f"{'cpu/DDP':>8}{'thr/DDP':>8}{'95% interval':>17}{'faults':>8}{'/bound':>8}"
+    )
     lines = [head]
     for link in result["links"]:
         for name, model in link["models"].items():
@@ -452,8 +530,10 @@ def format_table(result: dict) -> str:
             for variant, t in s["median"].items():
                 lines.append(
                     f"{link['link']:<14}{name:<8}{variant:<28}{1e3 * t:>8.1f}"
-                    f"{s['vs_ddp'][variant]:>7.3f}{s['cpu_vs_ddp'].get(variant, np.nan):>8.3f}"
-                    f"{s['to_bound'][variant]:>8.2f}"
+                    f"{s['vs_ddp'][variant]:>7.3f}{_ci(s, variant):>17}"
+                    f"{s['cpu_vs_ddp'][variant]:>8.3f}{s['thread_vs_ddp'][variant]:>8.3f}"
+                    f"{_ci(s, variant, 'thread_interval'):>17}"
+                    f"{s['faults'][variant]:>8.0f}{s['to_bound'][variant]:>8.2f}"
                 )
             lines.append(
                 f"{link['link']:<14}{name:<8}{'bound max(compute, comm)':<28}"
@@ -463,6 +543,71 @@ def format_table(result: dict) -> str:
             for variant, st in model.get("stats", {}).items():
                 lines.append(f"{'':<14}{name:<8}{variant}: {st['decision'] or st['verdict']}")
     return "\n".join(lines)
+
+
+def _verdict(s: dict) -> str:
+    """Whether ``chronica auto`` meets the 3% target, and whether the run can tell."""
+    ratio, (low, high) = s["vs_ddp"]["chronica auto"], s["interval"]["chronica auto"]
+    if high <= 1.03:
+        return "met"
+    if low > 1.03:
+        return "missed"
+    return ("met" if ratio <= 1.03 else "missed") + " (1.03 inside the interval)"
+
+
+def _default_heap(result: dict) -> list[str]:
+    """Why the heap is fixed, and the target table of a run with glibc's defaults if the
+    result carries one (``default_heap``)."""
+    if result.get("heap") == "glibc defaults":
+        return ["The heap: glibc's defaults (`--default-malloc`).", ""]
+    lines = [
+        "The heap: every variant lives in the same process, so with glibc's defaults the "
+        "pages a variant's step faults in depend on where the *other* variants' memory lies "
+        "(glibc gives the heap's top back to the kernel and the next step faults it in "
+        "again): between 0 and 6,000 page faults per vgg step, changing from run to run for "
+        "the same code, worth up to 10% of a step's CPU. The runs above never trim the heap "
+        f"(`{' '.join(f'{k}={v}' for k, v in FIXED_HEAP.items())}`, for every variant alike), "
+        "so that each variant's cost is its own; [the gradient guide](gradients.md#pytorch) "
+        "says what the torch shim does about it with glibc's defaults.",
+        "",
+    ]
+    other = result.get("default_heap")
+    if other:
+        rows = [
+            row
+            for link in other["links"]
+            for name, model in link["models"].items()
+            for row in _target_rows(link, name, model)
+        ]
+        lines += [
+            "The same target with glibc's defaults (`--default-malloc`), measured in the same "
+            f"way just before (`{other['command']}`):",
+            "",
+            "| link | model | chronica auto / DDP | 95% interval | target | CPU / DDP's [95%] "
+            "| / DDP static_graph | / DDP tuned | page faults per step, auto / DDP | what "
+            "`chronica auto` decided (rank 0) |",
+            "|---|---|---:|---|---|---:|---:|---:|---:|---|",
+            *rows,
+            "",
+        ]
+    return lines
+
+
+def _target_rows(link: dict, name: str, model: dict) -> list[str]:
+    """The target table's row for ``chronica auto`` on ``model`` (none if not measured)."""
+    s = _summary(model)
+    if "chronica auto" not in s["median"]:
+        return []
+    st = model.get("stats", {}).get("chronica auto", {})
+    return [
+        f"| {link['link']} | {name} | {s['vs_ddp']['chronica auto']:.3f} | "
+        f"{_ci(s, 'chronica auto')} | {_verdict(s)} | "
+        f"{s['cpu_vs_ddp']['chronica auto']:.3f} {_ci(s, 'chronica auto', 'cpu_interval')} | "
+        f"{s['vs_static'].get('chronica auto', float('nan')):.3f} | "
+        f"{s['vs_tuned']['chronica auto']:.3f} ({s['tuned']}) | "
+        f"{s['faults']['chronica auto']:.0f} / {s['faults']['DDP']:.0f} | "
+        f"{st.get('decision', '')} |"
+    ]
 
 
 def render_markdown(result: dict, img_dir: Path) -> str:
@@ -476,44 +621,44 @@ def render_markdown(result: dict, img_dir: Path) -> str:
         (link, name, model) for link in result["links"] for name, model in link["models"].items()
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.8), squeeze=False)
-    rows, targets = [], []
+    rows, targets, floor = [], [], []
     for ax, (link, name, model) in zip(axes[0], panels, strict=True):
         s = _summary(model)
         names = list(s["median"])
-        ax.bar(range(len(names)), [s["vs_ddp"][v] for v in names], color="tab:blue")
+        values = np.array([s["vs_ddp"][v] for v in names])
+        spans = np.array([s["interval"][v] for v in names]).T
+        ax.bar(range(len(names)), values, color="tab:blue")
+        ax.errorbar(
+            range(len(names)),
+            values,
+            yerr=np.abs(spans - values),
+            fmt="none",
+            ecolor="black",
+            lw=0.8,
+            capsize=2,
+            label="95% interval",
+        )
         ax.axhline(1.0, color="black", lw=0.8)
         ax.axhline(1.03, color="tab:red", ls="--", lw=0.8, label="DDP + 3%")
         ax.set_xticks(range(len(names)), names, rotation=70, ha="right", fontsize=7)
         ax.set_title(f"{name}, {link['link']}", fontsize=9)
-        ax.set_ylabel("step time / DDP's (same repeat)")
+        ax.set_ylabel("step time / neighbouring DDP block's")
         for v in names:
-            cpu = s["cpu_vs_ddp"].get(v)
             rows.append(
                 f"| {link['link']} | {name} | {v} | {1e3 * s['median'][v]:.1f} | "
-                f"{s['vs_ddp'][v]:.3f} | {'' if cpu is None else f'{cpu:.3f}'} | "
-                f"{s['to_bound'][v]:.2f} |"
+                f"{s['vs_ddp'][v]:.3f} | {'' if v == 'DDP' else _ci(s, v)} | "
+                f"{s['cpu_vs_ddp'][v]:.3f} | {s['thread_vs_ddp'][v]:.3f} | "
+                f"{s['faults'][v]:.0f} | {s['to_bound'][v]:.2f} |"
             )
         rows.append(
             f"| {link['link']} | {name} | *bound* max({1e3 * s['compute']:.1f}, "
-            f"{1e3 * s['comm']:.1f}) | {1e3 * s['bound']:.1f} | | | 1.00 |"
+            f"{1e3 * s['comm']:.1f}) | {1e3 * s['bound']:.1f} | | | | | | 1.00 |"
         )
-        if "chronica auto" in s["median"]:
-            st = model.get("stats", {}).get("chronica auto", {})
-            targets.append(
-                f"| {link['link']} | {name} | {s['vs_ddp']['chronica auto']:.3f} | "
-                f"{s['vs_static'].get('chronica auto', float('nan')):.3f} | "
-                f"{s['vs_tuned']['chronica auto']:.3f} ({s['tuned']}) | "
-                f"{s['cpu_vs_ddp'].get('chronica auto', float('nan')):.3f} | "
-                f"{st.get('decision', '')} |"
+        if "DDP again" in names:
+            floor.append(
+                f"{s['vs_ddp']['DDP again']:.3f} {_ci(s, 'DDP again')} ({name}, {link['link']})"
             )
-    floor, cpu_bucketed = [], []
-    for link, name, model in panels:
-        s = _summary(model)
-        floor += [abs(s["vs_ddp"][v] - 1) for v in DDP_ARGS if v in s["vs_ddp"] and v != "DDP"]
-        if "chronica bucketed" in s["cpu_vs_ddp"]:
-            cpu_bucketed.append(
-                f"{s['cpu_vs_ddp']['chronica bucketed']:.3f} ({name}, {link['link']})"
-            )
+        targets += _target_rows(link, name, model)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     img_dir.mkdir(parents=True, exist_ok=True)
@@ -521,65 +666,74 @@ def render_markdown(result: dict, img_dir: Path) -> str:
     plt.close(fig)
     machine = result["machine"]
     before, after = result.get("load_average", [[np.nan] * 3] * 2)
+    rounds = _summary(panels[0][2])["rounds"] if panels else 0
     return "\n".join(
         [
             "## Gradient-priority scheduling (ByteScheduler)",
             "",
             "Two torch ranks (gloo, one compute thread each) on 127.0.0.1 (`loopback`) or in "
             "two network namespaces joined by a veth pair with MTU 9000 "
-            "(`benchmarks/netns.sh`), unshaped or shaped with `tc`. Variants, interleaved "
-            "in every round: `no overlap` (one all-reduce after backward); DDP with its "
+            "(`benchmarks/netns.sh`), unshaped or shaped with `tc`; each rank's process, with "
+            "every thread it starts (gloo's included), is pinned to a core of its own. "
+            "Variants: `no overlap` (one all-reduce after backward); DDP with its "
             "defaults, with `static_graph=True` and with `bucket_cap_mb` 2 and 0.5 (*DDP "
-            "tuned* is the one of the three sizes with the lowest median); `chronica auto` "
+            "tuned* is the one of the three sizes with the lowest median); `DDP again` (a "
+            "second default DDP with a model of its own, measured exactly like the other "
+            "variants: the run's own noise); `chronica auto` "
             "(`ScheduledOptimizer` with its defaults: bucketed, trying priority scheduling "
             "only where its measurements say it can help, and keeping it only if it beat "
             "bucketed steps measured before and after its trial), `chronica bucketed` "
             "(`mode='bucketed'`: DDP's buckets, the same assignment as DDP's reducer "
             "rebuilds), and priority scheduling forced (`mode='scheduled'`): FIFO "
             "and priority with whole tensors, 256 KiB partitions with 1 MiB credit, "
-            "auto-tuned. Every variant keeps its own model and optimizer for the whole run; "
-            f"a round runs a block of {result['steps'] + 1} steps of each variant, the "
-            "order rotated every round, so that a slow drift of the shared machine hits all "
-            "alike. Rounds first warm up every variant (chronica auto through its decision, "
-            "auto-tuned through its search), then "
-            f"{result['repeats']} rounds are measured. A block's step time is the median of "
-            "its step-to-step times; ratios are taken per round against DDP's block of that "
-            "round, then the median over rounds. A block of a `ScheduledOptimizer` ends with "
+            "auto-tuned. Every variant keeps its own model and optimizer for the whole run. "
+            "Warm-up rounds run a block of every variant (chronica auto through its "
+            "decision, auto-tuned through its search). Then, in each of "
+            f"{result['repeats']} measured rounds, every variant runs a block of "
+            f"{result['steps'] + 1} steps ({BLOCK_SCALE['mlp670k'] * result['steps'] + 1} for "
+            "`mlp670k`, whose steps are about 5x shorter, so that blocks last alike) right "
+            "next to a block of default DDP, the pair's "
+            "order alternating and the pairs' sequence rotated every round; all variants get "
+            "the same treatment. A block's step time is the median of its step-to-step "
+            "times; a variant's ratio is the median over rounds of its block's over the DDP "
+            "block beside it, given with a 95% bootstrap interval of that median "
+            f"({BOOTSTRAP} resamples of the rounds): a ratio whose interval holds 1.03 cannot "
+            "be told from 1.03 by this run. A block of a `ScheduledOptimizer` ends with "
             "`synchronize()` (no collective may stay in flight while another variant steps), "
             "which costs it nothing measured: its step-to-step times inside the block keep "
             "the overlap with the next forward. CPU: the process's CPU seconds per step (all "
-            "its threads, gloo's included) on rank 0, which the other processes on the "
-            "machine disturb less than the wall clock. The bound `max(compute, comm)` is "
-            "measured before, amid and after the rounds. Models: `mlp670k` (784-512-512-10, "
-            "669,706 parameters, batch 128 per rank), `vgg` (a small conv net: 96% of its "
-            "1.1 M parameters in the last layers, batch 32), `mlp` (six 512x512 layers, "
-            "batch 1024).",
+            "its threads, gloo's included) on rank 0, and the training thread's alone; the "
+            "process's minor page faults per step (median of its blocks). The "
+            "bound `max(compute, comm)` is measured before, amid and after the rounds. "
+            "Models: `mlp670k` (784-512-512-10, 669,706 parameters, batch 128 per rank), "
+            "`vgg` (a small conv net: 96% of its 1.1 M parameters in the last layers, batch "
+            "32), `mlp` (six 512x512 layers, batch 1024).",
             "",
             "The target: `chronica auto` within 3% of DDP (step time / DDP's ≤ 1.03) on "
             "loopback and on the unshaped veth, for `mlp670k` and `vgg`:",
             "",
-            "| link | model | chronica auto / DDP | / DDP static_graph | / DDP tuned | "
-            "CPU / DDP's | what `chronica auto` decided (rank 0) |",
-            "|---|---|---:|---:|---:|---:|---|",
+            "| link | model | chronica auto / DDP | 95% interval | target | CPU / DDP's "
+            "[95%] | / DDP static_graph | / DDP tuned | page faults per step, auto / DDP | "
+            "what `chronica auto` decided (rank 0) |",
+            "|---|---|---:|---|---|---:|---:|---:|---:|---|",
             *targets,
             "",
-            "The noise floor of this run: DDP's own variants (the same collectives with other "
-            "buckets, or a static graph) differ from default DDP by up to "
-            f"{max(floor, default=float('nan')):.1%} in step time (median over rounds), and "
-            "ratios inside that band cannot be told apart here. The CPU seconds per step, "
-            "which the machine's other work disturbs less, of `chronica bucketed` over "
-            f"DDP's: {', '.join(cpu_bucketed) or 'not measured'}.",
+            *_default_heap(result),
+            "The noise floor of this run: `DDP again` over DDP, the same code measured in "
+            f"the same way, {', '.join(floor) or 'not measured'}.",
             "",
-            "| link | model | variant | ms | / DDP | CPU / DDP's | / bound |",
-            "|---|---|---|---:|---:|---:|---:|",
+            "| link | model | variant | ms | / DDP | 95% interval | CPU / DDP's | training "
+            "thread CPU / DDP's | page faults / step | / bound |",
+            "|---|---|---|---:|---:|---|---:|---:|---:|---:|",
             *rows,
             "",
-            "![step time over DDP's per variant](img/gradsched.png)",
+            "![step time over the neighbouring DDP block's per variant, with 95% intervals]"
+            "(img/gradsched.png)",
             "",
             f"Machine: {machine.get('processor')}, {machine.get('cpu_count')} cores shared with "
             f"other work (load average {before[0]:.1f} when the run started, {after[0]:.1f} "
-            f"when it ended), torch {machine.get('torch')}, {machine.get('date_utc')}. "
-            f"Reproduce: `{result['command']}`.",
+            f"when it ended), torch {machine.get('torch')}, {machine.get('date_utc')}, "
+            f"{rounds} measured rounds. Reproduce: `{result['command']}`.",
             "",
         ]
     )
@@ -590,6 +744,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--links", nargs="+", choices=LINKS, help="links to measure")
     parser.add_argument("--model", nargs="+", choices=list(MODELS), help="models to measure")
+    parser.add_argument("--only", action="append", help="measure this variant (beside DDP)")
+    parser.add_argument("--rounds", type=int, help="measured rounds (default 20, quick 2)")
+    parser.add_argument("--block", type=int, help="steps per block (default 7, quick 5)")
+    parser.add_argument(
+        "--default-malloc", action="store_true", help="leave glibc's heap trimming on"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--addr", default="127.0.0.1", help=argparse.SUPPRESS)
@@ -605,7 +765,15 @@ def main() -> None:
         _worker(args)
         return
     sys.path.insert(0, str(HERE))
-    result = run(args.quick, args.links, args.model)
+    result = run(
+        args.quick,
+        args.links,
+        args.model,
+        args.only,
+        args.rounds,
+        args.block,
+        args.default_malloc,
+    )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     print(format_table(result))

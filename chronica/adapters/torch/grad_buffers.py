@@ -74,10 +74,12 @@ class Packing:
         cpu = all(buf.device.type == "cpu" for buf in self.buffers)
         self._flags: list[Any] = [buf.numpy() if cpu else buf for buf in self.buffers]
         self._whole: list[torch.Tensor | None] = []
-        # The gradients autograd produced, replaced by buffer views in complete(), live until
-        # the next backward fills again (as DDP's live until zero_grad): freed amid step(),
-        # glibc gave the heap's top back to the kernel and the next forward faulted it in
-        # again, 1-4 ms per step on the benchmarks' conv net (docs/benchmarks.md).
+        # In host memory, the gradients autograd produced, replaced by buffer views in
+        # complete(), live until the next backward fills again (as DDP's live until
+        # zero_grad): freed amid step(), glibc gave the heap's top back to the kernel and the
+        # next forward faulted it in again, 0.5-4 ms per step on the benchmarks' conv net
+        # (docs/gradients.md). A device's caching allocator has no such cost.
+        self._keep_stale = cpu
         self._stale: list[torch.Tensor] = []
         for t, param in enumerate(params):
             places = self._places[t]
@@ -118,7 +120,7 @@ class Packing:
         for t, a, b, off in self._segments[p]:
             param, whole = self.params[t], self._whole[t]
             if whole is not None:
-                if param.grad is not None:
+                if param.grad is not None and self._keep_stale:
                     self._stale.append(param.grad)
                 param.grad = whole
                 continue

@@ -53,3 +53,33 @@ def test_bucket_layout_equals_ddp_assignment(numel, first, cap):
 def test_benchmark_models_first_bucket(shapes, expected):
     assert our_buckets(shapes, 1 << 20, 25 << 20)[:1] == expected
     assert ddp_buckets(shapes, 1 << 20, 25 << 20)[:1] == expected
+
+
+def test_autograd_gradients_live_until_the_next_fill():
+    """On CPU the gradient a step replaced by its buffer view is freed when the next backward
+    fills again, not inside step() (where glibc returned its pages and the next forward
+    faulted them back in); the parameter sees the averaged view at once."""
+    import gc
+    import weakref
+
+    from chronica.adapters.torch.grad_buffers import Packing
+
+    params = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))]
+    layout = bucket_layout(np.array([3, 2]), np.full(2, 4), 1 << 20, 1 << 20)
+    packing = Packing(layout, params, world=1)
+    grads = [torch.arange(3.0), torch.ones(2)]
+    alive = [weakref.ref(g) for g in grads]
+    for t, (param, grad) in enumerate(zip(params, grads, strict=True)):
+        param.grad = grad
+        packing.fill(t, grad)
+    del grads, grad
+    for p in range(layout.num_partitions):
+        packing.complete(p)
+    gc.collect()
+    assert [param.grad.tolist() for param in params] == [[0.0, 1.0, 2.0], [1.0, 1.0]]
+    assert all(ref() is not None for ref in alive)
+    for param in params:
+        param.grad = None
+    packing.fill(0, torch.zeros(3))
+    gc.collect()
+    assert all(ref() is None for ref in alive)
