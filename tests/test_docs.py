@@ -62,6 +62,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pytest
+from workers import scaled
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -91,6 +92,8 @@ NEEDS = {
     r"\bjax\b|\bchronica\.jax\b|\boptax\b": "jax",
 }
 
+# Limits on a quiet machine, scaled by the load when a page starts (they catch hangs, and a
+# page of TensorFlow blocks took over 240 s on these 2 cores while other jobs ran).
 PAGE_TIMEOUT = 240  # seconds for all blocks of one page
 SH_TIMEOUT = 120  # seconds for one sh block
 
@@ -341,7 +344,7 @@ def _run_page(page: str) -> list[dict]:
             "blocks": [asdict(b) for b in blocks],
             "results": str(results_path),
             "path": str(ROOT / page),
-            "sh_timeout": SH_TIMEOUT,
+            "sh_timeout": scaled(SH_TIMEOUT),
         }
         env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONICA_")}
         env.pop("MASTER_ADDR", None)
@@ -360,7 +363,7 @@ def _run_page(page: str) -> list[dict]:
             env=env,
             capture_output=True,
             text=True,
-            timeout=PAGE_TIMEOUT,
+            timeout=scaled(PAGE_TIMEOUT),
         )
         if not results_path.exists():
             tail = (done.stdout + done.stderr)[-6000:]
@@ -561,7 +564,8 @@ def test_configuration_page_lists_every_coordinator_flag() -> None:
 # -- every code block runs -------------------------------------------------------------------
 
 
-@pytest.mark.timeout(2 * PAGE_TIMEOUT)  # waits for its page, which may queue behind others
+# No limit of its own beyond the suite's: it waits for its page, which may queue behind others
+# that each have a scaled limit.
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
 def test_code_block_runs(block: Block) -> None:
     results = _page_results(block.page)
