@@ -457,11 +457,14 @@ class ScheduledOptimizer:
         measured = [exposure.saving_bound, exposure.step_time, np.median(self._cpu)]
         agreed = self._agree(np.concatenate([measured, ready]))
         bound = float(agreed[0])
-        if bound < self.min_saving:
+        # No schedule saves a whole step (its compute stays), so min_saving=1 means never;
+        # the measured bound itself can read 100%, being a ratio of two medians.
+        if bound < self.min_saving or self.min_saving >= 1.0:
+            below = "<" if bound < self.min_saving else "never tried at"
             self._settle(
                 "bucketed",
                 f"rank 0 measured that priority scheduling would save at most {bound:.1%} of "
-                f"step time (< min_saving={self.min_saving:.0%})",
+                f"step time ({below} min_saving={self.min_saving:.0%})",
             )
             return
         self._decision = (
