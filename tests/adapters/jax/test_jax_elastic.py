@@ -2,7 +2,9 @@
 W' processes (and another global batch size), exactly as chronica.torch's samplers do.
 
 Every rank of a world is an iterator built in this process with explicit ``num_replicas`` and
-``rank`` arguments, as in test_jax.py."""
+``rank`` arguments, as in test_jax.py. The elastic maths and its refusals are tested on core
+objects in tests/core/test_elastic.py; these tests check the face: what the iterator yields
+(shapes, masks, loss weights), its length, its messages, and parity with the torch samplers."""
 
 import json
 
@@ -15,7 +17,7 @@ tud = pytest.importorskip("chronica.torch.utils.data")
 from elastic_checks import check_resume_exactly_once  # noqa: E402
 
 import chronica.jax as cj  # noqa: E402
-from chronica.core import ScheduleConfig, Scheduler  # noqa: E402
+from chronica.core import Scheduler  # noqa: E402
 from chronica.core.elastic import Segment, resume_plan  # noqa: E402
 
 N, W, B = 203, 4, 16
@@ -333,34 +335,6 @@ def test_mid_epoch_refusals_and_the_saved_world(kw, match):
     boundary = _iterators(data, 3, 12, **kw)[0]
     boundary.set_state({**state, "step": 0})  # nothing trained: the ordinary epoch
     assert len(boundary) == boundary.scheduler.num_steps()
-
-
-def test_bad_state_fields_are_named():
-    data, _ = _data(64)
-    state = _mid_epoch_state(data)
-    new = _iterators(data, 3, 12)[0]
-    with pytest.raises(ValueError, match="step=99 is outside"):
-        new.set_state({**state, "step": 99})
-    with pytest.raises(ValueError, match=r"history entry .*batch_size=5"):
-        new.set_state({**state, "history": [[3, 5, 1]]})
-    with pytest.raises(ValueError, match="state version 7 is not supported"):
-        new.set_state({**state, "version": 7})
-    with pytest.raises(ValueError, match=r"state epoch=-1, step=2 are invalid"):
-        new.set_state({**state, "epoch": -1})
-
-
-def test_exact_mode_keeps_the_global_batches_of_the_new_world():
-    # 6 steps of 16 = 96 samples trained, a multiple of B' = 24: the remainder's full global
-    # batches are those an uninterrupted (W' = 6, B' = 24) run forms at the same positions.
-    data, _ = _data(400)
-    old = _iterators(data, 4, 16)
-    _train(old, 6)
-    plan = _resume(data, old[2].get_state(), 6, 24)[0].plan()
-    fresh = Scheduler(old[0].scheduler.sizes, ScheduleConfig(6, 24)).plan_epoch(0)
-    for s in range(plan.num_steps - 1):  # the tail pads differently
-        ours = plan.indices[plan.bounds[s, 0] : plan.bounds[s, -1]]
-        theirs = fresh.indices[fresh.bounds[4 + s, 0] : fresh.bounds[4 + s, -1]]
-        np.testing.assert_array_equal(ours, theirs)
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(kind="guided", drop_last=True, seed=3)])
