@@ -73,16 +73,38 @@ def _chunks(token: Token) -> np.ndarray:
 
 
 class Agreement:
-    """The ranks' vote on a window (module docstring) over ``total``: an all-reduce ``SUM``
-    of an int64 vector over the ``world`` ranks, the same result on every rank, called by
-    every rank in the same order (twice per vote). Rank ``rank`` of ``world``."""
+    """The ranks' vote on a window (module docstring) over an all-reduce ``total``.
+
+    Guarantees: ``agreement(token, imbalance)`` returns the same answer on every rank, and
+    ``True`` only if every rank passed the same ``token`` (not ``NO_PLAN``) and the ranks'
+    ``imbalance(key)`` sum to 0 modulo ``MODULUS``. Every rank calls it in the same order;
+    each call runs ``total`` twice (the key, then the vote).
+
+    Args:
+        total: an all-reduce ``SUM`` of an int64 vector over the ``world`` ranks (the same
+            result on every rank), e.g. one gloo ``all_reduce``.
+        rank: this rank, in ``[0, world)``.
+        world: the number of ranks voting, in ``[1, MAX_REPLICAS]``.
+
+    Example::
+
+        >>> agree = Agreement(np.asarray, rank=0, world=1)  # one rank: the sum is its own
+        >>> agree((7, 1, 2, 3), lambda key: np.zeros(HASH_WORDS, np.int64))
+        True
+    """
 
     def __init__(self, total: Total, rank: int, world: int) -> None:
         self.world = check_int("world", world, 1, MAX_REPLICAS)
         self.rank = check_int("rank", rank, 0, self.world - 1)
         if not callable(total):
-            raise ValueError("total must be a function (int64 vector -> its sum over ranks)")
+            raise TypeError(
+                f"total={total!r} must be a function (int64 vector -> its sum over ranks), "
+                "e.g. an all-reduce SUM of the framework's process group"
+            )
         self._total = total
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rank={self.rank}, world={self.world})"
 
     def key(self) -> np.ndarray:
         """A fresh key (``KEY_WORDS`` int64) drawn by rank 0, the same on every rank."""
@@ -93,7 +115,14 @@ class Agreement:
 
     def __call__(self, token: Token, imbalance: Callable[[np.ndarray], np.ndarray]) -> bool:
         """Whether every rank passed the same ``token`` (not ``NO_PLAN``) and the ranks'
-        ``imbalance(key)`` sum to 0 modulo ``MODULUS``; the same answer on every rank."""
+        ``imbalance(key)`` sum to 0 modulo ``MODULUS``; the same answer on every rank.
+
+        Args:
+            token: ``TOKEN_WORDS`` ints in ``[0, 2**62)`` (``chronica.runtime.window.token``),
+                or ``NO_PLAN`` to vote for the static plan.
+            imbalance: called once with the vote's fresh key; returns ``HASH_WORDS`` int64
+                in ``[0, MODULUS)`` (``chronica.runtime.window.imbalance``).
+        """
         words = np.asarray(imbalance(self.key()), np.int64)
         assert words.shape == (HASH_WORDS,) and ((words >= 0) & (words < MODULUS)).all()
         chunks = _chunks(token)
@@ -110,7 +139,16 @@ _PREFIXES_LOCK = threading.Lock()
 def key_prefix(digest: str) -> str:
     """A key-value prefix for the next agreement of a stream with configuration ``digest``:
     the same on every rank, as long as every rank builds its streams in the same order (the
-    ``n``-th stream of a configuration in each process gets the same prefix)."""
+    ``n``-th stream of a configuration in each process gets the same prefix).
+
+    Args:
+        digest: the stream's configuration digest (``Scheduler.digest``).
+
+    Example::
+
+        >>> key_prefix(scheduler.digest)  # the first stream of this configuration
+        'chronica/agree/3f2a9c0d1e4b5a67/0'
+    """
     with _PREFIXES_LOCK:
         n = _PREFIXES[digest]
         _PREFIXES[digest] += 1
@@ -120,7 +158,16 @@ def key_prefix(digest: str) -> str:
 def agreement_timeout(timeout: float) -> float:
     """How long, in seconds, a rank waits for the others' tokens given the plan time-out
     ``timeout``: ranks reach a window within a step or two of each other (each step ends in
-    a gradient all-reduce), so this only fires when a rank stopped."""
+    a gradient all-reduce), so this only fires when a rank stopped.
+
+    Args:
+        timeout: the longest wait for a window's plan, in seconds (``DynamicOptions.timeout``).
+
+    Example::
+
+        >>> agreement_timeout(10.0)  # at least a minute
+        60.0
+    """
     return max(60.0, 6.0 * timeout)
 
 
@@ -130,12 +177,28 @@ class KeyValueAgreement(Agreement):
 
     Round ``n``: rank ``r`` writes its vector under ``{prefix}/{n}/{r}``, then reads every
     rank's key of round ``n``, waiting up to ``timeout_ms`` for each, and sums them: all
-    ranks read the same ``world`` vectors. ``put(key, value)`` and
-    ``get(key, timeout_ms) -> str`` are the store's calls; ``get`` blocks until the key
-    exists and raises when the time is up, which is re-raised as ``TimeoutError`` naming
-    the rank that did not answer (a rank that stopped; the job cannot go on).
-    ``delete(key)``, when given, drops this rank's key of the round before the last, so the
-    store holds at most two rounds of keys per rank.
+    ranks read the same ``world`` vectors. A ``get`` that fails is re-raised as
+    ``TimeoutError`` naming the rank that did not answer (a rank that stopped; the job
+    cannot go on).
+
+    Args:
+        put: ``put(key, value)`` writes a string under a key.
+        get: ``get(key, timeout_ms) -> str`` blocks until the key exists and raises when
+            the time is up.
+        rank: this rank, in ``[0, world)``.
+        world: the number of ranks voting.
+        prefix: the keys' prefix, the same on every rank (``key_prefix``).
+        timeout_ms: the longest wait for one rank's key, in milliseconds (``>= 1``).
+        delete: ``delete(key)``, when given, drops this rank's key of the round before the
+            last, so the store holds at most two rounds of keys per rank.
+
+    Example::
+
+        >>> client = jax._src.distributed.global_state.client  # JAX's coordination service
+        >>> agree = KeyValueAgreement(
+        ...     client.key_value_set, client.blocking_key_value_get, rank, world,
+        ...     prefix=key_prefix(scheduler.digest), timeout_ms=60_000,
+        ... )
     """
 
     def __init__(
@@ -151,9 +214,20 @@ class KeyValueAgreement(Agreement):
     ) -> None:
         super().__init__(self._sum, rank, world)
         self.timeout_ms = check_int("timeout_ms", timeout_ms, 1)
+        for name, call in (("put", put), ("get", get), ("delete", delete)):
+            if call is not None and not callable(call):
+                raise TypeError(f"{name}={call!r} must be the key-value store's {name} function")
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix={prefix!r} must be a str, e.g. key_prefix(scheduler.digest)")
         self.prefix = prefix
         self._put, self._get, self._delete = put, get, delete
         self._rounds = itertools.count()
+
+    def __repr__(self) -> str:
+        return (
+            f"KeyValueAgreement(rank={self.rank}, world={self.world}, prefix={self.prefix!r}, "
+            f"timeout_ms={self.timeout_ms})"
+        )
 
     def _sum(self, vector: np.ndarray) -> np.ndarray:
         round_ = next(self._rounds)
@@ -180,11 +254,23 @@ KeyValueStore = tuple[Callable[[str, str], None], Callable[[str, int], str], Cal
 def key_value_agreement(
     rank: int, timeout: float, store: Callable[[int], KeyValueStore | None]
 ) -> Callable[[Scheduler], Agreement | None]:
-    """What an adapter hands ``open_stream`` as ``agree``: for a stream's scheduler, a
-    ``KeyValueAgreement`` of rank ``rank`` over ``store(world)`` (the framework's
-    ``(put, get, delete)`` when it runs one process per rank of ``world``, else ``None``:
-    no agreement, and the runtime warns), keyed by the stream's configuration digest
-    (``key_prefix``) and waiting ``agreement_timeout(timeout)`` for the other ranks."""
+    """What an adapter hands the runtime as ``agree``: for a stream's scheduler, a
+    ``KeyValueAgreement`` of rank ``rank`` over ``store(world)``, keyed by the stream's
+    configuration digest (``key_prefix``) and waiting ``agreement_timeout(timeout)`` for
+    the other ranks; ``None`` (no agreement, and the runtime warns) when ``store`` gives
+    none.
+
+    Args:
+        rank: this process's rank.
+        timeout: the plan time-out in seconds (``DynamicOptions.timeout``).
+        store: ``store(world)`` returns the framework's ``(put, get, delete)`` when it runs
+            one process per rank of ``world``, else ``None``.
+
+    Example::
+
+        >>> build = key_value_agreement(rank, 10.0, lambda world: (put, get, delete))
+        >>> agree = build(scheduler)  # a KeyValueAgreement, or None without a store
+    """
 
     def build(scheduler: Scheduler) -> Agreement | None:
         world = scheduler.config.num_replicas

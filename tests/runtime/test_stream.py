@@ -1,5 +1,6 @@
-"""The per-rank runtime without any framework: RankStream's position and state, the
-agreements, argument assembly, and a dynamic job of two ranks over a real coordinator."""
+"""chronica.runtime.stream without any framework: RankStream's position and its one state
+format (mid-epoch resume byte for byte in a fresh stream, set_epoch and rewind, elastic
+resume, refusals), and dynamic jobs of two ranks over a real coordinator."""
 
 import json
 import threading
@@ -9,15 +10,15 @@ import msgpack
 import numpy as np
 import pytest
 from attacks import attack
-from workers import free_ports
+from kv_store import KeyValueStore
+from workers import free_ports, scaled
 
 from chronica.comm.coordinator import Coordinator
 from chronica.core import Packing, ScheduleConfig, Scheduler
-from chronica.core.multiset import HASH_WORDS, MODULUS
-from chronica.runtime import DynamicOptions, KeyValueAgreement, RankStream
-from chronica.runtime.agreement import NO_PLAN, key_value_agreement
-from chronica.runtime.build import open_stream, resolve_world, schedule_config
+from chronica.core.elastic import Segment, resume_plan
+from chronica.runtime import STATE_VERSION, DynamicOptions, KeyValueAgreement, RankStream
 from chronica.runtime.micro import planned_micro_batches
+from chronica.runtime.stream import state_format
 
 
 def _sizes(n=203, seed=0):
@@ -124,141 +125,151 @@ def test_elastic_state_moves_to_another_world_with_every_sample_once():
     assert sum(rest.values()) == 203 - sum(trained.values()) + new[0].plan().num_padded
 
 
-def _store():
-    values: dict[str, str] = {}
-    changed = threading.Condition()
-
-    def put(key, value):
-        with changed:
-            assert key not in values, f"{key} written twice"
-            values[key] = value
-            changed.notify_all()
-
-    def get(key, timeout_ms):
-        with changed:
-            if not changed.wait_for(lambda: key in values, timeout_ms / 1000):
-                raise RuntimeError(f"DEADLINE_EXCEEDED {key}")
-            return values[key]
-
-    def delete(key):
-        with changed:
-            values.pop(key, None)
-
-    return values, put, get, delete
-
-
-def _agree_in_threads(agreements, rounds):
-    """Every rank votes ``rounds`` (per round, every rank's token and imbalance words);
-    returns each rank's answers and the keys its imbalance was asked for."""
-    results = [[] for _ in agreements]
-    keys = [[] for _ in agreements]
-
-    def run(i):
-        for tokens, words in rounds:
-
-            def imbalance(key, i=i, words=words):
-                keys[i].append(key.tolist())
-                return np.array(words[i], np.int64)
-
-            results[i].append(agreements[i](tokens[i], imbalance))
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(agreements))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return results, keys
-
-
-def test_key_value_agreement_gives_every_rank_the_same_answer():
-    """A window is used only if every token is the same one, not NO_PLAN, and the
-    imbalances sum to 0 modulo the prime; every rank gets the same answer, and the same
-    fresh key, drawn by rank 0, in every vote."""
-    values, put, get, delete = _store()
-    world = 3
-    agreements = [
-        KeyValueAgreement(put, get, r, world, prefix="job", timeout_ms=30_000, delete=delete)
-        for r in range(world)
-    ]
-    a, b, c = (7, 1, 2, 3), (7, 1, 2, 4), (1 << 61, 5, 0, (1 << 62) - 1)
-    # Tokens with a's sum but not a's chunks: the squares tell them apart.
-    low, high = (5, 1, 2, 3), (9, 1, 2, 3)
-    zero = [[0] * HASH_WORDS] * world
-    split = [[MODULUS - 1] * HASH_WORDS, [1] * HASH_WORDS, [0] * HASH_WORDS]
-    off = [[1] + [0] * (HASH_WORDS - 1), [0] * HASH_WORDS, [0] * HASH_WORDS]
-    rounds = [
-        ((a, a, a), zero),
-        ((a, NO_PLAN, a), zero),
-        ((a, b, a), zero),
-        ((NO_PLAN,) * 3, zero),
-        ((c, c, c), split),
-        ((a, a, a), off),
-        ((low, a, high), zero),
-    ]
-    results, keys = _agree_in_threads(agreements, rounds)
-    expected = [True, False, False, False, True, False, False]
-    assert results == [expected] * world
-    assert keys[0] == keys[1] == keys[2]
-    assert len({tuple(k) for k in keys[0]}) == len(rounds)  # a fresh key for every vote
-    # Each rank dropped its key of a round once every rank had read it (two per vote).
-    assert sorted(values) == [f"job/{2 * len(rounds) - 1}/{r}" for r in range(world)]
-
-
-def test_a_rank_that_never_answers_is_named_in_a_time_out():
-    _, put, get, delete = _store()
-    alone = KeyValueAgreement(put, get, 0, 2, prefix="job", timeout_ms=50, delete=delete)
-    with pytest.raises(TimeoutError, match="rank 1 did not take part in agreement round 0"):
-        alone((5, 0, 0, 0), lambda key: np.zeros(HASH_WORDS, np.int64))
-
-
-def test_key_value_agreement_factory_keys_by_digest_and_needs_a_store():
-    _, put, get, delete = _store()
-    scheduler = Scheduler(_sizes(), ScheduleConfig(num_replicas=2, batch_size=8))
-    assert key_value_agreement(0, 1.0, lambda world: None)(scheduler) is None
-    built = key_value_agreement(1, 1.0, lambda world: (put, get, delete))(scheduler)
-    assert isinstance(built, KeyValueAgreement)
-    assert built.prefix.startswith(f"chronica/agree/{scheduler.digest[:16]}/")
-    assert (built.rank, built.world, built.timeout_ms) == (1, 2, 60_000)
-
-
-def test_world_and_config_assembly_refuse_bad_arguments_by_name():
-    assert resolve_world(np.int64(4), np.int64(3), None) == (4, 3)
-    assert resolve_world(None, None, lambda: (2, 1)) == (2, 1)
-    with pytest.raises(
-        ValueError, match=r"Invalid rank 4, rank should be in the interval \[0, 3\]"
-    ):
-        resolve_world(4, 4, None)
-    with pytest.raises(ValueError, match="num_replicas and rank are required: pass both"):
-        resolve_world(None, 0, None, "pass both")
-    config = ScheduleConfig(num_replicas=2, batch_size=8)
-    assert resolve_world(None, 1, None, config=config) == (2, 1)
-    kw = {"kind": "static", "exact": True, "shuffle": True, "seed": 0, "drop_last": False,
-          "cost": None, "groups": None, "variable_batch": False, "packing": None}  # fmt: skip
-    assert schedule_config(config, 2, None, kw, None) is config
-    with pytest.raises(ValueError, match="pass seed inside it"):
-        schedule_config(config, 2, None, {**kw, "seed": 3}, None)
-    with pytest.raises(ValueError, match=r"config\.num_replicas=2 differs from the world size 4"):
-        schedule_config(config, 4, None, kw, None)
-    with pytest.raises(ValueError, match=r"^global_batch_size=10 \(global\) must be a multiple"):
-        schedule_config(None, 4, 10, kw, None, batch_name="global_batch_size")
-    with pytest.raises(ValueError, match=r"dynamic=.* must be a chronica\.runtime\.DynamicOptions"):
-        schedule_config(None, 4, 8, kw, {"window": 4})
+PACKING = Packing(64, row_length=32, tokens_per_step=600, long_documents="split")
 
 
 @pytest.mark.parametrize(
-    ("field", "value", "message"),
+    "config",
     [
-        ("window", 0, "window=0 must be an int >= 1"),
-        ("timeout", 0, "timeout=0 must be > 0 seconds"),
-        ("timeout", float("nan"), "timeout=nan must be a finite number"),
-        ("port", 70000, r"port=70000 must be an int in \[0, 65534\]"),
-        ("min_batch", True, "min_batch=True must be an int >= 1"),
-        ("host", " ", "host=' ' must be a host name or address"),
+        dict(),
+        dict(drop_last=True, seed=4),
+        dict(exact=False),
+        dict(kind="guided", shuffle="block"),
+        dict(batch=None, packing=PACKING),
     ],
+    ids=["exact", "drop_last", "pool", "guided", "packed"],
 )
-def test_dynamic_options_refuse_bad_values_by_name(field, value, message):
-    with pytest.raises(ValueError, match=message):
-        DynamicOptions(**{field: value})
+def test_a_fresh_stream_resumes_mid_epoch_byte_for_byte(config):
+    """Save after 5 steps of epoch 1, load the JSON state into a new stream: the rest of the
+    epoch and the next one are the uninterrupted stream's bytes (indices, weights,
+    micro-batches)."""
+
+    batch = config.pop("batch", 15)
+
+    def make():
+        return _streams(world=3, batch=batch, **config)[2]
+
+    def dump(batch):
+        micro = [tuple(np.asarray(a).tobytes() for a in m[:4]) + (m[4],) for m in batch.micro]
+        return batch.epoch, batch.step, batch.indices.tobytes(), batch.loss_weight, micro
+
+    full = make()
+    full.set_epoch(1)
+    expected = [dump(b) for b in full.batches()]
+    full.set_epoch(2)
+    expected += [dump(b) for b in full.batches()]
+    first = make()
+    first.set_epoch(1)
+    head = first.batches()
+    assert [dump(next(head)) for _ in range(5)] == expected[:5]
+    state = json.loads(json.dumps(first.state()))
+    assert (state["version"], state["epoch"], state["step"]) == (STATE_VERSION, 1, 5)
+    resumed = make()
+    resumed.load_state(state)
+    assert (resumed.epoch, resumed.step, resumed.offset) == (1, 5, 0)
+    resumed.set_epoch(1)  # a training loop's call keeps the loaded position
+    got = [dump(b) for b in resumed.batches()]
+    resumed.set_epoch(2)
+    got += [dump(b) for b in resumed.batches()]
+    assert got == expected[5:]
+    assert resumed.state() == full.state()
+
+
+def test_set_epoch_to_another_epoch_resets_the_position_and_an_elastic_remainder():
+    old = _streams(world=4, batch=16)[0]
+    batches = old.batches()
+    for _ in range(5):
+        next(batches)
+    stream = _streams(world=3, batch=12)[1]
+    stream.load_state(old.state())
+    assert stream.num_steps != stream.scheduler.num_steps(0)  # the remainder's
+    stream.set_epoch(1)
+    state = stream.state()
+    assert (state["epoch"], state["step"], state["offset"], state["history"]) == (1, 0, 0, [])
+    assert stream.num_steps == stream.scheduler.num_steps(1)
+    assert stream.plan() is stream.scheduler.plan_epoch(1)
+    got = [b.indices.tolist() for b in stream.batches()]
+    assert got == [p.tolist() for p in stream.scheduler.plan_epoch(1).rank_steps(1)]
+
+
+def test_an_elastic_resume_through_the_stream_follows_the_cores_remainder():
+    """A state saved mid-step at 4 ranks resumes at 3: the partial step is trained again,
+    the stream's plan is the core's ``resume_plan``, weights are ones, and a state saved in
+    the remainder resumes at its own world byte for byte and at a third world exactly once."""
+    old = _streams(world=4, batch=16)
+    trained = Counter()
+    for stream in old:
+        batches = stream.batches(whole=False)
+        for _ in range(3):
+            batch = next(batches)
+            trained.update(batch.indices.tolist())
+            stream.advance(batch.indices.shape[0])
+        next(batches)
+        stream.advance(2)  # mid-step: those two samples do not count as trained
+    saved = json.loads(json.dumps(old[1].state()))
+    assert (saved["step"], saved["offset"]) == (3, 2)
+    middle = _streams(world=3, batch=12)
+    expected = resume_plan(middle[0].scheduler, 0, [Segment(4, 16, 3)])
+    for stream in middle:
+        stream.load_state(saved)
+        assert (stream.step, stream.offset) == (0, 0)
+        plan = stream.plan()
+        assert plan.indices.tobytes() == expected.indices.tobytes()
+        assert stream.num_steps == expected.num_steps
+        np.testing.assert_array_equal(stream.loss_weights(), np.ones(expected.num_steps))
+    running = [stream.batches() for stream in middle]
+    for batches in running:
+        for _ in range(4):
+            trained.update(next(batches).indices.tolist())
+    state = middle[0].state()
+    assert state["history"] == [[4, 16, 3]] and state["step"] == 4
+    again = _streams(world=3, batch=12)[2]
+    again.load_state(state)
+    assert [b.indices.tobytes() for b in again.batches()] == [
+        b.indices.tobytes() for b in running[2]
+    ]
+    last = _streams(world=5, batch=10)
+    rest = Counter()
+    for stream in last:
+        stream.load_state(state)
+        assert stream.state()["history"] == [[4, 16, 3], [3, 12, 4]]
+        for batch in stream.batches():
+            rest.update(batch.indices.tolist())
+    assert set(trained) | set(rest) == set(range(203))
+    assert not set(trained) & set(rest)
+    assert sum(rest.values()) - len(rest) == last[0].plan().num_padded
+
+
+def test_a_state_of_other_data_or_arguments_is_refused_in_the_faces_words():
+    state = _streams(world=2, batch=8)[0].state()
+    other = _streams(world=3, batch=12, seed=1)[0]
+    with pytest.raises(ValueError, match="configuration digest differs: seed: saved 0, now 1") as e:
+        other.load_state(state)
+    assert "state was saved with different sizes or stream arguments" in str(e.value)
+    assert "only num_replicas and global_batch_size may change" in str(e.value)
+    scheduler = Scheduler(_sizes(), ScheduleConfig(3, 12, seed=1))
+    face = RankStream(scheduler, 0, names=state_format("iterator", batch="batch_size"))
+    with pytest.raises(
+        ValueError, match=r"or iterator arguments.*only num_replicas and batch_size"
+    ):
+        face.load_state(state)
+
+
+def test_a_dynamic_stream_refuses_a_new_world_mid_epoch_but_loads_an_epoch_boundary():
+    # Rank 1 starts no coordinator; nothing is asked of one before batches() runs.
+    options = DynamicOptions(port=free_ports(2)[0], timeout=0.2)
+    config = dict(kind="dynamic", window=4)
+    old = RankStream(Scheduler(_sizes(), ScheduleConfig(2, 8, **config)), 1, dynamic=options)
+    new = RankStream(Scheduler(_sizes(), ScheduleConfig(3, 12, **config)), 1, dynamic=options)
+    try:
+        state = {**old.state(), "step": 2}
+        with pytest.raises(ValueError, match="kind='dynamic' cannot continue an epoch"):
+            new.load_state(state)
+        new.load_state({**state, "step": 0})
+        assert (new.epoch, new.step, new.num_steps) == (0, 0, new.scheduler.num_steps(0))
+    finally:
+        old.close()
+        new.close()
 
 
 def _two_rank_job(sizes, config, seconds, epochs=2):
@@ -266,18 +277,18 @@ def _two_rank_job(sizes, config, seconds, epochs=2):
     stream runs the ZeroMQ coordinator, both agree on every window through a shared
     key-value store, and each reports ``seconds(rank, batch)`` for every batch. Returns the
     two streams (still open) and every rank's batches, epoch by epoch."""
-    _, put, get, delete = _store()
-    options = DynamicOptions(window=config.window, port=free_ports(2)[0], timeout=30.0)
+    store = KeyValueStore()
+    options = DynamicOptions(port=free_ports(2)[0], timeout=30.0)
 
     def agree(r):
         # key_prefix numbers a process's streams of one configuration, and both ranks
         # live in this process here: name the job's prefix instead.
-        return lambda scheduler: KeyValueAgreement(
-            put, get, r, 2, prefix="job", timeout_ms=60_000, delete=delete
+        return KeyValueAgreement(
+            store.put, store.get, r, 2, prefix="job", timeout_ms=60_000, delete=store.delete
         )
 
     streams: list[RankStream | None] = [None, None]
-    ready = threading.Barrier(2, timeout=60)
+    ready = threading.Barrier(2, timeout=scaled(60))
     got: list[list[list]] = [[], []]
     errors: list[BaseException] = []
 
@@ -285,7 +296,8 @@ def _two_rank_job(sizes, config, seconds, epochs=2):
         try:
             if r == 1:
                 ready.wait()  # rank 0's coordinator listens first
-            stream = open_stream(sizes, config, r, dynamic=options, agree=agree(r))
+            scheduler = Scheduler(sizes, config)
+            stream = RankStream(scheduler, r, dynamic=options, agree=agree(r))
             streams[r] = stream
             if r == 0:
                 ready.wait()
@@ -302,7 +314,7 @@ def _two_rank_job(sizes, config, seconds, epochs=2):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=120)
+        t.join(timeout=scaled(120))
     if errors or any(t.is_alive() for t in threads):
         for stream in streams:
             if stream is not None:
@@ -451,15 +463,3 @@ def test_a_packed_window_with_unequal_micro_batch_counts_falls_back_on_every_ran
     finally:
         for stream in streams:
             stream.close()
-
-
-def test_numpy_integers_plan_and_save_as_python_ints_do():
-    numpy_config = ScheduleConfig(
-        num_replicas=np.int64(4), batch_size=np.int32(16), seed=np.int64(3), window=np.int16(4)
-    )
-    python_config = ScheduleConfig(num_replicas=4, batch_size=16, seed=3, window=4)
-    a = open_stream(_sizes(), numpy_config, np.int64(2))
-    b = open_stream(_sizes(), python_config, 2)
-    assert a.scheduler.digest == b.scheduler.digest
-    assert [x.indices.tolist() for x in a.batches()] == [x.indices.tolist() for x in b.batches()]
-    assert json.dumps(a.state()) == json.dumps(b.state())
