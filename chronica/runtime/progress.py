@@ -12,6 +12,7 @@ from typing import IO
 
 from tqdm import tqdm
 
+from chronica.core.checks import check_int, check_number
 from chronica.core.plan import EpochPlan
 from chronica.core.scheduler import Scheduler
 
@@ -30,9 +31,24 @@ def plan_epoch(
     file: IO[str] | None = None,
     disable: bool | None = None,
 ) -> EpochPlan:
-    """``scheduler.plan_epoch(epoch)``, with a progress bar over its steps on ``file``
-    (stderr) while it runs, for data sets of at least ``min_samples`` samples. ``disable``
-    as tqdm's: ``None`` shows the bar on a terminal only. The plan is the same either way."""
+    """``scheduler.plan_epoch(epoch)``, with a progress bar over its steps while it runs.
+    The plan is the same bytes either way; a plan the scheduler already holds returns at
+    once, without a bar.
+
+    Args:
+        scheduler: the scheduler that plans.
+        epoch: the epoch to plan.
+        min_samples: data sets smaller than this plan without a bar.
+        delay: seconds of planning before the bar appears (tqdm's ``delay``).
+        file: where the bar is written (default stderr).
+        disable: as tqdm's: ``None`` shows the bar on a terminal only, ``False`` always.
+
+    Example::
+
+        >>> plan = plan_epoch(scheduler, 3)  # a bar on stderr if planning takes > 0.5 s
+    """
+    check_int("min_samples", min_samples, 0)
+    check_number("delay", delay, 0.0, hint=" (seconds)")
     # A held plan returns at once: no bar to set up (samplers ask for it every step).
     if scheduler.sizes.shape[0] < min_samples or scheduler.has_plan(epoch):
         return scheduler.plan_epoch(epoch)
