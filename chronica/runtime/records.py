@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from chronica.core import Packing, ScheduleConfig, resolve_sizes
+from chronica.core.checks import check_int
 from chronica.core.sizes import defines_sizeof
 from chronica.runtime.micro import MicroBatch
 from chronica.runtime.rows import (
@@ -61,8 +62,18 @@ PACKED_HOST_KEYS = ("loss_weight", "step", "micro", "num_micro", "indices")
 
 class Columns:
     """A mapping of equal-length columns seen as a sequence of per-sample dicts: sample
-    ``i`` is ``{name: column[i]}``; ``reserved`` names may not be columns (they are batch
-    keys)."""
+    ``i`` is ``{name: column[i]}``.
+
+    Args:
+        columns: column name (a str) -> a column with ``len`` and ``[]``, all of one length.
+        reserved: names no column may have (they are batch keys).
+
+    Example::
+
+        >>> data = Columns({"tokens": [np.arange(3), np.arange(5)], "label": np.array([0, 1])})
+        >>> len(data), data[1]["label"]
+        (2, 1)
+    """
 
     def __init__(self, columns: Mapping[str, Any], reserved: Sequence[str] = META_KEYS) -> None:
         if not columns:
@@ -70,13 +81,15 @@ class Columns:
         lengths = {}
         for key, column in columns.items():
             if not isinstance(key, str):
-                raise ValueError(f"source column names must be str, got {key!r}")
+                raise TypeError(f"source column names must be str, got {key!r}; rename it")
             if key in reserved:
                 raise ValueError(f"source column {key!r} clashes with a batch key; rename it")
             try:
                 lengths[key] = len(column)
             except TypeError as exc:
-                raise ValueError(f"source column {key!r} has no len()") from exc
+                raise TypeError(
+                    f"source column {key!r} has no len(); give a list or an array"
+                ) from exc
         if len(set(lengths.values())) != 1:
             raise ValueError(f"source columns differ in length: {lengths}")
         self.columns = dict(columns)
@@ -85,6 +98,9 @@ class Columns:
     def __len__(self) -> int:
         return self.n
 
+    def __repr__(self) -> str:
+        return f"Columns({sorted(self.columns)}, n={self.n})"
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         return {key: column[index] for key, column in self.columns.items()}
 
@@ -92,7 +108,15 @@ class Columns:
 def random_access(source: Any, reserved: Sequence[str] = META_KEYS) -> Any:
     """``source`` as a random-access sequence of samples: a mapping of columns becomes
     ``Columns``; anything else must have ``__len__`` and ``__getitem__``. Raises
-    ``ValueError`` naming what is missing."""
+    ``ValueError`` naming what is missing.
+
+    Args:
+        source: a numpy array, a list of arrays, a dict of columns, or any object with
+            ``__len__`` and ``__getitem__``.
+        reserved: names a dict's columns may not have (the face's batch keys).
+
+    Example: ``random_access({"tokens": docs})[0] == {"tokens": docs[0]}``.
+    """
     if source is None:
         raise ValueError("source is required: a random-access data set (len and [])")
     if isinstance(source, Mapping):
@@ -106,7 +130,17 @@ def random_access(source: Any, reserved: Sequence[str] = META_KEYS) -> Any:
 
 
 def sample_length(sample: Any) -> int:
-    """Sequence length of one sample: its first axis (the longest over a dict's fields)."""
+    """Sequence length of one sample: its first axis (the longest over a dict's fields;
+    scalar fields do not count). ``ValueError`` for a scalar sample.
+
+    Args:
+        sample: an array-like with at least one axis, or a dict of such arrays and scalars.
+
+    Example::
+
+        >>> sample_length({"tokens": np.arange(7), "label": 3})
+        7
+    """
     if isinstance(sample, Mapping):
         lengths = [sample_length(v) for v in sample.values() if np.ndim(v) >= 1]
         return max(lengths, default=0)
@@ -119,13 +153,28 @@ def sample_length(sample: Any) -> int:
 
 
 def read_lengths(source: Any) -> np.ndarray:
-    """Every sample's length (``sample_length``), reading every record once."""
+    """Every sample's length (``sample_length``), int64, reading every record once.
+
+    Args:
+        source: a random-access source (``random_access``).
+
+    Example: ``read_lengths([np.arange(3), np.arange(5)])`` is ``array([3, 5])``.
+    """
     n = len(source)
     return np.fromiter((sample_length(source[i]) for i in range(n)), dtype=np.int64, count=n)
 
 
 def default_boundaries(max_length: int) -> tuple[int, ...]:
-    """Powers of two below the longest sample, then the longest sample itself."""
+    """Powers of two below the longest sample, then the longest sample itself.
+
+    Args:
+        max_length: the longest sample's length (0 or more).
+
+    Example::
+
+        >>> default_boundaries(20)
+        (1, 2, 4, 8, 16, 20)
+    """
     bounds = []
     b = 1
     while b < max_length:
@@ -175,12 +224,24 @@ class PaddedBatches:
       is the batch's (float32);
     - ``(rows, length)`` is added to ``shapes_seen``; at most ``num_shapes`` shapes occur.
 
-    ``lengths``: every sample's length, known up front (``read_lengths``); ``None`` reads a
-    sample's length when a batch first reads the sample (no record is read before then),
-    and with no ``bucket_boundaries`` buckets are then every power of two (the longest
-    sample is not known up front to end them). ``rows`` is the most rows a batch has; with
-    ``variable_batch`` (and not ``same_rows``) a batch has the smallest power of two
-    ``>= k`` rows, at most ``rows``.
+    Args:
+        source: a random-access source (``random_access``).
+        rows: the most rows a batch has (``>= 1``): the local batch size, or ``max_batch``.
+        variable_batch: a batch of ``k`` samples has the smallest power of two ``>= k``
+            rows, at most ``rows``.
+        same_rows: every batch has ``rows`` rows even with ``variable_batch``.
+        bucket_boundaries: the padded sequence lengths, strictly increasing (default:
+            powers of two up to the longest sample).
+        pad_value: what padding holds in sequence fields.
+        lengths: every sample's length, if known up front (``read_lengths``); ``None``
+            reads a sample's length when a batch first reads it, and without
+            ``bucket_boundaries`` buckets are then every power of two.
+
+    Example::
+
+        >>> maker = PaddedBatches([np.arange(3), np.arange(9)], rows=2, bucket_boundaries=(4, 16))
+        >>> maker.make(LocalBatch(0, 0, np.array([0, 1]), 1.0))["inputs"].shape
+        (2, 16)
     """
 
     def __init__(
@@ -195,13 +256,12 @@ class PaddedBatches:
         lengths: np.ndarray | None = None,
     ) -> None:
         self.source = source
-        self.rows = rows
+        self.rows = check_int("rows", rows, 1, hint=" (the most rows of a batch)")
         self.variable_batch = variable_batch
         self.same_rows = same_rows
         self.pad_value = pad_value
         self.shapes_seen: set[tuple[int, int]] = set()
         n = len(source)
-        self._known = lengths is not None
         self._lengths = (
             np.full(n, -1, dtype=np.int64) if lengths is None else np.asarray(lengths, np.int64)
         )
@@ -216,6 +276,13 @@ class PaddedBatches:
         else:
             self._boundaries = None  # every power of two
 
+    def __repr__(self) -> str:
+        return (
+            f"PaddedBatches(rows={self.rows}, variable_batch={self.variable_batch}, "
+            f"same_rows={self.same_rows}, bucket_boundaries={self._boundaries!r}, "
+            f"pad_value={self.pad_value!r})"
+        )
+
     # -- shapes ---------------------------------------------------------------------------
 
     @property
@@ -228,7 +295,9 @@ class PaddedBatches:
         return tuple(1 << k for k in range(top.bit_length()))
 
     def bucket(self, length: int) -> int:
-        """The padded length for a batch whose longest sample has ``length`` elements."""
+        """The padded length for a batch whose longest sample has ``length`` elements (a
+        Python or numpy int)."""
+        length = int(length)
         if self._boundaries is None:
             return _power_of_two(length)
         pos = int(np.searchsorted(self._boundaries, length, side="left"))
@@ -346,13 +415,28 @@ class PackedBatches:
     trailing shapes come from the first record, the only one read before a micro-batch
     needs it. ``step_arrays`` stacks a step's micro-batches on a leading axis.
 
-    ``token_field``: with dict records, the field holding the tokens (yielded as
-    ``tokens``); plain sequence records are the tokens themselves.
+    Args:
+        source: a random-access source of documents: token sequences, or dicts of
+            per-token sequences.
+        packing: the micro-batches' shape (``ScheduleConfig.packing``).
+        token_field: with dict records, the field holding the tokens (yielded as
+            ``tokens``); plain sequence records are the tokens themselves.
+        pad_value: what padding holds in the packed fields.
+
+    Example::
+
+        >>> maker = PackedBatches(docs, Packing(256, row_length=128))
+        >>> maker.make(batch, 0)["tokens"].shape  # a packed LocalBatch's first micro-batch
+        (2, 128)
     """
 
     def __init__(
         self, source: Any, packing: Packing, token_field: str = TOKENS, pad_value: Any = 0
     ) -> None:
+        if not isinstance(packing, Packing):
+            raise TypeError(f"packing={packing!r} must be a chronica.core.packing.Packing")
+        if not isinstance(token_field, str):
+            raise TypeError(f"token_field={token_field!r} must be a str: the records' token field")
         self.source = source
         self.packing = packing
         self.token_field = token_field
@@ -360,6 +444,9 @@ class PackedBatches:
         self.record = False  # dict records (else sequences)
         self.fields = self._fields()
         self.shapes_seen: set[tuple[int, int]] = set()
+
+    def __repr__(self) -> str:
+        return f"PackedBatches({self.packing!r}, token_field={self.token_field!r})"
 
     def _field(self, record: Any, field: str) -> Any:
         return record[field] if isinstance(record, Mapping) else record
@@ -462,8 +549,23 @@ def record_batches(
     (and without the source's own ``sizes``/``__sizeof__``), every sample's length is the
     default size and is read once (unpacked: its ``sample_length``; packed: its token
     count); otherwise nothing is read (unpacked) or only the first record (packed, for the
-    fields' dtypes and shapes). ``same_rows``: every batch has the most rows (a global
-    array over several processes needs one shape)."""
+    fields' dtypes and shapes).
+
+    Args:
+        source: a random-access source (``random_access``).
+        sizes: per-sample sizes, or ``None`` (the source's own, else the lengths read).
+        config: the face's configuration (the rows of a batch, or the packing).
+        bucket_boundaries: unpacked only: the padded sequence lengths.
+        pad_value: what padding holds.
+        token_field: packed dict records: the field holding the tokens.
+        same_rows: every batch has the most rows (one shape over several processes).
+
+    Example::
+
+        >>> maker, sizes = record_batches(docs, None, ScheduleConfig(2, 16))
+        >>> type(maker).__name__, sizes.shape
+        ('PaddedBatches', (1000,))
+    """
     own_sizes = getattr(source, "sizes", None) is not None or defines_sizeof(source)
     derive = sizes is None and not own_sizes
     maker: PaddedBatches | PackedBatches

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from chronica.core.checks import check_int
 from chronica.runtime.micro import MicroBatch
 
 __all__ = [
@@ -59,7 +60,20 @@ class RowLayout:
     shape ``(rows, row_length)`` as the module docstring says. ``num_tokens`` counts the
     real (non-padding) slots. Guarantees: no two tokens share a slot, no row holds more than
     ``row_length`` tokens, and the entries of one row appear in it in the entries' order,
-    back to back from column 0.
+    back to back from column 0. Built by ``row_layout``.
+
+    Args:
+        micro: the micro-batch laid out.
+        rows: rows of the micro-batch (``Packing.rows``).
+        row_length: tokens per row (``Packing.length``).
+        slots: the flat slot of every token, entry after entry.
+        segment_ids: ``1, 2, ...`` per piece of a row, 0 on padding.
+        positions: each token's position in its piece, 0 on padding.
+
+    Example::
+
+        >>> layout = row_layout(micro, rows=2, row_length=128)
+        >>> tokens = layout.fill([docs[i] for i in micro.indices], pad_value=0)
     """
 
     micro: MicroBatch
@@ -95,7 +109,15 @@ class RowLayout:
         documents differ beyond their first axis (or from ``trailing``, the trailing shape
         every document must have, which also shapes an empty micro-batch's rows); ``field``
         names them in the message. Give ``dtype`` and ``trailing`` for one shape and dtype
-        whatever the micro-batch holds."""
+        whatever the micro-batch holds.
+
+        Args:
+            documents: the whole document of every entry, in the entries' order.
+            pad_value: what padding slots hold.
+            dtype: the rows' dtype (default: the documents').
+            field: the field's name, for messages.
+            trailing: the trailing shape every document must have.
+        """
         micro = self.micro
         if len(documents) != micro.indices.shape[0]:
             raise ValueError(
@@ -134,7 +156,11 @@ class RowLayout:
         """``int64`` ``(rows, row_length)``: for every slot, the index of its token in the
         concatenation of all documents in which document ``d`` is ``splits[d] ..
         splits[d + 1]`` (``splits`` has one more entry than there are documents), ``-1`` on
-        padding. ``ValueError`` when a document is shorter than its entry says."""
+        padding. ``ValueError`` when a document is shorter than its entry says.
+
+        Args:
+            splits: int64 offsets of the documents in the concatenation (``N + 1`` entries).
+        """
         micro = self.micro
         out = np.full(self.rows * self.row_length, -1, dtype=np.int64)
         if micro.indices.shape[0]:
@@ -156,7 +182,20 @@ def row_layout(micro: MicroBatch, rows: int, row_length: int) -> RowLayout:
     """The ``RowLayout`` of ``micro`` in ``rows`` rows of ``row_length`` tokens (a packed
     plan's ``Packing.rows`` and ``Packing.length``). ``ValueError`` if an entry's row is
     outside ``[0, rows)`` or a row's entries exceed ``row_length`` tokens (a micro-batch of
-    another packing)."""
+    another packing).
+
+    Args:
+        micro: the micro-batch (``chronica.runtime.MicroBatch``).
+        rows: rows of a micro-batch (``>= 1``).
+        row_length: tokens per row (``>= 1``).
+
+    Example::
+
+        >>> layout = row_layout(micro, packing.rows, packing.length)
+        >>> layout.segment_ids  # (rows, row_length): 1, 2, ... per piece, 0 on padding
+    """
+    rows = check_int("rows", rows, 1, hint=" (Packing.rows)")
+    row_length = check_int("row_length", row_length, 1, hint=" (Packing.length)")
     lengths = np.asarray(micro.lengths, dtype=np.int64)
     row_of = np.asarray(micro.rows, dtype=np.int64)
     n = lengths.shape[0]
@@ -209,7 +248,18 @@ def packed_names(
     "tokens"}``), the token field ``token_field`` as ``"tokens"`` and every other field under
     its own name (each is packed per token like the tokens). ``ValueError`` when the token
     field is missing or another field's name is one a packed micro-batch uses itself
-    (``"tokens"``, ``PACKED_KEYS`` and the face's ``reserved`` names)."""
+    (``"tokens"``, ``PACKED_KEYS`` and the face's ``reserved`` names).
+
+    Args:
+        fields: the records' field names, or ``None`` for token-sequence records.
+        token_field: the field holding the tokens.
+        reserved: more names the face's micro-batches use.
+
+    Example::
+
+        >>> packed_names(["ids", "loss_mask"], token_field="ids")
+        {'ids': 'tokens', 'loss_mask': 'loss_mask'}
+    """
     if fields is None:
         return {token_field: TOKENS}
     names = list(fields)
@@ -237,7 +287,19 @@ def packed_dtype(name: str, field: str, dtype: Any, ndim: int) -> np.dtype:
     """The dtype a field of records is packed as (``name``: its key in the micro-batch, from
     ``packed_names``): ``int32`` for the tokens, which must be integers, its own ``dtype``
     otherwise. ``ValueError`` for a field that is not a sequence (``ndim`` 0: a scalar such
-    as a label, which has no tokens to pack) or tokens that are not integers."""
+    as a label, which has no tokens to pack) or tokens that are not integers.
+
+    Args:
+        name: the field's key in the micro-batch.
+        field: the field's name in the records, for messages.
+        dtype: the field's dtype in the records.
+        ndim: the field's number of axes in a record.
+
+    Example::
+
+        >>> packed_dtype("tokens", "ids", np.int64, 1)
+        dtype('int32')
+    """
     if ndim < 1:
         raise ValueError(
             f"field {field!r} is a scalar; with packing= every field of a record is packed "
@@ -259,8 +321,19 @@ def check_field_lengths(
 ) -> None:
     """``ValueError`` naming the first record whose ``field`` has another length
     (``lengths``) than its tokens (``tokens``, the lengths of ``token_field``): every packed
-    field is a per-token sequence as long as the tokens. ``documents`` numbers the records
-    (default ``0, 1, ...``)."""
+    field is a per-token sequence as long as the tokens.
+
+    Args:
+        field: the field checked, for the message.
+        lengths: the field's length in every record.
+        tokens: the token field's length in every record.
+        token_field: the token field's name, for the message.
+        documents: the records' numbers (default ``0, 1, ...``).
+
+    Example::
+
+        >>> check_field_lengths("mask", [3, 4], [3, 5], "tokens")  # ValueError: record 1
+    """
     lengths, tokens = np.asarray(lengths), np.asarray(tokens)
     differ = np.flatnonzero(lengths != tokens)
     if differ.shape[0]:
@@ -275,7 +348,17 @@ def check_field_lengths(
 
 def check_document_lengths(lengths: np.ndarray, sizes: np.ndarray, field: str = TOKENS) -> None:
     """``ValueError`` naming the first document whose ``field`` has fewer tokens
-    (``lengths``) than its size says (``sizes``: with packing, document lengths in tokens)."""
+    (``lengths``) than its size says (``sizes``: with packing, document lengths in tokens).
+
+    Args:
+        lengths: every document's token count, read from the records.
+        sizes: the sizes the plan was made with.
+        field: the token field's name, for the message.
+
+    Example::
+
+        >>> check_document_lengths(np.array([5, 3]), np.array([5, 4]))  # ValueError: document 1
+    """
     short = np.flatnonzero(np.asarray(lengths) < np.asarray(sizes))
     if short.shape[0]:
         i = int(short[0])
