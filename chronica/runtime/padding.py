@@ -25,6 +25,14 @@ def step_longest(plan: EpochPlan, lengths: np.ndarray) -> np.ndarray:
     ``(steps, F)``: row ``s`` is the maximum of ``lengths`` over
     ``plan.indices[bounds[s, 0] : bounds[s, -1]]``, the samples every rank trains at step
     ``s``, and 0 for a step without samples. Equal plans give equal results on every rank.
+
+    Args:
+        plan: the epoch's plan (every rank's part of every step).
+        lengths: every sample's length, ``(N,)``, or per sample and feature, ``(N, F)``.
+
+    Example::
+
+        >>> pad_to = step_longest(stream.plan(), lengths)  # pad step s's batch to pad_to[s]
     """
     values = np.asarray(lengths, dtype=np.int64)
     if values.ndim not in (1, 2):

@@ -48,7 +48,15 @@ __all__ = ["fault", "imbalance", "token"]
 def token(plan: Plan) -> Token:
     """What every rank must hold alike to use ``plan``'s window, as an agreement token:
     its generation, epoch, first step, steps and (packed) micro-batch counts per step;
-    never ``NO_PLAN``."""
+    never ``NO_PLAN``.
+
+    Args:
+        plan: this rank's part of a coordinator's window (``chronica.comm.protocol.Plan``).
+
+    Example::
+
+        >>> agree(token(plan), functools.partial(imbalance, plan, static, rank, 0, 16))
+    """
     digest = hashlib.blake2b(digest_size=8 * TOKEN_WORDS)
     head = [plan.gen, plan.epoch, plan.first, plan.num_steps]
     digest.update(np.asarray(head, "<i8").tobytes())
@@ -65,7 +73,20 @@ def imbalance(
     packed) minus that of rank ``rank``'s part of steps ``first..stop-1`` of ``static``,
     modulo ``MODULUS``: summed over the ranks, 0 when their parts together are the static
     window (``HASH_WORDS`` int64 in ``[0, MODULUS)``); zeros without a ``plan`` (the rank
-    votes ``NO_PLAN``)."""
+    votes ``NO_PLAN``).
+
+    Args:
+        plan: this rank's part of the window, or ``None``.
+        static: the epoch's static plan.
+        rank: this rank.
+        first: the window's first step.
+        stop: one past its last step.
+        key: the vote's key (``KEY_WORDS`` int64, drawn by rank 0 after the plans were made).
+
+    Example::
+
+        >>> words = imbalance(plan, static, rank, 16, 32, agreement.key())
+    """
     if plan is None:
         return np.zeros(HASH_WORDS, np.int64)
     offsets = plan.offsets
@@ -92,7 +113,22 @@ def fault(
     batch bounds (or the static plan's, where wider); a packed rank holds a piece wherever
     the static plan gives every rank one. Its loss weights must be the ones its counts
     imply (packed windows: checked per micro-batch by the session). That the ranks' parts
-    together are the static window is the vote's to establish (module docstring)."""
+    together are the static window is the vote's to establish (module docstring).
+
+    Args:
+        plan: this rank's part of the window.
+        static: the epoch's static plan.
+        config: the job's configuration (batch bounds, packing).
+        rank: this rank.
+        first: the window's first step.
+        stop: one past its last step.
+        items: how many samples (pieces, when packed) exist.
+
+    Example::
+
+        >>> why = fault(plan, static, scheduler.config, rank, 16, 32, len(sizes))
+        >>> use = why is None  # else the static plan serves the window
+    """
     steps = stop - first
     if (plan.epoch, plan.first, plan.num_steps) != (static.epoch, first, steps):
         return f"it covers epoch {plan.epoch} steps {plan.first}+{plan.num_steps}"

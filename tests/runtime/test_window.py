@@ -113,3 +113,30 @@ def test_what_a_rank_refuses_alone(job):
     for why, plan in cases.items():
         got = window.fault(plan, static, scheduler.config, 1, FIRST, FIRST + STEPS, n)
         assert got is not None and why in got, (why, got)
+
+
+def test_a_token_names_one_planning_of_one_window(job):
+    _, _, plans = job
+    token = window.token(plans[0])
+    assert len(token) == 4 and token != (0, 0, 0, 0)
+    assert all(0 <= word < 1 << 62 for word in token)
+    assert window.token(_with(plans[0], gen=plans[0].gen + 1)) != token
+    assert window.token(_with(plans[0], first=FIRST + STEPS)) != token
+
+
+def test_without_a_plan_a_rank_adds_nothing_to_the_vote(job):
+    _, static, _ = job
+    key = np.arange(KEY_WORDS, dtype=np.int64)
+    assert not window.imbalance(None, static, 0, FIRST, FIRST + STEPS, key).any()
+
+
+def test_counts_other_than_the_static_ones_need_variable_batches(job):
+    scheduler, static, plans = job
+    fixed = _with(scheduler.config, variable_batch=False)
+    n = scheduler.sizes.shape[0]
+    faults = [
+        window.fault(p, static, fixed, r, FIRST, FIRST + STEPS, n) for r, p in enumerate(plans)
+    ]
+    assert any(
+        f is not None and "(a count the ranks' loops could not all run)" in f for f in faults
+    )
