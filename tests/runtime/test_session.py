@@ -1,0 +1,145 @@
+"""chronica.runtime.session: DynamicSession against a real Coordinator on 127.0.0.1 (ranks
+are threads of this process; ports are picked by the OS where no other rank must know
+them). Every step holds the static plan's samples whichever source serves its window."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import numpy as np
+import pytest
+from kv_store import KeyValueStore
+from workers import free_ports, scaled
+
+from chronica.core import ScheduleConfig, Scheduler
+from chronica.runtime.agreement import KeyValueAgreement
+from chronica.runtime.session import DynamicSession
+
+WINDOW = 4
+
+
+def _scheduler(world, n=300, **options):
+    sizes = np.random.default_rng(7).lognormal(3, 1, n)
+    config = ScheduleConfig(
+        num_replicas=world, batch_size=8 * world, kind="dynamic", window=WINDOW, **options
+    )
+    return Scheduler(sizes, config)
+
+
+def _step_samples(plan, step):
+    return Counter(plan.indices[plan.bounds[step, 0] : plan.bounds[step, -1]].tolist())
+
+
+def test_one_rank_takes_every_window_from_its_own_coordinator():
+    scheduler = _scheduler(1)
+    session = DynamicSession(scheduler, 0, host="127.0.0.1", port=0, timeout=scaled(10))
+    try:
+        assert session.coordinator is not None and session.coordinator.endpoint[1] > 0
+        static = scheduler.plan_epoch(0)
+        got = []
+        for step, indices, weight, micro in session.steps(0):
+            got.append(step)
+            assert Counter(indices.tolist()) == _step_samples(static, step)
+            assert weight == pytest.approx(1.0) and micro == ()
+            session.report(1e-3)
+        assert got == list(range(static.num_steps))
+        windows = -(-static.num_steps // WINDOW)
+        assert (session.windows_dynamic, session.windows_static) == (windows, 0)
+        assert session.plans_refused == 0
+        resumed = [step for step, *_ in session.steps(1, start=6)]  # mid-epoch, mid-window
+        assert resumed == list(range(6, scheduler.num_steps(1)))
+        session.report(1e-3, step=10**6)  # a step it never yielded: ignored
+    finally:
+        session.close()
+    assert session.coordinator is None
+    session.close()  # idempotent
+
+
+def test_two_ranks_split_every_step_once_and_a_slow_rank_gets_fewer_samples():
+    world = 2
+    scheduler = _scheduler(world, n=600, variable_batch=True)
+    static = scheduler.plan_epoch(0)
+    store = KeyValueStore()
+    port = free_ports(2)[0]
+    sessions: list[DynamicSession | None] = [None, None]
+    got: list[list] = [[], []]
+    errors: list[BaseException] = []
+    listening = threading.Event()
+
+    def rank(r):
+        try:
+            if r == 1 and not listening.wait(scaled(60)):
+                raise TimeoutError("rank 0's coordinator never listened")
+            agree = KeyValueAgreement(
+                store.put, store.get, r, world, prefix="s", timeout_ms=60_000, delete=store.delete
+            )
+            session = DynamicSession(
+                scheduler, r, host="127.0.0.1", port=port, timeout=scaled(30), agree=agree
+            )
+            sessions[r] = session
+            listening.set()
+            for step, indices, weight, _ in session.steps(0):
+                got[r].append((step, indices, weight))
+                session.report(float(scheduler.sizes[indices].sum()) * 1e-6 * (3 if r else 1))
+        except BaseException as error:  # reported by the main thread
+            errors.append(error)
+            listening.set()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=scaled(120))
+    try:
+        assert not errors and not any(t.is_alive() for t in threads), errors
+        assert [s for s, *_ in got[0]] == [s for s, *_ in got[1]] == list(range(static.num_steps))
+        for (step, a, wa), (_, b, wb) in zip(got[0], got[1], strict=True):
+            assert Counter(a.tolist()) + Counter(b.tolist()) == _step_samples(static, step)
+            assert wa + wb == pytest.approx(2.0)
+        assert sessions[0].windows_dynamic == sessions[1].windows_dynamic > 0
+        late = [len(b) for _, b, _ in got[1][-WINDOW:]], [len(a) for _, a, _ in got[0][-WINDOW:]]
+        assert np.mean(late[0]) < np.mean(late[1])
+    finally:
+        for session in sessions:
+            if session is not None:
+                session.close()
+
+
+def test_without_a_coordinator_every_window_is_the_static_plan():
+    # Rank 1 of 2, nobody listening: every window times out to the static plan.
+    scheduler = _scheduler(2, n=80)
+    session = DynamicSession(scheduler, 1, host="127.0.0.1", port=free_ports(2)[0], timeout=0.2)
+    try:
+        static = scheduler.plan_epoch(0)
+        steps = list(session.steps(0))
+        for step, indices, weight, _ in steps:
+            np.testing.assert_array_equal(indices, static.local(step, 1))
+            assert weight == static.loss_weights[step, 1]
+        assert len(steps) == static.num_steps
+        assert session.windows_static == -(-static.num_steps // WINDOW)
+        assert session.windows_dynamic == 0
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize(
+    ("build", "match"),
+    [
+        (lambda: DynamicSession(Scheduler(np.ones(20), ScheduleConfig(2, 4)), 0), "kind='dynamic'"),
+        (lambda: DynamicSession(_scheduler(2, n=40), 2), r"rank=2 must be an int in \[0, 1\]"),
+        (
+            lambda: DynamicSession(_scheduler(2, n=40), 1, timeout=0),
+            "timeout=0 must be > 0 seconds",
+        ),
+    ],
+)
+def test_bad_arguments_are_refused_by_name(build, match):
+    with pytest.raises(ValueError, match=match):
+        build()
+
+
+def test_a_bad_standalone_coordinator_address_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv("CHRONICA_COORDINATOR", "host-without-port")
+    with pytest.raises(ValueError, match="CHRONICA_COORDINATOR='host-without-port' must be"):
+        DynamicSession(_scheduler(2, n=40), 1)
