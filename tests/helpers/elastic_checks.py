@@ -1,5 +1,6 @@
-"""The exactly-once check of an elastic resume, shared by the torch samplers' and the JAX
-iterator's elastic tests (tests/adapters/torch/test_elastic.py, tests/adapters/jax)."""
+"""The exactly-once check of an elastic resume, shared by the core's elastic tests
+(tests/core/test_elastic.py) and the faces' (tests/adapters/torch/test_elastic.py,
+tests/adapters/jax/test_jax_elastic.py)."""
 
 from __future__ import annotations
 
