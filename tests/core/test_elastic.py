@@ -16,7 +16,7 @@ from elastic_checks import check_resume_exactly_once
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chronica.core import ScheduleConfig, Scheduler
+from chronica.core import Packing, ScheduleConfig, Scheduler
 from chronica.core.elastic import (
     Resumption,
     Segment,
@@ -130,6 +130,43 @@ def test_nothing_trained_is_the_ordinary_epoch_and_a_finished_epoch_leaves_nothi
     assert resume_plan(new, 1, [Segment(4, 8, 0)]) is None
     done = resume_plan(new, 1, [Segment(4, 8, _scheduler(120, 4, 8).num_steps(1))])
     assert done is not None and done.num_steps == 0 and done.indices.shape == (0,)
+
+
+ROWS = Packing(64, row_length=32)  # every document below fits a row: one piece each
+
+
+@pytest.mark.parametrize(
+    ("w", "b", "w2", "b2", "packing"),
+    [
+        (3, 12, 2, 12, ROWS),  # documents per step
+        (2, None, 4, None, Packing(64, row_length=32, tokens_per_step=400)),  # a token budget
+    ],
+)
+def test_a_packed_epoch_continues_at_another_world_with_every_document_once(w, b, w2, b2, packing):
+    sizes = np.clip(np.random.default_rng(0).lognormal(3, 1, 200).astype(int), 1, 32)
+    old = Scheduler(sizes, ScheduleConfig(w, b, packing=packing))
+    new = Scheduler(sizes, ScheduleConfig(w2, b2, packing=packing))
+    state = _state(old, 0, 3)
+    resumed = load_state(json.loads(json.dumps(state)), new, new.digest, NAMES)
+    plan = resumed.plan
+    assert plan.micro is not None and resumed.history == (Segment(w, b, 3),)
+    rest = [[plan.indices.tolist()]]
+    check_resume_exactly_once(200, _trained(old.plan_epoch(0), 3).tolist(), rest, plan, False)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=ValueError,
+    reason="elastic._segment requires batch_size % num_replicas == 0, but a packed "
+    "configuration's batch_size (documents per step) need not be a multiple: its own state "
+    "is refused as 'state segment ... is invalid' at another world",
+)
+def test_a_packed_state_whose_batch_is_no_multiple_of_the_world_resumes_at_another():
+    sizes = np.clip(np.random.default_rng(0).lognormal(3, 1, 200).astype(int), 1, 32)
+    old = Scheduler(sizes, ScheduleConfig(3, 10, packing=ROWS))
+    new = Scheduler(sizes, ScheduleConfig(2, 10, packing=ROWS))
+    resumed = load_state(_state(old, 0, 2), new, new.digest, NAMES)
+    assert resumed.plan is not None
 
 
 @settings(max_examples=50, deadline=None)
