@@ -2,7 +2,7 @@
 the rest of an epoch at another world or batch size covers it exactly once, states round
 trip through ``state_fields``/``load_state``, and what cannot be resumed is refused by name.
 
-The adapters' own tests (tests/adapters/torch/test_elastic.py, tests/adapters/jax) check
+The adapters' own tests (tests/adapters/torch/test_torch_elastic.py, tests/adapters/jax) check
 only that their faces resume through their own API; the maths is checked here."""
 
 from __future__ import annotations

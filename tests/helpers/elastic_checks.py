@@ -1,5 +1,5 @@
 """The exactly-once check of an elastic resume, shared by the core's elastic tests
-(tests/core/test_elastic.py) and the faces' (tests/adapters/torch/test_elastic.py,
+(tests/core/test_elastic.py) and the faces' (tests/adapters/torch/test_torch_elastic.py,
 tests/adapters/jax/test_jax_elastic.py)."""
 
 from __future__ import annotations
