@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import threading
 
-__all__ = ["KeyValueStore"]
+__all__ = ["LocalStore"]
 
 
-class KeyValueStore:
+class LocalStore:
     """``values`` holds what was put and not deleted; ``get`` waits on a condition (no
     polling) and raises ``RuntimeError`` when ``timeout_ms`` pass first, as a coordination
     service's deadline does; a key is written once."""

@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 import pytest
-from kv_store import KeyValueStore
+from kv_store import LocalStore
 from workers import scaled
 
 from chronica.core import ScheduleConfig, Scheduler
@@ -109,7 +109,7 @@ def test_key_value_agreement_gives_every_rank_the_same_answer():
     """A window is used only if every token is the same one, not NO_PLAN, and the
     imbalances sum to 0 modulo the prime; every rank gets the same answer, and the same
     fresh key, drawn by rank 0, in every vote."""
-    store = KeyValueStore()
+    store = LocalStore()
     world = 3
     agreements = [
         KeyValueAgreement(
@@ -142,7 +142,7 @@ def test_key_value_agreement_gives_every_rank_the_same_answer():
 
 
 def test_without_delete_the_store_keeps_every_round():
-    store = KeyValueStore()
+    store = LocalStore()
     agreements = [
         KeyValueAgreement(store.put, store.get, r, 2, prefix="p", timeout_ms=30_000)
         for r in range(2)
@@ -152,14 +152,14 @@ def test_without_delete_the_store_keeps_every_round():
 
 
 def test_a_rank_that_never_answers_is_named_in_a_time_out():
-    store = KeyValueStore()
+    store = LocalStore()
     alone = KeyValueAgreement(store.put, store.get, 0, 2, prefix="job", timeout_ms=50)
     with pytest.raises(TimeoutError, match="rank 1 did not take part in agreement round 0"):
         alone((5, 0, 0, 0), lambda key: ZERO)
 
 
 def test_key_value_agreement_refuses_a_bad_time_out():
-    store = KeyValueStore()
+    store = LocalStore()
     with pytest.raises(ValueError, match="timeout_ms=0 must be an int >= 1"):
         KeyValueAgreement(store.put, store.get, 0, 1, prefix="p", timeout_ms=0)
 
@@ -178,7 +178,7 @@ def test_the_agreement_waits_longer_than_a_plan():
 
 
 def test_key_value_agreement_factory_keys_by_digest_and_needs_a_store():
-    store = KeyValueStore()
+    store = LocalStore()
     scheduler = Scheduler(np.arange(1, 50), ScheduleConfig(num_replicas=2, batch_size=8))
     assert key_value_agreement(0, 1.0, lambda world: None)(scheduler) is None
     asked = []

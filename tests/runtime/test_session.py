@@ -9,7 +9,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from kv_store import KeyValueStore
+from kv_store import LocalStore
 from workers import free_ports, scaled
 
 from chronica.core import ScheduleConfig, Scheduler
@@ -60,7 +60,7 @@ def test_two_ranks_split_every_step_once_and_a_slow_rank_gets_fewer_samples():
     world = 2
     scheduler = _scheduler(world, n=600, variable_batch=True)
     static = scheduler.plan_epoch(0)
-    store = KeyValueStore()
+    store = LocalStore()
     port = free_ports(2)[0]
     sessions: list[DynamicSession | None] = [None, None]
     got: list[list] = [[], []]

@@ -10,7 +10,7 @@ import msgpack
 import numpy as np
 import pytest
 from attacks import attack
-from kv_store import KeyValueStore
+from kv_store import LocalStore
 from workers import free_ports, scaled
 
 from chronica.comm.coordinator import Coordinator
@@ -296,7 +296,7 @@ def _two_rank_job(sizes, config, seconds, epochs=2):
     stream runs the ZeroMQ coordinator, both agree on every window through a shared
     key-value store, and each reports ``seconds(rank, batch)`` for every batch. Returns the
     two streams (still open) and every rank's batches, epoch by epoch."""
-    store = KeyValueStore()
+    store = LocalStore()
     options = DynamicOptions(port=free_ports(2)[0], timeout=30.0)
 
     def agree(r):
