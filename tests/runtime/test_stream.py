@@ -175,6 +175,28 @@ def test_a_fresh_stream_resumes_mid_epoch_byte_for_byte(config):
     assert resumed.state() == full.state()
 
 
+def test_a_packed_sample_level_face_counts_micro_batches_and_resumes_mid_step():
+    def make():
+        return _streams(world=2, batch=None, packing=PACKING)[1]
+
+    stream = make()
+    batches = stream.batches(whole=False)
+    first = next(batches)
+    stream.advance(len(first.micro))
+    second = next(batches)
+    assert len(second.micro) >= 2
+    stream.advance(1)  # one micro-batch of step 1 handed out
+    state = stream.state()
+    assert (state["step"], state["offset"]) == (1, 1)
+    again = make()
+    again.load_state(state)
+    resumed = next(again.batches(whole=False))
+    assert resumed.step == 1 and again.offset == 1  # the face skips one micro-batch
+    assert resumed.indices.tobytes() == second.indices.tobytes()
+    with pytest.raises(ValueError, match="state offset"):
+        make().load_state({**state, "offset": len(second.micro) + 1})
+
+
 def test_set_epoch_to_another_epoch_resets_the_position_and_an_elastic_remainder():
     old = _streams(world=4, batch=16)[0]
     batches = old.batches()
