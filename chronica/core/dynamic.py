@@ -55,8 +55,8 @@ class DynamicPlanner:
 
     def __init__(self, scheduler: Scheduler) -> None:
         config = scheduler.config
-        if config.kind != "dynamic":
-            raise ValueError(f"DynamicPlanner needs kind='dynamic', not {config.kind!r}")
+        if not config.mode.opens_session:
+            raise ValueError(f"DynamicPlanner needs kind='dynamic', not {config.mode.name!r}")
         self.scheduler = scheduler
         self.config = config
         self.window = config.window

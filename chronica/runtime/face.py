@@ -25,6 +25,16 @@ class StreamFace:
 
     stream: RankStream
 
+    def __repr__(self) -> str:
+        stream = getattr(self, "stream", None)
+        if stream is None:
+            return f"{type(self).__name__}(not built)"
+        return (
+            f"{type(self).__name__}(rank={stream.rank}, num_replicas={stream.num_replicas}, "
+            f"epoch={stream.epoch}, samples={stream.scheduler.num_samples}, "
+            f"config={stream.config!r})"
+        )
+
     @property
     def scheduler(self) -> Scheduler:
         """The scheduler every plan comes from (sizes, configuration, digest)."""

@@ -113,7 +113,7 @@ class DynamicSession:
         if not isinstance(scheduler, Scheduler):
             raise ValueError(f"scheduler must be a chronica Scheduler, not {type(scheduler)}")
         config = scheduler.config
-        if config.kind != "dynamic":
+        if not config.mode.opens_session:
             raise ValueError("DynamicSession needs kind='dynamic'")
         world = config.num_replicas
         rank = check_int("rank", rank, 0, world - 1, f" (num_replicas={world})")

@@ -108,7 +108,7 @@ class RankStream:
         self._resumed: tuple[tuple[Segment, ...], EpochPlan] | None = None
         self._weights: dict[int, float] = {}
         self.session: DynamicSession | None = None
-        if config.kind == "dynamic":
+        if config.mode.opens_session:
             options = dynamic or DynamicOptions()
             if agree is None and self.num_replicas > 1:
                 logger.warning(

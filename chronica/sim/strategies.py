@@ -29,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
+from chronica.core.config import ScheduleConfig
 from chronica.core.cost import CostModel
 from chronica.core.packing import Packing
 from chronica.core.plan import EpochPlan
-from chronica.core.scheduler import ScheduleConfig, Scheduler, step_counts
+from chronica.core.scheduler import Scheduler, step_counts
 from chronica.core.shuffle import ShufflePolicy
 
 __all__ = ["BASELINES", "CHRONICA", "Assignment", "Strategy", "torch_assignment"]

@@ -16,8 +16,8 @@ from chronica.core import Packing, ScheduleConfig, Scheduler
 from chronica.core.multiset import HASH_WORDS, MODULUS
 from chronica.runtime import DynamicOptions, KeyValueAgreement, RankStream
 from chronica.runtime.agreement import NO_PLAN, key_value_agreement
-from chronica.runtime.build import open_stream, resolve_world, schedule_config
 from chronica.runtime.micro import planned_micro_batches
+from chronica.runtime.request import open_stream
 
 
 def _sizes(n=203, seed=0):
@@ -221,53 +221,13 @@ def test_key_value_agreement_factory_keys_by_digest_and_needs_a_store():
     assert (built.rank, built.world, built.timeout_ms) == (1, 2, 60_000)
 
 
-def test_world_and_config_assembly_refuse_bad_arguments_by_name():
-    assert resolve_world(np.int64(4), np.int64(3), None) == (4, 3)
-    assert resolve_world(None, None, lambda: (2, 1)) == (2, 1)
-    with pytest.raises(
-        ValueError, match=r"Invalid rank 4, rank should be in the interval \[0, 3\]"
-    ):
-        resolve_world(4, 4, None)
-    with pytest.raises(ValueError, match="num_replicas and rank are required: pass both"):
-        resolve_world(None, 0, None, "pass both")
-    config = ScheduleConfig(num_replicas=2, batch_size=8)
-    assert resolve_world(None, 1, None, config=config) == (2, 1)
-    kw = {"kind": "static", "exact": True, "shuffle": True, "seed": 0, "drop_last": False,
-          "cost": None, "groups": None, "variable_batch": False, "packing": None}  # fmt: skip
-    assert schedule_config(config, 2, None, kw, None) is config
-    with pytest.raises(ValueError, match="pass seed inside it"):
-        schedule_config(config, 2, None, {**kw, "seed": 3}, None)
-    with pytest.raises(ValueError, match=r"config\.num_replicas=2 differs from the world size 4"):
-        schedule_config(config, 4, None, kw, None)
-    with pytest.raises(ValueError, match=r"^global_batch_size=10 \(global\) must be a multiple"):
-        schedule_config(None, 4, 10, kw, None, batch_name="global_batch_size")
-    with pytest.raises(ValueError, match=r"dynamic=.* must be a chronica\.runtime\.DynamicOptions"):
-        schedule_config(None, 4, 8, kw, {"window": 4})
-
-
-@pytest.mark.parametrize(
-    ("field", "value", "message"),
-    [
-        ("window", 0, "window=0 must be an int >= 1"),
-        ("timeout", 0, "timeout=0 must be > 0 seconds"),
-        ("timeout", float("nan"), "timeout=nan must be a finite number"),
-        ("port", 70000, r"port=70000 must be an int in \[0, 65534\]"),
-        ("min_batch", True, "min_batch=True must be an int >= 1"),
-        ("host", " ", "host=' ' must be a host name or address"),
-    ],
-)
-def test_dynamic_options_refuse_bad_values_by_name(field, value, message):
-    with pytest.raises(ValueError, match=message):
-        DynamicOptions(**{field: value})
-
-
 def _two_rank_job(sizes, config, seconds, epochs=2):
     """Run two ranks (threads) of a kind="dynamic" ``config`` for ``epochs``: rank 0's
     stream runs the ZeroMQ coordinator, both agree on every window through a shared
     key-value store, and each reports ``seconds(rank, batch)`` for every batch. Returns the
     two streams (still open) and every rank's batches, epoch by epoch."""
     _, put, get, delete = _store()
-    options = DynamicOptions(window=config.window, port=free_ports(2)[0], timeout=30.0)
+    options = DynamicOptions(port=free_ports(2)[0], timeout=30.0)
 
     def agree(r):
         # key_prefix numbers a process's streams of one configuration, and both ranks
