@@ -133,3 +133,35 @@ def test_every_face_refuses_an_unknown_option_by_name(face):
     config = ScheduleConfig(num_replicas=2, batch_size=8, seed=9)
     with pytest.raises(ValueError, match="pass seed inside it"):
         FACES[face](config=config, seed=3)
+
+
+@pytest.mark.parametrize("face", ["torch.DistributedBatchSampler", "jax.iterator"])
+def test_a_dynamic_config_runs_with_transport_options_beside_it(face):
+    # config= holds the plan (kind="dynamic", its window), dynamic= the transport: one rank
+    # and a real coordinator on an OS-picked port; every sample once.
+    from chronica.runtime import DynamicOptions
+
+    config = ScheduleConfig(num_replicas=1, batch_size=8, kind="dynamic", window=2)
+    transport = DynamicOptions(port=0, timeout=30.0)
+    if face == "jax.iterator":
+        import chronica.jax
+
+        source = [np.arange(n) for n in SIZES]
+        it = chronica.jax.iterator(source, SIZES, config=config, dynamic=transport, rank=0)
+    else:
+        from chronica.torch.utils.data import DistributedBatchSampler
+
+        it = DistributedBatchSampler(
+            list(range(32)), sizes=SIZES, config=config, dynamic=transport, rank=0
+        )
+    try:
+        assert it.stream.config is config and it.stream.session is not None
+        seen = []
+        for batch in it:
+            indices = batch["indices"] if isinstance(batch, dict) else batch
+            seen.extend(int(i) for i in indices if i >= 0)
+            it.report(0.01)
+        assert sorted(seen) == list(range(32))
+        assert it.stream.session.windows_dynamic >= 1
+    finally:
+        it.close()
