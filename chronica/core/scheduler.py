@@ -96,10 +96,24 @@ class Scheduler:
     labels, partitions, epoch): equal inputs give byte-identical plans on every rank,
     process and restart. The plans of the two epochs planned last are cached.
 
-    ``labels`` (one class per sample) are needed by ``shuffle="stratified"``; ``partitions``
-    (one index list per node, e.g. what is on each node's disk) replace the built partitions
-    of ``local``/``partial`` policies.
+    Args:
+        sizes: one finite, non-negative size per sample (validated once).
+        config: the plan request.
+        labels: one class per sample, needed by ``shuffle="stratified"``.
+        partitions: one index list per node (e.g. what is on each node's disk), replacing
+            the built partitions of ``local``/``partial`` policies.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from chronica.core import ScheduleConfig, Scheduler
+        >>> plan = Scheduler(np.arange(1, 65), ScheduleConfig(4, 16)).plan_epoch(0)
+        >>> plan.num_steps, sorted(plan.indices.tolist()) == list(range(64))
+        (4, True)
     """
+
+    def __repr__(self) -> str:
+        return f"Scheduler({self.num_samples} samples, {self.config!r})"
 
     def __init__(
         self,

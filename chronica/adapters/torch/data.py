@@ -76,6 +76,12 @@ class Dataset(_TorchDataset):
     ``__sizeof__``, so ``sys.getsizeof`` keeps working, also for a subclass whose override
     takes the index only (``def __sizeof__(self, index)``, as in the quick start): such an
     override is wrapped when the subclass is defined.
+
+    Example::
+
+        class Clips(chronica.torch.utils.data.Dataset):
+            def __sizeof__(self, index):
+                return self.frames[index]
     """
 
     def __sizeof__(self, index: int | None = None) -> int:
