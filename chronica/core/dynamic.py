@@ -51,6 +51,9 @@ class DynamicPlanner:
     exactly the samples of the same steps of ``scheduler.plan_epoch(epoch)``; per-rank
     counts add up to the step's size, equal on every rank unless ``variable_batch``, and
     within ``[min_batch, max_batch]``; the same window is never planned twice.
+
+    Args:
+        scheduler: the static plans the windows re-split; its mode must open a session.
     """
 
     def __init__(self, scheduler: Scheduler) -> None:

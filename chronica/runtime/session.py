@@ -98,6 +98,14 @@ class DynamicSession:
     rank's samples of either the dynamic or the static plan of that window (the same choice
     on every rank when ``agree`` is given); it never waits longer than ``timeout`` per
     window.
+
+    Args:
+        scheduler: the plans; its mode must open a session (``kind="dynamic"``).
+        rank: this process's rank (rank 0 runs the coordinator).
+        host: where the coordinator listens (see ``chronica.runtime.DynamicOptions``).
+        port: its port (see ``chronica.runtime.DynamicOptions``).
+        timeout: the longest wait for a window's plan, in seconds.
+        agree: the all-ranks agreement, or ``None`` (a single rank votes alone).
     """
 
     def __init__(
@@ -111,7 +119,7 @@ class DynamicSession:
         agree: Agreement | None = None,
     ) -> None:
         if not isinstance(scheduler, Scheduler):
-            raise ValueError(f"scheduler must be a chronica Scheduler, not {type(scheduler)}")
+            raise TypeError(f"scheduler must be a chronica Scheduler, not {type(scheduler)}")
         config = scheduler.config
         if not config.mode.opens_session:
             raise ValueError("DynamicSession needs kind='dynamic'")
@@ -119,7 +127,7 @@ class DynamicSession:
         rank = check_int("rank", rank, 0, world - 1, f" (num_replicas={world})")
         timeout = check_seconds("timeout", timeout)
         if agree is not None and not isinstance(agree, Agreement):
-            raise ValueError(
+            raise TypeError(
                 f"agree must be a chronica.runtime.agreement.Agreement, or None, not {type(agree)}"
             )
         self.scheduler = scheduler
