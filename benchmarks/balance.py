@@ -17,7 +17,7 @@ Targets checked (and printed, never tuned away):
   * chronica pool and guided are at least as good as upstream Chronica and FlatFlow, mean
     and worst (medians), on every case.
 
-Run alone: ``PYTHONPATH=. python benchmarks/run_all.py --only balance [--quick]``.
+Run alone: ``python -m benchmarks --only balance [--quick]``.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import peers
-from common import (
+
+from benchmarks import peers
+from benchmarks.common import (
     Assignment,
     equal_count_bound,
     heavy_tailed_sizes,
@@ -37,7 +38,6 @@ from common import (
     read_lengths,
     step_metrics,
 )
-
 from chronica.core import ScheduleConfig, Scheduler
 
 __all__ = ["CASES", "METHODS", "check_targets", "default_data_dir", "run"]

@@ -20,7 +20,7 @@
    at 64 ranks and a global batch of 16,384, 16 steps per window; median over fresh keys.
    (The two all-reduces of 8 and 40 int64 go over the framework's channel.)
 
-    PYTHONPATH=. python benchmarks/run_all.py --only coordinator
+    python -m benchmarks --only coordinator
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from chronica.runtime import window
 
 __all__ = ["format_table", "render_markdown", "run"]
 
-REPRODUCE = "PYTHONPATH=. python benchmarks/run_all.py --only coordinator"
+REPRODUCE = "python -m benchmarks --only coordinator"
 
 CPU_WORLD, CPU_PER_RANK, CPU_WINDOW, CPU_SAMPLES = 4, 32, 16, 16_384
 STEP_SECONDS = 0.02

@@ -17,7 +17,7 @@ Two measurements, both in one invocation:
    holding it, the same from the moment the window was requested, and the time a step waited
    for its plan; and the bytes of plan messages received per delivered index.
 
-    PYTHONPATH=. python benchmarks/run_all.py --only dynamic
+    python -m benchmarks --only dynamic
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 import zmq
-from common import rss_bytes
-from peers import omnilearn_batches
 
+from benchmarks.common import rss_bytes
+from benchmarks.peers import omnilearn_batches
 from chronica.comm.client import PlanClient
 from chronica.comm.coordinator import Coordinator
 from chronica.comm.protocol import topic
@@ -44,7 +44,7 @@ from chronica.sim.speeds import OMNILEARN_PROFILES, SpeedProfile
 
 __all__ = ["format_table", "render_markdown", "run"]
 
-REPRODUCE = "PYTHONPATH=. python benchmarks/run_all.py --only dynamic"
+REPRODUCE = "python -m benchmarks --only dynamic"
 
 # -- part 1: the controller on emulated OmniLearn workers ---------------------------------
 

@@ -18,7 +18,7 @@ The balance part compares the per-step max/mean rank cost of partitioned data se
 (``local``, one node of 4 ranks or one node per rank) with the unpartitioned ``global``
 policy on the same sizes, in exact mode and in pool mode (``exact=False``).
 
-Run alone: ``PYTHONPATH=. python benchmarks/run_all.py --only movement [--quick]``.
+Run alone: ``python -m benchmarks --only movement [--quick]``.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from common import lognormal_sizes, machine_info
 
+from benchmarks.common import lognormal_sizes, machine_info
 from chronica.core import ScheduleConfig, Scheduler, ShufflePolicy, label_skew, movement
 
 __all__ = ["BALANCE_CASES", "POLICIES", "format_table", "run"]

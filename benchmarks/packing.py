@@ -28,7 +28,7 @@ max/mean is at most 1.01 wherever the bound's mean is (the largest document allo
 mean and worst are no worse than any peer's in every case; and planning 16,384 documents
 for 256 ranks takes at most 100 ms (median).
 
-Run alone: ``PYTHONPATH=. python benchmarks/run_all.py --only packing [--quick]``.
+Run alone: ``python -m benchmarks --only packing [--quick]``.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import packing_peers as peers
-from common import machine_info, read_lengths
 
+from benchmarks import packing_peers as peers
+from benchmarks.common import machine_info, read_lengths
 from chronica.core import CostModel
 from chronica.core.packing import Packing, pack_step
 

@@ -43,7 +43,7 @@ interleaved (step 1 of chronica, of first fit, of padding, step 2 of chronica, .
 method with its own model, so the machine's noise hits all alike; one repeat per model seed,
 so the repeats measure seed noise.
 
-    PYTHONPATH=. python benchmarks/run_all.py --only packing_e2e [--quick]
+    python -m benchmarks --only packing_e2e [--quick]
 """
 
 from __future__ import annotations
@@ -63,11 +63,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import packing_peers as peers
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks import packing_peers as peers
 from chronica import Packing
 from chronica.core.packing import micro_weights, step_starts
 from chronica.core.shuffle import epoch_order
@@ -97,7 +97,7 @@ __all__ = [
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-REPRODUCE = "PYTHONPATH=. python benchmarks/run_all.py --only packing_e2e"
+REPRODUCE = "python -m benchmarks --only packing_e2e"
 
 METHODS = {
     "chronica": "chronica Packing (balanced)",
@@ -657,7 +657,7 @@ def _launch(settings: Settings, timeout_s: float) -> list[list[dict]]:
         procs = []
         try:
             for rank in range(settings.world):
-                cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(rank)]
+                cmd = [sys.executable, "-m", "benchmarks.packing_e2e", "--worker", str(rank)]
                 cmd += [str(store.port), str(config), str(out)]
                 procs.append(subprocess.Popen(cmd, env=env))
             deadline = time.monotonic() + timeout_s

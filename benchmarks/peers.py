@@ -57,7 +57,8 @@ import heapq
 from collections.abc import Sequence
 
 import numpy as np
-from common import Assignment, LengthOnly
+
+from benchmarks.common import Assignment, LengthOnly
 
 __all__ = [
     "flatflow",

@@ -21,7 +21,7 @@ and 2 (it keeps the two latest plans; from the third on it is in its steady stat
 Reported: the peak above the resident size before construction (the sizes already held),
 per sample, after each epoch.
 
-Run alone: ``PYTHONPATH=. python benchmarks/run_all.py --only planning [--quick]``.
+Run alone: ``python -m benchmarks --only planning [--quick]``.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import LengthOnly, lognormal_sizes, machine_info, rss_bytes
 
+from benchmarks.common import LengthOnly, lognormal_sizes, machine_info, rss_bytes
 from chronica.core import ScheduleConfig, Scheduler
 
 __all__ = ["MODES", "TARGETS", "format_table", "render_markdown", "run"]
@@ -50,7 +50,7 @@ MODES = [("exact", "static", True), ("guided", "guided", True), ("pool", "static
 # torch sampler.
 TARGETS = {"sampler": 1.5, "guided": 2.0, "pool": 3.0}
 MEMORY_TARGET = 24.0  # peak bytes per sample above the sizes, at 10^8
-REPRODUCE = "PYTHONPATH=. python benchmarks/run_all.py --only planning"
+REPRODUCE = "python -m benchmarks --only planning"
 
 
 def _config(kind: str, exact: bool) -> ScheduleConfig:
@@ -128,7 +128,7 @@ def _rounds(
 def _peak_memory(n: int) -> dict[str, Any]:
     """Run this module as a fresh process measuring exact planning's peak memory at ``n``."""
     done = subprocess.run(
-        [sys.executable, __file__, "--peak-memory", str(n)],
+        [sys.executable, "-m", "benchmarks.planning", "--peak-memory", str(n)],
         capture_output=True,
         text=True,
         check=False,
