@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +40,7 @@ from benchmarks.common import (
     step_metrics,
 )
 from chronica.core import ScheduleConfig, Scheduler
+from chronica.core.cost import as_cost_model
 
 __all__ = ["CASES", "METHODS", "check_targets", "default_data_dir", "run"]
 
@@ -127,7 +129,7 @@ def _chronica(sizes, case: Case, seed: int, kind: str, exact: bool) -> Scheduler
         shuffle=True,
         seed=seed,
         drop_last=False,
-        cost=case.cost,
+        cost=as_cost_model(case.cost),
     )
     return Scheduler(sizes, config)
 
@@ -250,7 +252,7 @@ def run(quick: bool, data_dir: Path | None = None) -> dict:
     seeds = [0, 1] if quick else list(range(10))
     epochs = [0] if quick else [0, 1, 2]
     started = time.perf_counter()
-    cases = []
+    cases: list[dict[str, Any]] = []
     trace = None
     for case in CASES:
         entry = {

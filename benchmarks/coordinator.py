@@ -41,6 +41,7 @@ from chronica.comm.protocol import decode, topic
 from chronica.core import ScheduleConfig, Scheduler
 from chronica.core.dynamic import DynamicPlanner
 from chronica.core.multiset import KEY_WORDS
+from chronica.core.plan import WindowPlan
 from chronica.runtime import window
 
 __all__ = ["format_table", "render_markdown", "run"]
@@ -96,10 +97,10 @@ class _Timed(Coordinator):
         self.handed: dict[tuple[int, int], float] = {}  # the window's messages to the gate
         plan_window = self.planner.plan_window
 
-        def timed(epoch: int, first: int) -> Any:
+        def timed(epoch: int, first_step: int) -> WindowPlan:
             started = time.thread_time()
             try:
-                return plan_window(epoch, first)
+                return plan_window(epoch, first_step)
             finally:
                 self.planning += time.thread_time() - started
 
@@ -171,7 +172,8 @@ def _cpu_once(epochs: int) -> dict[str, float]:
     steps = scheduler.num_steps()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    with _Timed(scheduler, "127.0.0.1", 0) as coordinator:
+    coordinator = _Timed(scheduler, "127.0.0.1", 0)
+    with coordinator:
         assert coordinator.endpoint is not None and coordinator._gate is not None
         gate = coordinator._gate.pid()
         assert gate is not None
@@ -254,7 +256,8 @@ def _latency(epochs: int, pattern: str) -> dict[str, Any]:
     steps = scheduler.num_steps()
     ctx = mp.get_context("spawn")
     ready, out = ctx.Queue(), ctx.Queue()
-    with _Timed(scheduler, "127.0.0.1", 0) as coordinator:
+    coordinator = _Timed(scheduler, "127.0.0.1", 0)
+    with coordinator:
         assert coordinator.endpoint is not None and coordinator._gate is not None
         gate = coordinator._gate.pid()
         assert gate is not None

@@ -265,8 +265,8 @@ def _controller(seeds: list[int]) -> dict[str, Any]:
         for m in METHODS:
             for part in ("second", "steady"):
                 for key in ("measured", "vs_ideal"):
-                    values = [run[m][key][hl8[part]] for run in share_runs]
-                    row[f"{m}_{part}_{key}"] = float(np.median(values))
+                    at_hl8 = [run[m][key][hl8[part]] for run in share_runs]
+                    row[f"{m}_{part}_{key}"] = float(np.median(at_hl8))
             sums = np.asarray([run[m]["counts"] for run in share_runs]).sum(axis=2)
             row[f"{m}_sum_max"] = int(sums.max())
         sensitivity.append(row)
@@ -392,7 +392,7 @@ def _client_process(
         )
         for rank in ranks
     ]
-    records = {rank: {"waits": []} for rank in ranks}
+    records: dict[int, dict[str, Any]] = {rank: {"waits": []} for rank in ranks}
     try:
         connected = all(c.connect() for c in clients)
         ready.put(connected)
@@ -508,7 +508,8 @@ def _delivery(
     ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     start_at = ctx.Value("d", 0.0)
     groups = [list(range(world))[i::CLIENT_PROCESSES] for i in range(CLIENT_PROCESSES)]
-    coordinator = _TimedCoordinator(scheduler, "127.0.0.1", 0).start()
+    coordinator = _TimedCoordinator(scheduler, "127.0.0.1", 0)
+    coordinator.start()
     memory = _MemorySampler()
     memory_figures: dict[str, Any] = {}
     records: dict[int, dict] = {}

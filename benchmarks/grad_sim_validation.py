@@ -169,7 +169,9 @@ def _run_steps(
 
     model, probe, x, y, loss_fn, opt = _setup(name, variant)
     params = list(model.parameters())
-    stamps, update, reduce = [time.perf_counter()], [], []
+    stamps: list[float] = [time.perf_counter()]
+    update: list[float] = []
+    reduce: list[float] = []
     while len(update) < count or (running is not None and running()):
         opt.zero_grad()
         loss = loss_fn(model(x), y)

@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -85,7 +86,7 @@ VARIANTS: dict[str, dict | None] = {
     },
     "auto-tuned": {"mode": "scheduled", "order": "priority", "auto_tune": True},
 }
-DDP_ARGS = {
+DDP_ARGS: dict[str, dict[str, Any]] = {
     "DDP": {},
     "DDP static_graph": {"static_graph": True},
     "DDP bucket_cap_mb=2": {"bucket_cap_mb": 2},

@@ -73,6 +73,7 @@ def _movement_row(sizes, labels, nbytes, w: int, policy, fraction: float, batch)
         mv = movement(scheduler, epoch, sample_bytes=nbytes)
         sk = label_skew(scheduler, epoch, labels)
         moved.append(mv.total_samples)
+        assert mv.total_bytes is not None  # sample_bytes was given
         moved_bytes.append(mv.total_bytes)
         batch_skew.append(sk.batch_mean)
         node_skew.append(sk.node_mean)
@@ -96,7 +97,7 @@ def _balance_rows(sizes: np.ndarray) -> list[dict]:
     w = BALANCE_REPLICAS
     rows = []
     for key, label, policy, per_node, exact in BALANCE_CASES:
-        groups = None if per_node is None else [r // per_node for r in range(w)]
+        groups = None if per_node is None else tuple(r // per_node for r in range(w))
         config = ScheduleConfig(
             num_replicas=w,
             batch_size=PER_RANK_BATCH * w,

@@ -36,6 +36,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -215,8 +216,8 @@ def _warm_up() -> None:
 
 def _run_case(case: Case, pool: np.ndarray | None, num_steps: int) -> dict:
     model = _cost_model(case.cost)
-    per_step = {key: [] for key, _ in METHODS}
-    seconds = {key: [] for key, _ in METHODS}
+    per_step: dict[str, list[dict[str, Any]]] = {key: [] for key, _ in METHODS}
+    seconds: dict[str, list[float]] = {key: [] for key, _ in METHODS}
     for lengths in _steps(DATA[case.data], pool, case.num_replicas, num_steps):
         costs = model(lengths)
         for key, _ in METHODS:
@@ -346,7 +347,7 @@ def run(quick: bool, data_dir: Path | None = None) -> dict:
     num_steps = 3 if quick else 16
     started = time.perf_counter()
     _warm_up()
-    cases = []
+    cases: list[dict[str, Any]] = []
     for case in _cases(quick):
         source = DATA[case.data]
         pool = None

@@ -472,8 +472,8 @@ def predicted(settings: Settings) -> dict[str, Any]:
             "padding_share": 1.0 - used / pad,
         }
     for record in out.values():
-        loads = np.asarray(record["loads"])
-        record["ratio"] = (loads.max(axis=1) / loads.mean(axis=1)).tolist()
+        rank_loads = np.asarray(record["loads"])
+        record["ratio"] = (rank_loads.max(axis=1) / rank_loads.mean(axis=1)).tolist()
     return {
         "methods": out,
         "tokens": [int(lengths[d].sum()) for d in steps],

@@ -26,6 +26,7 @@ Run alone: ``python -m benchmarks --only planning [--quick]``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -37,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import LengthOnly, lognormal_sizes, machine_info, rss_bytes
-from chronica.core import ScheduleConfig, Scheduler
+from chronica.core import EpochPlan, ScheduleConfig, Scheduler
 
 __all__ = ["MODES", "TARGETS", "format_table", "render_markdown", "run"]
 
@@ -59,6 +60,11 @@ def _config(kind: str, exact: bool) -> ScheduleConfig:
     )
 
 
+def _plan_anew(sizes: np.ndarray, config: ScheduleConfig, epoch: int) -> EpochPlan:
+    """Construct a scheduler and plan ``epoch``: what a job pays for its first plan."""
+    return Scheduler(sizes, config).plan_epoch(epoch)
+
+
 def _variants(sizes: np.ndarray) -> list[tuple[str, str, Callable[[int], object]]]:
     """``(key, label, fn(epoch))`` for every timed row, in round order."""
     n = sizes.shape[0]
@@ -69,9 +75,11 @@ def _variants(sizes: np.ndarray) -> list[tuple[str, str, Callable[[int], object]
         from torch.utils.data import DistributedSampler as TorchSampler
 
         from chronica.torch.utils.data import DistributedSampler
-    except ImportError:
-        TorchSampler = DistributedSampler = None
-    if DistributedSampler is not None:
+    except ImportError:  # no torch: its two rows are left out
+        with_torch = False
+    else:
+        with_torch = True
+    if with_torch:
 
         def sampler(epoch: int) -> int:
             chosen = DistributedSampler(
@@ -89,12 +97,12 @@ def _variants(sizes: np.ndarray) -> list[tuple[str, str, Callable[[int], object]
             (
                 key,
                 f"chronica {key}: Scheduler(...).plan_epoch(e)",
-                lambda e, c=config: Scheduler(sizes, c).plan_epoch(e),
+                functools.partial(_plan_anew, sizes, config),
             )
         )
         one = Scheduler(sizes, config)
         out.append((f"{key}_plan_only", f"chronica {key}: plan_epoch(e) only", one.plan_epoch))
-    if TorchSampler is not None:
+    if with_torch:
         torch_sampler = TorchSampler(LengthOnly(n), num_replicas=NUM_REPLICAS, rank=0, seed=0)
 
         def one_rank(epoch: int) -> list:
@@ -194,7 +202,7 @@ def run(quick: bool) -> dict:
     load_after = os.getloadavg()[0]
     medians = {key: float(np.median(values)) for key, values in times.items()}
     cpu_medians = {key: float(np.median(values)) for key, values in cpu.items()}
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "key": key,
             "label": label,

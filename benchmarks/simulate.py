@@ -90,7 +90,7 @@ def _torch_compute(
     scheduler = Scheduler(sizes, config)
     parts = []
     for epoch in range(options.epochs):
-        a = strategy.assignment(scheduler, options.batch_size, epoch)  # type: ignore[arg-type]
+        a = strategy.assignment(scheduler, options.batch_size, epoch)
         steps = a.bounds.shape[0]
         profile = parse_speeds(options.speeds, options.world, steps * options.epochs)
         noise_m = options.compute.noise_factors(repeat, epoch, steps, options.world)
