@@ -79,7 +79,7 @@ SKIP_SH: dict[str, str] = {
     r"\bpip install\b": "installs packages (network access, changes the environment); CI "
     "installs the same extras before it runs the tests",
     r"\bpython -m pytest\b": "runs the whole test suite, which includes this test",
-    r"\bchronica bench\b|benchmarks/run_all\.py": "the full benchmark takes many minutes "
+    r"\bchronica bench\b|\bpython -m benchmarks\b": "the full benchmark takes many minutes "
     "and rewrites docs/benchmarks.md",
     r"\bsudo\b": "needs root (network namespaces for the gradient benchmark)",
     r"\bchronica demo\b": "real 2-process trainings that take minutes at full size; "

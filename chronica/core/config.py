@@ -200,11 +200,12 @@ class ScheduleConfig:
     @classmethod
     def option_defaults(cls) -> dict[str, Any]:
         """Every option of ``option_names`` with its default value."""
-        return {
-            f.name: f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
-            for f in fields(cls)
-            if f.name in cls.option_names()
-        }
+        out = {}
+        for f in fields(cls):
+            if f.name in cls.option_names():
+                factory = f.default_factory
+                out[f.name] = f.default if factory is MISSING else factory()
+        return out
 
     def batch_bounds(self) -> tuple[int, int]:
         """``(min_batch, max_batch)`` per rank with their defaults filled in."""
