@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 __all__ = [
     "BUNDLE",
@@ -265,9 +266,7 @@ class Gate:
         if now < self._retry_at:
             return False
         self._spawn()
-        if self._ready():
-            return True
-        return False
+        return self._ready()
 
     def calm(self) -> None:
         """The gate has served a while: the next restart comes at once again."""
@@ -415,6 +414,12 @@ class _Serve:
         self.router.bind(config["urls"][0])
         self.pub.bind(config["urls"][1])
         self.admitted: set[bytes] = set()
+        self.orders: dict[bytes, Any] = {  # the coordinator's orders (see ``_down``)
+            b"s": self._relay,
+            b"p": lambda frames: self._publish(frames[1], frames[2]),
+            b"a": lambda frames: self.admitted.add(frames[1]),
+            b"d": lambda frames: self.admitted.discard(frames[1]),
+        }
         burst = self.limits.stranger_burst
         self.burst = float(min(2 * config["world"] + 64, 1 << 16) if burst is None else burst)
         self.tokens = self.burst
@@ -471,8 +476,6 @@ class _Serve:
             pass  # the coordinator is busy; notes are best effort
 
     def _events(self, monitor: zmq.Socket) -> None:
-        from zmq.utils.monitor import recv_monitor_message
-
         while True:
             try:
                 event = recv_monitor_message(monitor, zmq.NOBLOCK)
@@ -552,22 +555,21 @@ class _Serve:
             at = end
 
     def _down(self) -> None:
+        # What the coordinator asks, by the first frame: s(end) to a connection, p(ublish)
+        # a window, a(dmit) or d(rop) a connection from the unthrottled set.
         for _ in range(4096):
             if not readable(self.link):
                 return
             frames = self.link.recv_multipart(zmq.NOBLOCK)
-            kind = frames[0]
-            if kind == b"s":
-                try:
-                    self.router.send_multipart(frames[1:], zmq.NOBLOCK)
-                except zmq.ZMQError:
-                    pass  # the peer is gone or its queue is full: it times out and falls back
-            elif kind == b"p":
-                self._publish(frames[1], frames[2])
-            elif kind == b"a":
-                self.admitted.add(frames[1])
-            elif kind == b"d":
-                self.admitted.discard(frames[1])
+            order = self.orders.get(frames[0])
+            if order is not None:
+                order(frames)
+
+    def _relay(self, frames: list[bytes]) -> None:
+        try:
+            self.router.send_multipart(frames[1:], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # the peer is gone or its queue is full: it times out and falls back
 
 
 def _auth_module() -> Any:

@@ -333,46 +333,71 @@ def decode(frame: bytes, max_bytes: int = MAX_REQUEST_BYTES) -> dict[str, Any]:
     missing = [name for name in _FIELDS[kind] if name not in message]
     if missing:
         raise ProtocolError(f"{kind} message lacks {missing}")
-    _validate(kind, message)
+    _VALIDATE[kind](message)
     return message
 
 
-def _validate(kind: str, message: dict[str, Any]) -> None:
-    if kind in ("hello", "fetch", "report"):
-        _int(message, "rank", 0, MAX_WORLD - 1)
-    if kind == "hello":
-        _int(message, "world", 1, MAX_WORLD)
-        digest = message["digest"]
-        if not isinstance(digest, str) or not 0 < len(digest) <= 128:
-            raise ProtocolError("field 'digest' must be a non-empty string")
-    elif kind == "fetch":
+def _rank(message: dict[str, Any]) -> None:
+    _int(message, "rank", 0, MAX_WORLD - 1)
+
+
+def _hello(message: dict[str, Any]) -> None:
+    _rank(message)
+    _int(message, "world", 1, MAX_WORLD)
+    digest = message["digest"]
+    if not isinstance(digest, str) or not 0 < len(digest) <= 128:
+        raise ProtocolError("field 'digest' must be a non-empty string")
+
+
+def _fetch(message: dict[str, Any]) -> None:
+    _rank(message)
+    _int(message, "epoch", 0, MAX_STEPS)
+    _int(message, "first", 0, MAX_STEPS)
+    if type(message.get("ahead", False)) is not bool:
+        raise ProtocolError(f"field 'ahead'={message['ahead']!r} must be a bool")
+
+
+def _report(message: dict[str, Any]) -> None:
+    _rank(message)
+    _int(message, "epoch", 0, MAX_STEPS)
+    _int(message, "step", 0, MAX_STEPS)
+    _float(message, "load", REPORT_LOAD)
+    _float(message, "seconds", REPORT_SECONDS)
+    if "work" in message:
+        work = _array(message, "work", "<f8")
+        if work.shape != (3,) or not np.isfinite(work).all() or (work < 0).any():
+            raise ProtocolError("field 'work' must be 3 finite float64 values >= 0")
+        if work.max() > REPORT_LOAD[1]:
+            raise ProtocolError(f"field 'work' values must be at most {REPORT_LOAD[1]:g}")
+        message["work"] = work
+
+
+def _welcome(message: dict[str, Any]) -> None:
+    _int(message, "window", 1, MAX_STEPS)
+    _int(message, "steps", 0, MAX_STEPS)
+
+
+def _error(message: dict[str, Any]) -> None:
+    if not isinstance(message["code"], str) or not isinstance(message["msg"], str):
+        raise ProtocolError("error message fields must be strings")
+    if "epoch" in message or "first" in message:
         _int(message, "epoch", 0, MAX_STEPS)
         _int(message, "first", 0, MAX_STEPS)
-        if type(message.get("ahead", False)) is not bool:
-            raise ProtocolError(f"field 'ahead'={message['ahead']!r} must be a bool")
-    elif kind == "report":
-        _int(message, "epoch", 0, MAX_STEPS)
-        _int(message, "step", 0, MAX_STEPS)
-        _float(message, "load", REPORT_LOAD)
-        _float(message, "seconds", REPORT_SECONDS)
-        if "work" in message:
-            work = _array(message, "work", "<f8")
-            if work.shape != (3,) or not np.isfinite(work).all() or (work < 0).any():
-                raise ProtocolError("field 'work' must be 3 finite float64 values >= 0")
-            if work.max() > REPORT_LOAD[1]:
-                raise ProtocolError(f"field 'work' values must be at most {REPORT_LOAD[1]:g}")
-            message["work"] = work
-    elif kind == "welcome":
-        _int(message, "window", 1, MAX_STEPS)
-        _int(message, "steps", 0, MAX_STEPS)
-    elif kind == "error":
-        if not isinstance(message["code"], str) or not isinstance(message["msg"], str):
-            raise ProtocolError("error message fields must be strings")
-        if "epoch" in message or "first" in message:
-            _int(message, "epoch", 0, MAX_STEPS)
-            _int(message, "first", 0, MAX_STEPS)
-    elif kind == "plan":
-        message["plan"] = _plan(message)
+
+
+def _plan_fields(message: dict[str, Any]) -> None:
+    message["plan"] = _plan(message)
+
+
+# Each message type's checks, beyond the presence of its ``_FIELDS``.
+_VALIDATE = {
+    "hello": _hello,
+    "fetch": _fetch,
+    "report": _report,
+    "welcome": _welcome,
+    "error": _error,
+    "plan": _plan_fields,
+}
 
 
 def _plan(message: dict[str, Any]) -> Plan:
