@@ -91,6 +91,14 @@ class ProtocolError(ValueError):
     ``code`` travels in the ``error`` answer: ``"protocol"`` (malformed or out of range),
     ``"hello"`` (the connection has not said hello: the rank says it again), ``"stale"``
     (the window is too far behind or ahead of the job to be planned consistently).
+
+    Args:
+        message: what is wrong, for the log and the ``error`` answer.
+        code: the error code.
+
+    Example::
+
+        >>> raise ProtocolError("say hello first", code="hello")
     """
 
     def __init__(self, message: str, code: str = "protocol") -> None:
@@ -132,14 +140,24 @@ class Plan:
 
     @property
     def num_steps(self) -> int:
+        """The steps of the window."""
         return int(self.offsets.shape[0] - 1)
 
     def local(self, step: int) -> np.ndarray:
+        """The rank's samples (packed: piece numbers) of ``step``.
+
+        Args:
+            step: a step of the window (``first <= step < first + num_steps``).
+        """
         i = step - self.first
         return self.indices[self.offsets[i] : self.offsets[i + 1]]
 
     def micro_batches(self, step: int) -> list[tuple[np.ndarray, np.ndarray, float]]:
-        """A packed window's micro-batches of ``step``: ``(pieces, rows, loss_weight)``."""
+        """A packed window's micro-batches of ``step``: ``(pieces, rows, loss_weight)``.
+
+        Args:
+            step: a step of the window.
+        """
         assert self.micro is not None
         i = step - self.first
         micro = self.micro
@@ -152,17 +170,46 @@ class Plan:
 
 
 def tcp_url(host: str, port: int | str) -> str:
-    """The ZeroMQ TCP endpoint of ``host:port``; IPv6 literals are bracketed."""
+    """The ZeroMQ TCP endpoint of ``host:port``; IPv6 literals are bracketed.
+
+    Args:
+        host: a host name or address.
+        port: the port.
+
+    Example::
+
+        >>> tcp_url("::1", 5000)
+        'tcp://[::1]:5000'
+    """
     return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
 def topic(rank: int) -> bytes:
-    """The PUB topic of ``rank``; fixed width so that no rank's topic prefixes another's."""
+    """The PUB topic of ``rank``; fixed width so that no rank's topic prefixes another's.
+
+    Args:
+        rank: the rank.
+
+    Example::
+
+        >>> topic(3)
+        b'chronica/0000003/'
+    """
     return b"chronica/%07d/" % rank
 
 
 def encode(kind: str, **fields: Any) -> bytes:
-    """A message of type ``kind``; numpy arrays must already be ``bytes``."""
+    """A message of type ``kind``; numpy arrays must already be ``bytes``.
+
+    Args:
+        kind: the message type (``hello``, ``fetch``, ``report``, ``welcome``, ...).
+        fields: its fields (see the module docstring).
+
+    Example::
+
+        >>> decode(encode("fetch", rank=0, epoch=0, first=16))["first"]
+        16
+    """
     return msgpack.packb({"v": VERSION, "t": kind, **fields}, use_bin_type=True)
 
 
@@ -177,7 +224,26 @@ def plan_message(
     loads: np.ndarray,
     micro: Micro | None = None,
 ) -> bytes:
-    """Encode one rank's part of a window (with ``micro`` for a packed one)."""
+    """Encode one rank's part of a window (with ``micro`` for a packed one).
+
+    Args:
+        seq: the window's sequence number.
+        gen: the planning (coordinator generation) that made it.
+        epoch: the window's epoch.
+        first: its first step.
+        indices: the rank's samples (a packed window: piece numbers), step after step.
+        offsets: where each step starts in ``indices`` (one more than the steps).
+        weights: each step's loss weight.
+        loads: each step's predicted load.
+        micro: a packed window's micro-batches of the rank.
+
+    Example::
+
+        >>> payload = plan_message(0, 1, 0, 0, np.arange(4), np.array([0, 2, 4]),
+        ...                        np.ones(2), np.ones(2))
+        >>> decode(payload, 1 << 20)["plan"].local(1)
+        array([2, 3])
+    """
     packed = {}
     if micro is not None:
         packed = {
@@ -230,7 +296,25 @@ def plan_messages(
     weights[:, r], loads[:, r])`` (``offsets`` has one row more than the window has steps).
 
     The map's header and scalars are packed once per window and the columns converted in
-    one pass each, so a rank costs one join of ready bytes instead of a msgpack map."""
+    one pass each, so a rank costs one join of ready bytes instead of a msgpack map.
+
+    Args:
+        seq: the window's sequence number.
+        gen: the planning (coordinator generation) that made it.
+        epoch: the window's epoch.
+        first: its first step.
+        indices: every rank's samples, rank after rank (each rank's steps in order).
+        runs: where each rank's samples start in ``indices`` (one more than the ranks).
+        offsets: each rank's step offsets, a column per rank.
+        weights: each step's loss weight, a column per rank.
+        loads: each step's predicted load, a column per rank.
+
+    Example::
+
+        >>> messages = plan_messages(0, 1, 0, 0, indices, runs, offsets, weights, loads)
+        >>> len(messages) == offsets.shape[1]
+        True
+    """
     steps = weights.shape[0]
     head = bytearray(
         msgpack.packb(
@@ -302,7 +386,20 @@ _FIELDS = {
 
 
 def decode(frame: bytes, max_bytes: int = MAX_REQUEST_BYTES) -> dict[str, Any]:
-    """Validate and decode one message; plans come back with a ``Plan`` under ``"plan"``."""
+    """Validate and decode one message; plans come back with a ``Plan`` under ``"plan"``.
+
+    Anything but a valid message of at most ``max_bytes`` is a ``ProtocolError`` naming
+    what is wrong (never another exception, whatever the bytes).
+
+    Args:
+        frame: the message's bytes.
+        max_bytes: the largest message accepted (requests: ``MAX_REQUEST_BYTES``).
+
+    Example::
+
+        >>> decode(encode("hello", rank=0, world=2, digest="ab"))["world"]
+        2
+    """
     if not isinstance(frame, (bytes, bytearray, memoryview)):
         raise ProtocolError("a message must be bytes")
     # len() of a memoryview counts items, which need not be bytes.
