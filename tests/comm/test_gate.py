@@ -1,7 +1,8 @@
 """chronica.comm.gate: the gate process relays one-frame requests up and answers down,
 refuses requests of several frames, names the port a bind failed on, and closes cleanly.
 What it bounds under attack (byte budgets, strangers' rate, a killed gate) is in
-test_security.py; how it publishes a window, in test_publish.py."""
+test_security.py; how it publishes a window, in test_publish.py; the gate's own loop and
+its helpers, in test_gate_process.py."""
 
 import socket
 
@@ -9,7 +10,7 @@ import pytest
 import zmq
 from workers import scaled
 
-from chronica.comm.gate import Gate, GateLimits, readable
+from chronica.comm.gate import Gate, GateLimits
 
 
 def _recv(sock: zmq.Socket) -> list[bytes]:
@@ -33,23 +34,6 @@ def dealer(gate):
     sock.connect(f"tcp://127.0.0.1:{gate.ports[0]}")
     yield sock
     sock.close(0)
-
-
-def test_readable_says_whether_a_message_waits():
-    context = zmq.Context.instance()
-    a, b = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
-    a.bind("inproc://readable-test")
-    b.connect("inproc://readable-test")
-    try:
-        assert not readable(b)
-        a.send(b"x")
-        assert b.poll(int(1e3 * scaled(5)))
-        assert readable(b)
-        b.recv()
-        assert not readable(b)
-    finally:
-        a.close(0)
-        b.close(0)
 
 
 def test_a_request_goes_up_and_its_answer_comes_down(gate, dealer):
@@ -92,9 +76,3 @@ def test_close_ends_the_gate_process_and_is_idempotent():
     gate.close()
     gate.close()
     assert gate.pid() is None and gate.link is None
-
-
-def test_the_limits_default_to_the_module_constants():
-    limits = GateLimits()
-    assert limits.peer_bytes == 1 << 20 and limits.stranger_burst is None
-    assert GateLimits(stranger_rate=5).stranger_rate == 5
