@@ -45,9 +45,6 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from chronica.core.checks import check_int
-
-# ``check_int`` is ``chronica.core.checks.check_int``, re-exported for older importers.
 __all__ = [
     "MAX_GENERATION",
     "MAX_REQUEST_BYTES",
@@ -59,7 +56,6 @@ __all__ = [
     "Micro",
     "Plan",
     "ProtocolError",
-    "check_int",
     "decode",
     "encode",
     "plan_message",
@@ -111,7 +107,19 @@ class Micro:
     """A packed window's micro-batches of one rank: step ``i`` has ``counts[i]``
     micro-batches, micro-batch ``j`` (counted over the window) holds the rank's pieces
     ``offsets[j] .. offsets[j + 1]`` of the window (each in row ``rows[k]``) and weighs
-    ``weights[j]``."""
+    ``weights[j]``.
+
+    Args:
+        rows: each piece's row.
+        counts: micro-batches per step.
+        offsets: where each micro-batch starts in the rank's pieces (one more than them).
+        weights: each micro-batch's loss weight.
+
+    Example::
+
+        >>> Micro(rows=np.array([0, 1]), counts=np.array([1]), offsets=np.array([0, 2]),
+        ...       weights=np.array([1.0]))
+    """
 
     rows: np.ndarray
     counts: np.ndarray
@@ -126,7 +134,24 @@ class Plan:
     and ``micro``). ``gen`` names the planning that made it: every rank's part of a window
     planned once carries the same ``gen``, and a restarted coordinator plans under a new
     one, so ranks holding parts of two different plans of one window can tell before using
-    them."""
+    them.
+
+    Args:
+        seq: the window's sequence number (one more per window the coordinator plans).
+        gen: the planning that made it.
+        epoch: the window's epoch.
+        first: its first step.
+        indices: the rank's samples (packed: piece numbers), step after step.
+        offsets: where each step starts in ``indices`` (one more than the steps).
+        weights: each step's loss weight.
+        loads: each step's predicted load.
+        micro: a packed window's micro-batches.
+
+    Example::
+
+        >>> plan = decode(payload, 1 << 20)["plan"]
+        >>> plan.local(plan.first)  # this rank's samples of the window's first step
+    """
 
     seq: int
     gen: int
