@@ -19,9 +19,8 @@ told otherwise, every interface only when asked for by name), caps every incomin
 (``chronica.comm.auth``). SECURITY.md states what that does and does not protect against.
 
 Its helpers each do one job: ``address`` (where to bind), ``gate`` (the sockets, in a child
-process), ``peers`` (which connection speaks for which rank), ``horizon`` (how far ahead
-it plans), ``parts`` (each rank's message
-of a window), ``protocol`` (the bytes on the wire).
+process), ``peers`` (which connection speaks for which rank), ``horizon`` (how far ahead it
+plans), ``parts`` (each rank's message of a window), ``protocol`` (the bytes on the wire).
 """
 
 from __future__ import annotations
