@@ -41,7 +41,6 @@ from chronica.comm.address import (
     bind_error,
     listens_everywhere,
     resolve_bind,
-    resolve_endpoint,
     resolve_port,
 )
 from chronica.comm.auth import CurveServer
@@ -55,9 +54,7 @@ from chronica.core.dynamic import DynamicPlanner
 from chronica.core.plan import WindowPlan
 from chronica.core.scheduler import Scheduler
 
-# ``resolve_endpoint`` lives in ``chronica.comm.address``; it is re-exported here for
-# ``chronica.runtime.session``, which imports it from this module.
-__all__ = ["Coordinator", "CoordinatorStats", "resolve_endpoint"]
+__all__ = ["Coordinator", "CoordinatorStats"]
 
 logger = logging.getLogger("chronica")
 
