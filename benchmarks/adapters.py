@@ -9,7 +9,7 @@ arrays) with chronica and with the usual baseline, in the same run, median over 
 - JAX: ``chronica.jax.iterator`` (padded numpy batches, static shapes) vs slicing the same
   samples into batches and padding them with numpy.
 
-    PYTHONPATH=. python benchmarks/run_all.py --only adapters
+    python -m benchmarks --only adapters
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import median_seconds
+
+from benchmarks.common import median_seconds
 
 __all__ = ["format_table", "render_markdown", "run"]
 
-REPRODUCE = "PYTHONPATH=. python benchmarks/run_all.py --only adapters"
+REPRODUCE = "python -m benchmarks --only adapters"
 W, B = 8, 256
 
 

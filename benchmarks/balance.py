@@ -17,7 +17,7 @@ Targets checked (and printed, never tuned away):
   * chronica pool and guided are at least as good as upstream Chronica and FlatFlow, mean
     and worst (medians), on every case.
 
-Run alone: ``PYTHONPATH=. python benchmarks/run_all.py --only balance [--quick]``.
+Run alone: ``python -m benchmarks --only balance [--quick]``.
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import peers
-from common import (
+
+from benchmarks import peers
+from benchmarks.common import (
     Assignment,
     equal_count_bound,
     heavy_tailed_sizes,
@@ -37,8 +39,8 @@ from common import (
     read_lengths,
     step_metrics,
 )
-
 from chronica.core import ScheduleConfig, Scheduler
+from chronica.core.cost import as_cost_model
 
 __all__ = ["CASES", "METHODS", "check_targets", "default_data_dir", "run"]
 
@@ -127,7 +129,7 @@ def _chronica(sizes, case: Case, seed: int, kind: str, exact: bool) -> Scheduler
         shuffle=True,
         seed=seed,
         drop_last=False,
-        cost=case.cost,
+        cost=as_cost_model(case.cost),
     )
     return Scheduler(sizes, config)
 
@@ -250,7 +252,7 @@ def run(quick: bool, data_dir: Path | None = None) -> dict:
     seeds = [0, 1] if quick else list(range(10))
     epochs = [0] if quick else [0, 1, 2]
     started = time.perf_counter()
-    cases = []
+    cases: list[dict[str, Any]] = []
     trace = None
     for case in CASES:
         entry = {

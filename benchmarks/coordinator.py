@@ -20,7 +20,7 @@
    at 64 ranks and a global batch of 16,384, 16 steps per window; median over fresh keys.
    (The two all-reduces of 8 and 40 int64 go over the framework's channel.)
 
-    PYTHONPATH=. python benchmarks/run_all.py --only coordinator
+    python -m benchmarks --only coordinator
 """
 
 from __future__ import annotations
@@ -41,11 +41,12 @@ from chronica.comm.protocol import decode, topic
 from chronica.core import ScheduleConfig, Scheduler
 from chronica.core.dynamic import DynamicPlanner
 from chronica.core.multiset import KEY_WORDS
+from chronica.core.plan import WindowPlan
 from chronica.runtime import window
 
 __all__ = ["format_table", "render_markdown", "run"]
 
-REPRODUCE = "PYTHONPATH=. python benchmarks/run_all.py --only coordinator"
+REPRODUCE = "python -m benchmarks --only coordinator"
 
 CPU_WORLD, CPU_PER_RANK, CPU_WINDOW, CPU_SAMPLES = 4, 32, 16, 16_384
 STEP_SECONDS = 0.02
@@ -96,10 +97,10 @@ class _Timed(Coordinator):
         self.handed: dict[tuple[int, int], float] = {}  # the window's messages to the gate
         plan_window = self.planner.plan_window
 
-        def timed(epoch: int, first: int) -> Any:
+        def timed(epoch: int, first_step: int) -> WindowPlan:
             started = time.thread_time()
             try:
-                return plan_window(epoch, first)
+                return plan_window(epoch, first_step)
             finally:
                 self.planning += time.thread_time() - started
 
@@ -171,7 +172,8 @@ def _cpu_once(epochs: int) -> dict[str, float]:
     steps = scheduler.num_steps()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    with _Timed(scheduler, "127.0.0.1", 0) as coordinator:
+    coordinator = _Timed(scheduler, "127.0.0.1", 0)
+    with coordinator:
         assert coordinator.endpoint is not None and coordinator._gate is not None
         gate = coordinator._gate.pid()
         assert gate is not None
@@ -254,7 +256,8 @@ def _latency(epochs: int, pattern: str) -> dict[str, Any]:
     steps = scheduler.num_steps()
     ctx = mp.get_context("spawn")
     ready, out = ctx.Queue(), ctx.Queue()
-    with _Timed(scheduler, "127.0.0.1", 0) as coordinator:
+    coordinator = _Timed(scheduler, "127.0.0.1", 0)
+    with coordinator:
         assert coordinator.endpoint is not None and coordinator._gate is not None
         gate = coordinator._gate.pid()
         assert gate is not None

@@ -17,7 +17,7 @@ Two measurements, both in one invocation:
    holding it, the same from the moment the window was requested, and the time a step waited
    for its plan; and the bytes of plan messages received per delivered index.
 
-    PYTHONPATH=. python benchmarks/run_all.py --only dynamic
+    python -m benchmarks --only dynamic
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 import zmq
-from common import rss_bytes
-from peers import omnilearn_batches
 
+from benchmarks.common import rss_bytes
+from benchmarks.peers import omnilearn_batches
 from chronica.comm.client import PlanClient
 from chronica.comm.coordinator import Coordinator
 from chronica.comm.protocol import topic
@@ -44,7 +44,7 @@ from chronica.sim.speeds import OMNILEARN_PROFILES, SpeedProfile
 
 __all__ = ["format_table", "render_markdown", "run"]
 
-REPRODUCE = "PYTHONPATH=. python benchmarks/run_all.py --only dynamic"
+REPRODUCE = "python -m benchmarks --only dynamic"
 
 # -- part 1: the controller on emulated OmniLearn workers ---------------------------------
 
@@ -265,8 +265,8 @@ def _controller(seeds: list[int]) -> dict[str, Any]:
         for m in METHODS:
             for part in ("second", "steady"):
                 for key in ("measured", "vs_ideal"):
-                    values = [run[m][key][hl8[part]] for run in share_runs]
-                    row[f"{m}_{part}_{key}"] = float(np.median(values))
+                    at_hl8 = [run[m][key][hl8[part]] for run in share_runs]
+                    row[f"{m}_{part}_{key}"] = float(np.median(at_hl8))
             sums = np.asarray([run[m]["counts"] for run in share_runs]).sum(axis=2)
             row[f"{m}_sum_max"] = int(sums.max())
         sensitivity.append(row)
@@ -392,7 +392,7 @@ def _client_process(
         )
         for rank in ranks
     ]
-    records = {rank: {"waits": []} for rank in ranks}
+    records: dict[int, dict[str, Any]] = {rank: {"waits": []} for rank in ranks}
     try:
         connected = all(c.connect() for c in clients)
         ready.put(connected)
@@ -508,7 +508,8 @@ def _delivery(
     ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     start_at = ctx.Value("d", 0.0)
     groups = [list(range(world))[i::CLIENT_PROCESSES] for i in range(CLIENT_PROCESSES)]
-    coordinator = _TimedCoordinator(scheduler, "127.0.0.1", 0).start()
+    coordinator = _TimedCoordinator(scheduler, "127.0.0.1", 0)
+    coordinator.start()
     memory = _MemorySampler()
     memory_figures: dict[str, Any] = {}
     records: dict[int, dict] = {}

@@ -24,7 +24,7 @@ GPT-2 layer profiles at 8-64 ranks on 10-100 Gbit/s links (assumptions in
 ``chronica.sim.grad_profiles``).
 
 Needs root for the namespaces; without it the measured part runs on loopback and says so.
-Run alone: ``sudo PYTHONPATH=. python benchmarks/grad_sim_validation.py [--quick]``.
+Run alone: ``sudo python -m benchmarks.grad_sim_validation [--quick]``.
 """
 
 from __future__ import annotations
@@ -133,9 +133,9 @@ def _setup(name: str, variant: str | None):
     gradsched (``None``: no communication)."""
     import torch
     import torch.distributed as dist
-    from gradsched import MODELS, VARIANTS, WHOLE, _model
     from torch.nn.parallel import DistributedDataParallel
 
+    from benchmarks.gradsched import MODELS, VARIANTS, WHOLE, _model
     from chronica.torch.distributed import ScheduledOptimizer
 
     torch.manual_seed(0)
@@ -169,7 +169,9 @@ def _run_steps(
 
     model, probe, x, y, loss_fn, opt = _setup(name, variant)
     params = list(model.parameters())
-    stamps, update, reduce = [time.perf_counter()], [], []
+    stamps: list[float] = [time.perf_counter()]
+    update: list[float] = []
+    reduce: list[float] = []
     while len(update) < count or (running is not None and running()):
         opt.zero_grad()
         loss = loss_fn(model(x), y)
@@ -369,14 +371,20 @@ def _up(rate: str) -> None:
 
 def _pair(rate: str | None, steps: int, repeats: int, models: tuple[str, ...]) -> dict:
     """Both ranks (in the namespaces when ``rate`` is set); rank 0's measurements."""
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{HERE}", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rank0.json"
         procs = []
         for rank in range(2):
             spec = {"rank": rank, "addr": ADDRS[0] if rate else "127.0.0.1", "out": str(out)}
             spec |= {"steps": steps, "repeats": repeats, "models": list(models)}
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "benchmarks.grad_sim_validation",
+                "--worker",
+                json.dumps(spec),
+            ]
             rank_env = env
             if rate:
                 cmd = ["ip", "netns", "exec", NAMESPACES[rank], *cmd]
@@ -460,8 +468,7 @@ def link_fit(allreduce: dict) -> tuple[float, float, float]:
 
 def _policy(variant: str, largest: int):
     """The simulator's policy for one of gradsched's variants (the same knobs)."""
-    from gradsched import VARIANTS, WHOLE
-
+    from benchmarks.gradsched import VARIANTS, WHOLE
     from chronica.sim.gradients import Policy
 
     knobs = VARIANTS[variant]
@@ -596,7 +603,7 @@ def predict() -> list[dict]:
 
 def run(quick: bool, links: list[str] | None = None) -> dict:
     """Measure, validate and predict; JSON-serialisable."""
-    from common import machine_info
+    from benchmarks.common import machine_info
 
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
@@ -610,7 +617,7 @@ def run(quick: bool, links: list[str] | None = None) -> dict:
         "quick": quick,
         "steps": measured["steps"],
         "repeats": measured["repeats"],
-        "command": "sudo PYTHONPATH=. python benchmarks/grad_sim_validation.py"
+        "command": "sudo python -m benchmarks.grad_sim_validation"
         + (" --quick" * quick)
         + (f" --links {' '.join(links)}" if links else ""),
         "measured": measured,
@@ -914,7 +921,6 @@ def main() -> None:
     parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="also write the raw result here")
     args = parser.parse_args()
-    sys.path.insert(0, str(HERE))
     if args.worker:
         _worker(json.loads(args.worker))
         return

@@ -27,7 +27,7 @@ interval. Beside them: ``compute`` (no communication) and ``comm`` (one all-redu
 gradient bytes). Needs root for the namespaces; without it, runs on loopback only and says
 so.
 
-Run alone: ``sudo PYTHONPATH=. python benchmarks/gradsched.py [--quick] [--links loopback
+Run alone: ``sudo python -m benchmarks.gradsched [--quick] [--links loopback
 fast] [--model mlp670k vgg]``.
 """
 
@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -85,7 +86,7 @@ VARIANTS: dict[str, dict | None] = {
     },
     "auto-tuned": {"mode": "scheduled", "order": "priority", "auto_tune": True},
 }
-DDP_ARGS = {
+DDP_ARGS: dict[str, dict[str, Any]] = {
     "DDP": {},
     "DDP static_graph": {"static_graph": True},
     "DDP bucket_cap_mb=2": {"bucket_cap_mb": 2},
@@ -349,7 +350,7 @@ def _pair(
         out = Path(tmp) / "rank0.json"
         procs = []
         for rank in range(2):
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", f"--rank={rank}"]
+            cmd = [sys.executable, "-m", "benchmarks.gradsched", "--worker", f"--rank={rank}"]
             cmd += [f"--addr={addr}", f"--port={port}", f"--out={out}"]
             cmd += [f"--steps={steps}", f"--repeats={repeats}", f"--models={','.join(models)}"]
             cmd += [f"--variants={','.join(variants)}"]
@@ -396,7 +397,7 @@ def run(
     veth, ``SHAPED_MODELS`` on shaped links), in ``rounds`` measured rounds of blocks of
     ``block`` steps (defaults by mode), with ``FIXED_HEAP`` unless ``default_malloc``;
     JSON-serialisable."""
-    from common import machine_info
+    from benchmarks.common import machine_info
 
     # 400 Mbit/s puts vgg's communication near its computation on this class of machine.
     # Quick mode (part of `chronica bench --quick`, under 5 minutes for every benchmark on 2
@@ -440,7 +441,7 @@ def run(
         "quick": quick,
         "steps": steps,
         "repeats": repeats,
-        "command": "sudo PYTHONPATH=. python benchmarks/gradsched.py"
+        "command": "sudo python -m benchmarks.gradsched"
         + (" --quick" * quick)
         + (f" --links {' '.join(links)}" if links else "")
         + (f" --model {' '.join(models)}" if models else "")
@@ -764,7 +765,6 @@ def main() -> None:
     if args.worker:
         _worker(args)
         return
-    sys.path.insert(0, str(HERE))
     result = run(
         args.quick,
         args.links,

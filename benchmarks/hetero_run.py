@@ -6,7 +6,7 @@ measured compute before its gradients go out), once per sampler in the same job,
 alternating between samplers. Reports each sampler's median epoch time over repeats and its
 ratio to torch's ``DistributedSampler`` measured in the same job.
 
-    PYTHONPATH=. python benchmarks/run_all.py --only hetero_run
+    python -m benchmarks --only hetero_run
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from chronica import demo
 __all__ = ["format_table", "render_markdown", "run"]
 
 SAMPLERS = ("torch", "chronica", "dynamic")
-REPRODUCE = "PYTHONPATH=. python benchmarks/run_all.py --only hetero_run"
+REPRODUCE = "python -m benchmarks --only hetero_run"
 
 
 def _case(speeds: str, world: int, samples: int, epochs: int, repeats: int) -> dict[str, Any]:

@@ -20,7 +20,7 @@ balancing) is the reference. Lengths: lognormal(5, 1) tokens, and the same with 
 samples ten times longer (long documents). Planning time: one epoch, all ranks (transformers
 computes every rank's split on every rank; the time shown is one rank's).
 
-    PYTHONPATH=. python benchmarks/run_all.py --only hf_rebalance
+    python -m benchmarks --only hf_rebalance
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 
 __all__ = ["format_table", "render_markdown", "run"]
 
-REPRODUCE = "PYTHONPATH=. python benchmarks/run_all.py --only hf_rebalance"
+REPRODUCE = "python -m benchmarks --only hf_rebalance"
 W, B = 8, 256
 QUADRATIC = 0.001  # transformers' BatchRebalanceSampler.QUADRATIC_COST_COEF
 METHODS = {

@@ -18,7 +18,7 @@ The balance part compares the per-step max/mean rank cost of partitioned data se
 (``local``, one node of 4 ranks or one node per rank) with the unpartitioned ``global``
 policy on the same sizes, in exact mode and in pool mode (``exact=False``).
 
-Run alone: ``PYTHONPATH=. python benchmarks/run_all.py --only movement [--quick]``.
+Run alone: ``python -m benchmarks --only movement [--quick]``.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from common import lognormal_sizes, machine_info
 
+from benchmarks.common import lognormal_sizes, machine_info
 from chronica.core import ScheduleConfig, Scheduler, ShufflePolicy, label_skew, movement
 
 __all__ = ["BALANCE_CASES", "POLICIES", "format_table", "run"]
@@ -73,6 +73,7 @@ def _movement_row(sizes, labels, nbytes, w: int, policy, fraction: float, batch)
         mv = movement(scheduler, epoch, sample_bytes=nbytes)
         sk = label_skew(scheduler, epoch, labels)
         moved.append(mv.total_samples)
+        assert mv.total_bytes is not None  # sample_bytes was given
         moved_bytes.append(mv.total_bytes)
         batch_skew.append(sk.batch_mean)
         node_skew.append(sk.node_mean)
@@ -96,7 +97,7 @@ def _balance_rows(sizes: np.ndarray) -> list[dict]:
     w = BALANCE_REPLICAS
     rows = []
     for key, label, policy, per_node, exact in BALANCE_CASES:
-        groups = None if per_node is None else [r // per_node for r in range(w)]
+        groups = None if per_node is None else tuple(r // per_node for r in range(w))
         config = ScheduleConfig(
             num_replicas=w,
             batch_size=PER_RANK_BATCH * w,

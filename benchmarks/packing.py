@@ -28,7 +28,7 @@ max/mean is at most 1.01 wherever the bound's mean is (the largest document allo
 mean and worst are no worse than any peer's in every case; and planning 16,384 documents
 for 256 ranks takes at most 100 ms (median).
 
-Run alone: ``PYTHONPATH=. python benchmarks/run_all.py --only packing [--quick]``.
+Run alone: ``python -m benchmarks --only packing [--quick]``.
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import packing_peers as peers
-from common import machine_info, read_lengths
 
+from benchmarks import packing_peers as peers
+from benchmarks.common import machine_info, read_lengths
 from chronica.core import CostModel
 from chronica.core.packing import Packing, pack_step
 
@@ -215,8 +216,8 @@ def _warm_up() -> None:
 
 def _run_case(case: Case, pool: np.ndarray | None, num_steps: int) -> dict:
     model = _cost_model(case.cost)
-    per_step = {key: [] for key, _ in METHODS}
-    seconds = {key: [] for key, _ in METHODS}
+    per_step: dict[str, list[dict[str, Any]]] = {key: [] for key, _ in METHODS}
+    seconds: dict[str, list[float]] = {key: [] for key, _ in METHODS}
     for lengths in _steps(DATA[case.data], pool, case.num_replicas, num_steps):
         costs = model(lengths)
         for key, _ in METHODS:
@@ -346,7 +347,7 @@ def run(quick: bool, data_dir: Path | None = None) -> dict:
     num_steps = 3 if quick else 16
     started = time.perf_counter()
     _warm_up()
-    cases = []
+    cases: list[dict[str, Any]] = []
     for case in _cases(quick):
         source = DATA[case.data]
         pool = None

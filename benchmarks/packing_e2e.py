@@ -43,7 +43,7 @@ interleaved (step 1 of chronica, of first fit, of padding, step 2 of chronica, .
 method with its own model, so the machine's noise hits all alike; one repeat per model seed,
 so the repeats measure seed noise.
 
-    PYTHONPATH=. python benchmarks/run_all.py --only packing_e2e [--quick]
+    python -m benchmarks --only packing_e2e [--quick]
 """
 
 from __future__ import annotations
@@ -63,11 +63,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import packing_peers as peers
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks import packing_peers as peers
 from chronica import Packing
 from chronica.core.packing import micro_weights, step_starts
 from chronica.core.shuffle import epoch_order
@@ -97,7 +97,7 @@ __all__ = [
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-REPRODUCE = "PYTHONPATH=. python benchmarks/run_all.py --only packing_e2e"
+REPRODUCE = "python -m benchmarks --only packing_e2e"
 
 METHODS = {
     "chronica": "chronica Packing (balanced)",
@@ -472,8 +472,8 @@ def predicted(settings: Settings) -> dict[str, Any]:
             "padding_share": 1.0 - used / pad,
         }
     for record in out.values():
-        loads = np.asarray(record["loads"])
-        record["ratio"] = (loads.max(axis=1) / loads.mean(axis=1)).tolist()
+        rank_loads = np.asarray(record["loads"])
+        record["ratio"] = (rank_loads.max(axis=1) / rank_loads.mean(axis=1)).tolist()
     return {
         "methods": out,
         "tokens": [int(lengths[d].sum()) for d in steps],
@@ -657,7 +657,7 @@ def _launch(settings: Settings, timeout_s: float) -> list[list[dict]]:
         procs = []
         try:
             for rank in range(settings.world):
-                cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(rank)]
+                cmd = [sys.executable, "-m", "benchmarks.packing_e2e", "--worker", str(rank)]
                 cmd += [str(store.port), str(config), str(out)]
                 procs.append(subprocess.Popen(cmd, env=env))
             deadline = time.monotonic() + timeout_s

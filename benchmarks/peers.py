@@ -57,7 +57,8 @@ import heapq
 from collections.abc import Sequence
 
 import numpy as np
-from common import Assignment, LengthOnly
+
+from benchmarks.common import Assignment, LengthOnly
 
 __all__ = [
     "flatflow",
@@ -94,9 +95,9 @@ def _epoch_pool(n: int, num_replicas: int, rng: np.random.Generator) -> np.ndarr
 
 def _equal_bounds(counts: Sequence[int], num_replicas: int) -> np.ndarray:
     """Bounds for steps in which every rank has ``counts[s]`` consecutive samples."""
-    counts = np.asarray(counts, dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(counts * num_replicas)[:-1]])
-    return starts[:, None] + counts[:, None] * np.arange(num_replicas + 1)[None, :]
+    per_rank = np.asarray(counts, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(per_rank * num_replicas)[:-1]])
+    return starts[:, None] + per_rank[:, None] * np.arange(num_replicas + 1)[None, :]
 
 
 def _rng(seed: int, epoch: int) -> np.random.Generator:
@@ -123,7 +124,8 @@ def torch_distributed(
         sampler.set_epoch(epoch)
         streams.append(np.fromiter(iter(sampler), dtype=np.int64))
     counts = per_rank_counts(n, num_replicas, batch_size)
-    pieces, offset = [], 0
+    pieces: list[np.ndarray] = []
+    offset = 0
     for k in counts:
         pieces.extend(stream[offset : offset + k] for stream in streams)
         offset += k
@@ -186,7 +188,7 @@ def _bldm(costs: np.ndarray, items: np.ndarray, num_parts: int) -> tuple[np.ndar
     second heaviest, and so on. Returns ``(members, sums)``, parts in ascending cost order.
     """
     width = items.shape[0] // num_parts
-    heap = []
+    heap: list[tuple[float, int, np.ndarray, np.ndarray]] = []
     for j in range(width):
         chunk = items[j * num_parts : (j + 1) * num_parts]
         sums = costs[chunk].astype(np.float64)
@@ -245,7 +247,9 @@ def sorted_lpt(costs: np.ndarray, num_replicas: int, batches: Sequence[np.ndarra
     """Capacity-bounded LPT within each global batch of ``batches`` (index arrays, each a
     multiple of ``num_replicas`` long): descending cost, each sample to the least-loaded rank
     with room left (ties to the lower rank), ``len(batch) / W`` samples per rank."""
-    pieces, bounds, start = [], [], 0
+    pieces: list[np.ndarray] = []
+    bounds: list[np.ndarray] = []
+    start = 0
     for batch in batches:
         k = batch.shape[0] // num_replicas
         order = batch[np.argsort(-costs[batch], kind="stable")]

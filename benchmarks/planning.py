@@ -21,11 +21,12 @@ and 2 (it keeps the two latest plans; from the third on it is in its steady stat
 Reported: the peak above the resident size before construction (the sizes already held),
 per sample, after each epoch.
 
-Run alone: ``PYTHONPATH=. python benchmarks/run_all.py --only planning [--quick]``.
+Run alone: ``python -m benchmarks --only planning [--quick]``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -35,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import LengthOnly, lognormal_sizes, machine_info, rss_bytes
 
-from chronica.core import ScheduleConfig, Scheduler
+from benchmarks.common import LengthOnly, lognormal_sizes, machine_info, rss_bytes
+from chronica.core import EpochPlan, ScheduleConfig, Scheduler
 
 __all__ = ["MODES", "TARGETS", "format_table", "render_markdown", "run"]
 
@@ -50,13 +51,18 @@ MODES = [("exact", "static", True), ("guided", "guided", True), ("pool", "static
 # torch sampler.
 TARGETS = {"sampler": 1.5, "guided": 2.0, "pool": 3.0}
 MEMORY_TARGET = 24.0  # peak bytes per sample above the sizes, at 10^8
-REPRODUCE = "PYTHONPATH=. python benchmarks/run_all.py --only planning"
+REPRODUCE = "python -m benchmarks --only planning"
 
 
 def _config(kind: str, exact: bool) -> ScheduleConfig:
     return ScheduleConfig(
         num_replicas=NUM_REPLICAS, batch_size=BATCH_SIZE, kind=kind, exact=exact, seed=0
     )
+
+
+def _plan_anew(sizes: np.ndarray, config: ScheduleConfig, epoch: int) -> EpochPlan:
+    """Construct a scheduler and plan ``epoch``: what a job pays for its first plan."""
+    return Scheduler(sizes, config).plan_epoch(epoch)
 
 
 def _variants(sizes: np.ndarray) -> list[tuple[str, str, Callable[[int], object]]]:
@@ -69,9 +75,11 @@ def _variants(sizes: np.ndarray) -> list[tuple[str, str, Callable[[int], object]
         from torch.utils.data import DistributedSampler as TorchSampler
 
         from chronica.torch.utils.data import DistributedSampler
-    except ImportError:
-        TorchSampler = DistributedSampler = None
-    if DistributedSampler is not None:
+    except ImportError:  # no torch: its two rows are left out
+        with_torch = False
+    else:
+        with_torch = True
+    if with_torch:
 
         def sampler(epoch: int) -> int:
             chosen = DistributedSampler(
@@ -89,12 +97,12 @@ def _variants(sizes: np.ndarray) -> list[tuple[str, str, Callable[[int], object]
             (
                 key,
                 f"chronica {key}: Scheduler(...).plan_epoch(e)",
-                lambda e, c=config: Scheduler(sizes, c).plan_epoch(e),
+                functools.partial(_plan_anew, sizes, config),
             )
         )
         one = Scheduler(sizes, config)
         out.append((f"{key}_plan_only", f"chronica {key}: plan_epoch(e) only", one.plan_epoch))
-    if TorchSampler is not None:
+    if with_torch:
         torch_sampler = TorchSampler(LengthOnly(n), num_replicas=NUM_REPLICAS, rank=0, seed=0)
 
         def one_rank(epoch: int) -> list:
@@ -128,7 +136,7 @@ def _rounds(
 def _peak_memory(n: int) -> dict[str, Any]:
     """Run this module as a fresh process measuring exact planning's peak memory at ``n``."""
     done = subprocess.run(
-        [sys.executable, __file__, "--peak-memory", str(n)],
+        [sys.executable, "-m", "benchmarks.planning", "--peak-memory", str(n)],
         capture_output=True,
         text=True,
         check=False,
@@ -194,7 +202,7 @@ def run(quick: bool) -> dict:
     load_after = os.getloadavg()[0]
     medians = {key: float(np.median(values)) for key, values in times.items()}
     cpu_medians = {key: float(np.median(values)) for key, values in cpu.items()}
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "key": key,
             "label": label,

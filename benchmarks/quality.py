@@ -14,7 +14,7 @@ Every epoch's plan is checked to cover every training sample exactly once (a fai
 raises). Reported: test accuracy after the last epoch, mean ± std over seeds, and the label
 skew of the global batches and of the ranks' epoch shares (``chronica.core.label_skew``).
 
-Run alone: ``PYTHONPATH=. python benchmarks/run_all.py --only quality [--quick]``.
+Run alone: ``python -m benchmarks --only quality [--quick]``.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import time
 
 import numpy as np
 import torch
-from common import machine_info
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
+from benchmarks.common import machine_info
 from chronica.core import ScheduleConfig, Scheduler, ShufflePolicy, label_skew
 
 __all__ = ["POLICIES", "format_table", "run"]

@@ -1,13 +1,12 @@
 """Turn the benchmark JSON into ``docs/benchmarks.md`` and the PNG plots in ``docs/img/``.
 
 Everything in the page comes from the JSON files, so the page can be regenerated without
-rerunning anything: ``python benchmarks/report.py`` (reads ``benchmarks/results/*.json``).
+rerunning anything: ``python -m benchmarks.report`` (reads ``benchmarks/results/*.json``).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 from pathlib import Path
 
@@ -16,10 +15,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from benchmarks.catalog import REPRODUCE, SECTIONS, load
+
 __all__ = ["load_results", "render"]
 
 HERE = Path(__file__).resolve().parent
-REPRODUCE = "PYTHONPATH=. python benchmarks/run_all.py"
 # Floor of the log axes: a ratio of exactly 1.0 has no logarithm.
 LOG_FLOOR = 1e-6
 # Floor of the movement plot's log axis, in samples: 0 moved samples are drawn there.
@@ -446,6 +446,13 @@ def render(
         f"{REPRODUCE}{quick}        # or: chronica bench{quick}",
         "```",
         "",
+        "`benchmarks` is a package of the source checkout, not of the installed `chronica`: "
+        "`python -m benchmarks --only NAME` reruns one benchmark (`--help` lists them), "
+        "`python -m benchmarks.report` rebuilds this page from the JSON alone, and "
+        "`chronica bench ARGS` runs `python -m benchmarks ARGS` of the checkout its "
+        "`chronica` is installed from (editable install); installed from a wheel, it stops "
+        "and says so.",
+        "",
         f"Mode{'s' if len(modes) > 1 else ''}: {', '.join(modes)}. "
         "`--quick` runs fewer repeats and plans N=1,000,000 instead of 10,000,000.",
         "",
@@ -473,7 +480,7 @@ def render(
             lines.append(f"- **{label}**: {PEER_NOTES[key]}")
         lines.append("")
     if "planning" in results:  # the module renders its own section
-        lines += [importlib.import_module("planning").render_markdown(results["planning"], img_dir)]
+        lines += [load("planning").render_markdown(results["planning"], img_dir)]
     if "movement" in results:
         _plot_movement(results["movement"], img_dir / "movement.png")
         lines += _movement_section(results["movement"], img)
@@ -482,8 +489,7 @@ def render(
         lines += _quality_section(results["quality"], img)
     for name in sections:
         if name in results:
-            module = importlib.import_module(name)
-            lines += [module.render_markdown(results[name], img_dir)]
+            lines += [load(name).render_markdown(results[name], img_dir)]
     page = docs_dir / "benchmarks.md"
     page.write_text("\n".join(lines))
     return page
@@ -497,9 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = load_results(args.results_dir)
     if not results:
-        raise SystemExit(f"no JSON results in {args.results_dir}; run benchmarks/run_all.py")
-    from run_all import SECTIONS
-
+        raise SystemExit(f"no JSON results in {args.results_dir}; run python -m benchmarks")
     print(render(results, args.docs_dir, sections=SECTIONS))
     return 0
 

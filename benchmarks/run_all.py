@@ -1,15 +1,18 @@
 """Run every benchmark, store the results as JSON and regenerate ``docs/benchmarks.md``.
 
-    PYTHONPATH=. python benchmarks/run_all.py            # full mode (tens of minutes)
-    PYTHONPATH=. python benchmarks/run_all.py --quick    # under 5 minutes on 2 cores
-    chronica bench [--quick] [--only NAME ...]           # the same, from a source checkout
+    python -m benchmarks                          # full mode (tens of minutes)
+    python -m benchmarks --quick                  # under 5 minutes on 2 cores
+    chronica bench [--quick] [--only NAME ...]    # the same, from a source checkout
 
-Each benchmark module exposes ``run(quick) -> dict`` and ``format_table(result)``; its result
-goes to ``benchmarks/results/<name>.json`` with the mode, the machine, the command that
-reproduces it and the wall time added. The page and its plots are then rebuilt from every
-JSON file in that folder (so ``--only planning`` keeps the last balance results on the page).
-Modules in ``SECTIONS`` also write their own section of the page with
-``render_markdown(result, img_dir)``.
+Run it from the repository root: ``python -m`` puts the current folder first on the path,
+so both ``benchmarks`` and ``chronica`` are that checkout's. ``chronica bench`` finds the
+checkout from where its ``chronica`` was imported (an editable install) and calls ``main``.
+The benchmarks are listed in ``benchmarks.catalog``; each module exposes ``run(quick) ->
+dict`` and ``format_table(result)``; its result goes to ``benchmarks/results/<name>.json``
+with the mode, the machine, the command that reproduces it and the wall time added. The
+page and its plots are then rebuilt from every JSON file in that folder (so ``--only
+planning`` keeps the last balance results on the page). Modules in ``SECTIONS`` also write
+their own section of the page with ``render_markdown(result, img_dir)``.
 
 A benchmark that fails (or whose module is missing) is reported and skipped: the others
 still run, its previous JSON stays as it was, and the exit status is 1. Progress goes to
@@ -20,37 +23,20 @@ stderr.
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
-__all__ = ["BENCHMARKS", "SECTIONS", "main", "reproduce_command"]
+from benchmarks.catalog import BENCHMARKS, SECTIONS, load, reproduce_command
+from benchmarks.common import machine_info
+
+__all__ = ["main"]
 
 logger = logging.getLogger("chronica")
 
 HERE = Path(__file__).resolve().parent
-# Modules that render their own section of the page, in page order. simulate comes after
-# hetero_run: it calibrates on benchmarks/results/hetero_run.json.
-SECTIONS = (
-    "dynamic",
-    "soak",
-    "coordinator",
-    "hetero_run",
-    "simulate",
-    "adapters",
-    "gradsched",
-    "grad_sim_validation",
-    "scaling",
-    "packing",
-    "packing_e2e",
-    "hf_rebalance",
-)
-BENCHMARKS = ("balance", "planning", "movement", "quality", *SECTIONS)
 DESCRIPTION = (
     "Run the benchmarks, store each result as JSON and regenerate docs/benchmarks.md "
     "with its plots."
@@ -74,31 +60,12 @@ Each results JSON records "mode", "machine", "command" (how to reproduce it) and
 """
 
 
-def _prepare_imports() -> None:
-    """Make the sibling modules importable, and chronica from this checkout if needed."""
-    if str(HERE) not in sys.path:
-        sys.path.insert(0, str(HERE))
-    if importlib.util.find_spec("chronica") is None:
-        sys.path.insert(0, str(HERE.parent))
-
-
-def reproduce_command(name: str, quick: bool, data_dir: Path | None = None) -> str:
-    """The command line (from the repository root) that reruns benchmark ``name`` alone."""
-    command = f"PYTHONPATH=. python benchmarks/run_all.py --only {name}"
-    if quick:
-        command += " --quick"
-    if name in ("balance", "packing") and data_dir is not None:
-        command += f" --data-dir {data_dir}"
-    return command
-
-
 def _clock(seconds: float) -> str:
     minutes, secs = divmod(round(seconds), 60)
     return f"{minutes}:{secs:02d}"
 
 
-def _parser() -> argparse.ArgumentParser:
-    prog = "run_all.py" if __name__ == "__main__" else "chronica bench"
+def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description=DESCRIPTION,
@@ -146,11 +113,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run_one(name: str, args: argparse.Namespace, common: Any) -> tuple[dict, list[str]]:
+def _run_one(name: str, args: argparse.Namespace) -> tuple[dict, list[str]]:
     """Run benchmark ``name``; its result (mode, machine, command added) and extra lines."""
-    if importlib.util.find_spec(name) is None:
-        raise ModuleNotFoundError(f"benchmarks/{name}.py not found in {HERE}")
-    module = importlib.import_module(name)
+    module = load(name)
     if name in ("balance", "packing"):
         result = module.run(args.quick, data_dir=args.data_dir)
     elif name == "simulate":  # calibrates on the hetero_run result beside it
@@ -158,7 +123,7 @@ def _run_one(name: str, args: argparse.Namespace, common: Any) -> tuple[dict, li
     else:
         result = module.run(args.quick)
     result.setdefault("mode", "quick" if args.quick else "full")
-    result.setdefault("machine", common.machine_info())
+    result.setdefault("machine", machine_info())
     result.setdefault("command", reproduce_command(name, args.quick, args.data_dir))
     lines = [module.format_table(result)]
     if name == "balance":
@@ -166,15 +131,24 @@ def _run_one(name: str, args: argparse.Namespace, common: Any) -> tuple[dict, li
     return result, lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmarks named by ``--only`` (default: all). Returns 1 when a benchmark
-    failed, or with ``--strict`` when a balance target fails; else 0."""
-    args = _parser().parse_args(argv)
-    _prepare_imports()
+def main(argv: list[str] | None = None, prog: str = "chronica bench") -> int:
+    """Run the benchmarks named by ``--only`` (default: all), store their JSON and rebuild
+    the page. Returns 1 when a benchmark failed, or with ``--strict`` when a balance target
+    fails; else 0.
+
+    Args:
+        argv: the command-line arguments (default: ``sys.argv[1:]``).
+        prog: the program name the help and usage messages show.
+
+    Example::
+
+        >>> main(["--quick", "--only", "planning", "--docs-dir", "/tmp/docs"])  # doctest: +SKIP
+        0
+    """
+    args = _parser(prog).parse_args(argv)
     from tqdm import tqdm
 
-    report = importlib.import_module("report")
-    common = importlib.import_module("common")
+    from benchmarks import report  # matplotlib: only once the arguments are good
 
     names = list(dict.fromkeys(args.only or BENCHMARKS))
     mode = "quick" if args.quick else "full"
@@ -208,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             logger.info("chronica bench: [%d/%d] %s started", i, len(names), name)
             started = time.perf_counter()
             try:
-                result, lines = _run_one(name, args, common)
+                result, lines = _run_one(name, args)
             except Exception:
                 seconds = time.perf_counter() - started
                 logger.exception("chronica bench: %s failed after %.0f s", name, seconds)
@@ -249,8 +223,3 @@ def main(argv: list[str] | None = None) -> int:
     if targets_failed:
         say("some balance targets FAIL (see above and the Targets section of the page)")
     return 1 if crashed or (targets_failed and args.strict) else 0
-
-
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
-    raise SystemExit(main())

@@ -32,7 +32,7 @@ At every point:
 
 Fitted exponents are least-squares slopes on log-log axes (time ∝ N^k).
 
-    PYTHONPATH=. python benchmarks/run_all.py --only scaling [--quick]
+    python -m benchmarks --only scaling [--quick]
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import lognormal_sizes, machine_info, median_seconds, rss_bytes
 
+from benchmarks.common import lognormal_sizes, machine_info, median_seconds, rss_bytes
 from chronica.comm.coordinator import Coordinator
 from chronica.comm.protocol import decode, encode, tcp_url, topic
 from chronica.core import ScheduleConfig, Scheduler
@@ -69,7 +69,7 @@ __all__ = [
 
 logger = logging.getLogger("chronica")
 
-REPRODUCE = "PYTHONPATH=. python benchmarks/run_all.py --only scaling"
+REPRODUCE = "python -m benchmarks --only scaling"
 DATA_SEED = 7
 N_SWEEP_W = 64
 N_SWEEP_B = 64 * N_SWEEP_W

@@ -22,7 +22,7 @@
 2. **Scaling.** Simulated speed-up over torch's sampler for one data set (lognormal(5, 1))
    as W grows from 8 to 4096 ranks, 16 samples per rank and step, on equal ranks and on HL4.
 
-    PYTHONPATH=. python benchmarks/run_all.py --only simulate
+    python -m benchmarks --only simulate
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from chronica.sim import (
 __all__ = ["format_table", "render_markdown", "run"]
 
 HERE = Path(__file__).resolve().parent
-REPRODUCE = "PYTHONPATH=. python benchmarks/run_all.py --only simulate"
+REPRODUCE = "python -m benchmarks --only simulate"
 TARGET = 0.10  # relative error of the simulated speed-up
 # hetero_run's samplers as simulator configurations (demo's dynamic window is 4 steps).
 HETERO = {"torch": "torch", "chronica": "static", "dynamic": "dynamic,window=4"}
@@ -90,7 +90,7 @@ def _torch_compute(
     scheduler = Scheduler(sizes, config)
     parts = []
     for epoch in range(options.epochs):
-        a = strategy.assignment(scheduler, options.batch_size, epoch)  # type: ignore[arg-type]
+        a = strategy.assignment(scheduler, options.batch_size, epoch)
         steps = a.bounds.shape[0]
         profile = parse_speeds(options.speeds, options.world, steps * options.epochs)
         noise_m = options.compute.noise_factors(repeat, epoch, steps, options.world)

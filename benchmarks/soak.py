@@ -11,7 +11,7 @@ half of the run, PUB messages a rank missed
 recovery; must be 0). Then the coordinator alone, in a fresh process, for 30 epochs (10 in
 quick mode): its resident memory after each epoch, without ZeroMQ queues for lagging ranks.
 
-    PYTHONPATH=. python benchmarks/run_all.py --only soak
+    python -m benchmarks --only soak
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ import multiprocessing as mp
 from pathlib import Path
 from typing import Any
 
-import dynamic
 import numpy as np
-from common import rss_bytes
 
+from benchmarks import dynamic
+from benchmarks.common import rss_bytes
 from chronica.comm.coordinator import Coordinator
 
 __all__ = ["format_table", "render_markdown", "run"]
 
-REPRODUCE = "PYTHONPATH=. python benchmarks/run_all.py --only soak"
+REPRODUCE = "python -m benchmarks --only soak"
 WORLD = 1024
 STEPS = 32  # per epoch; windows of dynamic.DELIVERY_WINDOW steps
 STEP_SECONDS = 0.5  # 1024 reports per step: about 2,000 messages a second into the coordinator

@@ -3,7 +3,7 @@
 ``import chronica`` loads no deep-learning framework. The framework faces are attributes
 loaded on first use: ``chronica.torch`` (PyTorch), ``chronica.tf`` (TensorFlow),
 ``chronica.jax`` (JAX), so ``dataset.apply(chronica.tf.schedule(...))`` works after a plain
-``import chronica``. ``DynamicOptions`` (the knobs of ``kind="dynamic"``) and the runtime
+``import chronica``. ``DynamicOptions`` (the transport of ``kind="dynamic"``) and the runtime
 load on first use too.
 """
 

@@ -7,32 +7,53 @@ starts fast and works without any deep-learning framework installed.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import sys
 from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["checkout_root", "main"]
 
 
-def _find_benchmarks() -> Path:
-    candidates = [Path.cwd() / "benchmarks", Path(__file__).resolve().parents[1] / "benchmarks"]
-    for folder in candidates:
-        if (folder / "run_all.py").is_file():
-            return folder
-    raise SystemExit(
-        "chronica bench: benchmarks/run_all.py not found; run it from a source checkout of "
-        "chronica (the benchmarks are not part of the installed package)"
-    )
+BENCH_FIX = (
+    "chronica bench runs the benchmarks package of a source checkout, and this chronica is "
+    "not installed from one: clone the repository, `pip install -e .` in it, then run "
+    "`chronica bench` (or `python -m benchmarks` from the checkout's root)"
+)
+
+
+def checkout_root() -> Path | None:
+    """The source checkout this ``chronica`` was imported from, or ``None`` when there is none.
+
+    A checkout is the folder holding the ``chronica`` package next to the ``benchmarks``
+    package (``benchmarks/__main__.py``); an installed wheel has no benchmarks.
+
+    Example::
+
+        >>> root = checkout_root()  # e.g. Path('/src/chronica') after `pip install -e .`
+    """
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / "benchmarks" / "__main__.py").is_file() else None
 
 
 def _run_bench(args: list[str]) -> int:
-    script = _find_benchmarks() / "run_all.py"
-    spec = importlib.util.spec_from_file_location("chronica_benchmarks_run_all", script)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return int(module.main(args) or 0)
+    """``python -m benchmarks ARGS`` of the checkout, in this process (so ``--log-level``
+    applies to it too)."""
+    root = checkout_root()
+    if root is None:
+        raise SystemExit(BENCH_FIX)
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    import benchmarks
+
+    loaded = Path(benchmarks.__file__ or "").resolve().parent
+    if loaded != root / "benchmarks":
+        raise SystemExit(
+            f"chronica bench: the module `benchmarks` was imported from {loaded}, not from "
+            f"the checkout {root}; run it where no other `benchmarks` package shadows it"
+        )
+    from benchmarks.run_all import main as bench_main
+
+    return int(bench_main(args) or 0)
 
 
 def _run_demo(args: list[str]) -> int:

@@ -90,7 +90,11 @@ def _read_npy(path: Path, option: str) -> np.ndarray:
     if not isinstance(values, np.ndarray) or values.ndim != 1:
         shape = getattr(values, "shape", None)
         raise ValueError(f"{option} {path.name} holds an array of shape {shape}; save a 1-D array")
-    if values.dtype.kind not in "biuf":
+    if not (
+        values.dtype == np.bool_
+        or np.issubdtype(values.dtype, np.integer)
+        or np.issubdtype(values.dtype, np.floating)
+    ):
         raise ValueError(
             f"{option} {path.name} holds {values.dtype} values; save a numeric 1-D array"
         )

@@ -45,7 +45,7 @@ def test_unknown_attribute_is_an_attribute_error():
 
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         chronica.nope  # noqa: B018
-    assert chronica.DynamicOptions().window == 16
+    assert chronica.DynamicOptions().timeout == 10.0
 
 
 def test_the_command_refuses_an_unknown_log_level_by_name():

@@ -74,7 +74,7 @@ def size_columns(dataset: Any) -> list[str]:
         for field in schema
         if pa.types.is_integer(field.type)
         or pa.types.is_floating(field.type)
-        or _kind(field.type) is not None
+        or _lengths_of(field.type) is not None
     ]
 
 
@@ -95,37 +95,34 @@ def _column_sizes(dataset: Any, name: str) -> np.ndarray:
     return _values(column, f"column {name!r}")
 
 
-def _kind(arrow_type: Any) -> str | None:
-    """Which length an Arrow type has: ``"list"``, ``"utf8"``, ``"binary"`` or ``None``."""
+def _lengths_of(arrow_type: Any) -> Any:
+    """The Arrow compute function giving the lengths of a column of ``arrow_type`` (lists,
+    strings, binaries), or ``None`` for a type without lengths."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
-        return "list"
+        return pc.list_value_length
     if pa.types.is_fixed_size_list(arrow_type):
-        return "list"
+        return pc.list_value_length
     if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
-        return "utf8"
+        return pc.utf8_length
     if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
-        return "binary"
+        return pc.binary_length
     return None
 
 
 def _values(column: Any, what: str) -> np.ndarray:
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     if column.null_count:
         raise ValueError(
             f"{what} has {column.null_count} missing values; fill them (every sample needs a "
             "size) or pass sizes= as an array"
         )
-    kind = _kind(column.type)
-    if kind == "list":
-        column = pc.list_value_length(column)
-    elif kind == "utf8":
-        column = pc.utf8_length(column)
-    elif kind == "binary":
-        column = pc.binary_length(column)
+    lengths = _lengths_of(column.type)
+    if lengths is not None:
+        column = lengths(column)
     elif not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
         raise ValueError(
             f"{what} has type {column.type}, which has no size; give a numeric column, or a "

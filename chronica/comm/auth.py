@@ -86,7 +86,12 @@ _MAX_ALLOWED = 1 << 16
 
 
 def require_curve() -> None:
-    """Raise ``RuntimeError`` unless this libzmq can do CURVE."""
+    """Raise ``RuntimeError`` unless this libzmq can do CURVE (it names the fix).
+
+    Example::
+
+        >>> require_curve()  # pyzmq's own wheels include CURVE: returns None
+    """
     if not zmq.has("curve"):
         raise RuntimeError(
             f"CURVE authentication was asked for, but libzmq {zmq.zmq_version()} was built "
@@ -98,7 +103,7 @@ def require_curve() -> None:
 def _key(value: str | bytes, name: str) -> bytes:
     """A Z85 key as bytes; the message names ``name`` and never shows a secret's value."""
     if not isinstance(value, (str, bytes)):
-        raise ValueError(f"{name} must be a Z85 CURVE key (str or bytes), not {type(value)}")
+        raise TypeError(f"{name} must be a Z85 CURVE key (str or bytes), not {type(value)}")
     raw = (value.encode("ascii", "replace") if isinstance(value, str) else value).strip()
     if not _Z85.fullmatch(raw):
         raise ValueError(
@@ -184,7 +189,20 @@ class CurveServer:
 
     Guarantees (checked here, so a bad configuration fails before any socket exists): both
     keys are valid Z85, ``public`` belongs to ``secret``, and ``allowed`` holds at least
-    one valid client public key: an empty allow-list would admit nobody.
+    one valid client public key: an empty allow-list would admit nobody. A key that is not
+    ``str``/``bytes`` is a ``TypeError``, one that is not Z85 a ``ValueError``; the messages
+    never show a secret key.
+
+    Args:
+        secret: the coordinator's Z85 secret key.
+        allowed: the client public keys (Z85) it admits.
+        public: its public key, checked against ``secret`` (default: derived from it).
+
+    Example::
+
+        >>> server_public, server_secret = zmq.curve_keypair()
+        >>> client_public, client_secret = zmq.curve_keypair()
+        >>> server = CurveServer(secret=server_secret, allowed={client_public})
     """
 
     secret: bytes
@@ -197,7 +215,10 @@ class CurveServer:
         given = _key(self.public, "the coordinator's public key") if self.public else None
         public = _check_pair(given, secret, "public", "secret")
         if isinstance(self.allowed, (str, bytes)) or not isinstance(self.allowed, Iterable):
-            raise ValueError("allowed must be a collection of client public keys")
+            raise TypeError(
+                "allowed must be a collection of client public keys (a list or set of "
+                f"Z85 str or bytes), not {type(self.allowed)}"
+            )
         allowed = frozenset(_key(k, "a client public key in allowed") for k in self.allowed)
         if not allowed:
             raise ValueError(
@@ -215,7 +236,11 @@ class CurveServer:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CurveServer | None:
-        """The coordinator's configuration from ``CHRONICA_CURVE_*``; ``None`` if none set."""
+        """The coordinator's configuration from ``CHRONICA_CURVE_*``; ``None`` if none set.
+
+        Args:
+            environ: the variables to read (default ``os.environ``).
+        """
         env = _curve_env(os.environ if environ is None else environ)
         if not env:
             return None
@@ -240,7 +265,11 @@ class CurveServer:
 
     def apply(self, sock: zmq.Socket) -> None:
         """Make ``sock`` a CURVE server of the ``chronica`` ZAP domain (before bind); it
-        admits nobody unless a ``ZapGate`` runs on its context."""
+        admits nobody unless a ``ZapGate`` runs on its context.
+
+        Args:
+            sock: a ZeroMQ socket not bound yet.
+        """
         sock.setsockopt(zmq.CURVE_SERVER, 1)
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret)
         sock.setsockopt(zmq.CURVE_PUBLICKEY, self.public)
@@ -255,6 +284,15 @@ class CurveClient:
     """A rank's CURVE keys and the coordinator's public key it expects.
 
     Guarantees: all keys are valid Z85 and ``public`` belongs to ``secret``.
+
+    Args:
+        server_public: the coordinator's Z85 public key.
+        secret: the rank's Z85 secret key.
+        public: the rank's public key, checked against ``secret`` (default: derived).
+
+    Example::
+
+        >>> client = CurveClient(server_public=server.public, secret=client_secret)
     """
 
     server_public: bytes
@@ -278,7 +316,11 @@ class CurveClient:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CurveClient | None:
-        """A rank's configuration from ``CHRONICA_CURVE_*``; ``None`` if none is set."""
+        """A rank's configuration from ``CHRONICA_CURVE_*``; ``None`` if none is set.
+
+        Args:
+            environ: the variables to read (default ``os.environ``).
+        """
         env = _curve_env(os.environ if environ is None else environ)
         if not env:
             return None
@@ -305,7 +347,11 @@ class CurveClient:
         return cls(server_public=server, secret=secret)
 
     def apply(self, sock: zmq.Socket) -> None:
-        """Make ``sock`` a CURVE client of the coordinator (before connect)."""
+        """Make ``sock`` a CURVE client of the coordinator (before connect).
+
+        Args:
+            sock: a ZeroMQ socket not connected yet.
+        """
         sock.setsockopt(zmq.CURVE_SERVERKEY, self.server_public)
         sock.setsockopt(zmq.CURVE_PUBLICKEY, self.public)
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret)
@@ -314,7 +360,16 @@ class CurveClient:
 def make_keys(folder: str | os.PathLike[str]) -> Path:
     """Write a server and a client key pair into ``folder`` in the ``CHRONICA_CURVE_DIR``
     layout (``allowed/client.key`` admits the client key); secret files are mode 600.
-    Refuses to overwrite existing keys."""
+    Refuses (``ValueError``) to overwrite existing keys.
+
+    Args:
+        folder: where to write them (created if missing).
+
+    Example::
+
+        >>> make_keys("/secure/chronica-keys")  # then CHRONICA_CURVE_DIR=/secure/chronica-keys
+        PosixPath('/secure/chronica-keys')
+    """
     require_curve()
     root = Path(folder)
     allowed = root / "allowed"
@@ -336,6 +391,15 @@ class ZapGate:
 
     Refused keys are counted and queued (at most 64 kept) for the coordinator to log from its
     own thread; ``stop()`` stops the authenticator thread (idempotent).
+
+    Args:
+        context: the ZeroMQ context of the CURVE server sockets.
+        curve: the configuration whose ``allowed`` keys are admitted.
+
+    Example::
+
+        >>> zap = ZapGate(context, server)  # before the sockets of ``context`` bind
+        >>> zap.stop()
     """
 
     def __init__(self, context: zmq.Context, curve: CurveServer) -> None:
@@ -351,7 +415,12 @@ class ZapGate:
         self._auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=self)
 
     def callback(self, domain: str, key: bytes) -> bool:
-        """The ZAP decision for a client's Z85 public ``key`` (authenticator thread)."""
+        """The ZAP decision for a client's Z85 public ``key`` (authenticator thread).
+
+        Args:
+            domain: the ZAP domain of the socket asked about.
+            key: the client's Z85 public key.
+        """
         if domain == ZAP_DOMAIN and key in self._allowed:
             return True
         with self._lock:
@@ -367,6 +436,7 @@ class ZapGate:
         return keys
 
     def stop(self) -> None:
+        """Stop the authenticator thread (idempotent): the sockets then admit nobody."""
         if self._auth is not None:
             self._auth.stop()
             self._auth = None
@@ -380,7 +450,17 @@ _FAILED = (
 
 
 def describe_handshake_failure(event: int, value: int) -> str:
-    """What a failed ZeroMQ handshake (a monitor event) most likely means, in words."""
+    """What a failed ZeroMQ handshake (a monitor event) most likely means, in words.
+
+    Args:
+        event: the monitor event (``zmq.EVENT_HANDSHAKE_FAILED_*``).
+        value: the event's value (a ZAP status or a ZMTP error code).
+
+    Example::
+
+        >>> describe_handshake_failure(zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400)
+        "the coordinator refused this peer's CURVE key (ZAP status 400)"
+    """
     if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         return f"the coordinator refused this peer's CURVE key (ZAP status {value})"
     if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
@@ -399,7 +479,17 @@ def describe_handshake_failure(event: int, value: int) -> str:
 
 
 class HandshakeMonitor:
-    """Failed handshakes of one socket, read without blocking (a ZeroMQ socket monitor)."""
+    """Failed handshakes of one socket, read without blocking (a ZeroMQ socket monitor).
+
+    Args:
+        sock: the socket to watch (call ``close()`` before closing it).
+
+    Example::
+
+        >>> monitor = HandshakeMonitor(dealer)
+        >>> monitor.failures()  # descriptions, e.g. of a CURVE key the server refused
+        []
+    """
 
     def __init__(self, sock: zmq.Socket) -> None:
         self._owner = sock

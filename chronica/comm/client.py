@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,10 +148,29 @@ class PlanClient:
     """Rank ``rank``'s connection to the coordinator at ``host:port`` (PUB on ``port + 1``).
 
     ``max_plan_bytes`` caps every incoming message (ZeroMQ drops the connection of a peer
-    that sends more; msgpack never allocates beyond it). ``curve`` (default:
-    ``CurveClient.from_env()``, none when no ``CHRONICA_CURVE_*`` variable is set) makes
-    both sockets CURVE clients. Every argument is checked here; a bad one is a
-    ``ValueError`` that names it.
+    that sends more; msgpack never allocates beyond it). Every argument is checked here: a
+    wrong type is a ``TypeError``, a bad value a ``ValueError``, each naming the argument.
+
+    Args:
+        rank: this rank, in ``[0, world)``.
+        world: the number of ranks, as the coordinator plans for them.
+        digest: the scheduler's digest (``Scheduler.digest``): the coordinator refuses a
+            rank whose sizes or sampler arguments differ.
+        host: the coordinator's host name or address.
+        port: its ROUTER port.
+        pub_port: its PUB port (default ``port + 1``).
+        timeout: seconds to wait for an answer before falling back to the static plan.
+        max_plan_bytes: the largest message accepted, in bytes.
+        context: the ZeroMQ context of the sockets (default: the shared one).
+        curve: the ``CurveClient`` keys of both sockets (default:
+            ``CurveClient.from_env()``, none when no ``CHRONICA_CURVE_*`` variable is set).
+
+    Example::
+
+        >>> client = PlanClient(rank, world, scheduler.digest, "127.0.0.1", 50051)
+        >>> if client.connect():
+        ...     plan = client.plan(epoch=0, first=0)  # None: use the static plan
+        >>> client.close()
     """
 
     def __init__(
@@ -169,18 +189,25 @@ class PlanClient:
     ) -> None:
         world = check_int("world", world, 1, MAX_WORLD)
         rank = check_int("rank", rank, 0, world - 1, f" (world={world})")
-        if not isinstance(digest, str) or not 0 < len(digest) <= 128:
+        if not isinstance(digest, str):
+            raise TypeError(f"digest must be the scheduler's digest (a str), not {type(digest)}")
+        if not 0 < len(digest) <= 128:
             raise ValueError("digest must be the scheduler's digest (a string of 1-128 chars)")
-        if not isinstance(host, str) or not host.strip():
+        if not isinstance(host, str):
+            raise TypeError(f"host={host!r} must be the coordinator's host name or address")
+        if not host.strip():
             raise ValueError(f"host={host!r} must be the coordinator's host name or address")
         port = check_int("port", port, 1, 65535)
         pub_port = check_int("pub_port", port + 1 if pub_port is None else pub_port, 1, 65535)
         check_seconds("timeout", timeout)
         self.max_plan_bytes = check_int("max_plan_bytes", max_plan_bytes, *_PLAN_BYTES)
         if context is not None and not isinstance(context, zmq.Context):
-            raise ValueError(f"context must be a zmq.Context, not {type(context)}")
+            raise TypeError(f"context must be a zmq.Context or None, not {type(context)}")
         if curve is not None and not isinstance(curve, CurveClient):
-            raise ValueError(f"curve must be a CurveClient, not {type(curve)}")
+            raise TypeError(
+                f"curve must be a chronica.comm.auth.CurveClient or None, not {type(curve)}"
+            )
+        self.host, self.port, self.pub_port = host, port, pub_port
         self.rank, self.world, self.digest = rank, world, digest
         self.timeout = float(timeout)
         self.curve = curve if curve is not None else CurveClient.from_env()
@@ -220,9 +247,23 @@ class PlanClient:
         self._dealer.connect(tcp_url(host, port))
         self._sub.connect(tcp_url(host, pub_port))
         self._inboxes = (_Inbox(self._dealer, 1), _Inbox(self._sub, 2))
+        # What the client does with each message type it may receive.
+        self._answers: dict[str, Callable[[dict[str, Any], bool], None]] = {
+            "welcome": self._welcomed,
+            "error": self._refused,
+            "plan": self._planned,
+        }
         self._poller = zmq.Poller()
         for sock in (self._dealer, self._sub, self._monitor.socket):
             self._poller.register(sock, zmq.POLLIN)
+
+    def __repr__(self) -> str:
+        return (
+            f"PlanClient(rank={self.rank}, world={self.world}, host={self.host!r}, "
+            f"port={self.port}, pub_port={self.pub_port}, window={self.window}, "
+            f"timeout={self.timeout}, max_plan_bytes={self.max_plan_bytes}, "
+            f"curve={'on' if self.curve is not None else 'off'}, attached={self._attached})"
+        )
 
     @property
     def attached(self) -> bool:
@@ -231,7 +272,11 @@ class PlanClient:
 
     def connect(self, timeout: float | None = None) -> bool:
         """Say hello and wait up to ``timeout`` for the welcome; ``False`` means fall back
-        (at once if the handshake fails: wrong or missing CURVE keys)."""
+        (at once if the handshake fails: wrong or missing CURVE keys).
+
+        Args:
+            timeout: seconds to wait (default: the client's ``timeout``).
+        """
         self._hello()
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while (
@@ -250,7 +295,13 @@ class PlanClient:
         return self._attached
 
     def plan(self, epoch: int, first: int, timeout: float | None = None) -> Plan | None:
-        """This rank's part of the window starting at ``first``, or ``None`` to fall back."""
+        """This rank's part of the window starting at ``first``, or ``None`` to fall back.
+
+        Args:
+            epoch: the window's epoch.
+            first: the window's first step (a multiple of the coordinator's window).
+            timeout: seconds to wait for it (default: the client's ``timeout``).
+        """
         key = (epoch, first)
         self._asking = key
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
@@ -283,7 +334,12 @@ class PlanClient:
         return plan
 
     def prefetch(self, epoch: int, first: int) -> None:
-        """Ask for a window without waiting (the answer is read on a later call)."""
+        """Ask for a window without waiting (the answer is read on a later call).
+
+        Args:
+            epoch: the window's epoch.
+            first: the window's first step.
+        """
         self._drain()
         if self._attached and (epoch, first) not in self._plans:
             self._fetch((epoch, first), ahead=True)
@@ -296,8 +352,15 @@ class PlanClient:
         seconds: float,
         work: np.ndarray | None = None,
     ) -> None:
-        """Send this rank's compute ``seconds`` for ``step`` (packed: with its ``work``,
-        pieces, tokens and squared tokens); never waits."""
+        """Send this rank's compute ``seconds`` for ``step``; never waits.
+
+        Args:
+            epoch: the step's epoch.
+            step: the step.
+            load: the step's predicted load on this rank (the plan's ``loads``).
+            seconds: the compute time measured for it.
+            work: a packed step's pieces, tokens and squared tokens (three numbers).
+        """
         self._drain()
         if self._attached:
             extra = {} if work is None else {"work": np.asarray(work, "<f8").tobytes()}
@@ -394,38 +457,40 @@ class PlanClient:
         except ProtocolError as exc:
             self._reject(exc)
             return
-        kind = message["t"]
-        if kind == "welcome":
-            self.window = message["window"]
-            self._handshake = None
-            if not self._attached and self._warned:
-                logger.warning("chronica: rank %d: coordinator is back", self.rank)
-                self._warned = False
-            self._attached = True
-            if self._monitor is not None:
-                self._poller.unregister(self._monitor.socket)
-                self._monitor.close()
-                self._monitor = None
-            if self._rejoining:
-                self._rejoining = False
-                for key in sorted(self._pending):
-                    self._fetch(key)
-        elif kind == "error":
-            self._refused(message)
-        elif kind == "plan":
-            plan: Plan = message["plan"]
-            if not fetched:
-                self.stats.published += 1
-                if plan.gen != self._generation:
-                    self._generation, self._last_seq = plan.gen, -1
-                if plan.seq > self._last_seq + 1 and self._last_seq >= 0:
-                    self.stats.gaps += plan.seq - self._last_seq - 1
-                self._last_seq = max(self._last_seq, plan.seq)
-            else:
-                self.stats.fetched += 1
-            key = (plan.epoch, plan.first)
-            self._pending.discard(key)
-            self._hold(key, plan)
+        answer = self._answers.get(message["t"])
+        if answer is not None:  # a rank's own message types, echoed back, are ignored
+            answer(message, fetched)
+
+    def _welcomed(self, message: dict[str, Any], fetched: bool) -> None:
+        self.window = message["window"]
+        self._handshake = None
+        if not self._attached and self._warned:
+            logger.warning("chronica: rank %d: coordinator is back", self.rank)
+            self._warned = False
+        self._attached = True
+        if self._monitor is not None:
+            self._poller.unregister(self._monitor.socket)
+            self._monitor.close()
+            self._monitor = None
+        if self._rejoining:
+            self._rejoining = False
+            for key in sorted(self._pending):
+                self._fetch(key)
+
+    def _planned(self, message: dict[str, Any], fetched: bool) -> None:
+        plan: Plan = message["plan"]
+        if not fetched:
+            self.stats.published += 1
+            if plan.gen != self._generation:
+                self._generation, self._last_seq = plan.gen, -1
+            if plan.seq > self._last_seq + 1 and self._last_seq >= 0:
+                self.stats.gaps += plan.seq - self._last_seq - 1
+            self._last_seq = max(self._last_seq, plan.seq)
+        else:
+            self.stats.fetched += 1
+        key = (plan.epoch, plan.first)
+        self._pending.discard(key)
+        self._hold(key, plan)
 
     def _hold(self, key: tuple[int, int], plan: Plan) -> None:
         """Keep ``plan`` if it is for the window asked for last or one after it, in the
@@ -442,7 +507,7 @@ class PlanClient:
             self.stats.dropped += 1
         self.stats.held_most = max(self.stats.held_most, len(held))
 
-    def _refused(self, message: dict[str, Any]) -> None:
+    def _refused(self, message: dict[str, Any], fetched: bool = False) -> None:
         code, text = message["code"], message["msg"]
         if code in ("digest", "world"):
             if self.refused is None:

@@ -13,169 +13,54 @@ the window before it, so ranks hold it before they need it. Malformed, oversized
 wrong-version messages are refused with an ``error`` answer and counted; the coordinator
 keeps serving. ``close()`` stops the thread and closes both sockets; ``with`` does the same.
 
-Exposure: it binds one address (``resolve_bind``: loopback unless told otherwise, every
-interface only when asked for by name), caps every incoming frame (``zmq.MAXMSGSIZE``) and
-optionally admits only CURVE-authenticated peers (``chronica.comm.auth``). SECURITY.md
-states what that does and does not protect against.
+Exposure: it binds one address (``chronica.comm.address.resolve_bind``: loopback unless
+told otherwise, every interface only when asked for by name), caps every incoming frame
+(``zmq.MAXMSGSIZE``) and optionally admits only CURVE-authenticated peers
+(``chronica.comm.auth``). SECURITY.md states what that does and does not protect against.
+
+Its helpers each do one job: ``address`` (where to bind), ``gate`` (the sockets, in a child
+process), ``peers`` (which connection speaks for which rank), ``horizon`` (how far ahead it
+plans), ``parts`` (each rank's message of a window), ``protocol`` (the bytes on the wire).
 """
 
 from __future__ import annotations
 
-import errno
-import ipaddress
 import json
 import logging
-import os
 import secrets
-import socket
 import threading
 import time
-from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import zmq
 
+from chronica.comm.address import (
+    bind_error,
+    listens_everywhere,
+    resolve_bind,
+    resolve_port,
+)
 from chronica.comm.auth import CurveServer
 from chronica.comm.gate import PUBLISH_SIZE, Gate, GateLimits, readable
-from chronica.comm.protocol import (
-    MAX_GENERATION,
-    MAX_WORLD,
-    Micro,
-    ProtocolError,
-    decode,
-    encode,
-    plan_message,
-    plan_messages,
-    tcp_url,
-)
+from chronica.comm.horizon import Horizon
+from chronica.comm.parts import PlanParts
+from chronica.comm.peers import Peers
+from chronica.comm.protocol import MAX_GENERATION, MAX_WORLD, ProtocolError, decode, encode, tcp_url
 from chronica.comm.protocol import topic as rank_topic
-from chronica.core.checks import check_int
 from chronica.core.dynamic import DynamicPlanner
 from chronica.core.plan import WindowPlan
 from chronica.core.scheduler import Scheduler
 
-__all__ = [
-    "DEFAULT_PORT",
-    "ENV_BIND",
-    "Coordinator",
-    "CoordinatorStats",
-    "resolve_bind",
-    "resolve_endpoint",
-    "resolve_port",
-]
+__all__ = ["Coordinator", "CoordinatorStats"]
 
 logger = logging.getLogger("chronica")
 
-DEFAULT_PORT = 50051
-ENV_BIND = "CHRONICA_BIND"
 _POLL_MS = 50
-_WILDCARDS = {"*": "0.0.0.0", "0.0.0.0": "0.0.0.0", "::": "::", "[::]": "::"}
-# Planning runs at most this many steps (and at least 4 windows) ahead of the slowest rank:
-# room for prefetching data loaders, never whole epochs that no rank needs yet.
-_HORIZON_STEPS = 64
 # An error answer quotes the refused input; keep it far below the ranks' string cap.
 _MAX_ERROR_TEXT = 512
-
-
-def _port(value: object, name: str) -> int:
-    hint = " (0: any free port; the coordinator also uses the next port)"
-    return check_int(name, value, 0, 65534, hint)
-
-
-def resolve_port(port: int | None = None) -> int:
-    """The coordinator's ROUTER port: ``port``, else ``CHRONICA_PORT``, else
-    ``DEFAULT_PORT``; the PUB socket uses the next one."""
-    if port is not None:
-        return _port(port, "port")
-    text = os.environ.get("CHRONICA_PORT")
-    if not text:
-        return DEFAULT_PORT
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"CHRONICA_PORT={text!r} must be a port number") from None
-    return _port(value, "CHRONICA_PORT")
-
-
-def resolve_endpoint(host: str | None = None, port: int | None = None) -> tuple[str, int]:
-    """Where ranks connect: ``(host, port)`` from the arguments, else ``MASTER_ADDR`` /
-    ``CHRONICA_PORT``, else loopback and ``DEFAULT_PORT``. The PUB socket uses ``port + 1``.
-    A wildcard ``host`` (a bind-everywhere address) is not connectable: ``MASTER_ADDR`` or
-    loopback stands for it."""
-    if host is not None and (not isinstance(host, str) or not host.strip()):
-        raise ValueError(f"host={host!r} must be a host name or address")
-    master = os.environ.get("MASTER_ADDR") or "127.0.0.1"
-    host = host or master
-    if _everywhere(host):
-        host = master if not _everywhere(master) else "127.0.0.1"
-    return host, resolve_port(port)
-
-
-def _everywhere(host: str) -> bool:
-    """Whether ``host`` is a spelling of "all interfaces" (``*``, ``0.0.0.0``, ``0``,
-    ``0.0``, ``::``, ``::0``...), which binds everywhere and connects nowhere."""
-    literal = host.strip().removeprefix("[").removesuffix("]")
-    if literal in _WILDCARDS:
-        return True
-    try:
-        return ipaddress.ip_address(literal).is_unspecified
-    except ValueError:
-        pass
-    try:
-        return socket.inet_aton(literal) == bytes(4)  # the short IPv4 forms: "0", "0.0"
-    except OSError:
-        return False
-
-
-def resolve_bind(host: str | None = None) -> tuple[str, str]:
-    """The numeric address the coordinator binds, and the setting it came from.
-
-    ``host`` if given, else ``CHRONICA_BIND``, else ``MASTER_ADDR``, else ``127.0.0.1``; a
-    host name is resolved (ZeroMQ binds addresses, not names). Every interface (``*``,
-    ``0.0.0.0``, ``::`` or any other spelling: ``0``, ``0.0``, ``::0``, a name resolving to
-    one) is bound only when ``host`` or ``CHRONICA_BIND`` says so: a ``MASTER_ADDR`` that
-    means every interface is an error, never a silent bind to every interface.
-    """
-    candidates = (
-        ("host", host),
-        (ENV_BIND, os.environ.get(ENV_BIND) or None),
-        ("MASTER_ADDR", os.environ.get("MASTER_ADDR") or None),
-    )
-    for source, value in candidates:
-        if value is None:
-            continue
-        if not isinstance(value, str) or not value.strip():
-            raise ValueError(f"{source}={value!r} must be a host name or address")
-        value = value.strip()
-        address = _WILDCARDS.get(value) or _numeric(value, source)
-        # Every spelling of "all interfaces", a name that resolves to one included.
-        if _everywhere(address.split("%")[0]) and source == "MASTER_ADDR":
-            raise ValueError(
-                f"MASTER_ADDR={value!r} would make the coordinator listen on every "
-                f"interface; set MASTER_ADDR to this node's address, or {ENV_BIND}=0.0.0.0 "
-                f"to listen everywhere on purpose (then enable CURVE: see SECURITY.md)"
-            )
-        return address, source
-        return address, source
-    return "127.0.0.1", "default"
-
-
-def _numeric(host: str, source: str) -> str:
-    literal = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    try:
-        return str(ipaddress.ip_address(literal))
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(literal, None, proto=socket.IPPROTO_TCP)
-    except (OSError, UnicodeError) as exc:
-        raise ValueError(
-            f"{source}={host!r} does not resolve ({exc}); give this node's IP address"
-        ) from None
-    addresses = [a for a in (info[4][0] for info in infos) if isinstance(a, str)]
-    return next((a for a in addresses if ":" not in a), addresses[0])
 
 
 @dataclass
@@ -244,10 +129,8 @@ class Coordinator:
     ``MASTER_ADDR`` names another address; every interface only when ``host`` or
     ``CHRONICA_BIND`` is ``*``/``0.0.0.0``/``::``) on ``port`` (ROUTER) and ``port + 1``
     (PUB); ``port=0`` picks free ports (see ``endpoint``). A port already in use is a
-    ``RuntimeError`` that names it and the fix. ``curve`` (default: ``CurveServer.from_env()``,
-    off when no ``CHRONICA_CURVE_*`` variable is set) admits only CURVE peers whose public
-    key is on its allow-list. ``start()`` returns at once; the thread serves until
-    ``close()``.
+    ``RuntimeError`` that names it and the fix. ``start()`` returns at once; the thread
+    serves until ``close()``.
 
     The sockets live in a gate process (``chronica.comm.gate``, bounds in ``limits``), so
     nothing a peer sends reaches this process except single-frame requests of at most
@@ -258,6 +141,24 @@ class Coordinator:
     is planned at most once, so every rank that receives it receives the same plan, marked
     with this coordinator's ``generation`` (random, so a restarted coordinator's plans of the
     same window are told apart from the first one's).
+
+    Args:
+        scheduler: the job's ``Scheduler``, of a config with ``kind="dynamic"``.
+        host: the address to bind (``None``: ``CHRONICA_BIND``, ``MASTER_ADDR``, loopback).
+        port: the ROUTER port, ``port + 1`` the PUB one (``None``: ``CHRONICA_PORT`` or
+            50051; ``0``: any free ports).
+        context: the ZeroMQ context of the link to the gate (default: the shared one).
+        curve: the ``CurveServer`` that admits only listed CURVE peers (default:
+            ``CurveServer.from_env()``, off when no ``CHRONICA_CURVE_*`` variable is set).
+        limits: what the gate lets peers cost (default: ``GateLimits()``).
+
+    An argument of the wrong type is a ``TypeError``, a bad value a ``ValueError``, each
+    naming the argument and the fix.
+
+    Example::
+
+        >>> with Coordinator(scheduler, "127.0.0.1", port=0) as coordinator:
+        ...     host, port, pub_port = coordinator.endpoint  # ranks' PlanClient connect here
     """
 
     def __init__(
@@ -271,16 +172,23 @@ class Coordinator:
         limits: GateLimits | None = None,
     ) -> None:
         if not isinstance(scheduler, Scheduler):
-            raise ValueError(f"scheduler must be a chronica Scheduler, not {type(scheduler)}")
+            raise TypeError(
+                f"scheduler must be a chronica Scheduler, not {type(scheduler)}; build one "
+                f"with chronica.core.Scheduler(sizes, ScheduleConfig(..., kind='dynamic'))"
+            )
         world = scheduler.config.num_replicas
         if world > MAX_WORLD:
             raise ValueError(f"num_replicas={world} exceeds the protocol's {MAX_WORLD} ranks")
         if context is not None and not isinstance(context, zmq.Context):
-            raise ValueError(f"context must be a zmq.Context, not {type(context)}")
+            raise TypeError(f"context must be a zmq.Context or None, not {type(context)}")
         if curve is not None and not isinstance(curve, CurveServer):
-            raise ValueError(f"curve must be a CurveServer, not {type(curve)}")
+            raise TypeError(
+                f"curve must be a chronica.comm.auth.CurveServer or None, not {type(curve)}"
+            )
         if limits is not None and not isinstance(limits, GateLimits):
-            raise ValueError(f"limits must be a chronica.comm.gate.GateLimits, not {type(limits)}")
+            raise TypeError(
+                f"limits must be a chronica.comm.gate.GateLimits or None, not {type(limits)}"
+            )
         self.planner = DynamicPlanner(scheduler)
         self.scheduler = scheduler
         self.host, self.bind_source = resolve_bind(host)
@@ -297,28 +205,44 @@ class Coordinator:
         # This coordinator's plans, told apart from those of one it replaces (a restart):
         # ranks use a window only if they all hold parts of the same planning of it.
         self.generation = secrets.randbelow(MAX_GENERATION) + 1
-        # Where each connection last said it is, (epoch, step) of a fetch or report: the
-        # job's progress is the slowest rank's, and planning stays within a horizon of it.
-        self._pos: dict[bytes, tuple[int, int]] = {}
-        # The newest window's parts regrouped by rank (``_by_rank``), for its messages.
-        self._layout: tuple[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] | None
-        self._layout = None
-        self.horizon = max(4 * self.planner.window, _HORIZON_STEPS)
-        # Which rank each connection (ROUTER routing id) said hello as, oldest first.
-        self._peers: OrderedDict[bytes, int] = OrderedDict()
-        self._holder: dict[int, bytes] = {}
-        # Windows published before each connection's hello (their count then): a later one
-        # reached its SUB socket, so a prefetch of it needs no second copy.
-        self._joined: dict[bytes, int] = {}
-        self._max_peers = 2 * world + 64
+        self._encoder = PlanParts(self.generation)
+        self._peers = Peers(2 * world + 64)
+        self._horizon = Horizon(self.planner, self._peers)
+        self.horizon = self._horizon.steps  # steps planned ahead of the slowest rank at most
         self._throttle = _Throttle()
         self._traceback_logged = False
         self.endpoint: tuple[str, int, int] | None = None
+        self._requests: dict[str, Callable[[bytes, dict[str, Any]], None]] = {
+            "hello": self._hello,
+            "fetch": self._fetch,
+            "report": self._report,
+        }
+        self._notes: dict[bytes, Callable[[list[bytes]], None]] = {
+            b"m": self._bundle,
+            b"f": self._frames_refused,
+            b"h": self._handshake_failed,
+            b"k": self._key_refused,
+            b"x": self._gate_said,
+            b"n": self._gate_counts,
+        }
+
+    def __repr__(self) -> str:
+        where = (
+            f"endpoint={self.endpoint}"
+            if self.endpoint is not None
+            else f"host={self.host!r}, port={self._port}"
+        )
+        curve = f"{len(self.curve.allowed)} keys" if self.curve is not None else "off"
+        return (
+            f"Coordinator(world={self.scheduler.config.num_replicas}, {where}, "
+            f"bind_source={self.bind_source!r}, window={self.planner.window}, "
+            f"horizon={self.horizon}, curve={curve}, generation={self.generation})"
+        )
 
     # -- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> Coordinator:
-        """Bind both sockets and start serving in a daemon thread."""
+        """Bind both sockets and start serving in a daemon thread; returns ``self``."""
         if self._thread is not None:
             raise RuntimeError("the coordinator is already running")
         self._stop.clear()
@@ -332,7 +256,7 @@ class Coordinator:
             target=self._serve, name="chronica-coordinator", daemon=True
         )
         self._thread.start()
-        if self.curve is None and self.host in ("0.0.0.0", "::"):
+        if self.curve is None and listens_everywhere(self.host):
             logger.warning(
                 "chronica: the coordinator listens on every interface without authentication; "
                 "anyone who reaches ports %d-%d can talk to it (see SECURITY.md: CURVE)",
@@ -356,29 +280,9 @@ class Coordinator:
             gate.bind()
         except OSError as exc:
             port, role = gate.failed_port
-            raise RuntimeError(self._bind_error(exc, port, role)) from exc
+            raise RuntimeError(bind_error(exc, self.host, port, role, self.bind_source)) from exc
         gate.open()
         self.endpoint = (self.host, *gate.ports)
-
-    def _bind_error(self, exc: OSError, port: int, role: str) -> str:
-        where = f"{self.host}:{port}"
-        if exc.errno == errno.EADDRINUSE:
-            what = "port" if role == "router" else f"port {port} (port + 1, for publishing) of"
-            return (
-                f"chronica coordinator cannot bind {where}: {what} {where} is already in use "
-                f"(another job, or a coordinator still running); pass "
-                f"DynamicOptions(port=...) (chronica coordinator --port) or set CHRONICA_PORT "
-                f"to a free port P with P+1 free too, or port 0 for any free ports"
-            )
-        if exc.errno == errno.EADDRNOTAVAIL:
-            return (
-                f"chronica coordinator cannot bind {where}: {self.host} (from "
-                f"{self.bind_source}) is not an address of this machine; set MASTER_ADDR or "
-                f"{ENV_BIND} to one of its addresses (127.0.0.1 on a single node)"
-            )
-        if exc.errno == errno.EACCES:
-            return f"chronica coordinator cannot bind {where}: ports below 1024 need privileges"
-        return f"chronica coordinator cannot bind {where} ({exc})"
 
     @property
     def bound(self) -> tuple[str, str]:
@@ -389,7 +293,11 @@ class Coordinator:
         return tcp_url(host, router), tcp_url(host, pub)
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop serving, close the sockets and stop the authenticator (idempotent)."""
+        """Stop serving, close the sockets and stop the authenticator (idempotent).
+
+        Args:
+            timeout: seconds to wait for the serving thread to stop.
+        """
         if self._thread is not None:
             self._stop.set()
             self._thread.join(timeout)
@@ -430,7 +338,7 @@ class Coordinator:
                 if not gate.alive():
                     continue
                 if gate.restarts != self.stats.gate_restarts:
-                    self._forget_peers()  # every connection went with the old gate
+                    self._peers.clear()  # every connection went with the old gate
                     self.stats.gate_restarts = gate.restarts
                     calm_since = time.monotonic()
                 elif time.monotonic() - calm_since > 10.0:
@@ -444,35 +352,39 @@ class Coordinator:
                 except zmq.ZMQError:
                     return
 
-    def _forget_peers(self) -> None:
-        self._peers.clear()
-        self._holder.clear()
-        self._joined.clear()
-        self._pos.clear()
-
     def _from_gate(self, frames: list[bytes]) -> None:
-        kind = frames[0]
-        if kind == b"m":  # requests: (identity, payload) pairs
-            for i in range(1, len(frames) - 1, 2):
-                self._handle(frames[i : i + 2])
-        elif kind == b"f":
-            self._refuse(frames[1], "frames", "expected one frame")
-        elif kind == b"h":
-            self.stats.handshake_failures += 1
-            self._throttle.warn(
-                "chronica: coordinator: a connection failed: %s", frames[1].decode(errors="replace")
-            )
-        elif kind == b"k":
-            self.stats.refused_keys += 1
-            self._throttle.warn(
-                "chronica: coordinator refused CURVE client key %s (not on the allow-list)",
-                frames[1].decode("ascii", "replace"),
-            )
-        elif kind == b"x":
-            text = frames[1].decode(errors="replace")
-            self._throttle.warn("chronica: coordinator gate: %s", text)
-        elif kind == b"n":
-            self.stats.gate = json.loads(frames[1])
+        """One message of the gate, by its first frame (see ``_notes``)."""
+        note = self._notes.get(frames[0])
+        if note is not None:
+            note(frames)
+
+    def _bundle(self, frames: list[bytes]) -> None:
+        """Requests: (identity, payload) pairs after the tag."""
+        for i in range(1, len(frames) - 1, 2):
+            self._handle(frames[i : i + 2])
+
+    def _frames_refused(self, frames: list[bytes]) -> None:
+        self._refuse(frames[1], "frames", "expected one frame")
+
+    def _handshake_failed(self, frames: list[bytes]) -> None:
+        self.stats.handshake_failures += 1
+        self._throttle.warn(
+            "chronica: coordinator: a connection failed: %s", frames[1].decode(errors="replace")
+        )
+
+    def _key_refused(self, frames: list[bytes]) -> None:
+        self.stats.refused_keys += 1
+        self._throttle.warn(
+            "chronica: coordinator refused CURVE client key %s (not on the allow-list)",
+            frames[1].decode("ascii", "replace"),
+        )
+
+    def _gate_said(self, frames: list[bytes]) -> None:
+        text = frames[1].decode(errors="replace")
+        self._throttle.warn("chronica: coordinator gate: %s", text)
+
+    def _gate_counts(self, frames: list[bytes]) -> None:
+        self.stats.gate = json.loads(frames[1])
 
     def _handle(self, frames: list[bytes]) -> None:
         if len(frames) != 2:
@@ -482,15 +394,10 @@ class Coordinator:
         message: dict[str, Any] | None = None
         try:
             message = decode(payload)
-            kind = message["t"]
-            if kind == "hello":
-                self._hello(identity, message)
-            elif kind == "fetch":
-                self._fetch(identity, message)
-            elif kind == "report":
-                self._report(identity, message)
-            else:
-                raise ProtocolError(f"a rank may not send {kind!r} messages")
+            request = self._requests.get(message["t"])
+            if request is None:
+                raise ProtocolError(f"a rank may not send {message['t']!r} messages")
+            request(identity, message)
         except ProtocolError as exc:
             self._refuse(identity, exc.code, str(exc), message)
         except Exception as exc:  # a bug must not take the coordinator down with it
@@ -519,8 +426,8 @@ class Coordinator:
             fields = {"epoch": message["epoch"], "first": message["first"]}
         self._reply(identity, "error", code=code, msg=text[:_MAX_ERROR_TEXT], **fields)
 
-    def _reply(self, identity: bytes, kind: str, **fields: Any) -> None:
-        self._send(identity, encode(kind, **fields))
+    def _reply(self, identity: bytes, message_type: str, **fields: Any) -> None:
+        self._send(identity, encode(message_type, **fields))
 
     def _send(self, identity: bytes, payload: bytes) -> None:
         """To one connection, through the gate."""
@@ -540,19 +447,6 @@ class Coordinator:
         if rank >= world:
             raise ProtocolError(f"rank {rank} is outside this job's world of {world}")
 
-    def _peer_rank(self, identity: bytes, rank: int) -> None:
-        """Check that this connection said hello, as ``rank``."""
-        known = self._peers.get(identity)
-        if known is None:
-            raise ProtocolError(
-                "this connection has not said hello (a restarted coordinator, or a new "
-                "connection): say hello first",
-                code="hello",
-            )
-        if known != rank:
-            raise ProtocolError(f"this connection said hello as rank {known}, not rank {rank}")
-        self._peers.move_to_end(identity)
-
     def _hello(self, identity: bytes, message: dict[str, Any]) -> None:
         rank = message["rank"]
         self._check_rank(rank)
@@ -570,47 +464,35 @@ class Coordinator:
                 f"build the sampler with the same data set, sizes and arguments on every rank",
                 code="digest",
             )
-        known = self._peers.get(identity)
-        if known is not None and known != rank:
-            raise ProtocolError(
-                f"this connection said hello as rank {known}; one connection speaks for one rank"
-            )
-        holder = self._holder.get(rank)
-        if holder is not None and holder != identity and holder in self._peers:
+        greeting = self._peers.greet(identity, rank, self.stats.windows)
+        if greeting.duplicate:
             self.stats.duplicate_hellos += 1
             self._throttle.warn(
                 "chronica: coordinator: rank %d said hello on a second connection (a restarted "
                 "or reconnected rank, or two processes with the same RANK)",
                 rank,
             )
-        if identity not in self._peers:
+        if greeting.new:
             self._to_gate([b"a", identity])  # its requests now pass the gate unthrottled
-        self._peers[identity] = rank
-        self._peers.move_to_end(identity)
-        self._holder[rank] = identity
-        self._joined[identity] = self.stats.windows
-        while len(self._peers) > self._max_peers:
-            old, old_rank = self._peers.popitem(last=False)
-            del self._joined[old]
-            self._pos.pop(old, None)
+        for old in greeting.forgotten:
             self._to_gate([b"d", old])
-            if self._holder.get(old_rank) == old:
-                del self._holder[old_rank]
         self.stats.hellos += 1
-        self._reply(identity, "welcome", window=self.planner.window, steps=self._steps(None))
+        self._reply(
+            identity, "welcome", window=self.planner.window, steps=self._horizon.epoch_steps(None)
+        )
 
     def _fetch(self, identity: bytes, message: dict[str, Any]) -> None:
         rank, epoch, first = message["rank"], message["epoch"], message["first"]
         self._check_rank(rank)
-        steps = self._steps(epoch)
+        steps = self._horizon.epoch_steps(epoch)
         if first % self.planner.window or first >= steps:
             raise ProtocolError(f"first={first} is not a window start of an epoch of {steps} steps")
-        self._peer_rank(identity, rank)
-        self._pos[identity] = (epoch, first)
+        self._peers.check(identity, rank)
+        self._peers.moved(identity, epoch, first)
         plan = self._ensure(epoch, first)
         self.stats.fetches += 1
         seq = self._seq[(epoch, first)]
-        if message.get("ahead") and seq >= self._joined[identity]:
+        if message.get("ahead") and seq >= self._peers.joined(identity):
             # Published since this rank's hello: its copy is on the way by PUB (if PUB lost
             # it, the rank fetches again when it needs the window, and is answered).
             self.stats.prefetches_by_pub += 1
@@ -621,11 +503,11 @@ class Coordinator:
     def _report(self, identity: bytes, message: dict[str, Any]) -> None:
         rank, step = message["rank"], message["step"]
         self._check_rank(rank)
-        steps = self._steps(message["epoch"])
+        steps = self._horizon.epoch_steps(message["epoch"])
         if step >= steps:
             raise ProtocolError(f"step={step} is outside an epoch of {steps} steps")
-        self._peer_rank(identity, rank)
-        self._pos[identity] = (message["epoch"], step)
+        self._peers.check(identity, rank)
+        self._peers.moved(identity, message["epoch"], step)
         self.stats.reports += 1
         self.planner.observe(rank, step, message["load"], message["seconds"], message.get("work"))
         window = self.planner.window
@@ -633,56 +515,14 @@ class Coordinator:
         if step - first >= window // 2:
             self._plan_ahead(message["epoch"], first)
 
-    def _steps(self, epoch: int | None) -> int:
-        """Steps of ``epoch`` (a packed token budget cuts every epoch anew; ``None``: the
-        job's current one). A packed epoch outside the horizon is refused first, since
-        counting its steps plans it."""
-        if self.scheduler.config.packing is None:
-            return self.scheduler.num_steps()
-        if epoch is None:
-            progress = self._progress()
-            return self.scheduler.num_steps(0 if progress is None else progress[0])
-        self._check_horizon(epoch, 0, counting=True)
-        return self.scheduler.num_steps(epoch)
-
-    def _progress(self) -> tuple[int, int] | None:
-        """The job's progress: the earliest position of the ranks' current connections."""
-        known = [self._pos[i] for i in self._holder.values() if i in self._pos]
-        return min(known) if known else None
-
-    def _check_horizon(self, epoch: int, first: int, counting: bool = False) -> None:
-        """Refuse a window more than ``horizon`` steps after the job's progress (or in an
-        epoch whose windows were dropped) before anything is planned for it."""
-        if epoch < self.planner.forgotten:
-            raise ProtocolError(
-                f"epoch {epoch} was dropped (the job planned epoch {self.planner.forgotten + 1}"
-                f"); the static plan serves it",
-                code="stale",
-            )
-        progress = self._progress()
-        if progress is None:
-            return
-        at, step = progress
-        if epoch < at or (epoch == at and first <= step + self.horizon):
-            return
-        if epoch == at + 1:
-            if counting:
-                return  # the next epoch's step count is needed to place it
-            ahead = self.scheduler.num_steps(at) - step + first
-            if ahead <= self.horizon:
-                return
-        raise ProtocolError(
-            f"epoch {epoch} step {first} is more than {self.horizon} steps ahead of the job "
-            f"(its slowest rank is at epoch {at} step {step}); the static plan serves it",
-            code="stale",
-        )
+    # -- planning -------------------------------------------------------------------------
 
     def _plan_ahead(self, epoch: int, first: int) -> None:
         """Plan (and publish) the window after ``(epoch, first)`` if not done yet; a window
         that cannot be planned now is left for a fetch to ask (and be told why)."""
         following = first + self.planner.window
         try:
-            if following < self._steps(epoch):
+            if following < self._horizon.epoch_steps(epoch):
                 self._ensure(epoch, following)
             else:
                 self._ensure(epoch + 1, 0)
@@ -693,10 +533,8 @@ class Coordinator:
         plan = self.planner.planned(epoch, first)
         if plan is not None:
             return plan
-        # Re-planning a dropped window could hand a rank a split other ranks did not train
-        # on, and planning far ahead of the slowest rank would spend memory and time on
-        # windows nobody needs yet: both are refused (the rank uses the static plan).
-        self._check_horizon(epoch, first)
+        # A dropped window, or one far ahead of the slowest rank, is refused (``Horizon``).
+        self._horizon.check(epoch, first)
         plan = self.planner.plan_window(epoch, first)
         seq = self.stats.windows
         self.stats.windows += 1
@@ -706,81 +544,18 @@ class Coordinator:
         self._publish(plan, seq)
         return plan
 
-    def _by_rank(self, plan: WindowPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The window's indices regrouped rank by rank (each rank's steps in order), where
-        each rank's run starts, and every rank's step offsets (a column each): one gather
-        per window instead of a slice per step and rank."""
-        key = (plan.epoch, plan.first_step)
-        if self._layout is not None and self._layout[0] == key:
-            return self._layout[1]
-        counts = plan.counts.T.ravel()  # rank by rank, step by step
-        starts = plan.bounds[:, :-1].T.ravel()
-        ends = np.cumsum(counts)
-        total = int(ends[-1]) if ends.size else 0
-        gather = np.repeat(starts - (ends - counts), counts) + np.arange(total)
-        runs = np.concatenate([[0], np.cumsum(plan.counts.sum(axis=0))])
-        offsets = np.vstack([np.zeros((1, plan.num_replicas), np.int64), np.cumsum(plan.counts, 0)])
-        layout = (plan.indices[gather], runs, offsets)
-        self._layout = (key, layout)
-        return layout
-
-    def _unpacked(self, plan: WindowPlan, seq: int, ranks: slice) -> list[bytes]:
-        """The messages of ``ranks`` (a slice of whole ranks) of an unpacked window."""
-        grouped, runs, offsets = self._by_rank(plan)
-        at = runs[ranks.start : ranks.stop + 1]
-        return plan_messages(
-            seq,
-            self.generation,
-            plan.epoch,
-            plan.first_step,
-            grouped[at[0] : at[-1]],
-            at - at[0],
-            offsets[:, ranks],
-            plan.loss_weights[:, ranks],
-            plan.loads[:, ranks],
-        )
+    # -- publishing -----------------------------------------------------------------------
 
     def _part(self, plan: WindowPlan, rank: int, seq: int) -> bytes:
-        if plan.micro is None:
-            return self._unpacked(plan, seq, slice(rank, rank + 1))[0]
-        starts, ends = plan.bounds[:, rank], plan.bounds[:, rank + 1]
-        spans = [slice(a, b) for a, b in zip(starts, ends, strict=True)]
-        # A packed window sends piece numbers (documents and token ranges follow from them).
-        layout = plan.micro
-        indices = (
-            np.concatenate([layout.pieces[span] for span in spans])
-            if plan.num_steps
-            else np.empty(0, np.int64)
-        )
-        offsets = np.concatenate([[0], np.cumsum(ends - starts)])
-        counts = layout.num_micro
-        first = layout.first[:-1] + rank * counts
-        slots = np.concatenate([np.arange(a, a + m) for a, m in zip(first, counts, strict=True)])
-        micro = Micro(
-            rows=np.concatenate([layout.rows[span] for span in spans]),
-            counts=counts,
-            offsets=np.concatenate(
-                [[0], np.cumsum(layout.bounds[slots + 1] - layout.bounds[slots])]
-            ),
-            weights=layout.weights[slots],
-        )
-        return plan_message(
-            seq,
-            self.generation,
-            plan.epoch,
-            plan.first_step,
-            indices,
-            offsets,
-            plan.loss_weights[:, rank],
-            plan.loads[:, rank],
-            micro,
-        )
+        """Rank ``rank``'s message of ``plan`` (the one place every part passes: tests and
+        benchmarks replace it to tamper with or measure what ranks receive)."""
+        return self._encoder.part(plan, rank, seq)
 
     def _parts(self, plan: WindowPlan, seq: int) -> list[bytes]:
         """Every rank's ``_part`` of ``plan``, an unpacked window's in one batch."""
         if plan.micro is not None:
             return [self._part(plan, rank, seq) for rank in range(plan.num_replicas)]
-        return self._unpacked(plan, seq, slice(0, plan.num_replicas))
+        return self._encoder.parts(plan, seq)
 
     def _publish(self, plan: WindowPlan, seq: int) -> None:
         started = time.perf_counter()

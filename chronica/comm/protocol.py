@@ -45,9 +45,6 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from chronica.core.checks import check_int
-
-# ``check_int`` is ``chronica.core.checks.check_int``, re-exported for older importers.
 __all__ = [
     "MAX_GENERATION",
     "MAX_REQUEST_BYTES",
@@ -59,7 +56,6 @@ __all__ = [
     "Micro",
     "Plan",
     "ProtocolError",
-    "check_int",
     "decode",
     "encode",
     "plan_message",
@@ -91,6 +87,14 @@ class ProtocolError(ValueError):
     ``code`` travels in the ``error`` answer: ``"protocol"`` (malformed or out of range),
     ``"hello"`` (the connection has not said hello: the rank says it again), ``"stale"``
     (the window is too far behind or ahead of the job to be planned consistently).
+
+    Args:
+        message: what is wrong, for the log and the ``error`` answer.
+        code: the error code.
+
+    Example::
+
+        >>> raise ProtocolError("say hello first", code="hello")
     """
 
     def __init__(self, message: str, code: str = "protocol") -> None:
@@ -103,7 +107,19 @@ class Micro:
     """A packed window's micro-batches of one rank: step ``i`` has ``counts[i]``
     micro-batches, micro-batch ``j`` (counted over the window) holds the rank's pieces
     ``offsets[j] .. offsets[j + 1]`` of the window (each in row ``rows[k]``) and weighs
-    ``weights[j]``."""
+    ``weights[j]``.
+
+    Args:
+        rows: each piece's row.
+        counts: micro-batches per step.
+        offsets: where each micro-batch starts in the rank's pieces (one more than them).
+        weights: each micro-batch's loss weight.
+
+    Example::
+
+        >>> Micro(rows=np.array([0, 1]), counts=np.array([1]), offsets=np.array([0, 2]),
+        ...       weights=np.array([1.0]))
+    """
 
     rows: np.ndarray
     counts: np.ndarray
@@ -118,7 +134,24 @@ class Plan:
     and ``micro``). ``gen`` names the planning that made it: every rank's part of a window
     planned once carries the same ``gen``, and a restarted coordinator plans under a new
     one, so ranks holding parts of two different plans of one window can tell before using
-    them."""
+    them.
+
+    Args:
+        seq: the window's sequence number (one more per window the coordinator plans).
+        gen: the planning that made it.
+        epoch: the window's epoch.
+        first: its first step.
+        indices: the rank's samples (packed: piece numbers), step after step.
+        offsets: where each step starts in ``indices`` (one more than the steps).
+        weights: each step's loss weight.
+        loads: each step's predicted load.
+        micro: a packed window's micro-batches.
+
+    Example::
+
+        >>> plan = decode(payload, 1 << 20)["plan"]
+        >>> plan.local(plan.first)  # this rank's samples of the window's first step
+    """
 
     seq: int
     gen: int
@@ -132,14 +165,24 @@ class Plan:
 
     @property
     def num_steps(self) -> int:
+        """The steps of the window."""
         return int(self.offsets.shape[0] - 1)
 
     def local(self, step: int) -> np.ndarray:
+        """The rank's samples (packed: piece numbers) of ``step``.
+
+        Args:
+            step: a step of the window (``first <= step < first + num_steps``).
+        """
         i = step - self.first
         return self.indices[self.offsets[i] : self.offsets[i + 1]]
 
     def micro_batches(self, step: int) -> list[tuple[np.ndarray, np.ndarray, float]]:
-        """A packed window's micro-batches of ``step``: ``(pieces, rows, loss_weight)``."""
+        """A packed window's micro-batches of ``step``: ``(pieces, rows, loss_weight)``.
+
+        Args:
+            step: a step of the window.
+        """
         assert self.micro is not None
         i = step - self.first
         micro = self.micro
@@ -152,17 +195,46 @@ class Plan:
 
 
 def tcp_url(host: str, port: int | str) -> str:
-    """The ZeroMQ TCP endpoint of ``host:port``; IPv6 literals are bracketed."""
+    """The ZeroMQ TCP endpoint of ``host:port``; IPv6 literals are bracketed.
+
+    Args:
+        host: a host name or address.
+        port: the port.
+
+    Example::
+
+        >>> tcp_url("::1", 5000)
+        'tcp://[::1]:5000'
+    """
     return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
 def topic(rank: int) -> bytes:
-    """The PUB topic of ``rank``; fixed width so that no rank's topic prefixes another's."""
+    """The PUB topic of ``rank``; fixed width so that no rank's topic prefixes another's.
+
+    Args:
+        rank: the rank.
+
+    Example::
+
+        >>> topic(3)
+        b'chronica/0000003/'
+    """
     return b"chronica/%07d/" % rank
 
 
 def encode(kind: str, **fields: Any) -> bytes:
-    """A message of type ``kind``; numpy arrays must already be ``bytes``."""
+    """A message of type ``kind``; numpy arrays must already be ``bytes``.
+
+    Args:
+        kind: the message type (``hello``, ``fetch``, ``report``, ``welcome``, ...).
+        fields: its fields (see the module docstring).
+
+    Example::
+
+        >>> decode(encode("fetch", rank=0, epoch=0, first=16))["first"]
+        16
+    """
     return msgpack.packb({"v": VERSION, "t": kind, **fields}, use_bin_type=True)
 
 
@@ -177,7 +249,26 @@ def plan_message(
     loads: np.ndarray,
     micro: Micro | None = None,
 ) -> bytes:
-    """Encode one rank's part of a window (with ``micro`` for a packed one)."""
+    """Encode one rank's part of a window (with ``micro`` for a packed one).
+
+    Args:
+        seq: the window's sequence number.
+        gen: the planning (coordinator generation) that made it.
+        epoch: the window's epoch.
+        first: its first step.
+        indices: the rank's samples (a packed window: piece numbers), step after step.
+        offsets: where each step starts in ``indices`` (one more than the steps).
+        weights: each step's loss weight.
+        loads: each step's predicted load.
+        micro: a packed window's micro-batches of the rank.
+
+    Example::
+
+        >>> payload = plan_message(0, 1, 0, 0, np.arange(4), np.array([0, 2, 4]),
+        ...                        np.ones(2), np.ones(2))
+        >>> decode(payload, 1 << 20)["plan"].local(1)
+        array([2, 3])
+    """
     packed = {}
     if micro is not None:
         packed = {
@@ -230,7 +321,25 @@ def plan_messages(
     weights[:, r], loads[:, r])`` (``offsets`` has one row more than the window has steps).
 
     The map's header and scalars are packed once per window and the columns converted in
-    one pass each, so a rank costs one join of ready bytes instead of a msgpack map."""
+    one pass each, so a rank costs one join of ready bytes instead of a msgpack map.
+
+    Args:
+        seq: the window's sequence number.
+        gen: the planning (coordinator generation) that made it.
+        epoch: the window's epoch.
+        first: its first step.
+        indices: every rank's samples, rank after rank (each rank's steps in order).
+        runs: where each rank's samples start in ``indices`` (one more than the ranks).
+        offsets: each rank's step offsets, a column per rank.
+        weights: each step's loss weight, a column per rank.
+        loads: each step's predicted load, a column per rank.
+
+    Example::
+
+        >>> messages = plan_messages(0, 1, 0, 0, indices, runs, offsets, weights, loads)
+        >>> len(messages) == offsets.shape[1]
+        True
+    """
     steps = weights.shape[0]
     head = bytearray(
         msgpack.packb(
@@ -302,7 +411,20 @@ _FIELDS = {
 
 
 def decode(frame: bytes, max_bytes: int = MAX_REQUEST_BYTES) -> dict[str, Any]:
-    """Validate and decode one message; plans come back with a ``Plan`` under ``"plan"``."""
+    """Validate and decode one message; plans come back with a ``Plan`` under ``"plan"``.
+
+    Anything but a valid message of at most ``max_bytes`` is a ``ProtocolError`` naming
+    what is wrong (never another exception, whatever the bytes).
+
+    Args:
+        frame: the message's bytes.
+        max_bytes: the largest message accepted (requests: ``MAX_REQUEST_BYTES``).
+
+    Example::
+
+        >>> decode(encode("hello", rank=0, world=2, digest="ab"))["world"]
+        2
+    """
     if not isinstance(frame, (bytes, bytearray, memoryview)):
         raise ProtocolError("a message must be bytes")
     # len() of a memoryview counts items, which need not be bytes.
@@ -333,46 +455,71 @@ def decode(frame: bytes, max_bytes: int = MAX_REQUEST_BYTES) -> dict[str, Any]:
     missing = [name for name in _FIELDS[kind] if name not in message]
     if missing:
         raise ProtocolError(f"{kind} message lacks {missing}")
-    _validate(kind, message)
+    _VALIDATE[kind](message)
     return message
 
 
-def _validate(kind: str, message: dict[str, Any]) -> None:
-    if kind in ("hello", "fetch", "report"):
-        _int(message, "rank", 0, MAX_WORLD - 1)
-    if kind == "hello":
-        _int(message, "world", 1, MAX_WORLD)
-        digest = message["digest"]
-        if not isinstance(digest, str) or not 0 < len(digest) <= 128:
-            raise ProtocolError("field 'digest' must be a non-empty string")
-    elif kind == "fetch":
+def _rank(message: dict[str, Any]) -> None:
+    _int(message, "rank", 0, MAX_WORLD - 1)
+
+
+def _hello(message: dict[str, Any]) -> None:
+    _rank(message)
+    _int(message, "world", 1, MAX_WORLD)
+    digest = message["digest"]
+    if not isinstance(digest, str) or not 0 < len(digest) <= 128:
+        raise ProtocolError("field 'digest' must be a non-empty string")
+
+
+def _fetch(message: dict[str, Any]) -> None:
+    _rank(message)
+    _int(message, "epoch", 0, MAX_STEPS)
+    _int(message, "first", 0, MAX_STEPS)
+    if type(message.get("ahead", False)) is not bool:
+        raise ProtocolError(f"field 'ahead'={message['ahead']!r} must be a bool")
+
+
+def _report(message: dict[str, Any]) -> None:
+    _rank(message)
+    _int(message, "epoch", 0, MAX_STEPS)
+    _int(message, "step", 0, MAX_STEPS)
+    _float(message, "load", REPORT_LOAD)
+    _float(message, "seconds", REPORT_SECONDS)
+    if "work" in message:
+        work = _array(message, "work", "<f8")
+        if work.shape != (3,) or not np.isfinite(work).all() or (work < 0).any():
+            raise ProtocolError("field 'work' must be 3 finite float64 values >= 0")
+        if work.max() > REPORT_LOAD[1]:
+            raise ProtocolError(f"field 'work' values must be at most {REPORT_LOAD[1]:g}")
+        message["work"] = work
+
+
+def _welcome(message: dict[str, Any]) -> None:
+    _int(message, "window", 1, MAX_STEPS)
+    _int(message, "steps", 0, MAX_STEPS)
+
+
+def _error(message: dict[str, Any]) -> None:
+    if not isinstance(message["code"], str) or not isinstance(message["msg"], str):
+        raise ProtocolError("error message fields must be strings")
+    if "epoch" in message or "first" in message:
         _int(message, "epoch", 0, MAX_STEPS)
         _int(message, "first", 0, MAX_STEPS)
-        if type(message.get("ahead", False)) is not bool:
-            raise ProtocolError(f"field 'ahead'={message['ahead']!r} must be a bool")
-    elif kind == "report":
-        _int(message, "epoch", 0, MAX_STEPS)
-        _int(message, "step", 0, MAX_STEPS)
-        _float(message, "load", REPORT_LOAD)
-        _float(message, "seconds", REPORT_SECONDS)
-        if "work" in message:
-            work = _array(message, "work", "<f8")
-            if work.shape != (3,) or not np.isfinite(work).all() or (work < 0).any():
-                raise ProtocolError("field 'work' must be 3 finite float64 values >= 0")
-            if work.max() > REPORT_LOAD[1]:
-                raise ProtocolError(f"field 'work' values must be at most {REPORT_LOAD[1]:g}")
-            message["work"] = work
-    elif kind == "welcome":
-        _int(message, "window", 1, MAX_STEPS)
-        _int(message, "steps", 0, MAX_STEPS)
-    elif kind == "error":
-        if not isinstance(message["code"], str) or not isinstance(message["msg"], str):
-            raise ProtocolError("error message fields must be strings")
-        if "epoch" in message or "first" in message:
-            _int(message, "epoch", 0, MAX_STEPS)
-            _int(message, "first", 0, MAX_STEPS)
-    elif kind == "plan":
-        message["plan"] = _plan(message)
+
+
+def _plan_fields(message: dict[str, Any]) -> None:
+    message["plan"] = _plan(message)
+
+
+# Each message type's checks, beyond the presence of its ``_FIELDS``.
+_VALIDATE = {
+    "hello": _hello,
+    "fetch": _fetch,
+    "report": _report,
+    "welcome": _welcome,
+    "error": _error,
+    "plan": _plan_fields,
+}
 
 
 def _plan(message: dict[str, Any]) -> Plan:

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from chronica import sizes_io
+from chronica.comm.address import listens_everywhere
 from chronica.comm.auth import ENV_DIR, make_keys
 from chronica.comm.coordinator import Coordinator
 from chronica.core import ScheduleConfig, Scheduler, validate_sizes
@@ -39,7 +40,13 @@ def _load_sizes(path: Path, column: str | None) -> np.ndarray:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line; the names follow the samplers' arguments."""
+    """The command line; the names follow the samplers' arguments.
+
+    Example::
+
+        >>> build_parser().parse_args(["--sizes", "sizes.npy", "--world", "8"]).world
+        8
+    """
     parser = argparse.ArgumentParser(
         prog="chronica coordinator",
         description="Serve kind='dynamic' plans to the ranks of a multi-node job.",
@@ -73,7 +80,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the coordinator until SIGINT or SIGTERM."""
+    """Run the coordinator until SIGINT or SIGTERM; returns the exit status.
+
+    Bad arguments end the process with a message naming them (``SystemExit``), never a
+    traceback: a missing ``--sizes``/``--world``/``--batch-size``, a sizes file that cannot
+    be read, a port in use.
+
+    Args:
+        argv: the arguments (default ``sys.argv[1:]``).
+
+    Example::
+
+        >>> main(["--sizes", "sizes.npy", "--world", "8", "--batch-size", "256"])
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.make_keys is not None:
@@ -119,7 +138,7 @@ def _serve(args: argparse.Namespace) -> int:
     with Coordinator(scheduler, args.host, args.port) as coordinator:
         assert coordinator.endpoint is not None  # start() bound the sockets
         host, port, pub = coordinator.endpoint
-        reach = "<this node's address>" if host in ("0.0.0.0", "::") else host
+        reach = "<this node's address>" if listens_everywhere(host) else host
         auth = "CURVE on" if coordinator.curve is not None else "no authentication"
         print(
             f"chronica coordinator on {host}:{port} (pub {pub}, {auth}); ranks: "

@@ -4,11 +4,13 @@ Imports numpy and numba only; no I/O, no deep-learning framework, no transport.
 """
 
 from chronica.core.accounting import LabelSkew, Movement, label_skew, movement
+from chronica.core.config import ScheduleConfig
 from chronica.core.controller import ControllerOptions
 from chronica.core.cost import CostModel, as_cost_model
+from chronica.core.modes import KINDS, Mode
 from chronica.core.packing import Packing
 from chronica.core.plan import EpochPlan, MicroLayout, PlanStats
-from chronica.core.scheduler import KINDS, ScheduleConfig, Scheduler
+from chronica.core.scheduler import Scheduler
 from chronica.core.shuffle import POLICIES, ShufflePolicy, as_shuffle_policy
 from chronica.core.sizes import resolve_sizes, sizes_digest, validate_sizes
 
@@ -20,6 +22,7 @@ __all__ = [
     "EpochPlan",
     "LabelSkew",
     "MicroLayout",
+    "Mode",
     "Movement",
     "Packing",
     "PlanStats",

@@ -51,12 +51,15 @@ class DynamicPlanner:
     exactly the samples of the same steps of ``scheduler.plan_epoch(epoch)``; per-rank
     counts add up to the step's size, equal on every rank unless ``variable_batch``, and
     within ``[min_batch, max_batch]``; the same window is never planned twice.
+
+    Args:
+        scheduler: the static plans the windows re-split; its mode must open a session.
     """
 
     def __init__(self, scheduler: Scheduler) -> None:
         config = scheduler.config
-        if config.kind != "dynamic":
-            raise ValueError(f"DynamicPlanner needs kind='dynamic', not {config.kind!r}")
+        if not config.mode.opens_session:
+            raise ValueError(f"DynamicPlanner needs kind='dynamic', not {config.mode.name!r}")
         self.scheduler = scheduler
         self.config = config
         self.window = config.window

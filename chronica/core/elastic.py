@@ -49,8 +49,9 @@ from typing import Any, NamedTuple, TypeGuard
 import numpy as np
 
 from chronica.core.checks import is_int
+from chronica.core.config import ScheduleConfig
 from chronica.core.plan import EpochPlan
-from chronica.core.scheduler import ScheduleConfig, Scheduler, per_replica, step_counts
+from chronica.core.scheduler import Scheduler, per_replica, step_counts
 from chronica.core.shuffle import epoch_order
 
 __all__ = [
@@ -230,12 +231,8 @@ def check_elastic(config: ScheduleConfig, saved: Segment | None = None) -> None:
             "are cut for the saved world, so the new ranks would either read other nodes' "
             f"data or break exactly-once. {todo}"
         )
-    if config.kind == "dynamic":
-        raise ValueError(
-            "kind='dynamic' cannot continue an epoch at another world size or batch size: "
-            "its steps are split window by window by the coordinator from the speeds of the "
-            f"saved ranks. {todo}"
-        )
+    if config.mode.elastic_refusal is not None:
+        raise ValueError(f"{config.mode.elastic_refusal} {todo}")
 
 
 def parse_segments(value: Any) -> list[Segment]:

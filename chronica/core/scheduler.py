@@ -39,20 +39,18 @@ never receives a sample of another owner's partition.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import numpy as np
 
 from chronica.core.balance import balance_steps
-from chronica.core.checks import check_bool, check_int, check_number
-from chronica.core.controller import ControllerOptions
-from chronica.core.cost import CostModel, as_cost_model
+from chronica.core.checks import check_int
+from chronica.core.config import ScheduleConfig
+from chronica.core.cost import CostModel
 from chronica.core.grouping import grouped_by_size
-from chronica.core.packing import Packing, pack_epoch, pieces
+from chronica.core.packing import pack_epoch, pieces
 from chronica.core.partition import (
     Owners,
     _fitted,
@@ -63,188 +61,10 @@ from chronica.core.partition import (
 from chronica.core.plan import EpochPlan, MicroLayout, PlanStats
 from chronica.core.pool import pool_steps
 from chronica.core.rng import Stream, derive_key, permutation
-from chronica.core.shuffle import as_shuffle_policy, epoch_order
+from chronica.core.shuffle import epoch_order
 from chronica.core.sizes import sizes_digest, validate_sizes
 
-__all__ = ["KINDS", "MAX_REPLICAS", "ScheduleConfig", "Scheduler", "per_replica", "step_counts"]
-
-MAX_REPLICAS = 1 << 16
-"""The most data-parallel ranks a plan is made for: more than any job runs, few enough that
-a mistyped ``num_replicas`` is refused at once instead of planning per-rank arrays for a
-million ranks."""
-
-KINDS = ("static", "guided", "dynamic")
-
-
-@dataclass(frozen=True)
-class ScheduleConfig:
-    """Everything besides the sizes that a plan depends on. Validated on construction.
-
-    ``batch_size`` is the *global* batch (all ranks together) and must be a multiple of
-    ``num_replicas``; ``None`` means no per-step balancing: each rank gets torch's strided
-    share of the permutation.
-
-    ``kind="dynamic"`` only: ``window`` steps are planned at a time (the controller
-    re-evaluates once per window); ``variable_batch=True`` lets local batch sizes follow
-    rank speeds, within ``[min_batch, max_batch]`` per rank (default 1 and the global
-    batch), the global batch unchanged; ``controller`` tunes the feedback loop.
-
-    ``packing`` (a ``chronica.core.packing.Packing``): sizes are document lengths in
-    tokens; each step (``batch_size`` documents, or ``packing.tokens_per_step`` tokens)
-    is cut into token-capped micro-batches of packed rows, the same count on every rank,
-    balanced by predicted cost; ranks may then hold different document counts, and
-    ``batch_size`` need not be a multiple of ``num_replicas`` (unless the shuffle is
-    node-partitioned). Exact mode, ``kind="static"`` or ``"dynamic"`` (steps re-packed
-    window by window for the measured rank speeds and cost coefficients).
-    """
-
-    num_replicas: int
-    batch_size: int | None = None
-    kind: str = "static"
-    exact: bool = True
-    shuffle: Any = True
-    seed: int = 0
-    drop_last: bool = False
-    cost: CostModel = field(default_factory=CostModel.linear)
-    jitter: float = 0.1
-    groups: tuple[Any, ...] | None = None
-    variable_batch: bool = False
-    window: int = 16
-    min_batch: int | None = None
-    max_batch: int | None = None
-    controller: ControllerOptions = field(default_factory=ControllerOptions)
-    packing: Packing | None = None
-
-    def __post_init__(self) -> None:
-        # numpy integers are accepted (as torch does) and stored as Python ints, so that
-        # digests and states serialise the same whatever the caller passed.
-        replicas = check_int(
-            "num_replicas",
-            self.num_replicas,
-            1,
-            MAX_REPLICAS,
-            hint=" (data-parallel ranks; planning holds a few arrays per rank)",
-        )
-        object.__setattr__(self, "num_replicas", replicas)
-        if self.batch_size is not None:
-            batch = check_int(
-                "batch_size", self.batch_size, 1, hint=" (the global batch over all ranks) or None"
-            )
-            object.__setattr__(self, "batch_size", batch)
-        object.__setattr__(self, "shuffle", as_shuffle_policy(self.shuffle))
-        self._check_packing()
-        if self.batch_size is not None and (self.packing is None or self.shuffle.partitioned):
-            if self.batch_size % self.num_replicas:
-                raise ValueError(
-                    f"batch_size={self.batch_size} (global) must be a multiple of "
-                    f"num_replicas={self.num_replicas}; e.g. use "
-                    f"{max(1, self.batch_size // self.num_replicas) * self.num_replicas}"
-                )
-        if self.kind not in KINDS:
-            raise ValueError(f"kind={self.kind!r} is not one of {KINDS}")
-        if (
-            self.batch_size is None
-            and self.packing is None
-            and (self.kind != "static" or not self.exact)
-        ):
-            raise ValueError(
-                f"kind={self.kind!r}, exact={self.exact} balances whole steps and needs "
-                f"batch_size= (the global batch)"
-            )
-        object.__setattr__(self, "seed", check_int("seed", self.seed))
-        if self.groups is not None:
-            object.__setattr__(self, "groups", tuple(self.groups))
-            Owners.of(self.groups, self.num_replicas)  # validates the length
-        for name in ("exact", "drop_last", "variable_batch"):
-            object.__setattr__(self, name, check_bool(name, getattr(self, name)))
-        self._check_dynamic()
-        if not isinstance(self.cost, CostModel):
-            object.__setattr__(self, "cost", as_cost_model(self.cost))
-        check_number("jitter", self.jitter, 0, 1)
-
-    def _check_packing(self) -> None:
-        if self.packing is None:
-            return
-        if not isinstance(self.packing, Packing):
-            raise ValueError(
-                f"packing={self.packing!r} must be a chronica.core.packing.Packing (or None)"
-            )
-        if self.kind not in ("static", "dynamic") or not self.exact:
-            raise ValueError(
-                f"packing= plans exact steps; kind={self.kind!r}, exact={self.exact!r} cannot "
-                "be packed (pass kind='static' or 'dynamic', exact=True)"
-            )
-        if self.variable_batch:
-            raise ValueError(
-                "variable_batch=True is implied by packing= (ranks take as many documents as "
-                "their speed and the token cap allow); drop it"
-            )
-        if (self.batch_size is None) == (self.packing.tokens_per_step is None):
-            raise ValueError(
-                "packing= needs exactly one step size: batch_size= (documents per step) or "
-                "Packing(tokens_per_step=...) (a global token budget)"
-            )
-
-    def _check_dynamic(self) -> None:
-        if self.kind != "dynamic":
-            if self.variable_batch:
-                raise ValueError("variable_batch=True needs kind='dynamic'")
-            return
-        if self.batch_size is None and self.packing is None:
-            raise ValueError("kind='dynamic' re-splits global batches and needs batch_size=")
-        if not self.exact:
-            raise ValueError(
-                "kind='dynamic' re-splits the exact global batches; exact=False (pool) is a "
-                "static-only mode"
-            )
-        object.__setattr__(
-            self, "window", check_int("window", self.window, 1, hint=" (steps per plan)")
-        )
-        share = (self.batch_size or self.num_replicas) // self.num_replicas
-        low, high = self.batch_bounds()
-        if self.packing is None and not 1 <= low <= share <= high:
-            raise ValueError(
-                f"min_batch={self.min_batch!r} and max_batch={self.max_batch!r} must satisfy "
-                f"1 <= min_batch <= {share} <= max_batch (the equal share of batch_size)"
-            )
-        if not isinstance(self.controller, ControllerOptions):
-            raise ValueError("controller= must be a chronica.core.ControllerOptions")
-
-    def batch_bounds(self) -> tuple[int, int]:
-        """``(min_batch, max_batch)`` per rank with their defaults filled in."""
-        low = 1 if self.min_batch is None else self.min_batch
-        high = self.batch_size or 1 if self.max_batch is None else self.max_batch
-        for name, value in (("min_batch", low), ("max_batch", high)):
-            check_int(name, value)
-        return int(low), int(high)
-
-    def digest(self, sizes_hex: str) -> str:
-        """A hex digest of this configuration and the sizes digest: equal digests, equal plans."""
-        blob = json.dumps(self.describe(sizes_hex), sort_keys=True).encode()
-        return hashlib.blake2b(blob, digest_size=16).hexdigest()
-
-    def describe(self, sizes_hex: str) -> dict[str, Any]:
-        """Everything ``digest`` hashes, as JSON-ready values (``sizes_hex`` digests the data)."""
-        return {
-            "version": 1,
-            "num_replicas": self.num_replicas,
-            "batch_size": self.batch_size,
-            "kind": self.kind,
-            "exact": self.exact,
-            "shuffle": self.shuffle.to_tuple(),
-            "groups": None if self.groups is None else [str(g) for g in self.groups],
-            "seed": int(self.seed),
-            "drop_last": self.drop_last,
-            "cost": self.cost.to_tuple(),
-            "jitter": float(self.jitter),
-            "sizes": sizes_hex,
-            "dynamic": [self.variable_batch, self.window, *self.batch_bounds()]
-            if self.kind == "dynamic"
-            else None,
-            # Only when set, so that the digests of unpacked configurations stay as they were.
-            **({"packing": list(self.packing.to_tuple())} if self.packing is not None else {}),
-        }
-
+__all__ = ["Scheduler", "per_replica", "step_counts"]
 
 # A plan's parts: (indices, bounds, loads) as in ``EpochPlan``.
 _Parts = tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -276,10 +96,24 @@ class Scheduler:
     labels, partitions, epoch): equal inputs give byte-identical plans on every rank,
     process and restart. The plans of the two epochs planned last are cached.
 
-    ``labels`` (one class per sample) are needed by ``shuffle="stratified"``; ``partitions``
-    (one index list per node, e.g. what is on each node's disk) replace the built partitions
-    of ``local``/``partial`` policies.
+    Args:
+        sizes: one finite, non-negative size per sample (validated once).
+        config: the plan request.
+        labels: one class per sample, needed by ``shuffle="stratified"``.
+        partitions: one index list per node (e.g. what is on each node's disk), replacing
+            the built partitions of ``local``/``partial`` policies.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from chronica.core import ScheduleConfig, Scheduler
+        >>> plan = Scheduler(np.arange(1, 65), ScheduleConfig(4, 16)).plan_epoch(0)
+        >>> plan.num_steps, sorted(plan.indices.tolist()) == list(range(64))
+        (4, True)
     """
+
+    def __repr__(self) -> str:
+        return f"Scheduler({self.num_samples} samples, {self.config!r})"
 
     def __init__(
         self,
@@ -568,7 +402,7 @@ class Scheduler:
         if cfg.batch_size is not None:
             k = counts[0] if counts else 1
             full = sum(1 for c in counts if c == k)
-            if cfg.kind == "guided":
+            if cfg.mode.groups_by_size:
                 stream = self._grouped_by_size(epoch, owner, stream, ranks * k, step_order)
             elif not cfg.exact and full:
                 starts = _step_starts(counts, ranks)

@@ -188,7 +188,7 @@ def _project(config: DemoConfig, results: dict[str, Any]) -> list[dict[str, Any]
             file=sys.stderr,
             flush=True,
         )
-    kind = "guided" if config.kind == "guided" else "static"
+    kind = config.kind  # "static" or "guided": the simulator's strategy of that name
     return project(
         config.lengths,
         CostModel(*coefficients),

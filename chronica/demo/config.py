@@ -24,6 +24,8 @@ __all__ = [
 ]
 
 SAMPLERS = ("torch", "chronica", "dynamic")
+COORDINATED = frozenset(SAMPLERS[2:])
+"""The samplers whose ranks open a session with a coordinator (they need its ports)."""
 DEFAULT_HIGH = 2048  # the default generated lengths' clip
 
 

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from chronica.demo.config import DemoConfig
+from chronica.demo.config import COORDINATED, DemoConfig
 
 __all__ = ["DemoError", "launch"]
 
@@ -70,7 +70,7 @@ def launch(config: DemoConfig, timeout_s: float) -> dict[str, Any]:
         payload = asdict(config)
         payload["samplers"] = list(config.samplers)
         payload["simulate_worlds"] = list(config.simulate_worlds)
-        if "dynamic" in config.samplers and not config.coordinator_port:
+        if COORDINATED.intersection(config.samplers) and not config.coordinator_port:
             payload["coordinator_port"] = _free_port_run(2 * config.seeds)
         config_path.write_text(json.dumps(payload))
         env = dict(os.environ)

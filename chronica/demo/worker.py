@@ -28,6 +28,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -72,30 +73,27 @@ def _torch_sampler(
     )
 
 
-def _make_sampler(
-    name: str,
-    dataset: PackedTokens,
-    config: DemoConfig,
-    rank: int,
-    cost: CostModel,
-    seed: int,
-    port: int,
-) -> Any:
-    if name == "torch":
-        return _torch_sampler(dataset, config, rank, seed)
-    if name == "dynamic":
-        return ChronicaBatchSampler(
-            dataset,
-            config.batch_size,
-            num_replicas=config.world_size,
-            rank=rank,
-            seed=seed,
-            kind="dynamic",
-            variable_batch=True,
-            sizes=dataset.sizes,
-            cost=cost,
-            dynamic=DynamicOptions(window=_DYNAMIC_WINDOW, port=port),
-        )
+def _dynamic_sampler(
+    dataset: PackedTokens, config: DemoConfig, rank: int, cost: CostModel, seed: int, port: int
+) -> ChronicaBatchSampler:
+    return ChronicaBatchSampler(
+        dataset,
+        config.batch_size,
+        num_replicas=config.world_size,
+        rank=rank,
+        seed=seed,
+        kind="dynamic",
+        variable_batch=True,
+        sizes=dataset.sizes,
+        cost=cost,
+        window=_DYNAMIC_WINDOW,
+        dynamic=DynamicOptions(port=port),
+    )
+
+
+def _static_sampler(
+    dataset: PackedTokens, config: DemoConfig, rank: int, cost: CostModel, seed: int, port: int
+) -> ChronicaDistributedSampler:
     return ChronicaDistributedSampler(
         dataset,
         num_replicas=config.world_size,
@@ -107,6 +105,23 @@ def _make_sampler(
         sizes=dataset.sizes,
         cost=cost,
     )
+
+
+# Every arm of the comparison by its name in the report: (dataset, config, rank, cost, seed,
+# port) -> its sampler.
+_ARMS: dict[str, Callable[..., Any]] = {
+    "torch": lambda dataset, config, rank, cost, seed, port: _torch_sampler(
+        dataset, config, rank, seed
+    ),
+    "chronica": _static_sampler,
+    "dynamic": _dynamic_sampler,
+}
+
+
+def _opens_session(sampler: Any) -> bool:
+    """Whether ``sampler`` is chronica's and its mode re-plans from reported times."""
+    stream = getattr(sampler, "stream", None)
+    return stream is not None and stream.config.mode.opens_session
 
 
 def _local_batches(sampler: Any, local: int) -> list[list[int]]:
@@ -242,7 +257,7 @@ class _Run:
         self._build(cost)
         self.timer = ComputeTimer(
             self.ddp,
-            self.sampler if name == "dynamic" else None,
+            self.sampler if self.reports else None,
             slowdown=self._slowdown,
         )
         self.steps = len(self.loader)
@@ -259,10 +274,11 @@ class _Run:
     def _build(self, cost: CostModel) -> None:
         """(Re)build the sampler and loader planning with ``cost``."""
         self.cost = cost
-        self.sampler = _make_sampler(
-            self.name, self.dataset, self.config, self.rank, cost, self.seed, self.port
+        self.sampler = _ARMS[self.name](
+            self.dataset, self.config, self.rank, cost, self.seed, self.port
         )
-        if self.name == "dynamic":
+        self.reports = _opens_session(self.sampler)
+        if self.reports:
             self.loader = DataLoader(
                 self.dataset, batch_sampler=self.sampler, collate_fn=collate_packed
             )
@@ -299,7 +315,7 @@ class _Run:
         start = time.perf_counter()
         logits = self.ddp(tokens, segments, lengths)
         loss = F.cross_entropy(logits, labels)
-        if self.name == "dynamic":  # unequal local batches: weight to the global mean
+        if self.reports:  # unequal local batches: weight to the global mean
             loss = loss * self.sampler.loss_weight(step)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -513,7 +529,7 @@ def _train_all(
         calibration["final"] = {"coefficients": list(cost.to_tuple()), **quality}
     records["calibration"] = calibration
     for run in runs:
-        if run.name == "dynamic":
+        if run.reports:
             run.sampler.close()
     return records
 

@@ -3,7 +3,8 @@
 ``RankStream`` is the per-rank object the adapters under ``chronica.adapters`` are thin
 faces of: scheduler, epoch and position, the dynamic session with its all-ranks agreement
 and fallback, elastic resume, loss weights, diagnostics and one state format.
-``DynamicOptions`` holds the knobs of ``kind="dynamic"`` for every adapter.
+``DynamicOptions`` is the transport of ``kind="dynamic"`` for every adapter; the faces build
+their plan request with ``chronica.runtime.request``.
 """
 
 from chronica.runtime.agreement import NO_PLAN, Agreement, KeyValueAgreement, Token

@@ -37,8 +37,9 @@ from collections.abc import Callable
 import numpy as np
 
 from chronica.core.checks import check_int
+from chronica.core.config import MAX_REPLICAS
 from chronica.core.multiset import HASH_WORDS, KEY_WORDS, MODULUS
-from chronica.core.scheduler import MAX_REPLICAS, Scheduler
+from chronica.core.scheduler import Scheduler
 
 __all__ = [
     "NO_PLAN",

@@ -35,15 +35,15 @@ import atexit
 import functools
 import logging
 import math
-import os
 import threading
 import weakref
 from collections.abc import Iterator
 
 import numpy as np
 
+from chronica.comm.address import external_coordinator, listens_everywhere, resolve_endpoint
 from chronica.comm.client import PlanClient
-from chronica.comm.coordinator import Coordinator, resolve_endpoint
+from chronica.comm.coordinator import Coordinator
 from chronica.comm.protocol import Plan
 from chronica.core.checks import check_int, check_seconds
 from chronica.core.plan import EpochPlan
@@ -76,20 +76,6 @@ def _close_open_sessions() -> None:
 atexit.register(_close_open_sessions)
 
 
-def _external_coordinator() -> tuple[str, int] | None:
-    text = os.environ.get("CHRONICA_COORDINATOR", "").strip()
-    if not text:
-        return None
-    host, _, port = text.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not host or not port.isdigit() or not 1 <= int(port) <= 65534:
-        raise ValueError(
-            f"CHRONICA_COORDINATOR={text!r} must be host:port with a port in [1, 65534] "
-            f"(the coordinator also uses port + 1), e.g. 10.0.0.1:50051"
-        )
-    return host, int(port)
-
-
 class DynamicSession:
     """Rank ``rank``'s plans for ``kind="dynamic"`` (see the module docstring).
 
@@ -98,6 +84,14 @@ class DynamicSession:
     rank's samples of either the dynamic or the static plan of that window (the same choice
     on every rank when ``agree`` is given); it never waits longer than ``timeout`` per
     window.
+
+    Args:
+        scheduler: the plans; its mode must open a session (``kind="dynamic"``).
+        rank: this process's rank (rank 0 runs the coordinator).
+        host: where the coordinator listens (see ``chronica.runtime.DynamicOptions``).
+        port: its port (see ``chronica.runtime.DynamicOptions``).
+        timeout: the longest wait for a window's plan, in seconds.
+        agree: the all-ranks agreement, or ``None`` (a single rank votes alone).
     """
 
     def __init__(
@@ -111,15 +105,15 @@ class DynamicSession:
         agree: Agreement | None = None,
     ) -> None:
         if not isinstance(scheduler, Scheduler):
-            raise ValueError(f"scheduler must be a chronica Scheduler, not {type(scheduler)}")
+            raise TypeError(f"scheduler must be a chronica Scheduler, not {type(scheduler)}")
         config = scheduler.config
-        if config.kind != "dynamic":
+        if not config.mode.opens_session:
             raise ValueError("DynamicSession needs kind='dynamic'")
         world = config.num_replicas
         rank = check_int("rank", rank, 0, world - 1, f" (num_replicas={world})")
         timeout = check_seconds("timeout", timeout)
         if agree is not None and not isinstance(agree, Agreement):
-            raise ValueError(
+            raise TypeError(
                 f"agree must be a chronica.runtime.agreement.Agreement, or None, not {type(agree)}"
             )
         self.scheduler = scheduler
@@ -128,7 +122,7 @@ class DynamicSession:
         # A single rank's part is the whole window: it votes alone (the sum of one rank).
         self.agree = Agreement(np.asarray, 0, 1) if agree is None and world == 1 else agree
         self.coordinator: Coordinator | None = None
-        external = _external_coordinator()
+        external = external_coordinator()
         if external is not None:
             host, port = external
             pub_port = port + 1
@@ -142,7 +136,7 @@ class DynamicSession:
                 bound, port, pub_port = endpoint
                 # Rank 0 runs beside its coordinator: its bound address (or loopback, when it
                 # listens everywhere) always reaches it.
-                connect = "127.0.0.1" if bound in ("0.0.0.0", "::") else bound
+                connect = "127.0.0.1" if listens_everywhere(bound) else bound
             host = connect
         _, high = config.batch_bounds()
         if config.packing is not None:

@@ -59,7 +59,15 @@ def state_format(owner: str, batch: str = "global_batch_size") -> StateFormat:
 class LocalBatch(NamedTuple):
     """This rank's part of one step: ``indices`` (int64) and the ``loss_weight`` to multiply
     its local mean loss by (1.0 while every rank has the same count). A packed step also
-    has ``micro``: its micro-batches, the same number on every rank."""
+    has ``micro``: its micro-batches, the same number on every rank.
+
+    Args:
+        epoch: the epoch of the step.
+        step: the step.
+        indices: this rank's samples of the step.
+        loss_weight: the factor of this rank's local mean loss.
+        micro: the step's micro-batches on this rank, when packed.
+    """
 
     epoch: int
     step: int
@@ -78,10 +86,21 @@ class RankStream:
     and of the static plan otherwise (the same samples at every step, so every sample is
     used once per epoch either way). Every rank yields the same number of steps.
 
-    ``dynamic`` configures the coordinator connection for ``kind="dynamic"``; ``agree`` is
-    the all-ranks agreement (``chronica.runtime.agreement``), required for exactly-once when
-    the coordinator can fail mid-window; ``names`` words the state's messages in the
-    adapter's terms.
+    Args:
+        scheduler: the plans (sizes and plan request).
+        rank: this process's rank.
+        dynamic: the transport to rank 0's coordinator, when the mode opens a session.
+        agree: the all-ranks agreement (``chronica.runtime.agreement``), required for
+            exactly-once when the coordinator can fail mid-window.
+        names: words the state's messages in the adapter's terms.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from chronica.core import ScheduleConfig, Scheduler
+        >>> stream = RankStream(Scheduler(np.arange(1, 33), ScheduleConfig(2, 8)), rank=1)
+        >>> [len(batch.indices) for batch in stream.batches()]
+        [4, 4, 4, 4]
     """
 
     def __init__(
@@ -108,7 +127,7 @@ class RankStream:
         self._resumed: tuple[tuple[Segment, ...], EpochPlan] | None = None
         self._weights: dict[int, float] = {}
         self.session: DynamicSession | None = None
-        if config.kind == "dynamic":
+        if config.mode.opens_session:
             options = dynamic or DynamicOptions()
             if agree is None and self.num_replicas > 1:
                 logger.warning(

@@ -37,9 +37,9 @@ import math
 import numpy as np
 
 from chronica.comm.protocol import Plan
+from chronica.core.config import ScheduleConfig
 from chronica.core.multiset import HASH_WORDS, MODULUS, multiset_hash
 from chronica.core.plan import EpochPlan
-from chronica.core.scheduler import ScheduleConfig
 from chronica.runtime.agreement import TOKEN_WORDS, Token
 
 __all__ = ["fault", "imbalance", "token"]

@@ -121,9 +121,9 @@ def format_cases(cases: list[Case], title: str) -> str:
         f"{'vs fifo':>9}{'vs ddp':>8}"
     )
     for case in cases:
-        by_kind = {r.policy: r.step_s for r in case.results}
+        step_s_of = {r.policy: r.step_s for r in case.results}
         for r in case.results:
-            ratios = [by_kind[k] / r.step_s if k in by_kind else None for k in ("fifo", "ddp")]
+            ratios = [step_s_of[k] / r.step_s if k in step_s_of else None for k in ("fifo", "ddp")]
             shown = "".join(f"{'':>8}" if x is None else f"{x:>8.2f}x" for x in ratios)
             lines.append(
                 f"{case.ranks:>5} {case.link:>8}  {r.policy:<{width}}{1e3 * r.step_s:>9.1f}"

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,7 +75,6 @@ __all__ = [
     "simulate_step",
 ]
 
-POLICIES = ("none", "ddp", "fifo", "priority")
 MIB = 1 << 20
 # The torch shim's defaults (chronica.runtime.dispatcher.SchedulingOptions) and DDP's.
 DEFAULT_PARTITION_BYTES = 1 * MIB
@@ -140,9 +140,23 @@ class Policy:
     shim's 1 MiB partitions and 4 MiB credit, ``ddp`` DDP's 25 MiB buckets after a 1 MiB
     first one. ``partition_bytes=0``: one partition per tensor (no cut, no fusion);
     ``credit_bytes=0``: unlimited. Any other ``partition_bytes`` cuts larger tensors and
-    fuses adjacent smaller ones as the shim does. ``label`` names it in tables."""
+    fuses adjacent smaller ones as the shim does. ``label`` names it in tables.
 
-    kind: str
+    Args:
+        name: one of ``POLICIES``.
+        partition_bytes: bytes per partition (``fifo``/``priority``), ``None`` the default.
+        credit_bytes: bytes in flight at most (``fifo``/``priority``), ``None`` the default.
+        bucket_bytes: DDP's bucket cap (``ddp``).
+        first_bucket_bytes: DDP's first bucket cap (``ddp``).
+        label: the name in tables (default: ``name``).
+
+    Example::
+
+        >>> Policy.parse("priority,partition=256KiB").partition_bytes
+        262144
+    """
+
+    name: str
     partition_bytes: int | None = None
     credit_bytes: int | None = None
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
@@ -150,8 +164,8 @@ class Policy:
     label: str = ""
 
     def __post_init__(self) -> None:
-        if self.kind not in POLICIES:
-            raise ValueError(f"policy={self.kind!r} must be one of {POLICIES}")
+        if self.name not in _MODES:
+            raise ValueError(f"policy={self.name!r} must be one of {POLICIES}")
         for name in ("partition_bytes", "credit_bytes"):
             value = getattr(self, name)
             if value is not None:
@@ -159,14 +173,14 @@ class Policy:
         check_int("bucket_bytes", self.bucket_bytes, 1)
         check_int("first_bucket_bytes", self.first_bucket_bytes, 1)
         if not self.label:
-            object.__setattr__(self, "label", self.kind)
+            object.__setattr__(self, "label", self.name)
 
     @classmethod
     def parse(cls, spec: str) -> Policy:
-        """``KIND[,key=value...]`` with keys ``partition``, ``credit``, ``bucket``,
+        """``NAME[,key=value...]`` with keys ``partition``, ``credit``, ``bucket``,
         ``first_bucket`` (bytes, with an optional KiB/MiB/GiB suffix), e.g.
         ``priority,partition=256KiB,credit=1MiB`` or ``ddp,bucket=100MiB``."""
-        kind, *pairs = spec.split(",")
+        name, *pairs = spec.split(",")
         keys = {
             "partition": "partition_bytes",
             "credit": "credit_bytes",
@@ -181,7 +195,7 @@ class Policy:
                     f"--policy {spec!r}: {pair!r} is not key=value with a key in {sorted(keys)}"
                 )
             knobs[keys[key]] = parse_bytes(f"--policy {spec!r} {key}", value)
-        return cls(kind.strip(), label=spec, **knobs)
+        return cls(name.strip(), label=spec, **knobs)
 
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -233,28 +247,68 @@ def plan(layers: list[Layer], link: Link, policy: Policy) -> tuple[Layout, np.nd
     numel = np.asarray([b for layer in layers for b in layer.tensor_bytes], dtype=np.int64)
     ends = np.cumsum([layer.backward_s for layer in layers][::-1])[::-1]
     ready = np.repeat(ends, [len(layer.tensor_bytes) for layer in layers])
-    total = int(numel.sum())
-    whole = max(int(numel.max(initial=0)), 1)
-    if policy.kind == "ddp":
-        layout = bucket_layout(
-            numel, np.ones_like(numel), policy.bucket_bytes, policy.first_bucket_bytes
-        )
-        return layout, np.arange(layout.num_partitions)[::-1].copy(), UNLIMITED
-    if policy.kind == "none":
-        layout = build_layout(numel, np.ones_like(numel), max(total, 1))
-        return layout, np.arange(layout.num_partitions), UNLIMITED
-    default_part = 0 if policy.kind == "fifo" else DEFAULT_PARTITION_BYTES
-    default_credit = 0 if policy.kind == "fifo" else DEFAULT_CREDIT_BYTES
+    return _MODES[policy.name].plan(policy, numel, ready, link)
+
+
+Plan = tuple[Layout, np.ndarray, int]  # partitions, dispatch order, credit
+
+
+def _plan_one_collective(policy: Policy, numel: np.ndarray, ready: np.ndarray, link: Link) -> Plan:
+    layout = build_layout(numel, np.ones_like(numel), max(int(numel.sum()), 1))
+    return layout, np.arange(layout.num_partitions), UNLIMITED
+
+
+def _plan_ddp_buckets(policy: Policy, numel: np.ndarray, ready: np.ndarray, link: Link) -> Plan:
+    layout = bucket_layout(
+        numel, np.ones_like(numel), policy.bucket_bytes, policy.first_bucket_bytes
+    )
+    return layout, np.arange(layout.num_partitions)[::-1].copy(), UNLIMITED
+
+
+def _partitions(
+    policy: Policy, numel: np.ndarray, default_part: int, default_credit: int
+) -> tuple[Layout, int]:
+    """The shim's partitions of ``policy`` (its knobs, else the defaults) and its credit."""
     part = policy.partition_bytes if policy.partition_bytes is not None else default_part
     credit = policy.credit_bytes if policy.credit_bytes is not None else default_credit
     # partition_bytes=0: one collective per tensor (distinct keys keep tensors unfused)
     keys = None if part else np.arange(len(numel))
+    whole = max(int(numel.max(initial=0)), 1)
     layout = build_layout(numel, np.ones_like(numel), part or whole, dtype_keys=keys)
-    credit = credit or UNLIMITED
-    busy = sum(link.seconds(b) for b in layout.part_bytes.tolist())
-    if policy.kind == "fifo" or total == 0:
+    return layout, credit or UNLIMITED
+
+
+def _plan_fifo(policy: Policy, numel: np.ndarray, ready: np.ndarray, link: Link) -> Plan:
+    layout, credit = _partitions(policy, numel, 0, 0)
+    return layout, fifo_order(layout, ready), credit
+
+
+def _plan_priority(policy: Policy, numel: np.ndarray, ready: np.ndarray, link: Link) -> Plan:
+    layout, credit = _partitions(policy, numel, DEFAULT_PARTITION_BYTES, DEFAULT_CREDIT_BYTES)
+    total = int(numel.sum())
+    if total == 0:
         return layout, fifo_order(layout, ready), credit
+    busy = sum(link.seconds(b) for b in layout.part_bytes.tolist())
     return layout, simulate_order(layout, ready, credit, total / busy), credit
+
+
+@dataclass(frozen=True)
+class _Mode:
+    """What a policy's name means: how it plans the collectives, and whether its updates run
+    at the iteration barrier as the torch shim's do (``overlapped``: each layer's next
+    forward waits for that layer alone) or after every collective (``none``, ``ddp``)."""
+
+    plan: Callable[[Policy, np.ndarray, np.ndarray, Link], Plan]
+    overlapped: bool
+
+
+_MODES = {
+    "none": _Mode(_plan_one_collective, overlapped=False),
+    "ddp": _Mode(_plan_ddp_buckets, overlapped=False),
+    "fifo": _Mode(_plan_fifo, overlapped=True),
+    "priority": _Mode(_plan_priority, overlapped=True),
+}
+POLICIES = tuple(_MODES)  # ("none", "ddp", "fifo", "priority")
 
 
 class _Run:
@@ -274,7 +328,7 @@ class _Run:
         self.queue = GradientQueue(layout, order, credit)
         self.part_s = [link.seconds(b) for b in layout.part_bytes.tolist()]
         self.queued_s = [link.seconds(b, queued=True) for b in layout.part_bytes.tolist()]
-        self.overlapped = policy.kind in ("fifo", "priority")
+        self.overlapped = _MODES[policy.name].overlapped
         self.rate_while_busy = 1.0 / (1.0 + slowdown)
         self.link_rate_while_computing = 1.0 / (1.0 + link_slowdown)
         first = np.cumsum([0] + [len(layer.tensor_bytes) for layer in layers])
@@ -288,13 +342,13 @@ class _Run:
         for touched in self.part_layers:
             self.parts_per_layer[touched] += 1
         n = len(layers)
-        # The compute thread's program, (kind, step, layer): Forward, Backward, Step called,
-        # Update of every layer (none and ddp only).
-        self.ops: list[tuple[str, int, int]] = []
+        # The compute thread's program, (action, step, layer): forward, backward, step()
+        # called, update of every layer (none and ddp only).
+        self.ops: list[tuple[_Action, int, int]] = []
         for step in range(steps):
-            self.ops += [("F", step, i) for i in range(n)]
-            self.ops += [("B", step, i) for i in range(n - 1, -1, -1)]
-            self.ops += [("S", step, -1)] + ([] if self.overlapped else [("U", step, -1)])
+            self.ops += [(_FORWARD, step, i) for i in range(n)]
+            self.ops += [(_BACKWARD, step, i) for i in range(n - 1, -1, -1)]
+            self.ops += [(_STEP, step, -1)] + ([] if self.overlapped else [(_UPDATE, step, -1)])
         self.stamps: list[float] = []  # when each step() returned
         self.now = 0.0
         self.cursor = 0  # next op of the compute thread
@@ -304,45 +358,68 @@ class _Run:
         self.applying = np.zeros(0, dtype=np.int64)  # layers the running op updates
         self.on_link: deque[tuple[int, bool]] = deque()  # issued (partition, queued)
 
-    def _blocked(self, kind: str, step: int, layer: int) -> bool:
-        if kind == "F" and self.updated[layer] < step:
-            return not self.overlapped or bool(self.missing[layer])
-        return kind == "S" and not self.overlapped and self.reduced < len(self.part_s)
-
     def _updates(self, target: int) -> float:
         """Start one optimizer call over every layer reduced and not updated to ``target``
         yet; its seconds."""
         self.applying = np.flatnonzero((self.missing == 0) & (self.updated < target))
         return sum(self.layers[j].update_s for j in self.applying.tolist())
 
-    def _work(self, kind: str, step: int, layer: int) -> float:
-        if kind == "F":
-            late = self.overlapped and self.updated[layer] < step
-            return self.layers[layer].forward_s + (self._updates(step) if late else 0.0)
-        if kind == "B":
-            if layer == len(self.layers) - 1:  # a new step's backward: a new queue round
-                self.queue.reset()
-                self.missing = self.parts_per_layer.copy()
-                self.reduced = 0
-            return self.layers[layer].backward_s
-        if kind == "U":
-            return sum(layer.update_s for layer in self.layers)
+    def _applied(self, target: int) -> None:
+        """The running optimizer call ended: its layers are updated to ``target``."""
+        self.updated[self.applying] = target
+        self.applying = self.applying[:0]
+
+    # What each action of the program does: when it must wait, its seconds, its effect.
+
+    def _forward_blocked(self, step: int, layer: int) -> bool:
+        if self.updated[layer] >= step:
+            return False
+        return not self.overlapped or bool(self.missing[layer])
+
+    def _forward_work(self, step: int, layer: int) -> float:
+        late = self.overlapped and self.updated[layer] < step
+        return self.layers[layer].forward_s + (self._updates(step) if late else 0.0)
+
+    def _forward_done(self, step: int, layer: int) -> None:
+        if self.overlapped:
+            self._applied(step)
+
+    def _backward_work(self, step: int, layer: int) -> float:
+        if layer == len(self.layers) - 1:  # a new step's backward: a new queue round
+            self.queue.reset()
+            self.missing = self.parts_per_layer.copy()
+            self.reduced = 0
+        return self.layers[layer].backward_s
+
+    def _backward_done(self, step: int, layer: int) -> None:
+        for t in self.tensors[layer]:
+            self.queue.mark_ready(t)
+
+    def _step_blocked(self, step: int, layer: int) -> bool:
+        return not self.overlapped and self.reduced < len(self.part_s)
+
+    def _step_work(self, step: int, layer: int) -> float:
         return self._updates(step + 1) if self.overlapped else 0.0
 
-    def _op_done(self) -> None:
-        kind, step, layer = self.ops[self.cursor]
-        self.cursor += 1
-        if kind == "B":
-            for t in self.tensors[layer]:
-                self.queue.mark_ready(t)
-        elif kind == "U":
-            self.updated[:] = step + 1
+    def _step_done(self, step: int, layer: int) -> None:
+        if self.overlapped:
+            self._applied(step + 1)
             self.stamps.append(self.now)
-        elif self.overlapped and kind in "FS":
-            self.updated[self.applying] = step + (kind == "S")
-            self.applying = self.applying[:0]
-            if kind == "S":
-                self.stamps.append(self.now)
+
+    def _update_work(self, step: int, layer: int) -> float:
+        return sum(layer.update_s for layer in self.layers)
+
+    def _update_done(self, step: int, layer: int) -> None:
+        self.updated[:] = step + 1
+        self.stamps.append(self.now)
+
+    def _never_blocked(self, step: int, layer: int) -> bool:
+        return False
+
+    def _op_done(self) -> None:
+        action, step, layer = self.ops[self.cursor]
+        self.cursor += 1
+        action.done(self, step, layer)
 
     def _reduced(self, partition: int) -> None:
         self.queue.complete(partition)
@@ -356,10 +433,10 @@ class _Run:
         comm: float | None = None
         while self.cursor < len(self.ops) or self.on_link:
             while compute is None and self.cursor < len(self.ops):
-                kind, step, layer = self.ops[self.cursor]
-                if self._blocked(kind, step, layer):
+                action, step, layer = self.ops[self.cursor]
+                if action.blocked(self, step, layer):
                     break
-                compute = self._work(kind, step, layer)
+                compute = action.work(self, step, layer)
                 if compute == 0:
                     compute = None
                     self._op_done()
@@ -391,6 +468,23 @@ class _Run:
                 if compute is None:
                     self._op_done()
         return self.stamps
+
+
+@dataclass(frozen=True)
+class _Action:
+    """One action of the training thread's program: whether it must wait now, the seconds
+    it works once started, and what it leaves done (each ``(run, step, layer)``)."""
+
+    name: str
+    blocked: Callable[[_Run, int, int], bool]
+    work: Callable[[_Run, int, int], float]
+    done: Callable[[_Run, int, int], None]
+
+
+_FORWARD = _Action("forward", _Run._forward_blocked, _Run._forward_work, _Run._forward_done)
+_BACKWARD = _Action("backward", _Run._never_blocked, _Run._backward_work, _Run._backward_done)
+_STEP = _Action("step", _Run._step_blocked, _Run._step_work, _Run._step_done)
+_UPDATE = _Action("update", _Run._never_blocked, _Run._update_work, _Run._update_done)
 
 
 def simulate_step(

@@ -9,6 +9,7 @@ scheduler would be given.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,16 +21,58 @@ from chronica.core.sizes import validate_sizes
 
 __all__ = ["DISTRIBUTIONS", "SizeDistribution", "read_sizes", "resample"]
 
-DISTRIBUTIONS = ("lognormal", "uniform", "bimodal")
 # Spread (lognormal sigma) of each mode of ``bimodal``.
 _MODE_SIGMA = 0.25
 
+Params = tuple[float, ...]
 
-_DEFAULTS = {
-    "lognormal": (5.0, 1.0),
-    "uniform": (16.0, 512.0),
-    "bimodal": (64.0, 2048.0, 0.1),
+
+def _positive_sigma(params: Params) -> str | None:
+    return "SIGMA must be > 0" if params[1] <= 0 else None
+
+
+def _ordered_range(params: Params) -> str | None:
+    return None if 1 <= params[0] <= params[1] else "need 1 <= the first <= the second"
+
+
+def _ordered_range_and_fraction(params: Params) -> str | None:
+    if problem := _ordered_range(params):
+        return problem
+    return None if 0 <= params[2] <= 1 else "FRACTION must be in [0, 1]"
+
+
+def _lognormal(rng: np.random.Generator, params: Params, n: int) -> np.ndarray:
+    mu, sigma = params
+    return rng.lognormal(mu, sigma, n)
+
+
+def _uniform(rng: np.random.Generator, params: Params, n: int) -> np.ndarray:
+    low, high = params
+    return rng.integers(int(low), int(high) + 1, n).astype(np.float64)
+
+
+def _bimodal(rng: np.random.Generator, params: Params, n: int) -> np.ndarray:
+    short, long, fraction = params
+    centre = np.where(rng.random(n) < fraction, long, short)
+    return centre * rng.lognormal(0.0, _MODE_SIGMA, n)
+
+
+@dataclass(frozen=True)
+class _Family:
+    """One named family of distributions: its default parameters, the check of a choice of
+    parameters (the problem, or ``None``) and its sampler (raw, unrounded sizes)."""
+
+    defaults: Params
+    problem: Callable[[Params], str | None]
+    sample: Callable[[np.random.Generator, Params, int], np.ndarray]
+
+
+_FAMILIES = {
+    "lognormal": _Family((5.0, 1.0), _positive_sigma, _lognormal),
+    "uniform": _Family((16.0, 512.0), _ordered_range, _uniform),
+    "bimodal": _Family((64.0, 2048.0, 0.1), _ordered_range_and_fraction, _bimodal),
 }
+DISTRIBUTIONS = tuple(_FAMILIES)
 
 
 @dataclass(frozen=True)
@@ -42,35 +85,42 @@ class SizeDistribution:
     around SHORT, each mode lognormal with sigma 0.25 (default 64, 2048, 0.1).
     ``params`` left out take those defaults. Guarantees: ``draw(n, seed)`` is
     deterministic and returns ``n`` validated sizes >= 1.
+
+    Args:
+        family: one of ``DISTRIBUTIONS``.
+        params: the family's parameters, in the order above; missing ones take the defaults.
+
+    Example::
+
+        >>> SizeDistribution("uniform", (8,)).describe()
+        'uniform:8:512'
+        >>> SizeDistribution.parse("lognormal:5:1").draw(3, seed=0).shape
+        (3,)
     """
 
-    kind: str = "lognormal"
-    params: tuple[float, ...] = ()
+    family: str = "lognormal"
+    params: Params = ()
 
     def __post_init__(self) -> None:
-        if self.kind not in DISTRIBUTIONS:
+        if self.family not in _FAMILIES:
             raise ValueError(
-                f"--dist {self.kind!r} is not one of {DISTRIBUTIONS}; e.g. --dist lognormal:5:1"
+                f"--dist {self.family!r} is not one of {DISTRIBUTIONS}; e.g. --dist lognormal:5:1"
             )
-        defaults = _DEFAULTS[self.kind]
+        defaults = _FAMILIES[self.family].defaults
         if len(self.params) > len(defaults):
-            raise ValueError(f"--dist {self.kind} takes at most {len(defaults)} parameters")
+            raise ValueError(f"--dist {self.family} takes at most {len(defaults)} parameters")
         params = tuple(float(p) for p in self.params) + defaults[len(self.params) :]
         object.__setattr__(self, "params", params)
         if not all(math.isfinite(p) for p in params):
             raise ValueError(f"--dist {self.describe()}: parameters must be finite numbers")
-        if self.kind == "lognormal" and params[1] <= 0:
-            raise ValueError(f"--dist {self.describe()}: SIGMA must be > 0")
-        if self.kind != "lognormal" and not 1 <= params[0] <= params[1]:
-            raise ValueError(f"--dist {self.describe()}: need 1 <= the first <= the second")
-        if self.kind == "bimodal" and not 0 <= params[2] <= 1:
-            raise ValueError(f"--dist {self.describe()}: FRACTION must be in [0, 1]")
+        if problem := _FAMILIES[self.family].problem(params):
+            raise ValueError(f"--dist {self.describe()}: {problem}")
 
     @classmethod
     def parse(cls, text: str) -> SizeDistribution:
-        """From ``kind[:a[:b[:c]]]``, e.g. ``lognormal:5:1``, ``uniform:16:512``,
+        """From ``family[:a[:b[:c]]]``, e.g. ``lognormal:5:1``, ``uniform:16:512``,
         ``bimodal:64:2048:0.1``."""
-        kind, *numbers = text.strip().split(":")
+        family, *numbers = text.strip().split(":")
         try:
             params = tuple(float(x) for x in numbers)
         except ValueError:
@@ -78,24 +128,18 @@ class SizeDistribution:
                 f"--dist {text!r}: parameters must be numbers, e.g. lognormal:5:1, "
                 f"uniform:16:512 or bimodal:64:2048:0.1"
             ) from None
-        return cls(kind, params)
+        return cls(family, params)
 
     def describe(self) -> str:
-        return ":".join([self.kind, *(f"{p:g}" for p in self.params)])
+        """``family:a:b[:c]``, the text ``parse`` reads back."""
+        return ":".join([self.family, *(f"{p:g}" for p in self.params)])
 
     def draw(self, n: int, seed: int) -> np.ndarray:
         """``n`` sizes drawn with ``numpy.random.default_rng([seed, 0x5153])``."""
         if not is_int(n) or n < 1:
             raise ValueError(f"--samples {n!r} must be an int >= 1")
         rng = np.random.default_rng([seed, 0x5153])
-        a, b, *rest = self.params
-        if self.kind == "lognormal":
-            raw = rng.lognormal(a, b, int(n))
-        elif self.kind == "uniform":
-            raw = rng.integers(int(a), int(b) + 1, int(n)).astype(np.float64)
-        else:
-            centre = np.where(rng.random(int(n)) < rest[0], b, a)
-            raw = centre * rng.lognormal(0.0, _MODE_SIGMA, int(n))
+        raw = _FAMILIES[self.family].sample(rng, self.params, int(n))
         return validate_sizes(np.maximum(1.0, np.rint(raw)), name=f"--dist {self.describe()}")
 
 

@@ -15,7 +15,7 @@ Emulation only: nothing here is a scheduling decision, so it lives in ``sim``, n
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,11 +116,6 @@ class SpeedProfile:
             if label not in OMNILEARN_PROFILES:
                 raise ValueError(f"profile {label!r} is not one of {sorted(OMNILEARN_PROFILES)}")
         return cls(tuple((step, OMNILEARN_PROFILES[label]) for step, label in entries))
-
-    @classmethod
-    def changing(cls, changes: Mapping[int, Sequence[float]]) -> SpeedProfile:
-        """From ``{step: speeds}``; must include step 0."""
-        return cls(tuple(sorted((int(k), tuple(v)) for k, v in changes.items())))
 
     @classmethod
     def straggler(cls, num_ranks: int, rank: int, at_step: int, factor: float) -> SpeedProfile:

@@ -29,16 +29,26 @@ from typing import Any
 
 import numpy as np
 
+from chronica.core.config import ScheduleConfig
 from chronica.core.cost import CostModel
+from chronica.core.modes import as_mode
 from chronica.core.packing import Packing
 from chronica.core.plan import EpochPlan
-from chronica.core.scheduler import ScheduleConfig, Scheduler, step_counts
+from chronica.core.scheduler import Scheduler, step_counts
 from chronica.core.shuffle import ShufflePolicy
 
 __all__ = ["BASELINES", "CHRONICA", "Assignment", "Strategy", "torch_assignment"]
 
 BASELINES = ("torch", "length-grouped")
-CHRONICA = ("static", "pool", "guided", "dynamic", "packed")
+# chronica's strategies by name: the plan options each one stands for.
+_PLANS: dict[str, dict[str, Any]] = {
+    "static": {"kind": "static"},
+    "pool": {"kind": "static", "exact": False},
+    "guided": {"kind": "guided"},
+    "dynamic": {"kind": "dynamic", "variable_batch": True},
+    "packed": {"kind": "static"},
+}
+CHRONICA = tuple(_PLANS)
 _PACKING_INT_KEYS = ("max_tokens", "row_length", "micro_batches")
 _INT_KEYS = ("window", "min_batch", "max_batch", "block_size", *_PACKING_INT_KEYS)
 _BOOL_KEYS = ("variable_batch", "drop_last", "pre_shuffle")
@@ -103,7 +113,8 @@ class Strategy:
 
     @property
     def is_dynamic(self) -> bool:
-        return self.name == "dynamic"
+        """Whether the strategy's mode re-plans from measured speeds (a coordinator's)."""
+        return as_mode(_PLANS.get(self.name, {}).get("kind", "static")).opens_session
 
     def schedule_config(
         self,
@@ -133,14 +144,10 @@ class Strategy:
         }
         if self.name in BASELINES:
             kwargs.update(batch_size=None, shuffle=True)
-        elif self.name == "pool":
-            kwargs.update(kind="static", exact=False)
-        elif self.name == "dynamic":
-            kwargs.update(kind="dynamic", variable_batch=True)
-        elif self.name == "packed":
-            kwargs.update(kind="static", packing=self._packing(options))
         else:
-            kwargs.update(kind=self.name)
+            kwargs.update(_PLANS[self.name])
+        if self.name == "packed":
+            kwargs.update(packing=self._packing(options))
         kwargs.update(options)
         try:
             return ScheduleConfig(**kwargs)

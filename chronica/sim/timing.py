@@ -19,6 +19,7 @@ rank computes, then idles). Everything is vectorised over (steps, ranks) with nu
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +35,22 @@ __all__ = [
     "shared_finish",
 ]
 
-ALGORITHMS = ("ring", "flat")
+
+def _ring_seconds(model: AllReduceModel, world: int) -> float:
+    hops = world - 1
+    return 2.0 * hops / world * model.grad_bytes / model.bandwidth + 2.0 * hops * model.latency_s
+
+
+def _flat_seconds(model: AllReduceModel, world: int) -> float:
+    return model.latency_s + model.grad_bytes / model.bandwidth
+
+
+# Seconds of one all-reduce by each algorithm, from the model and the number of ranks.
+_SECONDS: dict[str, Callable[[AllReduceModel, int], float]] = {
+    "ring": _ring_seconds,
+    "flat": _flat_seconds,
+}
+ALGORITHMS = tuple(_SECONDS)
 
 
 def _non_negative(name: str, value: float) -> None:
@@ -66,15 +82,12 @@ class AllReduceModel:
         _non_negative("--bandwidth", self.bandwidth)
         if self.bandwidth == 0:
             raise ValueError("--bandwidth 0 must be > 0 (bytes per second)")
-        if self.algorithm not in ALGORITHMS:
+        if self.algorithm not in _SECONDS:
             raise ValueError(f"--allreduce {self.algorithm!r} must be one of {ALGORITHMS}")
 
     def seconds(self, world: int) -> float:
         """Seconds of one all-reduce over ``world`` ranks."""
-        if self.algorithm == "flat":
-            return self.latency_s + self.grad_bytes / self.bandwidth
-        hops = world - 1
-        return 2.0 * hops / world * self.grad_bytes / self.bandwidth + 2.0 * hops * self.latency_s
+        return _SECONDS[self.algorithm](self, world)
 
 
 @dataclass(frozen=True)

@@ -4,17 +4,13 @@ the first-fit baseline (every token once, equal micro-batch counts) and the padd
 (the token cap, padding included)."""
 
 import itertools
-import sys
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from workers import ROOT
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import packing_e2e as e2e
-
+from benchmarks import packing_e2e as e2e
 from chronica.core.packing import step_starts
 
 SETTINGS = e2e.Settings(steps=3, repeats=1, max_tokens=32, tokens_per_step=100)

@@ -6,16 +6,11 @@ Karmarkar–Karp split, which balances cost and ignores tokens, breaks the cap o
 case, which the benchmark counts.
 """
 
-import sys
-
 import numpy as np
 import pytest
-from workers import ROOT
 
+from benchmarks import packing_peers as peers
 from chronica.core import CostModel
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import packing_peers as peers
 
 W = 3
 MAX_TOKENS = 16

@@ -6,16 +6,11 @@ its dead-band leaves an imbalance standing, and its correction can break the min
 where chronica's controller keeps the total exact, the bounds held and the times even.
 """
 
-import sys
-
 import numpy as np
 import pytest
-from workers import ROOT
 
+from benchmarks.peers import omnilearn_batches
 from chronica.core.controller import BatchController, water_fill
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from peers import omnilearn_batches
 
 HL8 = np.array([6.0, 6.0, 4.0, 32.0])
 

@@ -4,17 +4,12 @@
 step from the coordinator's own encoder; these cases pin both to what they claim to be.
 """
 
-import sys
-
 import numpy as np
 import pytest
-from workers import ROOT
 
+from benchmarks import scaling
 from chronica.comm.protocol import decode, topic
 from chronica.core import ScheduleConfig, Scheduler
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import scaling
 
 
 @pytest.mark.parametrize("exponent, prefactor", [(1.0, 2e-8), (1.5, 3.0), (0.0, 5.0), (-1.0, 7.0)])

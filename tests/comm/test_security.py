@@ -25,9 +25,10 @@ from workers import free_ports, scaled
 
 import chronica
 from chronica.comm import standalone
+from chronica.comm.address import resolve_bind, resolve_endpoint
 from chronica.comm.auth import CurveClient, CurveServer, make_keys
 from chronica.comm.client import PlanClient
-from chronica.comm.coordinator import Coordinator, resolve_bind, resolve_endpoint
+from chronica.comm.coordinator import Coordinator
 from chronica.comm.gate import HARD_BYTES
 from chronica.core import ScheduleConfig, Scheduler
 from chronica.runtime.session import DynamicSession

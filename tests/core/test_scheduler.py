@@ -154,29 +154,6 @@ def test_same_plan_in_a_fresh_process():
         assert here == there
 
 
-@pytest.mark.parametrize(
-    "kwargs,match",
-    [
-        (dict(num_replicas=0), "num_replicas"),
-        (dict(num_replicas=4, batch_size=10), "multiple of num_replicas"),
-        (dict(num_replicas=4, batch_size=-4), "batch_size"),
-        (dict(num_replicas=4, batch_size=8, kind="dynamic", exact=False), "exact=False"),
-        (dict(num_replicas=4, batch_size=8, kind="dynamic", min_batch=3), "min_batch"),
-        (dict(num_replicas=4, batch_size=8, kind="dynamic", window=0), "window"),
-        (dict(num_replicas=4, batch_size=8, variable_batch=True), "variable_batch"),
-        (dict(num_replicas=4, batch_size=8, kind="fancy"), "kind"),
-        (dict(num_replicas=4, kind="guided"), "needs batch_size"),
-        (dict(num_replicas=4, seed=1.5), "seed"),
-        (dict(num_replicas=4, shuffle="yes"), "shuffle"),
-        (dict(num_replicas=4, jitter=2.0), "jitter"),
-        (dict(num_replicas=4, cost="cubic"), "cost"),
-    ],
-)
-def test_bad_configuration_is_named(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        ScheduleConfig(**kwargs)
-
-
 def test_bad_epoch():
     sch = Scheduler(np.ones(4), ScheduleConfig(2, 2))
     with pytest.raises(ValueError, match="epoch"):

@@ -92,8 +92,8 @@ def main(out_path: str, scenario: str) -> None:
         kind="dynamic",
         variable_batch=True,
         sizes=lengths,
+        window=WINDOW,
         dynamic=DynamicOptions(
-            window=WINDOW,
             port=int(os.environ.get("CHRONICA_TEST_PORT", 0)) or None,
             timeout={"coordinator": RESTART_TIMEOUT, "tampered": TAMPER_TIMEOUT}.get(
                 scenario, TIMEOUT

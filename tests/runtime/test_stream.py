@@ -504,3 +504,15 @@ def test_a_packed_window_with_unequal_micro_batch_counts_falls_back_on_every_ran
     finally:
         for stream in streams:
             stream.close()
+
+
+def test_numpy_integers_plan_and_save_as_python_ints_do():
+    numpy_config = ScheduleConfig(
+        num_replicas=np.int64(4), batch_size=np.int32(16), seed=np.int64(3), window=np.int16(4)
+    )
+    python_config = ScheduleConfig(num_replicas=4, batch_size=16, seed=3, window=4)
+    a = RankStream(Scheduler(_sizes(), numpy_config), np.int64(2))
+    b = RankStream(Scheduler(_sizes(), python_config), 2)
+    assert a.scheduler.digest == b.scheduler.digest
+    assert [x.indices.tolist() for x in a.batches()] == [x.indices.tolist() for x in b.batches()]
+    assert json.dumps(a.state()) == json.dumps(b.state())

@@ -31,8 +31,8 @@ import numpy as np
 from chronica.core import Packing, PlanStats, ScheduleConfig, Scheduler
 from chronica.core.checks import check_int
 from chronica.core.plan import EpochPlan
-from chronica.runtime.build import batch_config, open_stream, scheduling_arguments
 from chronica.runtime.records import META_KEYS, PaddedBatches, random_access, record_batches
+from chronica.runtime.request import open_stream, plan_face, plan_request
 from chronica.runtime.rows import TOKENS
 from chronica.runtime.stream import RankStream, state_format
 
@@ -48,6 +48,7 @@ def _jax_world() -> tuple[int, int]:
     return jax.process_count(), jax.process_index()
 
 
+@plan_face
 class StepSource:
     """This rank's batches of a chronica plan as a Grain data source: record ``k`` is step
     ``k`` of the run (epoch after epoch), for ``grain.DataLoader`` (with ``sampler()``) or
@@ -90,14 +91,30 @@ class StepSource:
       another plan is refused. The number of epochs is not in it: a checkpoint resumes
       with more epochs too.
 
-    Arguments: those of ``chronica.jax.iterator`` (``source``, ``sizes``,
-    ``global_batch_size``, ``num_replicas``, ``rank``, ``kind``, ``exact``, ``shuffle``,
-    ``seed``, ``drop_last``, ``cost``, ``groups``, ``labels``, ``partitions``,
-    ``variable_batch``, ``packing``, ``config``, ``bucket_boundaries``, ``pad_value``,
-    ``token_field``), meaning the same; ``epochs``: how many epochs the records span (an
-    int: a data source has a length). ``kind="dynamic"`` is refused: its plans follow the
-    times ranks report while training, which Grain's workers never see (use
-    ``chronica.jax.iterator`` for it).
+    Args:
+        source: random-access data, as for ``chronica.jax.iterator``.
+        sizes: one cost proxy per sample, as for ``chronica.jax.iterator``.
+        global_batch_size: the batch over all processes (``None`` with
+            ``Packing(tokens_per_step=...)``).
+        num_replicas: the world size (default ``jax.process_count()``).
+        rank: this process's rank (default ``jax.process_index()``).
+        labels: one class per sample (``shuffle="stratified"``, ``label_skew``).
+        partitions: one index list per node (``shuffle="local"``/``"partial"``).
+        config: a whole ``chronica.ScheduleConfig`` instead of ``global_batch_size`` and the
+            plan options.
+        epochs: how many epochs the records span (an int: a data source has a length).
+        bucket_boundaries: padded sequence lengths, as for ``chronica.jax.iterator``.
+        pad_value: the value of padding positions.
+        global_shape: every rank's record of a step has the same shape (see above).
+        token_field: with packing and dict records, the field holding the tokens.
+        options: the plan options below. A mode that opens a session
+            (``kind="dynamic"``) is refused: its plans follow the times ranks report while
+            training, which Grain's workers never see (use ``chronica.jax.iterator``).
+
+    Example::
+
+        source = chronica.jax.StepSource(tokens, global_batch_size=64, epochs=3)
+        loader = grain.DataLoader(data_source=source, sampler=source.sampler, ...)
     """
 
     def __init__(
@@ -108,39 +125,33 @@ class StepSource:
         global_batch_size: int | None = None,
         num_replicas: int | None = None,
         rank: int | None = None,
-        kind: str = "static",
-        exact: bool = True,
-        shuffle: Any = True,
-        seed: int = 0,
-        drop_last: bool = False,
-        cost: Any = None,
-        groups: Sequence[Any] | None = None,
         labels: Any = None,
         partitions: Sequence[Any] | None = None,
-        variable_batch: bool = False,
-        packing: Packing | None = None,
         config: ScheduleConfig | None = None,
         epochs: int = 1,
         bucket_boundaries: Sequence[int] | None = None,
         pad_value: Any = 0,
         global_shape: bool = False,
         token_field: str = TOKENS,
+        **options: Any,
     ) -> None:
         source = random_access(source, (*META_KEYS, *_POSITION))
         self.epochs = check_int("epochs", epochs, 1)
-        cfg, rank = batch_config(
-            config,
-            num_replicas,
-            rank,
-            global_batch_size,
-            scheduling_arguments(locals()),
-            None,
-            _jax_world,
+        cfg, rank = plan_request(
+            options,
+            batch_size=global_batch_size,
+            num_replicas=num_replicas,
+            rank=rank,
+            face="chronica.jax.StepSource",
+            config=config,
+            detect=_jax_world,
+            batch_name="global_batch_size",
+            needs_step=True,
         )
-        if cfg.kind == "dynamic":
+        if cfg.mode.opens_session:
             raise ValueError(
-                "kind='dynamic' re-plans from the compute times ranks report while they "
-                "train, which Grain's worker processes never see; use kind='static' (or "
+                f"kind={cfg.mode.name!r} re-plans from the compute times ranks report while "
+                "they train, which Grain's worker processes never see; use kind='static' (or "
                 "'guided') here, or chronica.jax.iterator for dynamic scheduling"
             )
         self.global_shape = bool(global_shape)

@@ -31,11 +31,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from chronica.core import Packing, ScheduleConfig
+from chronica.core import ScheduleConfig
 from chronica.core.checks import check_int
 from chronica.runtime import DynamicOptions, LocalBatch
 from chronica.runtime.agreement import KeyValueStore, key_value_agreement
-from chronica.runtime.build import batch_config, open_stream, scheduling_arguments
 from chronica.runtime.face import StreamFace
 from chronica.runtime.records import (
     HOST_KEYS,
@@ -45,6 +44,7 @@ from chronica.runtime.records import (
     random_access,
     record_batches,
 )
+from chronica.runtime.request import open_stream, plan_face, plan_request
 from chronica.runtime.rows import TOKENS
 from chronica.runtime.stream import state_format
 
@@ -70,6 +70,7 @@ def _jax_store(world: int) -> KeyValueStore | None:
     return client.key_value_set, client.blocking_key_value_get, client.key_value_delete
 
 
+@plan_face
 class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
     """This process's batches of a chronica plan, with static shapes and resumable state.
 
@@ -118,41 +119,47 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
     ``loss_weight`` (float32 scalar: multiply the local mean loss by it), ``valid`` (bool,
     ``(rows,)``). Scalar dict fields (labels) are stacked to ``(rows,)`` with padding 0.
 
-    Arguments (``chronica.jax.iterator`` is this class under the name the docs use):
+    ``chronica.jax.iterator`` is this class under the name the docs use.
 
-    ``source``: random-access data (numpy array, list of variable-length arrays, a dict of
-    equal-length columns, or anything with ``__len__``/``__getitem__``); each sample is a
-    sequence along its first axis, or a dict of such sequences and scalars. ``sizes``: one
-    cost proxy per sample (default: the data set's ``sizes``/``__sizeof__`` as in
-    ``chronica.core.resolve_sizes``, else every sample's length, read once at
-    construction); given sizes (or the data set's own), no record is read before the batch
-    that holds it (a sample's length is learnt when its batch reads it; with a ``sharding``
-    spanning processes, a step's other samples' lengths too). ``global_batch_size``: the
-    batch over all processes, a multiple of ``num_replicas`` (default
-    ``jax.process_count()``); ``rank`` defaults to ``jax.process_index()``. ``kind``,
-    ``exact``, ``shuffle``, ``seed``, ``drop_last``, ``cost``, ``groups``, ``labels``,
-    ``partitions``, ``variable_batch`` and ``config`` (a whole ``ScheduleConfig`` instead
-    of the scheduling keywords) mean what they mean for ``chronica.torch``'s samplers.
-    ``kind="dynamic"``: steps re-split window by window by a coordinator (started by rank
-    0) from the compute time every process reports with ``it.report(seconds)``;
-    ``dynamic``, a ``chronica.runtime.DynamicOptions``, configures it. Under
-    ``jax.distributed`` the processes agree on every window over its key-value store.
-    ``epochs``: how many epochs to yield (``None``: forever). ``bucket_boundaries``: padded
-    sequence lengths (default: powers of two below the longest sample, then the longest;
-    given sizes, when the longest sample is not read up front: every power of two); a
-    sample longer than the largest boundary raises ``ValueError`` naming it, at
-    construction when lengths were read, else when its batch is made.
-    ``as_jax``: put array fields on device with ``jax.device_put`` (``sharding`` given: on
-    it; a sharding spanning processes assembles a global array from every process's rows);
-    ``indices`` and ``loss_weight`` stay numpy.
+    Args:
+        source: random-access data (numpy array, list of variable-length arrays, a dict of
+            equal-length columns, or anything with ``__len__``/``__getitem__``); each sample
+            is a sequence along its first axis, or a dict of such sequences and scalars.
+        sizes: one cost proxy per sample (default: the data set's ``sizes``/``__sizeof__``
+            as in ``chronica.core.resolve_sizes``, else every sample's length, read once at
+            construction); given sizes (or the data set's own), no record is read before
+            the batch that holds it. With ``packing=``, the documents' lengths in tokens.
+        global_batch_size: the batch over all processes, a multiple of ``num_replicas``
+            (``None`` with ``Packing(tokens_per_step=...)``).
+        num_replicas: the world size (default ``jax.process_count()``).
+        rank: this process's rank (default ``jax.process_index()``).
+        labels: one class per sample (``shuffle="stratified"``, ``label_skew``).
+        partitions: one index list per node (``shuffle="local"``/``"partial"``).
+        config: a whole ``chronica.ScheduleConfig`` instead of ``global_batch_size`` and the
+            plan options.
+        dynamic: ``kind="dynamic"``: the transport to rank 0's coordinator (a
+            ``chronica.runtime.DynamicOptions``); the processes report their compute time
+            with ``it.report(seconds)`` and, under ``jax.distributed``, agree on every
+            window over its key-value store.
+        epochs: how many epochs to yield (``None``: forever).
+        bucket_boundaries: padded sequence lengths (default: powers of two below the
+            longest sample, then the longest; given sizes, when the longest sample is not
+            read up front: every power of two); a longer sample raises ``ValueError``
+            naming it. Not with ``packing=``.
+        pad_value: the value of padding positions.
+        sharding: with ``as_jax``, where arrays go (one spanning processes assembles a
+            global array from every process's rows).
+        as_jax: put array fields on device with ``jax.device_put``; ``indices`` and
+            ``loss_weight`` stay numpy.
+        token_field: with packing and dict records, the field holding the token sequence
+            (yielded as ``tokens``); plain sequence records are the tokens themselves.
+        options: the plan options below.
 
-    ``packing``: cut every step (``global_batch_size`` documents, or ``None`` with
-    ``Packing(tokens_per_step=...)``) into packed micro-batches (see above); ``sizes`` are
-    then the documents' lengths in tokens (given, they spare reading every record; without
-    them the records' token fields are read once), ``bucket_boundaries`` does not apply
-    and ``kind`` must be ``"static"``. ``token_field``: with packing and dict records, the
-    field holding the token sequence (yielded as ``tokens``); plain sequence records are
-    the tokens themselves.
+    Example::
+
+        it = chronica.jax.iterator(tokens, global_batch_size=64, kind="guided", epochs=2)
+        for batch in it:
+            loss = step(batch["inputs"], batch["mask"], batch["loss_weight"])
     """
 
     def __init__(
@@ -163,17 +170,8 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
         global_batch_size: int | None = None,
         num_replicas: int | None = None,
         rank: int | None = None,
-        kind: str = "static",
-        exact: bool = True,
-        shuffle: Any = True,
-        seed: int = 0,
-        drop_last: bool = False,
-        cost: Any = None,
-        groups: Sequence[Any] | None = None,
         labels: Any = None,
         partitions: Sequence[Any] | None = None,
-        variable_batch: bool = False,
-        packing: Packing | None = None,
         config: ScheduleConfig | None = None,
         dynamic: DynamicOptions | None = None,
         epochs: int | None = 1,
@@ -182,22 +180,26 @@ class ScheduledIterator(StreamFace, Iterator[dict[str, Any]]):
         sharding: jax.sharding.Sharding | None = None,
         as_jax: bool = False,
         token_field: str = TOKENS,
+        **options: Any,
     ) -> None:
         source = random_access(source)
         if epochs is not None:
             epochs = check_int("epochs", epochs, 1, hint=" or None (forever)")
         if sharding is not None and not isinstance(sharding, jax.sharding.Sharding):
-            raise ValueError(f"sharding={sharding!r} must be a jax.sharding.Sharding or None")
+            raise TypeError(f"sharding={sharding!r} must be a jax.sharding.Sharding or None")
         if sharding is not None and not as_jax:
             raise ValueError("sharding= places arrays on devices; pass as_jax=True with it")
-        cfg, rank = batch_config(
-            config,
-            num_replicas,
-            rank,
-            global_batch_size,
-            scheduling_arguments(locals()),
-            dynamic,
-            _jax_world,
+        cfg, rank = plan_request(
+            options,
+            batch_size=global_batch_size,
+            num_replicas=num_replicas,
+            rank=rank,
+            face="chronica.jax.iterator",
+            config=config,
+            dynamic=dynamic,
+            detect=_jax_world,
+            batch_name="global_batch_size",
+            needs_step=True,
         )
         # One global array over several processes: every process pads alike.
         self._global = sharding is not None and not sharding.is_fully_addressable

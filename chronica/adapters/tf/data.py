@@ -36,14 +36,9 @@ from chronica.core import Packing, ScheduleConfig, validate_sizes
 from chronica.core.checks import check_bool, check_int
 from chronica.runtime import DynamicOptions, LocalBatch, RankStream
 from chronica.runtime.agreement import KeyValueStore, key_value_agreement
-from chronica.runtime.build import (
-    open_stream,
-    resolve_world,
-    schedule_config,
-    scheduling_arguments,
-)
 from chronica.runtime.face import StreamFace
 from chronica.runtime.padding import step_longest
+from chronica.runtime.request import open_stream, plan_face, plan_request
 from chronica.runtime.rows import (
     TOKENS,
     check_document_lengths,
@@ -354,6 +349,7 @@ def _scalar(name: str, value: Any) -> int:
     return found.pop()
 
 
+@plan_face
 class Schedule(StreamFace):
     """The transformation ``chronica.tf.schedule`` returns; apply it with ``dataset.apply``.
 
@@ -443,18 +439,17 @@ class Schedule(StreamFace):
             ``num_replicas_in_sync`` and this pipeline serves its
             ``num_replicas_in_sync // num_input_pipelines`` replicas, interleaving their
             local batches step by step (the order tf.distribute deals them to its devices).
-        kind, exact, shuffle, seed, drop_last, cost, groups, labels, partitions,
-            variable_batch: as for ``chronica.torch``'s samplers (equal values give
-            identical plans); ``kind="dynamic"`` re-plans every window from the replicas'
-            ``report``-ed times, configured by ``dynamic`` (a ``DynamicOptions``).
-        config: a whole ``ScheduleConfig`` instead of the scheduling keywords.
+        labels: one class per example (``shuffle="stratified"``, ``label_skew``).
+        partitions: one index list per node (``shuffle="local"``/``"partial"``).
+        config: a whole ``chronica.ScheduleConfig`` instead of ``global_batch_size`` and
+            the plan options.
+        dynamic: ``kind="dynamic"`` (which re-plans every window from the replicas'
+            ``report``-ed times): the transport to rank 0's coordinator (a
+            ``chronica.runtime.DynamicOptions``).
         padded: pad variable-length features per batch and add ``_length``/``_mask``
             features (``True``) or keep them ragged (``False``).
         epochs: how many epochs the output holds, starting at ``epoch`` (default 1;
             ``None``: forever).
-        packing: cut every step (``global_batch_size`` examples, or ``None`` with
-            ``Packing(tokens_per_step=...)``) into packed micro-batches (see above);
-            ``kind`` must be ``"static"``.
         token_field: with ``packing=`` and dict examples, the feature holding the token
             sequence (output as ``"tokens"``); a non-dict example is the tokens itself.
         x, y: Keras's inputs and targets, given together: an output feature's name (e.g.
@@ -462,6 +457,8 @@ class Schedule(StreamFace):
             a list of names (a dict); see above. They need ``padded=True``, one epoch per
             iteration (``epochs=1``, the default), one replica per input pipeline, and a
             static kind without ``packing``.
+        options: the plan options below (``packing=`` cuts every step into packed
+            micro-batches, see above).
 
     Raises ``ValueError`` for missing or doubled sizes, a bad argument value, and (when
     applied) an infinite data set or sizes of the wrong length.
@@ -475,17 +472,8 @@ class Schedule(StreamFace):
         global_batch_size: int | None = None,
         num_replicas: int | None = None,
         rank: int | None = None,
-        kind: str = "static",
-        exact: bool = True,
-        shuffle: Any = True,
-        seed: int = 0,
-        drop_last: bool = False,
-        cost: Any = None,
-        groups: Sequence[Any] | None = None,
         labels: Any = None,
         partitions: Sequence[Any] | None = None,
-        variable_batch: bool = False,
-        packing: Packing | None = None,
         config: ScheduleConfig | None = None,
         dynamic: DynamicOptions | None = None,
         padded: bool = True,
@@ -495,6 +483,7 @@ class Schedule(StreamFace):
         token_field: str = TOKENS,
         x: str | Sequence[str] | None = None,
         y: str | Sequence[str] | None = None,
+        **options: Any,
     ) -> None:
         if (sizes is None) == (size_fn is None):
             raise ValueError(
@@ -503,10 +492,7 @@ class Schedule(StreamFace):
                 + ("; both were given" if sizes is not None else "; neither was given")
             )
         if size_fn is not None and not callable(size_fn):
-            raise ValueError(f"size_fn={size_fn!r} must be a function of one example")
-        budget = packing is not None and packing.tokens_per_step is not None
-        if global_batch_size is None and config is None and not budget:
-            raise ValueError("global_batch_size (examples per step over all replicas) is required")
+            raise TypeError(f"size_fn={size_fn!r} must be a function of one example")
         if input_context is not None:
             if num_replicas is not None or rank is not None:
                 raise ValueError("pass either input_context or num_replicas/rank, not both")
@@ -521,17 +507,18 @@ class Schedule(StreamFace):
             served = world // pipelines
         else:
             served = 1
-        world, rank = resolve_world(
-            num_replicas,
-            rank,
-            None,
-            "pass both, or call schedule(..., input_context=ctx) inside the dataset_fn "
+        self.config, rank = plan_request(
+            options,
+            batch_size=global_batch_size,
+            num_replicas=num_replicas,
+            rank=rank,
+            face="chronica.tf.schedule",
+            config=config,
+            dynamic=dynamic,
+            batch_name="global_batch_size",
+            needs_step=True,
+            missing="pass both, or call schedule(..., input_context=ctx) inside the dataset_fn "
             "given to strategy.distribute_datasets_from_function",
-            config,
-        )
-        scheduling = scheduling_arguments(locals())
-        self.config = schedule_config(
-            config, world, global_batch_size, scheduling, dynamic, batch_name="global_batch_size"
         )
         if self.config.packing is not None and not padded:
             raise ValueError(
@@ -539,7 +526,7 @@ class Schedule(StreamFace):
                 "are dense rows (drop padded= with packing=)"
             )
         self.ranks = list(range(rank, rank + served))
-        if self.config.kind == "dynamic" and served > 1:
+        if self.config.mode.opens_session and served > 1:
             raise ValueError(
                 f"kind='dynamic' needs one replica per input pipeline, but this pipeline "
                 f"serves replicas {self.ranks} (several devices in one worker): each "
@@ -583,7 +570,7 @@ class Schedule(StreamFace):
             ),
             "kind='dynamic' (model.fit reports no per-replica compute times; use a custom "
             "training loop with schedule.report, see the TensorFlow quick start)": (
-                self.config.kind == "dynamic"
+                self.config.mode.opens_session
             ),
             f"epochs={epochs!r} (each iteration is one epoch: pass epochs= to model.fit "
             f"instead)": epochs != 1,

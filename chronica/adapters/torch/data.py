@@ -29,7 +29,7 @@ import logging
 import operator
 import sys
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from types import FrameType, FunctionType
 from typing import Any
 
@@ -43,16 +43,10 @@ from torch.utils.data.distributed import DistributedSampler as _TorchDistributed
 from chronica.adapters.hf import arrow_sizes, size_columns
 from chronica.adapters.torch.packed import PackedDataset, collate_packed, packed_indices
 from chronica.core import ScheduleConfig, Scheduler, resolve_sizes
-from chronica.core.packing import Packing
 from chronica.core.sizes import defines_sizeof
 from chronica.runtime import Agreement, DynamicOptions
-from chronica.runtime.build import (
-    open_stream,
-    resolve_world,
-    schedule_config,
-    scheduling_arguments,
-)
 from chronica.runtime.face import StreamFace
+from chronica.runtime.request import given_options, open_stream, plan_face, plan_request
 from chronica.runtime.stream import state_format
 
 __all__ = [
@@ -82,6 +76,12 @@ class Dataset(_TorchDataset):
     ``__sizeof__``, so ``sys.getsizeof`` keeps working, also for a subclass whose override
     takes the index only (``def __sizeof__(self, index)``, as in the quick start): such an
     override is wrapped when the subclass is defined.
+
+    Example::
+
+        class Clips(chronica.torch.utils.data.Dataset):
+            def __sizeof__(self, index):
+                return self.frames[index]
     """
 
     def __sizeof__(self, index: int | None = None) -> int:
@@ -195,11 +195,21 @@ class _ScheduledSampler(StreamFace):
     """What both samplers share: building the stream from torch-style arguments, and the
     guards against what would silently undo the plan."""
 
-    def __init__(self, arguments: Mapping[str, Any]) -> None:
-        # ``arguments``: the subclass's constructor arguments (its ``locals()``).
-        config, dynamic = arguments["config"], arguments["dynamic"]
-        num_replicas, rank = arguments["num_replicas"], arguments["rank"]
-        dataset = arguments["dataset"]
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None,
+        num_replicas: int | None,
+        rank: int | None,
+        options: dict[str, Any],
+        *,
+        sizes: Any,
+        labels: Any,
+        partitions: Sequence[Any] | None,
+        config: ScheduleConfig | None,
+        dynamic: DynamicOptions | None,
+        needs_step: bool,
+    ) -> None:
         if isinstance(dataset, Sampler):
             raise ValueError(
                 f"dataset is a {type(dataset).__name__} (a sampler): something rebuilt "
@@ -208,21 +218,30 @@ class _ScheduledSampler(StreamFace):
                 "Trainer(use_distributed_sampler=False), chronica's batch sampler already "
                 "shards, shuffles and follows set_epoch"
             )
-        world, rank = resolve_world(num_replicas, rank, _torch_world, config=config)
-        scheduling = scheduling_arguments(arguments)
-        cfg = schedule_config(config, world, arguments["batch_size"], scheduling, dynamic)
+        cfg, rank = plan_request(
+            options,
+            batch_size=batch_size,
+            num_replicas=num_replicas,
+            rank=rank,
+            face=type(self).__name__,
+            config=config,
+            dynamic=dynamic,
+            detect=_torch_world,
+            needs_step=needs_step,
+        )
+        self._check_config(cfg)
         missing = (
             None if cfg.packing is None else "packing= needs every document's length in tokens"
         )
-        sizes = arrow_sizes(dataset, arguments["sizes"])
+        sizes = arrow_sizes(dataset, sizes)
         if cfg.batch_size is not None or cfg.packing is not None:
             _check_sizes_source(dataset, sizes, missing is None)
         self.stream = open_stream(
             resolve_sizes(dataset, sizes, missing),
             cfg,
             rank,
-            labels=arguments["labels"],
-            partitions=arguments["partitions"],
+            labels=labels,
+            partitions=partitions,
             dynamic=dynamic,
             agree=_gloo_agreement,
             names=_NAMES,
@@ -237,6 +256,9 @@ class _ScheduledSampler(StreamFace):
                 "chronica: batch_size (the global batch) was not given, so steps cannot be "
                 "balanced; the sampler splits indices like torch's DistributedSampler"
             )
+
+    def _check_config(self, config: ScheduleConfig) -> None:
+        """Refuse what this face cannot follow (before any data is read)."""
 
     @property
     def local_batch_size(self) -> int | None:
@@ -312,6 +334,7 @@ class _ScheduledSampler(StreamFace):
         self.set_state(state)
 
 
+@plan_face
 class DistributedSampler(_ScheduledSampler, _TorchDistributedSampler):
     """Drop-in for ``torch.utils.data.DistributedSampler`` that balances every step.
 
@@ -321,25 +344,36 @@ class DistributedSampler(_ScheduledSampler, _TorchDistributedSampler):
     padding (``drop_last=False``: repeats from the start of the epoch order) or dropping
     (``drop_last=True``). Equal arguments give identical indices in every process.
 
-    Args beyond torch's: ``batch_size`` (global batch, a multiple of ``num_replicas``;
-    without it no balancing happens), ``kind`` (``"static"``, ``"guided"`` or ``"dynamic"``:
-    re-balanced from measured times by the coordinator, configured by ``dynamic=``, a
-    ``DynamicOptions``), ``exact`` (``False``: pool balancing, which changes step
-    composition), ``sizes`` (one number per sample; otherwise read from the data set),
-    ``cost`` (``"linear"``, ``"quadratic"`` or a ``CostModel``). ``shuffle`` also takes a
-    policy name (``"global"``, ``"local"``, ``"block"``, ``"stratified"``, ``"none"``) or a
-    ``ShufflePolicy`` (e.g. ``ShufflePolicy.partial(q=0.1)``); ``groups`` (node id per
-    rank, default from ``LOCAL_WORLD_SIZE`` for partitioned policies), ``partitions``
-    (index list per node) and ``labels`` (for ``stratified`` and ``label_skew``) go with
-    them. ``config``: a whole ``ScheduleConfig`` instead of the scheduling keywords.
-    ``sizes`` also takes a column name of a Hugging Face ``datasets.Dataset`` given as
-    ``dataset`` (numbers, or lists and strings whose lengths are the sizes), a ``Column`` of
-    one (``ds["length"]``) or an Arrow array, all read without a Python loop.
-
     It is a ``torch.utils.data.DistributedSampler`` (Lightning keeps it rather than wrapping
     it a second time); ``batch_size`` and ``global_batch_size`` are the global batch,
     ``local_batch_size`` what the ``DataLoader`` must take. Iterating it through a batch
     sampler of another size, or through a second sharding, raises ``ValueError``.
+
+    Args:
+        dataset: the data set; sizes are read from it unless ``sizes`` is given.
+        num_replicas: the world size (default: ``torch.distributed``'s).
+        rank: this process's rank (default: ``torch.distributed``'s).
+        shuffle: as torch's, or a shuffle policy (see ``shuffle`` under plan options).
+        seed: as torch's: the seed of every random choice of the plan.
+        drop_last: as torch's: drop the tail instead of padding it with repeats.
+        batch_size: the global batch over all ranks, a multiple of ``num_replicas``;
+            without it nothing is balanced (torch's split).
+        sizes: one number per sample (tokens, frames); a column name of a Hugging Face
+            ``datasets.Dataset`` given as ``dataset`` (numbers, or lists and strings whose
+            lengths are the sizes), a ``Column`` of one or an Arrow array, all read without
+            a Python loop; default the data set's ``sizes`` or ``__sizeof__(index)``.
+        labels: one class per sample (``shuffle="stratified"``, ``label_skew``).
+        partitions: one index list per node (``shuffle="local"``/``"partial"``).
+        config: a whole ``chronica.ScheduleConfig`` instead of ``batch_size`` and the plan
+            options.
+        dynamic: ``kind="dynamic"``: where rank 0's coordinator listens and how long ranks
+            wait for it (a ``chronica.runtime.DynamicOptions``).
+        options: the plan options below.
+
+    Example::
+
+        sampler = DistributedSampler(dataset, batch_size=256, sizes=lengths, cost="quadratic")
+        loader = DataLoader(dataset, batch_size=sampler.local_batch_size, sampler=sampler)
     """
 
     def __init__(
@@ -351,32 +385,42 @@ class DistributedSampler(_ScheduledSampler, _TorchDistributedSampler):
         seed: int = 0,
         drop_last: bool = False,
         batch_size: int | None = None,
-        kind: str = "static",
+        *,
         sizes: Any = None,
-        cost: Any = None,
-        exact: bool = True,
-        groups: Sequence[Any] | None = None,
         labels: Any = None,
         partitions: Sequence[Any] | None = None,
-        variable_batch: bool = False,
-        *,
-        packing: Packing | None = None,
         config: ScheduleConfig | None = None,
         dynamic: DynamicOptions | None = None,
+        **options: Any,
     ) -> None:
-        if packing is not None or (config is not None and config.packing is not None):
+        options.update(given_options(shuffle=shuffle, seed=seed, drop_last=drop_last))
+        super().__init__(
+            dataset,
+            batch_size,
+            num_replicas,
+            rank,
+            options,
+            sizes=sizes,
+            labels=labels,
+            partitions=partitions,
+            config=config,
+            dynamic=dynamic,
+            needs_step=False,
+        )
+        self._taking: tuple[Iterator[int], int] | None = None  # the step being handed out
+
+    def _check_config(self, config: ScheduleConfig) -> None:
+        if config.packing is not None:
             raise ValueError(
                 "packing= cuts steps into micro-batches of packed documents, which a "
                 "DataLoader's fixed batch_size cannot follow; use DistributedBatchSampler "
                 "(batch_sampler=...) with PackedDataset and collate_packed"
             )
-        if variable_batch or (config is not None and config.variable_batch):
+        if config.variable_batch:
             raise ValueError(
                 "variable_batch=True changes local batch sizes, which a DataLoader's fixed "
                 "batch_size cannot follow; use DistributedBatchSampler (batch_sampler=...)"
             )
-        super().__init__(locals())
-        self._taking: tuple[Iterator[int], int] | None = None  # the step being handed out
 
     @property
     def batch_size(self) -> int | None:
@@ -418,6 +462,7 @@ class DistributedSampler(_ScheduledSampler, _TorchDistributedSampler):
         return int(self.stream.step_counts().sum())
 
 
+@plan_face
 class DistributedBatchSampler(_ScheduledSampler, Sampler[list[int]]):
     """Yields this rank's local batch (a list of indices) for every step of the epoch.
 
@@ -441,6 +486,29 @@ class DistributedBatchSampler(_ScheduledSampler, Sampler[list[int]]):
     order (iterating it iterates this batch sampler; its ``set_epoch`` is this one's, so
     libraries that call ``batch_sampler.sampler.set_epoch`` reach it). ``global_batch_size``
     is the ``batch_size`` argument.
+
+    Args:
+        dataset: the data set; sizes are read from it unless ``sizes`` is given.
+        batch_size: the global batch over all ranks (required, unless ``config`` holds it
+            or ``Packing(tokens_per_step=...)`` sets a token budget).
+        num_replicas: the world size (default: ``torch.distributed``'s).
+        rank: this process's rank (default: ``torch.distributed``'s).
+        shuffle: as torch's, or a shuffle policy (see ``shuffle`` under plan options).
+        seed: the seed of every random choice of the plan.
+        drop_last: drop the tail instead of padding it with repeats.
+        sizes: one number per sample, as for ``DistributedSampler``.
+        labels: one class per sample (``shuffle="stratified"``, ``label_skew``).
+        partitions: one index list per node (``shuffle="local"``/``"partial"``).
+        config: a whole ``chronica.ScheduleConfig`` instead of ``batch_size`` and the plan
+            options.
+        dynamic: ``kind="dynamic"``: the transport to rank 0's coordinator
+            (``chronica.runtime.DynamicOptions``).
+        options: the plan options below.
+
+    Example::
+
+        batches = DistributedBatchSampler(dataset, 256, sizes=lengths, kind="dynamic")
+        loader = DataLoader(dataset, batch_sampler=batches)
     """
 
     def __init__(
@@ -452,25 +520,28 @@ class DistributedBatchSampler(_ScheduledSampler, Sampler[list[int]]):
         shuffle: Any = True,
         seed: int = 0,
         drop_last: bool = False,
-        kind: str = "static",
+        *,
         sizes: Any = None,
-        cost: Any = None,
-        exact: bool = True,
-        groups: Sequence[Any] | None = None,
         labels: Any = None,
         partitions: Sequence[Any] | None = None,
-        variable_batch: bool = False,
-        *,
-        packing: Packing | None = None,
         config: ScheduleConfig | None = None,
         dynamic: DynamicOptions | None = None,
+        **options: Any,
     ) -> None:
-        budget = packing is not None and packing.tokens_per_step is not None
-        if batch_size is None and config is None and not budget:
-            raise ValueError("batch_size (the global batch over all ranks) is required")
-        super().__init__(locals())
-        if self.global_batch_size is None and self.stream.config.packing is None:
-            raise ValueError("config.batch_size (the global batch over all ranks) is required")
+        options.update(given_options(shuffle=shuffle, seed=seed, drop_last=drop_last))
+        super().__init__(
+            dataset,
+            batch_size,
+            num_replicas,
+            rank,
+            options,
+            sizes=sizes,
+            labels=labels,
+            partitions=partitions,
+            config=config,
+            dynamic=dynamic,
+            needs_step=True,
+        )
         self.sampler = _BatchIndices(self)
 
     @property

@@ -35,6 +35,17 @@ class ComputeTimer:
     ``f >= 1`` for the step; the rank then sleeps ``(f - 1)`` times its measured compute
     before the all-reduce, so it behaves like a rank ``f`` times slower, and reports ``f``
     times the measurement.
+
+    Args:
+        model: the ``DistributedDataParallel``-wrapped model (``TypeError`` otherwise).
+        sampler: what receives ``report(seconds)`` after every step (a chronica sampler
+            with ``kind="dynamic"``), or ``None`` to only measure.
+        slowdown: returns this rank's emulated slowdown factor for the step, or ``None``.
+
+    Example::
+
+        ddp = DistributedDataParallel(model)
+        timer = ComputeTimer(ddp, sampler)   # every backward reports this rank's compute
     """
 
     def __init__(
@@ -45,7 +56,10 @@ class ComputeTimer:
         slowdown: Callable[[], float] | None = None,
     ) -> None:
         if not isinstance(model, DistributedDataParallel):
-            raise ValueError("ComputeTimer needs the DistributedDataParallel-wrapped model")
+            raise TypeError(
+                f"model={type(model).__name__} must be the DistributedDataParallel-wrapped "
+                "model: ComputeTimer(DistributedDataParallel(model), sampler)"
+            )
         self.sampler = sampler
         self.slowdown = slowdown
         self.seconds = math.nan
@@ -57,6 +71,12 @@ class ComputeTimer:
         self._world = dist.get_world_size(self._group)
         model.register_forward_pre_hook(self._start)
         model.register_comm_hook(self, _timed_average)
+
+    def __repr__(self) -> str:
+        return (
+            f"ComputeTimer(world={self._world}, reports_to={type(self.sampler).__name__}, "
+            f"seconds={self.seconds:.4g})"
+        )
 
     def _start(self, module: Any, inputs: Any) -> None:
         if self._started is None:

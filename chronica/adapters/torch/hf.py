@@ -50,7 +50,15 @@ def unshard(loader: Any) -> Any:
     ``skip_first_batches`` makes of it, reaches the sampler. A loader without accelerate's
     shard, or whose sampler is not chronica's, is returned unchanged. Raises ``ValueError``
     for accelerate's ``dispatch_batches=True`` (rank 0 would iterate a sampler that plans
-    for itself only)."""
+    for itself only).
+
+    Args:
+        loader: a ``DataLoader`` that ``accelerator.prepare`` returned.
+
+    Example::
+
+        loader = unshard(accelerator.prepare(DataLoader(ds, batch_sampler=sampler)))
+    """
     from accelerate.data_loader import BatchSamplerShard, DataLoaderDispatcher
 
     shard = None
@@ -89,7 +97,17 @@ def _holds_chronica(loader: Any) -> bool:
 def prepare(accelerator: Any, *objects: Any, **kwargs: Any) -> Any:
     """``accelerator.prepare(*objects, **kwargs)``, with every prepared ``DataLoader`` over
     a chronica sampler passed through ``unshard``: what ``accelerator.prepare`` returns
-    (one object, or a tuple), with the same guarantees as ``unshard`` for the loaders."""
+    (one object, or a tuple), with the same guarantees as ``unshard`` for the loaders.
+
+    Args:
+        accelerator: the ``accelerate.Accelerator``.
+        objects: what to prepare (models, optimizers, loaders), as for ``prepare``.
+        kwargs: passed on to ``accelerator.prepare``.
+
+    Example::
+
+        model, optimizer, loader = chronica.torch.hf.prepare(accelerator, model, optimizer, loader)
+    """
     prepared = accelerator.prepare(*objects, **kwargs)
     for item in prepared if isinstance(prepared, tuple) else (prepared,):
         if isinstance(item, torch.utils.data.DataLoader):
@@ -116,6 +134,18 @@ class TrainerMixin:
     uninterrupted one (for ``kind="dynamic"``: the same samples per step). The sampler of
     the last built training loader is ``train_sampler``. ``train_sampling_strategy`` is
     replaced (a warning says so when it was set).
+
+    Args:
+        args: the ``transformers.Trainer``'s positional arguments.
+        scheduling: the sampler's other arguments: ``sizes``, ``labels``, ``partitions``,
+            ``dynamic`` and any plan option of ``chronica.ScheduleConfig`` (``kind``,
+            ``cost``, ``packing``...), by name; never the world, rank or batch.
+        kwargs: the ``transformers.Trainer``'s keyword arguments.
+
+    Example::
+
+        trainer = chronica.torch.hf.Trainer(model=model, args=training_args,
+                                            train_dataset=ds, scheduling={"cost": "quadratic"})
     """
 
     # What transformers.Trainer provides.

@@ -25,7 +25,23 @@ class PackedIndex(int):
     """A document index (an ``int``, so any data set indexes with it) that also says which
     tokens of the document this micro-batch trains (``start``, ``length``), in which row,
     and where the micro-batch stands: ``step``, ``micro`` of ``num_micro``, its
-    ``loss_weight``. Pickles with its fields (DataLoader workers receive them)."""
+    ``loss_weight``. Pickles with its fields (DataLoader workers receive them).
+
+    Args:
+        index: the document.
+        start: the first of its tokens this micro-batch trains.
+        length: how many of its tokens it trains.
+        row: the packed row they go to.
+        step: the step of the micro-batch.
+        micro: the micro-batch's number within the step.
+        num_micro: the step's micro-batches on every rank.
+        loss_weight: the micro-batch's loss weight (see ``collate_packed``).
+
+    Example::
+
+        >>> PackedIndex(7, 0, 128, 0, step=3, micro=1, num_micro=4, loss_weight=0.5) + 0
+        7
+    """
 
     start: int
     length: int
@@ -59,7 +75,14 @@ class PackedIndex(int):
 def packed_indices(micro: MicroBatch, step: int, number: int, count: int) -> list[int]:
     """Micro-batch ``number`` of ``count`` at ``step`` as ``PackedIndex`` values. An empty
     micro-batch gives one zero-length entry (of document 0), so that its place in the step
-    still reaches the collate function."""
+    still reaches the collate function.
+
+    Args:
+        micro: this rank's micro-batch (``chronica.runtime.MicroBatch``).
+        step: the step it belongs to.
+        number: its number within the step.
+        count: the step's micro-batches on every rank.
+    """
     meta = (step, number, count, micro.loss_weight)
     if micro.indices.shape[0] == 0:
         return [PackedIndex(0, 0, 0, 0, *meta)]
@@ -71,10 +94,24 @@ def packed_indices(micro: MicroBatch, step: int, number: int, count: int) -> lis
 
 class PackedDataset(Dataset):
     """Wraps a data set of token sequences so that each item reaches ``collate_packed``
-    with its ``PackedIndex``: ``PackedDataset(docs)[i]`` is ``(docs[i], i)``."""
+    with its ``PackedIndex``: ``PackedDataset(docs)[i]`` is ``(docs[i], i)``; indexing with
+    a plain ``int`` raises ``TypeError`` naming the fix.
+
+    Args:
+        dataset: the documents (anything indexable by an ``int``).
+
+    Example::
+
+        batches = DistributedBatchSampler(docs, 64, sizes=lengths, packing=Packing(4096))
+        loader = DataLoader(PackedDataset(docs), batch_sampler=batches,
+                            collate_fn=collate_packed)
+    """
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
+
+    def __repr__(self) -> str:
+        return f"PackedDataset({type(self.dataset).__name__} of {len(self.dataset)})"
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -106,6 +143,17 @@ def collate_packed(
     optimizer). ``pad_to`` (e.g. ``max_tokens``, for one static shape) pads the tokens with
     ``pad_value`` and gives the padding ``segment_ids`` of -1 and its own ``cu_seqlens``
     entry. An empty micro-batch has ``num_tokens`` 0 and ``loss_weight`` 0.
+
+    Args:
+        items: ``PackedDataset`` items, ``(document, PackedIndex)`` pairs.
+        key: the field holding the tokens when documents are mappings.
+        pad_to: pad the tokens to this many (one static shape), or ``None``.
+        pad_value: the token of the padding.
+
+    Example::
+
+        loader = DataLoader(PackedDataset(docs), batch_sampler=batches,
+                            collate_fn=functools.partial(collate_packed, pad_to=4096))
     """
     if not items:
         raise ValueError("collate_packed got an empty micro-batch; use a packed sampler")

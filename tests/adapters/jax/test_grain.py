@@ -226,13 +226,14 @@ def test_map_dataset_with_worker_processes_resumes_exactly(absl_flags_parsed):
     "kwargs, match",
     [
         ({"kind": "dynamic"}, "kind='dynamic' re-plans"),
-        ({"epochs": None}, "epochs"),
+        ({"epochs": None}, "epochs"),  # a TypeError
         ({"epochs": 0}, "epochs"),
     ],
 )
 def test_bad_arguments_fail_early(kwargs, match):
     data, lengths = samples(40)
-    with pytest.raises(ValueError, match=match):
+    error = TypeError if kwargs.get("epochs", 1) is None else ValueError
+    with pytest.raises(error, match=match):
         cj.StepSource(data, lengths, **{**KWARGS, "rank": 0, **kwargs})
 
 

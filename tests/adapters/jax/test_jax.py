@@ -254,7 +254,7 @@ def test_dynamic_in_one_process_resumes_mid_epoch():
         kind="dynamic",
         variable_batch=True,
         epochs=2,
-        dynamic=DynamicOptions(window=4, port=0, timeout=5.0),
+        window=4, dynamic=DynamicOptions(port=0, timeout=5.0),
     )
     it = cj.iterator(data, **kwargs)
     steps = []
@@ -353,7 +353,10 @@ def test_state_is_rank_independent():
 def test_bad_input_fails_early(kwargs, match):
     data, _ = _data(40)
     sizes = kwargs.pop("sizes", None)
-    with pytest.raises(ValueError, match=match):
+    # A value of the wrong type is a TypeError, a wrong value of the right type a ValueError.
+    wrong_type = {"exact": "yes", "dynamic": {}, "sharding": "x"}
+    error = TypeError if any(kwargs.get(k) == v for k, v in wrong_type.items()) else ValueError
+    with pytest.raises(error, match=match):
         cj.iterator(data, sizes, **kwargs)
 
 

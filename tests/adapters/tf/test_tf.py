@@ -294,7 +294,7 @@ def test_dynamic_single_replica_yields_every_sample_each_epoch():
         rank=0,
         kind="dynamic",
         variable_batch=True,
-        dynamic=DynamicOptions(window=2, port=free_ports(2)[0], timeout=3.0),
+        window=2, dynamic=DynamicOptions(port=free_ports(2)[0], timeout=3.0),
         epochs=2,
     )
     try:

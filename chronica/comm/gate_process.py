@@ -1,0 +1,415 @@
+"""The gate process: the coordinator's public sockets, run apart from the trainer.
+
+One job: the loop of the child process that ``chronica.comm.gate.Gate`` starts (as
+``python -I gate_process.py``): it serves the ROUTER and PUB sockets on listening sockets
+the parent bound, relays one-frame requests up and answers and plans down over the private
+link, and bounds what peers cost (``GateLimits``; the design is in ``chronica.comm.gate``).
+It also holds what both ends share: the limits, their defaults and ``readable``.
+
+This module imports only the standard library and pyzmq (and ``auth.py`` by its path), so
+a gate starts in about 0.1 s instead of loading numpy and numba.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import importlib.util
+import json
+import os
+import resource
+import socket
+import struct
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+__all__ = [
+    "BUNDLE",
+    "HARD_BYTES",
+    "LINK_HWM",
+    "MAX_CONNECTIONS",
+    "PEER_BYTES",
+    "PUBLISH_SIZE",
+    "SOFT_BYTES",
+    "STRANGER_RATE",
+    "SWEEP_GROWTH",
+    "GateLimits",
+    "readable",
+]
+
+# Bytes a connection may send at once, and per second after that: a rank sends about 100
+# bytes per step, so this leaves room for a thousand steps a second.
+PEER_BYTES = 1 << 20
+# The gate measures connections when its memory grew this much since it last looked.
+SWEEP_GROWTH = 8 << 20
+# Resident memory beyond which the gate restarts (on top of about 20 MB of interpreter).
+SOFT_BYTES = 192 << 20
+# The gate's address space (RLIMIT_AS): libzmq aborts rather than pass it.
+HARD_BYTES = 768 << 20
+# Requests a second passed on from connections that have not said a valid hello.
+STRANGER_RATE = 256
+# Bundles of requests queued on each end of the link between the gate and the
+# coordinator, of at most ``BUNDLE`` requests: 1024 requests (4.5 MB) in all.
+LINK_HWM = 32
+BUNDLE = 16
+# Open TCP connections per socket beyond this are cut, newest first.
+MAX_CONNECTIONS = 4096
+# The lengths of a window's topics and plans on the link (``struct`` code, native order:
+# both ends run on one machine).
+PUBLISH_SIZE: Final = "I"
+
+_MAX_SUBSCRIPTION_BYTES = 1024  # a subscription, or a CURVE handshake command
+_ROUTER_RCVHWM = 256
+_TICK_MS = 5
+_SWEEP_EVERY_S = 1.0
+_REPORT_EVERY_S = 1.0
+# Offset of tcpi_bytes_received (u64) in Linux's struct tcp_info (kernel >= 4.1).
+_TCPI_BYTES_RECEIVED = 128
+_TCP_INFO_SIZE = 136
+_WATCH = (
+    zmq.EVENT_ACCEPTED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_CLOSED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+
+
+@dataclass(frozen=True)
+class GateLimits:
+    """What the gate lets peers cost (the module's constants by default; tests and
+    benchmarks may lower them).
+
+    Args:
+        peer_bytes: bytes a connection may send at once, and per second after that.
+        sweep_growth: memory growth of the gate that makes it measure its connections.
+        soft_bytes: resident memory past which the gate restarts.
+        hard_bytes: the gate's address space (``RLIMIT_AS``).
+        stranger_rate: requests a second passed on from connections without a hello.
+        stranger_burst: the burst of those (``None``: ``2 * world + 64``).
+        link_hwm: bundles of requests queued on each end of the link.
+        max_connections: open connections per socket beyond which new ones are cut.
+
+    Example::
+
+        >>> GateLimits(stranger_rate=16)  # a stricter gate, for a test
+    """
+
+    peer_bytes: int = PEER_BYTES
+    sweep_growth: int = SWEEP_GROWTH
+    soft_bytes: int = SOFT_BYTES
+    hard_bytes: int = HARD_BYTES
+    stranger_rate: int = STRANGER_RATE
+    stranger_burst: int | None = None  # None: 2 * world + 64
+    link_hwm: int = LINK_HWM
+    max_connections: int = MAX_CONNECTIONS
+
+
+def readable(sock: zmq.Socket) -> bool:
+    """Whether ``sock`` has a message to read: far cheaper than the exception a
+    non-blocking read of an empty queue raises.
+
+    Args:
+        sock: a ZeroMQ socket.
+
+    Example::
+
+        >>> while readable(link):
+        ...     handle(link.recv_multipart(zmq.NOBLOCK))
+    """
+    return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+
+
+class _Resident:
+    """This process's resident memory in bytes, read from one open ``/proc/self/statm``."""
+
+    def __init__(self) -> None:
+        self._fd = os.open("/proc/self/statm", os.O_RDONLY)
+        self._page = resource.getpagesize()
+
+    def __call__(self) -> int:
+        return int(os.pread(self._fd, 128, 0).split()[1]) * self._page
+
+
+def _socket(fd: int) -> socket.socket | None:
+    """A socket object on a duplicate of ``fd`` (``None``: closed, or not a socket)."""
+    try:
+        dup = os.dup(fd)
+    except OSError:
+        return None
+    try:
+        return socket.socket(fileno=dup)
+    except OSError:
+        os.close(dup)
+        return None
+
+
+def _received(fd: int) -> int | None:
+    """Bytes the kernel received on connection ``fd`` so far (``None``: not a TCP socket)."""
+    sock = _socket(fd)
+    if sock is None:
+        return None
+    with sock:
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
+        except OSError:
+            return None
+    if len(info) < _TCP_INFO_SIZE:
+        return None
+    return int(struct.unpack_from("<Q", info, _TCPI_BYTES_RECEIVED)[0])
+
+
+def _cut(fd: int) -> None:
+    """Shut connection ``fd`` down: libzmq sees it end and frees what it buffered."""
+    sock = _socket(fd)
+    if sock is None:
+        return
+    with sock:
+        try:
+            # libzmq reads the end of input and closes the connection; lingering 0 makes
+            # that close a reset, so no half-closed socket stays behind with the peer's data.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.shutdown(socket.SHUT_RD)
+        except OSError:
+            pass  # already gone
+
+
+class _Peer:
+    """One accepted connection's byte budget (a token bucket over the kernel's count)."""
+
+    __slots__ = ("allowance", "seen", "stamp")
+
+    def __init__(self, seen: int, allowance: float, stamp: float) -> None:
+        self.seen, self.allowance, self.stamp = seen, allowance, stamp
+
+
+class _Serve:
+    """The gate's loop (runs in the gate process only)."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.limits = GateLimits(**config["limits"])
+        self.context = zmq.Context()
+        self.link = self.context.socket(zmq.PAIR)
+        self.link.setsockopt(zmq.LINGER, 0)
+        self.link.setsockopt(zmq.SNDHWM, self.limits.link_hwm)
+        self.link.connect(config["link"])
+        auth = _auth_module()
+        self.describe = auth.describe_handshake_failure
+        self.zap = None
+        curve = None
+        if config["curve"] is not None:
+            curve = auth.CurveServer(
+                secret=config["curve"]["secret"].encode(),
+                allowed=[k.encode() for k in config["curve"]["allowed"]],
+            )
+            self.zap = auth.ZapGate(self.context, curve)
+        self.router = self.context.socket(zmq.ROUTER)
+        self.pub = self.context.socket(zmq.PUB)
+        self.monitors = []
+        for sock, fd in zip((self.router, self.pub), config["fds"], strict=True):
+            sock.setsockopt(zmq.LINGER, 0)
+            if config["ipv6"]:
+                sock.setsockopt(zmq.IPV6, 1)
+            if curve is not None:
+                curve.apply(sock)
+            self.monitors.append(sock.get_monitor_socket(_WATCH))
+            sock.setsockopt(zmq.USE_FD, fd)
+        self.router.setsockopt(zmq.MAXMSGSIZE, 4096)
+        self.router.setsockopt(zmq.RCVHWM, _ROUTER_RCVHWM)
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self.pub.setsockopt(zmq.MAXMSGSIZE, _MAX_SUBSCRIPTION_BYTES)
+        self.pub.setsockopt(zmq.SNDHWM, 100_000)
+        self.router.bind(config["urls"][0])
+        self.pub.bind(config["urls"][1])
+        self.admitted: set[bytes] = set()
+        self.orders: dict[bytes, Any] = {  # the coordinator's orders (see ``_down``)
+            b"s": self._relay,
+            b"p": lambda frames: self._publish(frames[1], frames[2]),
+            b"a": lambda frames: self.admitted.add(frames[1]),
+            b"d": lambda frames: self.admitted.discard(frames[1]),
+        }
+        burst = self.limits.stranger_burst
+        self.burst = float(min(2 * config["world"] + 64, 1 << 16) if burst is None else burst)
+        self.tokens = self.burst
+        self.stamp = time.monotonic()
+        self.peers: dict[int, _Peer] = {}
+        self.counts = {"dropped": 0, "limited": 0, "cut": 0, "frames": 0}
+        # Give what a cut connection held back to the system, so the next one starts low.
+        libc = ctypes.util.find_library("c")
+        trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+        self.trim = (lambda: trim(0)) if trim is not None else (lambda: 0)
+        self.reported = dict(self.counts)
+
+    def run(self) -> int:
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        poller.register(self.link, zmq.POLLIN)
+        poller.register(sys.stdin.fileno(), zmq.POLLIN)
+        for monitor in self.monitors:
+            poller.register(monitor, zmq.POLLIN)
+        self.link.send_multipart([b"ready"])
+        _rss = _Resident()
+        base = _rss()
+        swept_at, swept_rss, reported_at = time.monotonic(), base, time.monotonic()
+        while True:
+            ready = dict(poller.poll(_TICK_MS))
+            if sys.stdin.fileno() in ready:
+                return 0  # the parent closed the pipe, or ended
+            for monitor in self.monitors:
+                if monitor in ready:
+                    self._events(monitor)
+            if self.link in ready:
+                self._down()
+            if self.router in ready:
+                self._up()
+            if self.zap is not None:
+                for key in self.zap.take_refused():
+                    self._note(b"k", key)
+            now, rss = time.monotonic(), _rss()
+            if rss - swept_rss > self.limits.sweep_growth or now - swept_at > _SWEEP_EVERY_S:
+                self._sweep(now)
+                swept_at, swept_rss = now, _rss()
+            if rss > self.limits.soft_bytes:
+                self._note(b"x", f"memory reached {rss >> 20} MiB; restarting".encode())
+                return 3
+            if now - reported_at > _REPORT_EVERY_S and self.counts != self.reported:
+                self.reported = dict(self.counts)
+                self._note(b"n", json.dumps(self.counts).encode())
+                reported_at = now
+
+    def _note(self, kind: bytes, *frames: bytes) -> None:
+        try:
+            self.link.send_multipart([kind, *frames], zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the coordinator is busy; notes are best effort
+
+    def _events(self, monitor: zmq.Socket) -> None:
+        while True:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind, fd = event["event"], event["value"]
+            if kind == zmq.EVENT_ACCEPTED:
+                if len(self.peers) >= 2 * self.limits.max_connections:
+                    self.counts["cut"] += 1
+                    _cut(fd)
+                    continue
+                # Counted from the connection's first byte, read before this event was.
+                self.peers[fd] = _Peer(0, self.limits.peer_bytes, time.monotonic())
+            elif kind in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
+                self.peers.pop(fd, None)
+            else:  # a failed handshake: ``fd`` is its error code
+                self._note(b"h", self.describe(kind, fd).encode())
+
+    def _sweep(self, now: float) -> None:
+        limit = self.limits.peer_bytes
+        for fd, peer in list(self.peers.items()):
+            seen = _received(fd)
+            if seen is None:
+                self.peers.pop(fd)
+                continue
+            peer.allowance = min(limit, peer.allowance + (now - peer.stamp) * limit)
+            peer.allowance -= max(seen - peer.seen, 0)
+            peer.seen, peer.stamp = seen, now
+            if peer.allowance < 0:
+                self.counts["cut"] += 1
+                self.peers.pop(fd)
+                _cut(fd)
+                self._note(b"x", f"a peer sent more than {limit} bytes a second; cut".encode())
+                self.trim()
+
+    def _up(self) -> None:
+        # Requests read together travel up together: one wake-up of the coordinator for
+        # the reports that ranks in lock-step send at once.
+        batch = [b"m"]
+        for _ in range(BUNDLE):
+            if not readable(self.router):
+                break
+            frames = self.router.recv_multipart(zmq.NOBLOCK)
+            if len(frames) != 2:
+                self.counts["frames"] += 1
+                self._note(b"f", frames[0])
+                continue
+            identity = frames[0]
+            if identity not in self.admitted:
+                now = time.monotonic()
+                rate = self.limits.stranger_rate
+                self.tokens = min(self.burst, self.tokens + (now - self.stamp) * rate)
+                self.stamp = now
+                if self.tokens < 1:
+                    self.counts["limited"] += 1
+                    continue
+                self.tokens -= 1
+            batch += frames
+        if len(batch) > 1:
+            try:
+                self.link.send_multipart(batch, zmq.NOBLOCK)
+            except zmq.Again:
+                self.counts["dropped"] += len(batch) // 2
+
+    def _publish(self, sizes: bytes, parts: bytes) -> None:
+        """Publish ``parts``, (topic, message) pairs laid end to end, of the lengths in
+        ``sizes`` (``PUBLISH_SIZE`` values)."""
+        view, at = memoryview(parts), 0
+        lengths = memoryview(sizes).cast(PUBLISH_SIZE)
+        for i in range(0, len(lengths) - 1, 2):
+            middle, end = at + lengths[i], at + lengths[i] + lengths[i + 1]
+            try:
+                self.pub.send(view[at:middle], zmq.SNDMORE | zmq.NOBLOCK)
+                self.pub.send(view[middle:end], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass  # PUB drops for a slow subscriber: it fetches what it missed
+            at = end
+
+    def _down(self) -> None:
+        # What the coordinator asks, by the first frame: s(end) to a connection, p(ublish)
+        # a window, a(dmit) or d(rop) a connection from the unthrottled set.
+        for _ in range(4096):
+            if not readable(self.link):
+                return
+            frames = self.link.recv_multipart(zmq.NOBLOCK)
+            order = self.orders.get(frames[0])
+            if order is not None:
+                order(frames)
+
+    def _relay(self, frames: list[bytes]) -> None:
+        try:
+            self.router.send_multipart(frames[1:], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # the peer is gone or its queue is full: it times out and falls back
+
+
+def _auth_module() -> Any:
+    """``chronica.comm.auth`` loaded by its path: it needs only pyzmq, and importing the
+    package would load numpy and numba for nothing."""
+    spec = importlib.util.spec_from_file_location(
+        "_chronica_gate_auth", Path(__file__).with_name("auth.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _main() -> int:
+    config = json.loads(sys.stdin.buffer.readline())
+    hard = config["limits"]["hard_bytes"]
+    resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    try:
+        return _Serve(config).run()
+    except MemoryError:
+        return 3
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
