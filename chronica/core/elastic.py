@@ -257,9 +257,9 @@ def _is_count(value: Any, low: int = 0) -> TypeGuard[int]:
 
 
 def _segment(num_replicas: Any, batch_size: Any, step: Any) -> Segment:
-    batch_ok = batch_size is None or (
-        _is_count(batch_size, 1) and _is_count(num_replicas, 1) and batch_size % num_replicas == 0
-    )
+    # Whether the batch fits the world is the configuration's to say (a packed batch of
+    # documents need not be a multiple of the world): the saved world is planned anew.
+    batch_ok = batch_size is None or _is_count(batch_size, 1)
     if not _is_count(num_replicas, 1) or not batch_ok or not _is_count(step):
         raise ValueError(
             f"state segment num_replicas={num_replicas!r}, batch_size={batch_size!r}, "

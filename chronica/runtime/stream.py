@@ -291,7 +291,7 @@ class RankStream:
         current = epoch is None or epoch == self.epoch
         if self.session is None or (current and self._resumed is not None):
             return self.plan(epoch).loss_weights[:, self.rank]
-        weights = np.full(self.scheduler.num_steps(self.epoch), np.nan)
+        weights = np.full(self.plan(epoch).num_steps, np.nan)
         if current:
             for step, weight in self._weights.items():
                 weights[step] = weight

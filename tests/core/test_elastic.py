@@ -154,13 +154,6 @@ def test_a_packed_epoch_continues_at_another_world_with_every_document_once(w, b
     check_resume_exactly_once(200, _trained(old.plan_epoch(0), 3).tolist(), rest, plan, False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="elastic._segment requires batch_size % num_replicas == 0, but a packed "
-    "configuration's batch_size (documents per step) need not be a multiple: its own state "
-    "is refused as 'state segment ... is invalid' at another world",
-)
 def test_a_packed_state_whose_batch_is_no_multiple_of_the_world_resumes_at_another():
     sizes = np.clip(np.random.default_rng(0).lognormal(3, 1, 200).astype(int), 1, 32)
     old = Scheduler(sizes, ScheduleConfig(3, 10, packing=ROWS))
@@ -319,7 +312,7 @@ def test_the_same_world_under_another_digest_is_refused():
         ("epoch", -1, r"state epoch=-1, step=2 are invalid"),
         ("step", True, r"state epoch=0, step=True are invalid"),
         ("step", 99, "state step=99 is outside the epoch's 8 steps at 2 ranks with batch 8"),
-        ("history", [[3, 5, 1]], r"state history entry \[3, 5, 1\]: .*batch_size=5"),
+        ("history", [[3, 5, 1]], r"saved world cannot be planned: batch_size=5 .* multiple"),
         ("history", [[3, 6]], r"state history entry \[3, 6\] is not \[num_replicas"),
         ("history", {"a": 1}, "state history must be a list, got dict"),
         ("num_replicas", 0, "state segment num_replicas=0"),
@@ -369,5 +362,8 @@ def test_segments_are_validated_and_a_resume_needs_one():
             call(scheduler, 0, [])
     with pytest.raises(ValueError, match="state step=9 is outside"):
         resume_plan(scheduler, 0, [Segment(2, 8, 9)])
-    with pytest.raises(ValueError, match=r"num_replicas=2, batch_size=7, step=1 is invalid"):
+    with pytest.raises(ValueError, match=r"num_replicas=2, batch_size=0, step=1 is invalid"):
+        resume_plan(scheduler, 0, [Segment(2, 0, 1)])
+    # A batch that does not fit the saved world is the configuration's to refuse.
+    with pytest.raises(ValueError, match=r"saved world cannot be planned: batch_size=7"):
         resume_plan(scheduler, 0, [Segment(2, 7, 1)])

@@ -1,5 +1,5 @@
 """One rank of a real gloo job with kind="dynamic" (the job of dynamic_job.py), started by
-tests/adapters/torch/test_dynamic.py.
+tests/adapters/torch/test_torch_dynamic.py.
 
 Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and CHRONICA_COORDINATOR when the
 coordinator runs on its own); argv: output JSON path, scenario, coordinator port, sync dir.

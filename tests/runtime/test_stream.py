@@ -294,12 +294,6 @@ def test_a_dynamic_stream_refuses_a_new_world_mid_epoch_but_loads_an_epoch_bound
         new.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="RankStream.loss_weights(epoch) of a kind='dynamic' stream sizes another epoch's "
-    "NaN weights by the current epoch's step count (stream.py: np.full(num_steps(self.epoch)))",
-)
 def test_a_dynamic_streams_weights_of_another_epoch_have_that_epochs_steps():
     # Packed steps cut a token budget, so epochs can differ in steps: 22 then 21 here.
     sizes = np.clip(np.random.default_rng(0).lognormal(4, 1.2, 300).astype(int), 1, 512)
