@@ -85,3 +85,22 @@ def test_every_module_is_one_job_of_at_most_600_lines(path: Path):
     assert lines <= LIMIT or name in LONGER, (
         f"{name} has {lines} lines; split it by job, or add it to LONGER saying why it is one"
     )
+
+
+MIRRORED = ("core", "comm", "runtime")
+
+
+def _floor_modules() -> list[Path]:
+    return [
+        path
+        for floor in MIRRORED
+        for path in sorted((PACKAGE / floor).rglob("*.py"))
+        if path.name != "__init__.py"
+    ]
+
+
+@pytest.mark.parametrize("path", _floor_modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_module_of_the_lower_floors_has_a_test_file_of_its_own(path: Path):
+    floor = path.relative_to(PACKAGE).parts[0]
+    expected = ROOT / "tests" / floor / f"test_{path.stem}.py"
+    assert expected.exists(), f"{path.relative_to(ROOT)} has no {expected.relative_to(ROOT)}"
