@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -144,7 +144,7 @@ class Dispatcher:
         self._start, self._wait, self._on_complete = start, wait, on_complete
         self._on_failure = on_failure
         self._timeline = timeline
-        self._names: list[str] | None = None
+        self._names: Sequence[str] | None = None
         self.issued: list[int] = []
         self.max_in_flight = 0
         self._cond = threading.Condition()
@@ -164,7 +164,7 @@ class Dispatcher:
             thread.daemon = True
             thread.start()
 
-    def begin(self, queue: GradientQueue, names: list[str] | None = None) -> None:
+    def begin(self, queue: GradientQueue, names: Sequence[str] | None = None) -> None:
         """Start a step with ``queue`` (reset); the previous step must have completed.
 
         ``names`` label the partitions on the timeline."""
