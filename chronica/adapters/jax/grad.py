@@ -54,13 +54,10 @@ communicated and ``reduce`` returns its argument. Not thread-safe: one step at a
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import time
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import jax
@@ -69,31 +66,26 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from chronica.adapters.jax.grad_plan import (
+    AXIS,
+    Partitions,
+    Plan,
+    knob_words,
+    knobs_from_words,
+    lay_out,
+)
 from chronica.adapters.jax.grad_tree import PerLeaf, forward_order, path_name, per_leaf
 from chronica.core.checks import check_number
-from chronica.core.priority import (
-    GradientQueue,
-    Layout,
-    bucket_layout,
-    build_layout,
-    fifo_order,
-    simulate_order,
-)
 from chronica.runtime.auto import MEASURE_STEPS, AutoTrial, Window, check_mode
 from chronica.runtime.dispatcher import AutoTuner, SchedulingOptions
 from chronica.runtime.gradients import (
-    BUCKET_BYTES,
-    FIRST_BUCKET_BYTES,
     GradientViews,
-    PlanRecord,
     StepHistory,
 )
 from chronica.runtime.timeline import Exposure, Timeline, timeline_path
 
 __all__ = ["PerLeaf", "ReducedLeaves", "ScheduledReducer", "forward_order", "per_leaf"]
 
-_AXIS = "processes"
-_ORDER_CODES = {"priority": 0, "fifo": 1}
 
 Update = Callable[..., Any]
 
@@ -103,54 +95,6 @@ class ReducedLeaves(NamedTuple):
 
     paths: tuple[str, ...]
     leaves: tuple[jax.Array, ...]
-
-
-@functools.lru_cache(maxsize=256)
-def _program(
-    mesh: Mesh, spec: tuple[tuple[int, int, int, tuple[int, ...]], ...], world: int
-) -> Callable[..., tuple[jax.Array, ...]]:
-    """The compiled reduction of one partition: ``spec`` holds, per segment, the input it
-    comes from, its element range and the shape it is handed back in."""
-
-    def reduce(*shards: jax.Array) -> tuple[jax.Array, ...]:
-        flat = [shards[i].reshape(-1)[a:b] for i, a, b, _ in spec]
-        buf = flat[0] if len(flat) == 1 else jnp.concatenate(flat)
-        # psum then divide, as jax.lax.pmean does: the same arithmetic as the plain mean.
-        mean = jax.lax.psum(buf, _AXIS) / world
-        outs, offset = [], 0
-        for _, a, b, shape in spec:
-            outs.append(mean[offset : offset + b - a].reshape(shape))
-            offset += b - a
-        return tuple(outs)
-
-    return jax.jit(
-        jax.shard_map(reduce, mesh=mesh, in_specs=PartitionSpec(_AXIS), out_specs=PartitionSpec())
-    )
-
-
-@dataclass
-class _Partitions:
-    """A plan's partitions and their programs (laid out only with more than one process)."""
-
-    layout: Layout
-    queue: GradientQueue
-    inputs: list[tuple[int, ...]]  # per partition: leaf indices fed in
-    outputs: list[list[tuple[int, int, bool]]]  # (leaf, start, whole leaf?)
-    programs: list[Any]
-    record: PlanRecord
-    parts_per_leaf: np.ndarray
-
-
-@dataclass
-class _Plan:
-    """Everything fixed for one gradient tree structure and one set of knobs."""
-
-    paths: list[str]
-    shapes: list[tuple[int, ...]]
-    priority: list[int]  # priority position -> leaf index (tree order)
-    dtypes: list[Any]  # by priority position
-    options: SchedulingOptions
-    parts: _Partitions | None = None
 
 
 class ScheduledReducer(GradientViews):
@@ -199,8 +143,8 @@ class ScheduledReducer(GradientViews):
                 raise ValueError(f"priority= lists {sorted(dup)} more than once; list each once")
         self.world = jax.process_count()
         self.rank = jax.process_index()
-        self._plans: dict[Any, _Plan] = {}
-        self._plan: _Plan | None = None
+        self._plans: dict[Any, Plan] = {}
+        self._plan: Plan | None = None
         self._busy = False
         self._issued: list[int] = []
         self._max_in_flight = 0
@@ -218,8 +162,8 @@ class ScheduledReducer(GradientViews):
                 by_process.setdefault(d.process_index, d)
             devices = [by_process[i] for i in range(self.world)]
             self._device = devices[self.rank]
-            self._mesh = Mesh(np.array(devices), (_AXIS,))
-            self._sharding = NamedSharding(self._mesh, PartitionSpec(_AXIS))
+            self._mesh = Mesh(np.array(devices), (AXIS,))
+            self._sharding = NamedSharding(self._mesh, PartitionSpec(AXIS))
             if self.options.timeline:
                 path = timeline_path(self.options.timeline, self.rank, self.world)
                 self._timeline = Timeline(path, self.rank)
@@ -362,7 +306,7 @@ class ScheduledReducer(GradientViews):
 
     # -- planning -------------------------------------------------------------------------
 
-    def _plan_for(self, leaves: list[Any], treedef: Any) -> _Plan:
+    def _plan_for(self, leaves: list[Any], treedef: Any) -> Plan:
         try:
             key = (treedef, tuple((leaf.shape, leaf.dtype) for leaf in leaves))
         except AttributeError:
@@ -375,7 +319,7 @@ class ScheduledReducer(GradientViews):
         self._record = plan.parts.record if plan.parts is not None else None
         return plan
 
-    def _new_plan(self, leaves: list[Any], treedef: Any) -> _Plan:
+    def _new_plan(self, leaves: list[Any], treedef: Any) -> Plan:
         flat, _ = jax.tree_util.tree_flatten_with_path(treedef.unflatten(leaves))
         paths = [jax.tree_util.keystr(p) for p, _ in flat]
         for path, leaf in zip(paths, leaves, strict=True):
@@ -398,7 +342,7 @@ class ScheduledReducer(GradientViews):
         listed = [index[p] for p in named]
         seen = set(listed)
         priority = listed + [i for i in range(len(paths)) if i not in seen]
-        plan = _Plan(
+        plan = Plan(
             paths=paths,
             shapes=[tuple(leaf.shape) for leaf in leaves],
             priority=priority,
@@ -412,13 +356,13 @@ class ScheduledReducer(GradientViews):
             repr((str(treedef), plan.shapes, dtypes, priority)).encode(), digest_size=16
         ).digest()
         words = np.frombuffer(digest, dtype=np.uint32)
-        agreed = self._agree(np.concatenate([words, _words(self._knobs())]))
+        agreed = self._agree(np.concatenate([words, knob_words(self._knobs())]))
         if not (agreed[:, :4] == words).all():
             raise ValueError(
                 "grads differ across processes (tree structure, shapes, dtypes or priority=); "
                 "every process must reduce the same structure with the same priority"
             )
-        plan.options = _from_words(self.options, agreed[0, 4:])
+        plan.options = knobs_from_words(self.options, agreed[0, 4:])
         if self._tuner is None and plan.options.auto_tune:
             numel = [int(np.prod(s)) for s in plan.shapes]
             total = sum(n * leaves[i].dtype.itemsize for i, n in enumerate(numel))
@@ -437,54 +381,8 @@ class ScheduledReducer(GradientViews):
         gathered = multihost_utils.process_allgather(words.view(np.int32))
         return np.asarray(gathered).view(np.uint32).reshape(self.world, -1)
 
-    def _layout(self, plan: _Plan) -> None:
-        opts, dtypes = plan.options, plan.dtypes
-        numel = np.array([int(np.prod(plan.shapes[i])) for i in plan.priority], np.int64)
-        itemsize = np.array([np.dtype(d).itemsize for d in dtypes], np.int64)
-        keys = np.array([zlib.crc32(str(d).encode()) for d in dtypes], np.int64)
-        if self._engine == "bucketed":
-            # DDP's buckets in backward order (the last layer's gradient would be ready first).
-            layout = bucket_layout(numel, itemsize, BUCKET_BYTES, FIRST_BUCKET_BYTES, keys)
-            order = fifo_order(layout, np.arange(len(numel), 0, -1, dtype=np.float64))
-            credit = 0  # nothing bounds the bytes in flight
-        else:
-            layout = build_layout(numel, itemsize, opts.partition_bytes, keys)
-            credit = opts.credit_bytes
-            if opts.order == "fifo":
-                # Backward order: the last layer's gradient would be ready first.
-                order = fifo_order(layout, np.arange(len(numel), 0, -1, dtype=np.float64))
-            else:
-                # One jax.grad program yields every leaf at once: all are ready together, so
-                # the simulated preemptive scheduler dispatches in pure priority order.
-                order = simulate_order(layout, np.zeros(len(numel)), credit, 1.0)
-        queue = GradientQueue(layout, order, credit or int(layout.part_bytes.sum()) + 1)
-        inputs: list[tuple[int, ...]] = []
-        outputs: list[list[tuple[int, int, bool]]] = []
-        programs: list[Any] = []
-        for p in range(layout.num_partitions):
-            segs = layout.segments(p)
-            leaf_ids = list(dict.fromkeys(plan.priority[t] for t, _, _ in segs))
-            spec, outs = [], []
-            for t, a, b in segs:
-                leaf = plan.priority[t]
-                whole = b - a == numel[t]
-                spec.append((leaf_ids.index(leaf), a, b, plan.shapes[leaf] if whole else (b - a,)))
-                outs.append((leaf, a, whole))
-            inputs.append(tuple(leaf_ids))
-            outputs.append(outs)
-            programs.append(_program(self._mesh, tuple(spec), self.world))
-        names = [plan.paths[i] for i in plan.priority]
-        parts_per_leaf = np.empty(len(numel), np.int64)
-        parts_per_leaf[plan.priority] = layout.parts_per_tensor()
-        plan.parts = _Partitions(
-            layout=layout,
-            queue=queue,
-            inputs=inputs,
-            outputs=outputs,
-            programs=programs,
-            record=PlanRecord(layout, names, layout.partition_bytes, credit),
-            parts_per_leaf=parts_per_leaf,
-        )
+    def _layout(self, plan: Plan) -> None:
+        plan.parts = lay_out(plan, self._engine, self._mesh, self.world)
 
     def _step_boundary(self) -> None:
         """At a step boundary: measure the step that ended, feed the tuner (scheduled engine)
@@ -500,7 +398,7 @@ class ScheduledReducer(GradientViews):
             knobs = self._tuner.record(now - start)
         if knobs is not None:
             opts = self.options.with_knobs(*knobs)
-            opts = _from_words(self.options, self._agree(_words(opts))[0])
+            opts = knobs_from_words(self.options, self._agree(knob_words(opts))[0])
             for plan in self._plans.values():
                 plan.options = opts
             self._relayout()
@@ -538,7 +436,7 @@ class ScheduledReducer(GradientViews):
         self._step_boundary()
         return self._run(self._plan_for(leaves, treedef), leaves)
 
-    def _run(self, plan: _Plan, leaves: list[Any]) -> Iterator[tuple[list[int], list]]:
+    def _run(self, plan: Plan, leaves: list[Any]) -> Iterator[tuple[list[int], list]]:
         self._busy = True
         partitions = plan.parts
         assert partitions is not None  # every plan of more than one process is laid out
@@ -574,7 +472,7 @@ class ScheduledReducer(GradientViews):
             self._busy = False
 
     def _completions(
-        self, plan: _Plan, parts: _Partitions, leaves: list[Any]
+        self, plan: Plan, parts: Partitions, leaves: list[Any]
     ) -> Iterator[tuple[int, tuple]]:
         """Issue partitions in order under credit; yield each once seen complete."""
         queue = parts.queue
@@ -626,24 +524,3 @@ class ScheduledReducer(GradientViews):
             leaf = leaf.reshape(1)
         shape = (self.world * leaf.shape[0], *leaf.shape[1:])
         return jax.make_array_from_single_device_arrays(shape, self._sharding, [leaf])
-
-
-def _words(opts: SchedulingOptions) -> np.ndarray:
-    """The knobs that must agree, as 32-bit words (JAX without x64 has no int64 arrays)."""
-    p, c = opts.partition_bytes, opts.credit_bytes
-    return np.array(
-        [p >> 32, p & 0xFFFFFFFF, c >> 32, c & 0xFFFFFFFF]
-        + [_ORDER_CODES[opts.order], int(opts.auto_tune)],
-        np.uint32,
-    )
-
-
-def _from_words(base: SchedulingOptions, words: np.ndarray) -> SchedulingOptions:
-    w = [int(x) for x in words[:6]]
-    return replace(
-        base,
-        partition_bytes=(w[0] << 32) | w[1],
-        credit_bytes=(w[2] << 32) | w[3],
-        order={v: k for k, v in _ORDER_CODES.items()}[w[4]],
-        auto_tune=bool(w[5]),
-    )
