@@ -106,6 +106,25 @@ class ScheduledReducer(GradientViews):
     ``"fifo"``), ``auto_tune`` and ``timeline`` are ``SchedulingOptions`` knobs (arguments win
     over ``CHRONICA_*`` variables; rank 0's values are used on every process). With one
     process every method costs a tree flatten at most and communicates nothing.
+
+    Args:
+        priority: leaf paths, first used first (``forward_order``); ``None``: tree order.
+        partition_bytes: partitions' size: bigger tensors are cut, smaller ones fused (bytes,
+            ``"1MiB"``; ``CHRONICA_PARTITION_BYTES``).
+        credit_bytes: bytes in flight at most, plus one partition (``CHRONICA_CREDIT_BYTES``).
+        order: ``"priority"`` (first layers first) or ``"fifo"`` (backward order).
+        auto_tune: search partition and credit sizes online (``CHRONICA_AUTOTUNE=1``).
+        timeline: Chrome-trace path (``CHRONICA_TIMELINE``; ``{rank}`` is replaced).
+        mode: ``"auto"`` (measure, then decide once: ``chronica.runtime.auto.AutoTrial``),
+            ``"scheduled"`` (priority scheduling) or ``"bucketed"`` (DDP's buckets).
+        min_saving: in ``"auto"``, try scheduling only if it could save this fraction of the
+            step time (0 to 1; 1 never tries).
+
+    Example::
+
+        >>> reducer = ScheduledReducer(priority=forward_order(loss, params, x), mode="auto")
+        ... # doctest: +SKIP
+        >>> params = reducer.apply(grad_fn(params, x), params, sgd)   # doctest: +SKIP
     """
 
     def __init__(

@@ -71,6 +71,8 @@ import tensorflow as tf
 from chronica.adapters.tf.grad_graph import (
     first_use,
     forward_order,
+    mark_end,
+    mark_issue,
     multi_step,
     pack_one,
     pack_partitions,
@@ -171,6 +173,27 @@ class ScheduledAllReduce(GradientViews):
     gradient byte takes than backward takes to produce it, for the static plan of
     ``order="priority"`` (about 1 or less gives the backward order; larger values move early
     layers ahead of queued later ones, which pays off with ``multi_step``).
+
+    Args:
+        partition_bytes: partitions' size: bigger tensors are cut, smaller ones fused (bytes,
+            ``"1MiB"``; ``CHRONICA_PARTITION_BYTES``).
+        credit_bytes: bytes in flight at most, plus one partition (``CHRONICA_CREDIT_BYTES``).
+        order: ``"priority"`` (first layers first) or ``"fifo"`` (backward order).
+        timeline: Chrome-trace path (``CHRONICA_TIMELINE``; ``{rank}`` is replaced).
+        priority: variables, first used first (``forward_order``); ``None``: read from the
+            graph being traced.
+        comm_ratio: seconds to reduce a gradient byte over seconds of backward per byte.
+        reduce_op: ``ReduceOp.SUM`` (as Keras) or ``ReduceOp.MEAN`` (or their names).
+        communication_options: passed to the strategy's all-reduce.
+        mode: ``"auto"`` (measure, then decide once: ``chronica.runtime.auto.AutoTrial``),
+            ``"scheduled"`` (priority scheduling) or ``"bucketed"`` (DDP's buckets).
+        min_saving: in ``"auto"``, try scheduling only if it could save this fraction of the
+            step time (0 to 1; 1 never tries).
+
+    Example::
+
+        >>> reducer = ScheduledAllReduce(partition_bytes="1MiB", mode="auto")  # doctest: +SKIP
+        >>> reducer.apply_gradients(optimizer, zip(grads, variables))         # doctest: +SKIP
     """
 
     def __init__(
@@ -199,12 +222,9 @@ class ScheduledAllReduce(GradientViews):
                 "CHRONICA_AUTOTUNE is ignored by the TensorFlow adapter: the partitions are "
                 "fixed when the step is traced; set CHRONICA_PARTITION_BYTES/CREDIT_BYTES"
             )
-        if (
-            isinstance(comm_ratio, bool)
-            or not isinstance(comm_ratio, (int, float))
-            or not math.isfinite(comm_ratio)
-            or comm_ratio <= 0
-        ):
+        if isinstance(comm_ratio, bool) or not isinstance(comm_ratio, (int, float)):
+            raise TypeError(f"comm_ratio={comm_ratio!r} must be a number (1.0 when unsure)")
+        if not math.isfinite(comm_ratio) or comm_ratio <= 0:
             raise ValueError(
                 f"comm_ratio={comm_ratio!r} must be a positive number (seconds to reduce a "
                 "gradient byte over seconds of backward per byte; 1.0 when unsure)"
@@ -216,12 +236,12 @@ class ScheduledAllReduce(GradientViews):
         if communication_options is not None and not isinstance(
             communication_options, tf.distribute.experimental.CommunicationOptions
         ):
-            raise ValueError(
+            raise TypeError(
                 "communication_options must be a "
                 "tf.distribute.experimental.CommunicationOptions or None"
             )
         if priority is not None and isinstance(priority, (str, bytes)):
-            raise ValueError("priority must be a sequence of variables, first used first")
+            raise TypeError("priority must be a sequence of variables, first used first")
         self.comm_ratio = float(comm_ratio)
         self.reduce_op = reduce_op
         self.communication_options = communication_options
@@ -302,7 +322,7 @@ class ScheduledAllReduce(GradientViews):
             gate = seq.gate(credit, nbytes)
             marks: tuple[tf.Tensor, tf.Tensor] | None = None
             if timeline is not None:
-                marks = self._mark_issue(buf, gate)
+                marks = mark_issue(buf, gate)
             deps = [] if gate is None else [gate]
             if marks is not None:
                 deps.append(marks[1])
@@ -311,7 +331,7 @@ class ScheduledAllReduce(GradientViews):
                     buf = tf.identity(buf)
             out = ctx.all_reduce(self.reduce_op, buf, options=self.communication_options)
             if timeline is not None and marks is not None:
-                self._mark_end(timeline, plan.record.labels[p], p, nbytes, marks, out)
+                mark_end(timeline, plan.record.labels[p], p, nbytes, marks, out)
             seq.push(nbytes, [out])
             reduced[p] = out
         result: list[Any] = list(grads)
@@ -542,8 +562,6 @@ class ScheduledAllReduce(GradientViews):
             out = strategy.experimental_local_results(strategy.run(reduce))[0]
         return [float(v) for v in out.numpy()]
 
-    # -- timeline markers (built only when a timeline is set) -------------------------------
-
     def _open_timeline(self, ctx: tf.distribute.ReplicaContext) -> Timeline | None:
         if not self._timeline_opened:
             self._timeline_opened = True
@@ -554,36 +572,3 @@ class ScheduledAllReduce(GradientViews):
                 self._timeline = Timeline(path, rank)
                 atexit.register(self._timeline.close)
         return self._timeline
-
-    @staticmethod
-    def _now(*_: Any) -> np.float64:
-        return np.float64(time.perf_counter())
-
-    def _mark_issue(self, buf: tf.Tensor, gate: Any | None) -> tuple[tf.Tensor, tf.Tensor]:
-        """(ready, issue) times: when the partition's gradients exist, when it may start."""
-        # The ready marker is stateless so that automatic control dependencies leave it
-        # unordered (it fires when the gradients exist); the stateful issue marker consumes
-        # it, so it is neither pruned nor folded, and is chained after the previous
-        # partition's end marker in program order, as the collectives are by their token.
-        ready = tf.numpy_function(self._now, [buf[:1]], tf.float64, stateful=False)
-        with tf.control_dependencies([] if gate is None else [gate]):
-            issue = tf.numpy_function(self._now, [ready, buf[:1]], tf.float64)
-        return ready, issue
-
-    @staticmethod
-    def _mark_end(
-        timeline: Timeline,
-        label: str,
-        partition: int,
-        nbytes: int,
-        marks: tuple[tf.Tensor, tf.Tensor],
-        out: tf.Tensor,
-    ) -> None:
-        def end(t_ready: np.ndarray, t_issue: np.ndarray, _: np.ndarray) -> np.float64:
-            now = time.perf_counter()
-            args = {"partition": partition, "bytes": nbytes}
-            timeline.span(label, "queue", float(t_ready), float(t_issue), **args)
-            timeline.span(label, "communication", float(t_issue), now, **args)
-            return np.float64(now)
-
-        tf.numpy_function(end, [marks[0], marks[1], out[:1]], tf.float64)

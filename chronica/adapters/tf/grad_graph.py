@@ -6,18 +6,23 @@ previous reduction (and in which ``mode="auto"`` switches engines by retracing).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from chronica.core.checks import check_int
 from chronica.core.priority import Layout
+from chronica.runtime.timeline import Timeline
 
 __all__ = [
     "MultiStep",
     "first_use",
     "forward_order",
+    "mark_end",
+    "mark_issue",
     "multi_step",
     "pack_one",
     "pack_partitions",
@@ -233,3 +238,66 @@ def multi_step(
         >>> losses = fn(iterator)      # doctest: +SKIP
     """
     return MultiStep(step_fn, steps_per_execution, function_kwargs)
+
+
+# -- timeline markers (built only when a timeline is set) ---------------------------------
+
+
+def _now(*_: Any) -> np.float64:
+    return np.float64(time.perf_counter())
+
+
+def mark_issue(buf: tf.Tensor, gate: Any | None) -> tuple[tf.Tensor, tf.Tensor]:
+    """Timeline markers of one partition: (ready, issue) times, when its gradients exist
+    and when it may start (built only when a timeline is set).
+
+    Args:
+        buf: the partition's 1-D buffer.
+        gate: what the partition's collective waits for (``None``: nothing).
+
+    Example::
+
+        >>> ready, issue = mark_issue(buf, None)   # doctest: +SKIP
+    """
+    # The ready marker is stateless so that automatic control dependencies leave it
+    # unordered (it fires when the gradients exist); the stateful issue marker consumes
+    # it, so it is neither pruned nor folded, and is chained after the previous
+    # partition's end marker in program order, as the collectives are by their token.
+    ready = tf.numpy_function(_now, [buf[:1]], tf.float64, stateful=False)
+    with tf.control_dependencies([] if gate is None else [gate]):
+        issue = tf.numpy_function(_now, [ready, buf[:1]], tf.float64)
+    return ready, issue
+
+
+def mark_end(
+    timeline: Timeline,
+    label: str,
+    partition: int,
+    nbytes: int,
+    marks: tuple[tf.Tensor, tf.Tensor],
+    out: tf.Tensor,
+) -> None:
+    """The end marker of one partition: writes its queue and communication spans once its
+    collective's output ``out`` exists.
+
+    Args:
+        timeline: the timeline written to.
+        label: the partition's label.
+        partition: its index.
+        nbytes: its size in bytes.
+        marks: its ``(ready, issue)`` markers from ``mark_issue``.
+        out: the collective's output.
+
+    Example::
+
+        >>> mark_end(timeline, "w[0:4]", 0, 16, mark_issue(buf, None), out)   # doctest: +SKIP
+    """
+
+    def end(t_ready: np.ndarray, t_issue: np.ndarray, _: np.ndarray) -> np.float64:
+        now = time.perf_counter()
+        args = {"partition": partition, "bytes": nbytes}
+        timeline.span(label, "queue", float(t_ready), float(t_issue), **args)
+        timeline.span(label, "communication", float(t_issue), now, **args)
+        return np.float64(now)
+
+    tf.numpy_function(end, [marks[0], marks[1], out[:1]], tf.float64)

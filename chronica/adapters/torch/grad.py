@@ -101,6 +101,28 @@ class ScheduledOptimizer(GradientViews, ScheduledEngine):
     evaluating, checkpointing or reading parameters outside the model's forward. A model
     wrapped in ``DistributedDataParallel`` is refused (``ValueError``): DDP averages the
     gradients itself.
+
+    Args:
+        model: the bare model (not wrapped in ``DistributedDataParallel``).
+        optimizer: a ``torch.optim`` optimizer over the model's parameters whose update of
+            one parameter depends only on that parameter (not LBFGS).
+        process_group: the ranks to average over (default: the world).
+        partition_bytes: partitions' size: bigger tensors are cut, smaller ones fused (bytes,
+            ``"1MiB"``; ``CHRONICA_PARTITION_BYTES``).
+        credit_bytes: bytes in flight at most, plus one partition (``CHRONICA_CREDIT_BYTES``).
+        order: ``"priority"`` (first layers first) or ``"fifo"`` (backward order).
+        auto_tune: search partition and credit sizes online (``CHRONICA_AUTOTUNE=1``).
+        timeline: Chrome-trace path (``CHRONICA_TIMELINE``; ``{rank}`` is replaced).
+        mode: ``"auto"`` (measure, then decide once: ``chronica.runtime.auto.AutoTrial``),
+            ``"scheduled"`` (priority scheduling) or ``"bucketed"`` (DDP's buckets).
+        min_saving: in ``"auto"``, try scheduling only if it could save this fraction of the
+            step time (0 to 1; 1 never tries).
+
+    Example::
+
+        >>> opt = ScheduledOptimizer(model, torch.optim.AdamW(model.parameters()))  # doctest: +SKIP
+        >>> loss.backward(); opt.step()                                             # doctest: +SKIP
+        >>> opt.stats().decision                                                    # doctest: +SKIP
     """
 
     def __init__(

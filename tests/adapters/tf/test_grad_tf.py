@@ -268,20 +268,23 @@ def test_one_replica_passes_through_and_equals_the_optimizer():
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "match"),
+    ("kwargs", "error", "match"),
     [
-        ({"partition_bytes": 0}, "partition_bytes"),
-        ({"credit_bytes": "lots"}, "credit_bytes"),
-        ({"order": "lifo"}, "order"),
-        ({"comm_ratio": 0.0}, "comm_ratio"),
-        ({"comm_ratio": float("nan")}, "comm_ratio"),
-        ({"reduce_op": "max"}, "reduce_op"),
-        ({"communication_options": 3}, "communication_options"),
-        ({"priority": "stem"}, "priority"),
+        ({"partition_bytes": 0}, ValueError, "partition_bytes"),
+        ({"credit_bytes": "lots"}, ValueError, "credit_bytes"),
+        ({"order": "lifo"}, ValueError, "order"),
+        ({"comm_ratio": 0.0}, ValueError, "comm_ratio"),
+        ({"comm_ratio": float("nan")}, ValueError, "comm_ratio"),
+        ({"comm_ratio": "4"}, TypeError, "comm_ratio"),
+        ({"reduce_op": "max"}, ValueError, "reduce_op"),
+        ({"communication_options": 3}, TypeError, "communication_options"),
+        ({"priority": "stem"}, TypeError, "priority"),
+        ({"mode": "ddp"}, ValueError, "mode='ddp' must be one of"),
+        ({"min_saving": -1}, ValueError, "min_saving"),
     ],
 )
-def test_bad_arguments_name_the_argument(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_arguments_name_the_argument(kwargs, error, match):
+    with pytest.raises(error, match=match):
         chronica.tf.ScheduledAllReduce(**kwargs)
 
 
