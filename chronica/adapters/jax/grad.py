@@ -190,7 +190,15 @@ class ScheduledReducer(GradientViews):
     # -- public API -----------------------------------------------------------------------
 
     def reduce(self, grads: Any) -> Any:
-        """The mean over processes of ``grads`` (this process's gradient pytree)."""
+        """The mean over processes of ``grads`` (this process's gradient pytree).
+
+        Args:
+            grads: this process's gradient pytree (floating-point leaves).
+
+        Example::
+
+            >>> mean = reducer.reduce(grads)   # doctest: +SKIP
+        """
         leaves, treedef = jax.tree_util.tree_flatten(grads)
         if self.world == 1:
             self._plan_for(leaves, treedef)  # validates once per structure, then a dict lookup
@@ -209,6 +217,13 @@ class ScheduledReducer(GradientViews):
         so every process must consume it; leaving the loop early (or an exception in its
         body) still finishes this step's collectives, so processes stay in step. A new step
         starts only after this one.
+
+        Args:
+            grads: this process's gradient pytree.
+
+        Example::
+
+            >>> for paths, leaves in reducer.iterate(grads): ...   # doctest: +SKIP
         """
         leaves, treedef = jax.tree_util.tree_flatten(grads)
         chunks = self._indexed(leaves, treedef)
@@ -226,6 +241,16 @@ class ScheduledReducer(GradientViews):
         in priority order and must treat each leaf independently (SGD, momentum, Adam, ...;
         see ``per_leaf`` for optax); ``state`` is per leaf: its tree has ``params``' tree as
         a prefix. The result equals ``update`` applied once to the whole mean gradient.
+
+        Args:
+            grads: this process's gradient pytree.
+            params: the parameters the gradients were taken of (same tree).
+            update: ``update(grads, params[, states])`` on lists of leaves.
+            state: per-leaf optimizer state (``per_leaf(tx).init(params)``), or ``None``.
+
+        Example::
+
+            >>> params = reducer.apply(grads, params, sgd)   # doctest: +SKIP
         """
         if not callable(update):
             raise TypeError(f"update={update!r} must be a function of (grads, params[, state])")

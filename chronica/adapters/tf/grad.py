@@ -269,7 +269,16 @@ class ScheduledAllReduce(GradientViews):
     def all_reduce(
         self, grads: Sequence[tf.Tensor | tf.IndexedSlices | None], variables: Sequence[Any]
     ) -> list[tf.Tensor | tf.IndexedSlices | None]:
-        """Reduce ``grads`` (aligned with ``variables``) across replicas; ``None`` stays."""
+        """Reduce ``grads`` (aligned with ``variables``) across replicas; ``None`` stays.
+
+        Args:
+            grads: one gradient (or ``None``) per variable.
+            variables: the variables, the same list at every call.
+
+        Example::
+
+            >>> reduced = reducer.all_reduce(grads, model.trainable_variables)   # doctest: +SKIP
+        """
         grads, variables = list(grads), list(variables)
         if len(grads) != len(variables):
             raise ValueError(
@@ -361,6 +370,14 @@ class ScheduledAllReduce(GradientViews):
         strategy's scope. Its own all-reduce is skipped for this call only; everything else
         (weight decay, clipping, loss scaling, the iteration count) is its unchanged code, so
         each variable's update waits only for that variable's reduced gradient.
+
+        Args:
+            optimizer: a built Keras 3 optimizer.
+            grads_and_vars: ``(gradient, variable)`` pairs.
+
+        Example::
+
+            >>> reducer.apply_gradients(optimizer, zip(grads, variables))   # doctest: +SKIP
         """
         pairs = list(grads_and_vars)
         if self._replica_context() is None:

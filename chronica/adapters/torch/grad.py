@@ -233,7 +233,15 @@ class ScheduledOptimizer(GradientViews, ScheduledEngine):
         return self.optimizer.param_groups
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Does nothing with several ranks (gradients are cleared as parameters are updated)."""
+        """Does nothing with several ranks (gradients are cleared as parameters are updated).
+
+        Args:
+            set_to_none: as ``torch.optim.Optimizer.zero_grad`` (one process only).
+
+        Example::
+
+            >>> opt.zero_grad()   # doctest: +SKIP
+        """
         if self.world == 1:
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
@@ -271,15 +279,35 @@ class ScheduledOptimizer(GradientViews, ScheduledEngine):
         return self._history.exposure(self._engine or "bucketed", decision)
 
     def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state, after ``synchronize()``.
+
+        Example::
+
+            >>> torch.save(opt.state_dict(), "opt.pt")   # doctest: +SKIP
+        """
         self.synchronize()
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load the wrapped optimizer's state, after ``synchronize()``.
+
+        Args:
+            state_dict: what ``state_dict()`` returned.
+
+        Example::
+
+            >>> opt.load_state_dict(torch.load("opt.pt"))   # doctest: +SKIP
+        """
         self.synchronize()
         self.optimizer.load_state_dict(state_dict)
 
     def close(self) -> None:
-        """Finish in-flight work, remove the hooks and close the timeline."""
+        """Finish in-flight work, remove the hooks and close the timeline.
+
+        Example::
+
+            >>> opt.close()   # doctest: +SKIP
+        """
         self.synchronize()
         self._watch_forward(False)
         for handle in self._handles:
