@@ -55,6 +55,12 @@ class Layout:
     partition are in priority order; a partition is either one slice of one tensor or whole
     tensors of one dtype; partition ``p`` holds no element of a tensor of lower priority than
     any element of partition ``p + 1``.
+
+    Example::
+
+        >>> layout = build_layout(np.array([4, 2]), np.array([4, 4]), 8)
+        >>> layout.num_partitions, layout.segments(0)
+        (3, [(0, 0, 2)])
     """
 
     numel: np.ndarray
@@ -80,7 +86,17 @@ class Layout:
 
     def label(self, partition: int, names: Sequence[str]) -> str:
         """A readable name for ``partition``: its tensors' ``names`` (given in layout order)
-        joined by ``+``; a slice of a larger tensor adds ``[start:stop]``."""
+        joined by ``+``; a slice of a larger tensor adds ``[start:stop]``.
+
+        Args:
+            partition: the partition's index.
+            names: one name per tensor, in layout order.
+
+        Example::
+
+            >>> build_layout(np.array([4]), np.array([4]), 8).label(1, ["w"])
+            'w[2:4]'
+        """
         segs = self.segments(partition)
         label = "+".join(names[t] for t, _, _ in segs)
         if len(segs) == 1 and segs[0][2] - segs[0][1] < self.numel[segs[0][0]]:
@@ -88,7 +104,16 @@ class Layout:
         return label
 
     def segments(self, partition: int) -> list[tuple[int, int, int]]:
-        """``(tensor, start, stop)`` element ranges of ``partition``, in priority order."""
+        """``(tensor, start, stop)`` element ranges of ``partition``, in priority order.
+
+        Args:
+            partition: the partition's index.
+
+        Example::
+
+            >>> build_layout(np.array([4]), np.array([4]), 8).segments(1)
+            [(0, 2, 4)]
+        """
         lo, hi = int(self.part_ptr[partition]), int(self.part_ptr[partition + 1])
         return [
             (int(self.seg_tensor[k]), int(self.seg_start[k]), int(self.seg_stop[k]))
@@ -106,6 +131,17 @@ def build_layout(
 
     ``dtype_keys`` (one int per tensor) keeps tensors of different dtypes out of one fused
     partition; by default ``itemsize`` stands in for the dtype.
+
+    Args:
+        numel: elements per tensor, in priority order.
+        itemsize: bytes per element of each tensor.
+        partition_bytes: the partition size (positive).
+        dtype_keys: one int per tensor naming its dtype (default: ``itemsize``).
+
+    Example::
+
+        >>> build_layout(np.array([4, 1, 1]), np.array([4, 4, 4]), 8).num_partitions
+        3
     """
     numel, itemsize, keys = _checked(numel, itemsize, dtype_keys)
     check_int("partition_bytes", partition_bytes, 1)
@@ -189,6 +225,18 @@ def bucket_layout(
     cap included; tensors are never cut; tensors of different ``dtype_keys`` never share a
     bucket. The result is a ``Layout`` like ``build_layout``'s (partitions in priority order),
     whose partitions are never slices.
+
+    Args:
+        numel: elements per tensor, in priority order.
+        itemsize: bytes per element of each tensor.
+        bucket_bytes: the cap of every bucket but the one holding the last tensors.
+        first_bucket_bytes: the cap of the bucket holding the last tensors.
+        dtype_keys: one int per tensor naming its dtype (default: ``itemsize``).
+
+    Example::
+
+        >>> bucket_layout(np.array([4, 4, 4]), np.array([4, 4, 4]), 32, 16).num_partitions
+        2
     """
     numel, itemsize, keys = _checked(numel, itemsize, dtype_keys)
     check_int("bucket_bytes", bucket_bytes, 1)
@@ -210,13 +258,33 @@ def bucket_layout(
 
 
 def partition_ready_times(layout: Layout, tensor_ready: np.ndarray) -> np.ndarray:
-    """When each partition is ready: the latest ready time of the tensors it holds."""
+    """When each partition is ready: the latest ready time of the tensors it holds.
+
+    Args:
+        layout: the partitions.
+        tensor_ready: when each tensor (layout order) is ready, in seconds.
+
+    Example::
+
+        >>> partition_ready_times(build_layout(np.array([1, 1]), np.array([4, 4]), 8), [2.0, 1.0])
+        array([2.])
+    """
     ready = np.asarray(tensor_ready, dtype=np.float64)[layout.seg_tensor]
     return np.maximum.reduceat(ready, layout.part_ptr[:-1]) if len(ready) else ready
 
 
 def fifo_order(layout: Layout, tensor_ready: np.ndarray) -> np.ndarray:
-    """Partitions in the order they become ready (ties: higher priority first)."""
+    """Partitions in the order they become ready (ties: higher priority first).
+
+    Args:
+        layout: the partitions.
+        tensor_ready: when each tensor (layout order) is ready, in seconds.
+
+    Example::
+
+        >>> fifo_order(build_layout(np.array([1, 1]), np.array([4, 4]), 4), [2.0, 1.0])
+        array([1, 0])
+    """
     ready = partition_ready_times(layout, tensor_ready)
     return np.lexsort((np.arange(len(ready)), ready)).astype(np.int64)
 
@@ -235,6 +303,19 @@ def simulate_order(
     ``credit_bytes`` the ready partition of highest priority (lowest index) is dispatched; the
     link carries partitions one after another at ``bytes_per_second``, each taking
     ``latency`` more seconds. Deterministic: equal inputs give the same order on every rank.
+
+    Args:
+        layout: the partitions.
+        tensor_ready: when each tensor (layout order) is ready, in seconds.
+        credit_bytes: bytes in flight at most before the next dispatch waits.
+        bytes_per_second: the link's rate.
+        latency: seconds each partition takes on top of its bytes.
+
+    Example::
+
+        >>> layout = build_layout(np.array([1, 1]), np.array([4, 4]), 4)
+        >>> simulate_order(layout, [1.0, 0.0], credit_bytes=4, bytes_per_second=1.0)
+        array([1, 0])
     """
     if credit_bytes <= 0 or not bytes_per_second > 0 or latency < 0:
         raise ValueError("credit_bytes and bytes_per_second must be > 0 and latency >= 0")
@@ -273,6 +354,17 @@ class GradientQueue:
     order, each only after every tensor it holds was marked ready and only while bytes in
     flight are below ``credit_bytes`` (so they never exceed ``credit_bytes`` plus the largest
     partition); ``complete`` returns credit. Not thread-safe: the caller holds a lock.
+
+    Args:
+        layout: the partitions.
+        order: the dispatch order, a permutation of the partitions.
+        credit_bytes: bytes in flight at most before the next dispatch waits (positive).
+
+    Example::
+
+        >>> queue = GradientQueue(build_layout(np.array([1]), np.array([4]), 4), [0], 4)
+        >>> queue.mark_ready(0), queue.next_dispatch()
+        ([0], 0)
     """
 
     def __init__(self, layout: Layout, order: np.ndarray, credit_bytes: int) -> None:

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -61,6 +61,18 @@ class SchedulingOptions:
     time (``CHRONICA_AUTOTUNE=1``); ``timeline`` is a Chrome-trace path (``CHRONICA_TIMELINE``;
     ``{rank}`` in it is replaced, else ``.rank<r>`` is inserted before the suffix when there
     is more than one rank).
+
+    Args:
+        partition_bytes: partition size in bytes (``"1MiB"`` accepted).
+        credit_bytes: bytes in flight at most, plus one partition.
+        order: ``"priority"`` or ``"fifo"``.
+        auto_tune: search partition and credit sizes online.
+        timeline: Chrome-trace path, or ``None``.
+
+    Example::
+
+        >>> SchedulingOptions.resolve(partition_bytes="256k").partition_bytes
+        262144
     """
 
     partition_bytes: int = 1 << 20
@@ -84,7 +96,20 @@ class SchedulingOptions:
         auto_tune: bool | None = None,
         timeline: str | None = None,
     ) -> SchedulingOptions:
-        """Arguments win; unset ones come from ``CHRONICA_*`` variables, then the defaults."""
+        """Arguments win; unset ones come from ``CHRONICA_*`` variables, then the defaults.
+
+        Args:
+            partition_bytes: partition size, or ``None`` for ``CHRONICA_PARTITION_BYTES``/default.
+            credit_bytes: credit, or ``None`` for ``CHRONICA_CREDIT_BYTES``/default.
+            order: ``"priority"``/``"fifo"``, or ``None`` for the default.
+            auto_tune: or ``None`` for ``CHRONICA_AUTOTUNE``.
+            timeline: path, or ``None`` for ``CHRONICA_TIMELINE``.
+
+        Example::
+
+            >>> SchedulingOptions.resolve(credit_bytes="1k").credit_bytes   # doctest: +SKIP
+            1024
+        """
         env = os.environ
         default = cls()
 
@@ -116,6 +141,26 @@ class StepStats:
 
     ``tensor_ready``: seconds from the first gradient ready to each tensor's (NaN if never);
     ``bytes_per_second``: bytes reduced over the time at least one partition was in flight.
+
+    The same options with other partition and credit sizes.
+
+    Args:
+        partition_bytes: the new partition size.
+        credit_bytes: the new credit.
+
+    Example::
+
+        >>> SchedulingOptions().with_knobs(4096, 8192).credit_bytes
+        8192
+
+    Args:
+        tensor_ready: per tensor, seconds after the first one was ready.
+        bytes_per_second: the measured rate.
+
+    Example::
+
+        >>> dispatcher.stats().bytes_per_second   # doctest: +SKIP
+        1.2e9
     """
 
     tensor_ready: np.ndarray
@@ -131,6 +176,18 @@ class Dispatcher:
     dispatcher thread, and ``on_failure`` (if given) runs once, on the failing thread, so a
     caller blocked on its own condition can wake and see ``failed``. ``ready`` is cheap and
     may be called from any thread.
+
+    Args:
+        start: ``start(partition) -> handle`` begins an asynchronous reduction.
+        wait: ``wait(partition, handle)`` blocks until it is done and written back.
+        on_complete: ``on_complete(partition)`` after each ``wait``, in start order.
+        timeline: where queue and communication spans go, or ``None``.
+        on_failure: called once, on the failing thread, when a dispatcher thread fails.
+
+    Example::
+
+        >>> dispatcher = Dispatcher(start, wait, on_complete)   # doctest: +SKIP
+        >>> dispatcher.begin(queue); dispatcher.ready(0); dispatcher.wait_all()   # doctest: +SKIP
     """
 
     def __init__(
@@ -144,7 +201,7 @@ class Dispatcher:
         self._start, self._wait, self._on_complete = start, wait, on_complete
         self._on_failure = on_failure
         self._timeline = timeline
-        self._names: list[str] | None = None
+        self._names: Sequence[str] | None = None
         self.issued: list[int] = []
         self.max_in_flight = 0
         self._cond = threading.Condition()
@@ -164,10 +221,19 @@ class Dispatcher:
             thread.daemon = True
             thread.start()
 
-    def begin(self, queue: GradientQueue, names: list[str] | None = None) -> None:
+    def begin(self, queue: GradientQueue, names: Sequence[str] | None = None) -> None:
         """Start a step with ``queue`` (reset); the previous step must have completed.
 
-        ``names`` label the partitions on the timeline."""
+        ``names`` label the partitions on the timeline.
+
+        Args:
+            queue: the step's ``GradientQueue`` (reset here).
+            names: partition labels for the timeline, or ``None``.
+
+        Example::
+
+            >>> dispatcher.begin(queue, record.labels)   # doctest: +SKIP
+        """
         with self._cond:
             self._raise_if_failed()
             if self._remaining:
@@ -182,7 +248,15 @@ class Dispatcher:
             self._busy = []
 
     def ready(self, tensor: int) -> None:
-        """``tensor``'s gradient is final for this step."""
+        """``tensor``'s gradient is final for this step.
+
+        Args:
+            tensor: the tensor's index in the layout.
+
+        Example::
+
+            >>> dispatcher.ready(3)   # doctest: +SKIP
+        """
         now = time.perf_counter()
         with self._cond:
             self._ready_at[tensor] = now
@@ -224,7 +298,15 @@ class Dispatcher:
 
     def close(self, timeline: bool = True) -> None:
         """Stop the threads (after the current step completed) and close the timeline
-        (unless ``timeline=False``: its owner goes on writing to it)."""
+        (unless ``timeline=False``: its owner goes on writing to it).
+
+        Args:
+            timeline: also close the timeline.
+
+        Example::
+
+            >>> dispatcher.close(timeline=False)   # doctest: +SKIP
+        """
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -309,6 +391,17 @@ class AutoTuner:
     returns the knobs to switch to at the step boundary where a switch is due, else ``None``;
     the decision is a pure function of the recorded times, so feeding rank 0's times and
     sharing the result keeps ranks in step.
+
+    Args:
+        candidates: ``(partition_bytes, credit_bytes)`` pairs to try, in order.
+        steps_per_trial: steps per trial (at least 2: the first is not measured).
+        finalists: how many of the best get a second trial.
+
+    Example::
+
+        >>> tuner = AutoTuner([(1 << 20, 4 << 20), (4 << 20, 4 << 20)], steps_per_trial=2)
+        >>> tuner.record(0.1), tuner.record(0.1)
+        (None, (4194304, 4194304))
     """
 
     def __init__(
@@ -328,7 +421,16 @@ class AutoTuner:
 
     @classmethod
     def default_grid(cls, total_bytes: int) -> AutoTuner:
-        """Partitions from 1/64 of the gradient bytes up to all of them, credit 1 or 4 of them."""
+        """Partitions from 1/64 of the gradient bytes up to all of them, credit 1 or 4 of them.
+
+        Args:
+            total_bytes: the gradients' bytes.
+
+        Example::
+
+            >>> AutoTuner.default_grid(1 << 24).candidates[0]
+            (262144, 262144)
+        """
         top = max(1 << 16, int(total_bytes))
         sizes = sorted({max(1 << 16, top >> shift) for shift in (6, 4, 2, 0)})
         return cls([(p, k * p) for p in sizes for k in (1, 4)])

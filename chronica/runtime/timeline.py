@@ -23,7 +23,18 @@ STEP_ROW = "step"  # the timeline row of one span per training step, carrying it
 
 
 def timeline_path(path: str, rank: int, world: int) -> str:
-    """The per-rank file name for a timeline ``path`` (see ``SchedulingOptions``)."""
+    """The per-rank file name for a timeline ``path`` (see ``SchedulingOptions``).
+
+    Args:
+        path: the configured path (``{rank}`` is replaced).
+        rank: this rank.
+        world: number of ranks.
+
+    Example::
+
+        >>> timeline_path("/tmp/t.json", 1, 2)
+        '/tmp/t.rank1.json'
+    """
     if "{rank}" in path:
         return path.replace("{rank}", str(rank))
     if world <= 1:
@@ -44,7 +55,17 @@ class Timeline:
     chrome://tracing and Perfetto. Complete JSON once ``close`` ran, or once the timeline was
     garbage-collected or the interpreter exited normally (a finalizer closes it), so a
     training loop that never calls ``close`` still leaves a loadable file; while open it is
-    the array format's accepted unterminated form. Thread-safe."""
+    the array format's accepted unterminated form. Thread-safe.
+
+    Args:
+        path: the file written.
+        pid: the process row (the rank).
+
+    Example::
+
+        >>> timeline = Timeline("trace.json", pid=0)   # doctest: +SKIP
+        >>> timeline.span("w", "communication", t0, t1); timeline.close()   # doctest: +SKIP
+    """
 
     def __init__(self, path: str, pid: int = 0) -> None:
         self._file = open(path, "w")
@@ -67,7 +88,19 @@ class Timeline:
             self._first = False
 
     def span(self, name: str, tid: str, start: float, end: float, **args: Any) -> None:
-        """One span from ``start`` to ``end`` (``time.perf_counter`` seconds) on row ``tid``."""
+        """One span from ``start`` to ``end`` (``time.perf_counter`` seconds) on row ``tid``.
+
+        Args:
+            name: the span's label.
+            tid: the row.
+            start: start time.
+            end: end time.
+            **args: arguments shown with the span.
+
+        Example::
+
+            >>> timeline.span("w[0:4]", "queue", 1.0, 1.2, partition=0)   # doctest: +SKIP
+        """
         ts = self._wall0_us + (start - self._t0) * 1e6
         self._write(
             {
@@ -114,6 +147,19 @@ class Exposure:
     overlaps the next forward and only ``forward_wait`` is exposed. Either way no scheduling
     of the same messages can hide more than ``after_backward``: overlapping it with the next
     forward is all priority scheduling does, hence ``saving_bound``.
+
+    Args:
+        steps: steps measured.
+        step_time: median seconds per step.
+        after_backward: median seconds from the end of backward to the last reduction.
+        forward_wait: median seconds the next forward waited.
+        mode: ``"bucketed"`` or ``"scheduled"``.
+        decision: why the shim runs in ``mode``.
+
+    Example::
+
+        >>> round(Exposure.from_steps([(0.1, 0.02, 0.0)], "bucketed").saving_bound, 3)
+        0.2
     """
 
     steps: int
@@ -164,7 +210,15 @@ class Exposure:
 
 
 def read_exposure(path: str | Path) -> Exposure:
-    """The ``Exposure`` of the steps a timeline file recorded (closed or still open)."""
+    """The ``Exposure`` of the steps a timeline file recorded (closed or still open).
+
+    Args:
+        path: a timeline file.
+
+    Example::
+
+        >>> read_exposure("trace.rank0.json").verdict   # doctest: +SKIP
+    """
     text = Path(path).read_text().rstrip()
     events = json.loads(text if text.endswith("]") else text + "]")
     steps = [e for e in events if e.get("tid") == STEP_ROW and e.get("ph") == "X"]

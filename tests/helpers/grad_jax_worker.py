@@ -5,7 +5,9 @@ Trains a small MLP whose tree order (sorted dict keys) differs from its forward 
 with ``ScheduledReducer`` (small partitions and credit) and once with a plain ``pmean`` of
 the whole gradient tree followed by the same update, for SGD with momentum (``order="fifo"``,
 a per-leaf update rule with state) and Adam (``order="priority"``, an optax-protocol
-transformation through ``per_leaf``), and reports both; then runs a few auto-tuned steps.
+transformation through ``per_leaf``), and reports both; then runs a few auto-tuned steps,
+and ``mode="auto"`` against the plain mean (a trial by measurements, a trial forced to pass,
+and ``min_saving=1``, which never tries scheduling).
 """
 
 import functools
@@ -19,7 +21,10 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+import chronica.runtime.auto as auto_module
+
 STEPS = 4
+AUTO_STEPS = 16  # mode="auto": measured window (5 calls), trial (5), bucketed again (5), one more
 
 
 def put(x: np.ndarray) -> jax.Array:
@@ -227,6 +232,45 @@ def auto_tuned(rank: int) -> dict:
     return {"knobs": knobs, "exact": bool(same)}
 
 
+def auto_mode(rank: int, min_saving: float, trial_passes: bool) -> dict:
+    """``mode="auto"`` SGD with momentum beside the plain mean and the same update."""
+    import chronica.jax as cj
+
+    params = plain = init_params()
+    state, plain_state = zeros_like(params), zeros_like(params)
+    reducer = cj.ScheduledReducer(
+        mode="auto", min_saving=min_saving, partition_bytes=2048, credit_bytes=3000
+    )
+    decisions, engines = [], []
+    if trial_passes:  # every comparison holds, so the trial ends resumed (not timing-dependent)
+        auto_module.all = lambda checks: True
+    try:
+        for step in range(AUTO_STEPS):
+            x, y = batch(rank, step)
+            params, state = reducer.apply(GRAD(params, x, y), params, sgd_momentum, state)
+            leaves, treedef = jax.tree.flatten(plain_mean(GRAD(plain, x, y)))
+            new = sgd_momentum(
+                leaves, treedef.flatten_up_to(plain), treedef.flatten_up_to(plain_state)
+            )
+            plain, plain_state = treedef.unflatten(new[0]), treedef.unflatten(new[1])
+            stats = reducer.stats()
+            decisions.append(stats.decision)
+            engines.append(stats.mode)
+    finally:
+        if trial_passes:
+            del auto_module.all
+    stats = reducer.stats()
+    return {
+        "decisions": decisions,
+        "engines": engines,
+        "mode": stats.mode,
+        "verdict": stats.verdict,
+        "repr": repr(reducer),
+        "exact": flat(params) == flat(plain),
+        "dispatch": reducer.last_dispatch,
+    }
+
+
 def main(port: str, process_id: str, num_processes: str, out_path: str, timeline: str) -> None:
     jax.config.update("jax_platforms", "cpu")
     jax.distributed.initialize(
@@ -243,6 +287,11 @@ def main(port: str, process_id: str, num_processes: str, out_path: str, timeline
             "plain": train(kind, False, rank, None),
         }
     results["auto"] = auto_tuned(rank)
+    results["mode-auto"] = {
+        "measured": auto_mode(rank, 0.0, False),
+        "resumed": auto_mode(rank, 0.0, True),
+        "never": auto_mode(rank, 1.0, False),
+    }
     multihost_utils.sync_global_devices("chronica grad test done")
     with open(out_path, "w") as f:
         json.dump({"rank": rank, "world": jax.process_count(), "results": results}, f)

@@ -5,8 +5,10 @@ Usage: ``python tests/grad_tf_worker.py RANK PORT0,PORT1 OUT.json TIMELINE``. Bu
 whose forward order differs from its variable creation order (one sparse embedding gradient),
 for SGD with momentum, Adam and AdamW: plainly (``optimizer.apply_gradients``, which
 all-reduces the whole list), with ``ScheduledAllReduce`` one step per ``tf.function``, and (Adam)
-two unrolled steps per ``tf.function``. Writes the variables' bytes, the schedule and an
-analysis of the traced graphs to OUT.json.
+two unrolled steps per ``tf.function``; then ``mode="auto"`` beside plain steps (a trial by
+measurements through ``multi_step``, a trial forced to pass with eager steps, and
+``min_saving=1``, which never tries scheduling). Writes the variables' bytes, the schedule,
+the decisions and an analysis of the traced graphs to OUT.json.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+import chronica.runtime.auto as auto_module
 import chronica.tf
 
 STEPS, BATCH, WORKERS = 4, 16, 2
+AUTO_STEPS = 16  # mode="auto": measured window (5 steps), trial (5), bucketed again (5), one more
 VOCAB, FEATURES, CLASSES = 10, 8, 3
 KNOBS = {"partition_bytes": 2048, "credit_bytes": 3000, "comm_ratio": 4.0}
 COLLECTIVES = ("CollectiveReduceV2", "CollectiveGatherV2")
@@ -53,9 +57,9 @@ def make_optimizer(kind: str) -> keras.optimizers.Optimizer:
     return keras.optimizers.AdamW(learning_rate=1e-2, weight_decay=0.1)
 
 
-def data(rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def data(rank: int, steps: int = STEPS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(100 + rank)
-    n = STEPS * BATCH
+    n = steps * BATCH
     x = rng.normal(size=(n, FEATURES)).astype(np.float32)
     return x, rng.integers(0, VOCAB, (n, 4)).astype(np.int32), rng.integers(0, CLASSES, n)
 
@@ -211,6 +215,70 @@ def train(strategy, kind: str, mode: str, rank: int, timeline: str | None) -> di
     return report
 
 
+def auto_mode(strategy, rank: int, min_saving: float, trial_passes: bool, eager: bool) -> dict:
+    """``mode="auto"`` SGD with momentum beside plain ``apply_gradients``, step by step."""
+    x, tok, y = data(rank, AUTO_STEPS)
+    nets, opts = [], []
+    with strategy.scope():
+        for _ in range(2):
+            net = Net()
+            net(x[:1], tok[:1])
+            init = np.random.default_rng(7)
+            for v in net.trainable_variables:
+                v.assign(init.normal(scale=0.3, size=v.shape).astype(np.float32))
+            opt = make_optimizer("sgd")
+            opt.build(net.trainable_variables)
+            nets.append(net)
+            opts.append(opt)
+    reducer = chronica.tf.ScheduledAllReduce(mode="auto", min_saving=min_saving, **KNOBS)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+    def replica_step(k: int, xb: tf.Tensor, tb: tf.Tensor, yb: tf.Tensor) -> tf.Tensor:
+        net, opt = nets[k], opts[k]
+        with tf.GradientTape() as tape:
+            per_example = loss_fn(yb, net(xb, tb))
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=BATCH * WORKERS)
+        grads = tape.gradient(loss, net.trainable_variables)
+        pairs = zip(grads, net.trainable_variables, strict=True)
+        if k == 0:
+            opt.apply_gradients(pairs)
+        else:
+            reducer.apply_gradients(opt, pairs)
+        return loss
+
+    def stepper(k: int):
+        def step(iterator) -> tf.Tensor:
+            return strategy.run(replica_step, args=(k, *next(iterator)))
+
+        return step if eager else chronica.tf.multi_step(step, 1)
+
+    plain, auto = stepper(0), stepper(1)
+    its = [iter(tf.data.Dataset.from_tensor_slices((x, tok, y)).batch(BATCH)) for _ in range(2)]
+    decisions, engines = [], []
+    if trial_passes:  # every comparison holds, so the trial ends resumed (not timing-dependent)
+        auto_module.all = lambda checks: True
+    try:
+        for _ in range(AUTO_STEPS):
+            plain(its[0])
+            auto(its[1])
+            stats = reducer.stats()
+            decisions.append(stats.decision)
+            engines.append(stats.mode)
+    finally:
+        if trial_passes:
+            del auto_module.all
+    stats = reducer.stats()
+    return {
+        "exact": hexes(nets[0].trainable_variables) == hexes(nets[1].trainable_variables),
+        "slots": hexes(opts[0].variables) == hexes(opts[1].variables),
+        "decisions": decisions,
+        "engines": engines,
+        "mode": stats.mode,
+        "verdict": stats.verdict,
+        "repr": repr(reducer),
+    }
+
+
 def main() -> None:
     rank, ports, out, timeline = int(sys.argv[1]), sys.argv[2].split(","), *sys.argv[3:5]
     os.environ["TF_CONFIG"] = json.dumps(
@@ -230,6 +298,11 @@ def main() -> None:
             "scheduled": train(strategy, kind, "scheduled", rank, tl),
         }
     results["adam"]["multi"] = train(strategy, "adam", "multi", rank, None)
+    results["mode-auto"] = {
+        "measured": auto_mode(strategy, rank, 0.0, False, eager=False),
+        "resumed": auto_mode(strategy, rank, 0.0, True, eager=True),
+        "never": auto_mode(strategy, rank, 1.0, False, eager=False),
+    }
     with open(out, "w") as f:
         json.dump({"rank": rank, "results": results}, f)
 

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-import chronica.adapters.torch.grad as grad_module
+import chronica.runtime.auto as auto_module
 from chronica.torch.distributed import ScheduledOptimizer
 
 STEPS = 4
@@ -171,7 +171,7 @@ def against_ddp(kind: str, variant: str, rank: int) -> dict:
     # so the scheduled engine is parked, bucketed steps measured again, and scheduling resumed.
     trial_passes = variant == "auto-resume"
     if trial_passes:
-        grad_module.all = lambda checks: True
+        auto_module.all = lambda checks: True
     try:
         for step in range(DDP_STEPS):
             x, y = batch(rank, step)
@@ -180,7 +180,7 @@ def against_ddp(kind: str, variant: str, rank: int) -> dict:
             opt.step()
     finally:
         if trial_passes:
-            del grad_module.all
+            del auto_module.all
     report: dict = {}
     if isinstance(opt, ScheduledOptimizer):
         opt.synchronize()

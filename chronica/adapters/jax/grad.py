@@ -54,30 +54,38 @@ communicated and ``reduce`` returns its argument. Not thread-safe: one step at a
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import time
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.extend.core import Literal, jaxprs_in_params
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from chronica.core.priority import GradientQueue, Layout, build_layout, fifo_order, simulate_order
+from chronica.adapters.jax.grad_plan import (
+    AXIS,
+    Partitions,
+    Plan,
+    knob_words,
+    knobs_from_words,
+    lay_out,
+)
+from chronica.adapters.jax.grad_tree import PerLeaf, forward_order, path_name, per_leaf
+from chronica.core.checks import check_number
+from chronica.runtime.auto import MEASURE_STEPS, AutoTrial, Window, check_mode
 from chronica.runtime.dispatcher import AutoTuner, SchedulingOptions
-from chronica.runtime.timeline import Timeline, timeline_path
+from chronica.runtime.gradients import (
+    GradientViews,
+    StepHistory,
+)
+from chronica.runtime.timeline import Exposure, Timeline, timeline_path
 
 __all__ = ["PerLeaf", "ReducedLeaves", "ScheduledReducer", "forward_order", "per_leaf"]
 
-_AXIS = "processes"
-_ORDER_CODES = {"priority": 0, "fifo": 1}
 
 Update = Callable[..., Any]
 
@@ -89,143 +97,7 @@ class ReducedLeaves(NamedTuple):
     leaves: tuple[jax.Array, ...]
 
 
-class PerLeaf(NamedTuple):
-    """An optimizer in ``ScheduledReducer.apply``'s per-leaf form (see ``per_leaf``)."""
-
-    init: Callable[[Any], Any]
-    update: Callable[[list, list, list], tuple[list, list]]
-
-
-def _path_name(path: Any) -> str:
-    if isinstance(path, str):
-        return path
-    if isinstance(path, tuple):
-        return jax.tree_util.keystr(path)
-    raise ValueError(
-        f"priority= entries must be leaf paths: strings as jax.tree_util.keystr writes them "
-        f"(e.g. \"['layer']['w']\") or key-path tuples; got {path!r}"
-    )
-
-
-def forward_order(fn: Callable[..., Any], params: Any, *args: Any, **kwargs: Any) -> list[str]:
-    """Leaf paths of ``params`` in the order ``fn(params, *args, **kwargs)`` first reads them.
-
-    Traces ``fn`` once to a jaxpr (nothing is computed) and walks its equations in program
-    order, descending into nested jaxprs (``jit``, ``cond`` branches, ``scan``, ``remat``,
-    custom derivatives); a parameter's position is the first equation that reads it.
-    Parameters the forward pass never reads follow in tree order. Paths are
-    ``jax.tree_util.keystr`` strings, ready for ``ScheduledReducer(priority=...)``.
-    """
-    if not callable(fn):
-        raise ValueError(f"fn={fn!r} must be the loss (or forward) function taking params first")
-    flat, _ = jax.tree_util.tree_flatten_with_path(params)
-    paths = [jax.tree_util.keystr(p) for p, _ in flat]
-    closed = jax.make_jaxpr(fn)(params, *args, **kwargs)
-    first: dict[int, None] = {}
-
-    def walk(jaxpr: Any, env: dict[Any, int]) -> None:
-        for eqn in jaxpr.eqns:
-            used = [
-                (k, env[v])
-                for k, v in enumerate(eqn.invars)
-                if not isinstance(v, Literal) and v in env
-            ]
-            if all(leaf in first for _, leaf in used):
-                continue
-            for sub in jaxprs_in_params(eqn.params):
-                # Call-like primitives pass their operands 1:1 (jit, scan, remat); cond
-                # prepends the branch index: align the sub-jaxpr with the trailing operands.
-                offset = len(eqn.invars) - len(sub.invars)
-                if offset >= 0:
-                    walk(sub, {sub.invars[k - offset]: leaf for k, leaf in used if k >= offset})
-            for _, leaf in used:
-                first.setdefault(leaf)
-
-    walk(closed.jaxpr, dict(zip(closed.jaxpr.invars[: len(flat)], range(len(flat)), strict=True)))
-    return [paths[i] for i in first] + [p for i, p in enumerate(paths) if i not in first]
-
-
-def per_leaf(tx: Any) -> PerLeaf:
-    """Adapt an optax ``GradientTransformation`` (anything with ``init(params)`` and
-    ``update(updates, state, params)``) to ``ScheduledReducer.apply``'s per-leaf form.
-
-    ``opt = per_leaf(optax.adam(1e-3)); state = opt.init(params)`` then
-    ``params, state = reducer.apply(grads, params, opt.update, state)``. Each leaf keeps its
-    own optax state (the state's tree has the params' tree as a prefix), so updates can run
-    partition by partition. Equal to applying ``tx`` to the whole tree for transformations
-    that treat leaves independently (sgd, momentum, adam, adamw, rmsprop, ...), not for ones
-    that couple leaves (``clip_by_global_norm``, path-dependent masks).
-    """
-    if not (callable(getattr(tx, "init", None)) and callable(getattr(tx, "update", None))):
-        raise ValueError(
-            f"tx={tx!r} is not an optax GradientTransformation (needs init and update)"
-        )
-
-    def init(params: Any) -> Any:
-        leaves, treedef = jax.tree_util.tree_flatten(params)
-        return treedef.unflatten([tx.init(leaf) for leaf in leaves])
-
-    def update(grads: list, params: list, states: list) -> tuple[list, list]:
-        new_params, new_states = [], []
-        for g, p, s in zip(grads, params, states, strict=True):
-            u, s = tx.update(g, s, p)
-            # As optax.apply_updates: the sum keeps the parameter's dtype.
-            new_params.append(jnp.asarray(p + u).astype(jnp.asarray(p).dtype))
-            new_states.append(s)
-        return new_params, new_states
-
-    return PerLeaf(init, update)
-
-
-@functools.lru_cache(maxsize=256)
-def _program(
-    mesh: Mesh, spec: tuple[tuple[int, int, int, tuple[int, ...]], ...], world: int
-) -> Callable[..., tuple[jax.Array, ...]]:
-    """The compiled reduction of one partition: ``spec`` holds, per segment, the input it
-    comes from, its element range and the shape it is handed back in."""
-
-    def reduce(*shards: jax.Array) -> tuple[jax.Array, ...]:
-        flat = [shards[i].reshape(-1)[a:b] for i, a, b, _ in spec]
-        buf = flat[0] if len(flat) == 1 else jnp.concatenate(flat)
-        # psum then divide, as jax.lax.pmean does: the same arithmetic as the plain mean.
-        mean = jax.lax.psum(buf, _AXIS) / world
-        outs, offset = [], 0
-        for _, a, b, shape in spec:
-            outs.append(mean[offset : offset + b - a].reshape(shape))
-            offset += b - a
-        return tuple(outs)
-
-    return jax.jit(
-        jax.shard_map(reduce, mesh=mesh, in_specs=PartitionSpec(_AXIS), out_specs=PartitionSpec())
-    )
-
-
-@dataclass
-class _Partitions:
-    """A plan's partitions and their programs (laid out only with more than one process)."""
-
-    layout: Layout
-    queue: GradientQueue
-    inputs: list[tuple[int, ...]]  # per partition: leaf indices fed in
-    outputs: list[list[tuple[int, int, bool]]]  # (leaf, start, whole leaf?)
-    programs: list[Any]
-    names: list[str]
-    parts_per_leaf: np.ndarray
-
-
-@dataclass
-class _Plan:
-    """Everything fixed for one gradient tree structure and one set of knobs."""
-
-    paths: list[str]
-    shapes: list[tuple[int, ...]]
-    priority: list[int]  # priority position -> leaf index (tree order)
-    dtypes: list[Any]  # by priority position
-    options: SchedulingOptions
-    parts: _Partitions | None = None
-
-
-class ScheduledReducer:
+class ScheduledReducer(GradientViews):
     """Cross-process mean of gradient pytrees, reduced partition by partition by priority.
 
     ``priority``: leaf paths in order of first use in the forward pass (``forward_order``
@@ -234,6 +106,25 @@ class ScheduledReducer:
     ``"fifo"``), ``auto_tune`` and ``timeline`` are ``SchedulingOptions`` knobs (arguments win
     over ``CHRONICA_*`` variables; rank 0's values are used on every process). With one
     process every method costs a tree flatten at most and communicates nothing.
+
+    Args:
+        priority: leaf paths, first used first (``forward_order``); ``None``: tree order.
+        partition_bytes: partitions' size: bigger tensors are cut, smaller ones fused (bytes,
+            ``"1MiB"``; ``CHRONICA_PARTITION_BYTES``).
+        credit_bytes: bytes in flight at most, plus one partition (``CHRONICA_CREDIT_BYTES``).
+        order: ``"priority"`` (first layers first) or ``"fifo"`` (backward order).
+        auto_tune: search partition and credit sizes online (``CHRONICA_AUTOTUNE=1``).
+        timeline: Chrome-trace path (``CHRONICA_TIMELINE``; ``{rank}`` is replaced).
+        mode: ``"auto"`` (measure, then decide once: ``chronica.runtime.auto.AutoTrial``),
+            ``"scheduled"`` (priority scheduling) or ``"bucketed"`` (DDP's buckets).
+        min_saving: in ``"auto"``, try scheduling only if it could save this fraction of the
+            step time (0 to 1; 1 never tries).
+
+    Example::
+
+        >>> reducer = ScheduledReducer(priority=forward_order(loss, params, x), mode="auto")
+        ... # doctest: +SKIP
+        >>> params = reducer.apply(grad_fn(params, x), params, sgd)   # doctest: +SKIP
     """
 
     def __init__(
@@ -245,7 +136,13 @@ class ScheduledReducer:
         order: str | None = None,
         auto_tune: bool | None = None,
         timeline: str | None = None,
+        mode: str = "scheduled",
+        min_saving: float = 0.05,
     ) -> None:
+        self.mode = check_mode(mode)
+        self.min_saving = check_number(
+            "min_saving", min_saving, 0.0, 1.0, hint=" (a fraction of the step time)"
+        )
         for name, value in (("partition_bytes", partition_bytes), ("credit_bytes", credit_bytes)):
             if value is not None and not value:  # resolve() would silently use the default
                 raise ValueError(f"{name}={value!r} must be a positive number of bytes or None")
@@ -255,24 +152,28 @@ class ScheduledReducer:
         if priority is not None and (
             isinstance(priority, (str, bytes)) or not isinstance(priority, Sequence)
         ):
-            raise ValueError(
+            raise TypeError(
                 f"priority={priority!r} must be a list of leaf paths (see forward_order) or None"
             )
-        self._priority_names = None if priority is None else [_path_name(p) for p in priority]
+        self._priority_names = None if priority is None else [path_name(p) for p in priority]
         if self._priority_names is not None:
             dup = {p for p in self._priority_names if self._priority_names.count(p) > 1}
             if dup:
                 raise ValueError(f"priority= lists {sorted(dup)} more than once; list each once")
         self.world = jax.process_count()
         self.rank = jax.process_index()
-        self._plans: dict[Any, _Plan] = {}
-        self._plan: _Plan | None = None
+        self._plans: dict[Any, Plan] = {}
+        self._plan: Plan | None = None
         self._busy = False
         self._issued: list[int] = []
         self._max_in_flight = 0
         self._tuner: AutoTuner | None = None
-        self._last_start: float | None = None
         self._timeline: Timeline | None = None
+        # mode="auto": bucketed (DDP's buckets, backward order) until the trial decides.
+        self._engine = "scheduled" if mode == "scheduled" else "bucketed"
+        self._trial = AutoTrial(self.min_saving) if mode == "auto" else None
+        self._history = StepHistory()
+        self._reduced_in = 0.0  # seconds from the latest step's call to its last partition
         if self.world > 1:
             # One device per process is the reduction's mesh; gradients are moved to it.
             by_process: dict[int, jax.Device] = {}
@@ -280,8 +181,8 @@ class ScheduledReducer:
                 by_process.setdefault(d.process_index, d)
             devices = [by_process[i] for i in range(self.world)]
             self._device = devices[self.rank]
-            self._mesh = Mesh(np.array(devices), (_AXIS,))
-            self._sharding = NamedSharding(self._mesh, PartitionSpec(_AXIS))
+            self._mesh = Mesh(np.array(devices), (AXIS,))
+            self._sharding = NamedSharding(self._mesh, PartitionSpec(AXIS))
             if self.options.timeline:
                 path = timeline_path(self.options.timeline, self.rank, self.world)
                 self._timeline = Timeline(path, self.rank)
@@ -289,7 +190,15 @@ class ScheduledReducer:
     # -- public API -----------------------------------------------------------------------
 
     def reduce(self, grads: Any) -> Any:
-        """The mean over processes of ``grads`` (this process's gradient pytree)."""
+        """The mean over processes of ``grads`` (this process's gradient pytree).
+
+        Args:
+            grads: this process's gradient pytree (floating-point leaves).
+
+        Example::
+
+            >>> mean = reducer.reduce(grads)   # doctest: +SKIP
+        """
         leaves, treedef = jax.tree_util.tree_flatten(grads)
         if self.world == 1:
             self._plan_for(leaves, treedef)  # validates once per structure, then a dict lookup
@@ -308,6 +217,13 @@ class ScheduledReducer:
         so every process must consume it; leaving the loop early (or an exception in its
         body) still finishes this step's collectives, so processes stay in step. A new step
         starts only after this one.
+
+        Args:
+            grads: this process's gradient pytree.
+
+        Example::
+
+            >>> for paths, leaves in reducer.iterate(grads): ...   # doctest: +SKIP
         """
         leaves, treedef = jax.tree_util.tree_flatten(grads)
         chunks = self._indexed(leaves, treedef)
@@ -325,9 +241,19 @@ class ScheduledReducer:
         in priority order and must treat each leaf independently (SGD, momentum, Adam, ...;
         see ``per_leaf`` for optax); ``state`` is per leaf: its tree has ``params``' tree as
         a prefix. The result equals ``update`` applied once to the whole mean gradient.
+
+        Args:
+            grads: this process's gradient pytree.
+            params: the parameters the gradients were taken of (same tree).
+            update: ``update(grads, params[, states])`` on lists of leaves.
+            state: per-leaf optimizer state (``per_leaf(tx).init(params)``), or ``None``.
+
+        Example::
+
+            >>> params = reducer.apply(grads, params, sgd)   # doctest: +SKIP
         """
         if not callable(update):
-            raise ValueError(f"update={update!r} must be a function of (grads, params[, state])")
+            raise TypeError(f"update={update!r} must be a function of (grads, params[, state])")
         g_leaves, treedef = jax.tree_util.tree_flatten(grads)
         p_leaves, p_treedef = jax.tree_util.tree_flatten(params)
         if p_treedef != treedef:
@@ -381,40 +307,50 @@ class ScheduledReducer:
         return [self._plan.paths[i] for i in self._plan.priority] if self._plan else []
 
     @property
-    def last_dispatch(self) -> list[str]:
-        """Partitions of the latest step in issue order (the same on every process)."""
-        parts = self._plan.parts if self._plan else None
-        return [parts.names[p] for p in self._issued] if parts else []
-
-    @property
     def max_in_flight_bytes(self) -> int:
         """The most gradient bytes this process ever had in flight."""
         return self._max_in_flight
 
-    @property
-    def credit_bytes(self) -> int:
-        """The credit in force (rank 0's, or the auto-tuner's)."""
-        return self._plan.options.credit_bytes if self._plan else self.options.credit_bytes
+    def stats(self) -> Exposure:
+        """This process's recent steps (medians), the engine in force and why (``decision``).
 
-    @property
-    def partition_bytes(self) -> int:
-        """The partition size in force (rank 0's, or the auto-tuner's)."""
-        return self._plan.options.partition_bytes if self._plan else self.options.partition_bytes
+        A step runs from one ``reduce``/``iterate``/``apply`` call to the next; all of its
+        reduction is exposed (JAX cannot start the next forward early), so ``after_backward``
+        is the time from the call to its last partition. See ``chronica.runtime.timeline``.
 
-    def partition_shapes(self) -> list[list[tuple[str, int, int]]]:
-        """Each partition as ``(leaf path, start, stop)`` flat element ranges, by priority."""
-        plan = self._plan
-        if plan is None or plan.parts is None:
-            return []
-        layout = plan.parts.layout
-        return [
-            [(plan.paths[plan.priority[t]], a, b) for t, a, b in layout.segments(p)]
-            for p in range(layout.num_partitions)
-        ]
+        Example::
+
+            >>> reducer.stats().decision   # doctest: +SKIP
+            'bucketed: rank 0 measured that priority scheduling would save at most 1.2% ...'
+        """
+        if self.world == 1:
+            return Exposure(0, 0.0, 0.0, 0.0, "bucketed", "one process: nothing to communicate")
+        decision = self._trial.decision if self._trial is not None else ""
+        return self._history.exposure(self._engine, decision)
+
+    def _dispatched(self) -> list[int]:
+        return self._issued
+
+    def _unplanned(self) -> tuple[int, int]:
+        return self.options.partition_bytes, self.options.credit_bytes
+
+    def _config(self) -> dict[str, object]:
+        return {
+            "mode": self.mode,
+            "engine": self._engine,
+            "min_saving": self.min_saving,
+            "partition_bytes": self.options.partition_bytes,
+            "credit_bytes": self.options.credit_bytes,
+            "order": self.options.order,
+            "auto_tune": self.options.auto_tune,
+            "timeline": self.options.timeline,
+            "priority": self._priority_names,
+            "world": self.world,
+        }
 
     # -- planning -------------------------------------------------------------------------
 
-    def _plan_for(self, leaves: list[Any], treedef: Any) -> _Plan:
+    def _plan_for(self, leaves: list[Any], treedef: Any) -> Plan:
         try:
             key = (treedef, tuple((leaf.shape, leaf.dtype) for leaf in leaves))
         except AttributeError:
@@ -424,15 +360,16 @@ class ScheduledReducer:
             plan = self._new_plan(leaves, treedef)
             self._plans[key] = plan
         self._plan = plan
+        self._record = plan.parts.record if plan.parts is not None else None
         return plan
 
-    def _new_plan(self, leaves: list[Any], treedef: Any) -> _Plan:
+    def _new_plan(self, leaves: list[Any], treedef: Any) -> Plan:
         flat, _ = jax.tree_util.tree_flatten_with_path(treedef.unflatten(leaves))
         paths = [jax.tree_util.keystr(p) for p, _ in flat]
         for path, leaf in zip(paths, leaves, strict=True):
             dtype = getattr(leaf, "dtype", None)
             if dtype is None or not hasattr(leaf, "shape"):
-                raise ValueError(f"grads leaf {path} is a {type(leaf).__name__}; pass arrays")
+                raise TypeError(f"grads leaf {path} is a {type(leaf).__name__}; pass arrays")
             if not jnp.issubdtype(dtype, jnp.inexact):
                 raise ValueError(
                     f"grads leaf {path} has dtype {dtype}; gradients must be floating point "
@@ -449,7 +386,7 @@ class ScheduledReducer:
         listed = [index[p] for p in named]
         seen = set(listed)
         priority = listed + [i for i in range(len(paths)) if i not in seen]
-        plan = _Plan(
+        plan = Plan(
             paths=paths,
             shapes=[tuple(leaf.shape) for leaf in leaves],
             priority=priority,
@@ -463,13 +400,13 @@ class ScheduledReducer:
             repr((str(treedef), plan.shapes, dtypes, priority)).encode(), digest_size=16
         ).digest()
         words = np.frombuffer(digest, dtype=np.uint32)
-        agreed = self._agree(np.concatenate([words, _words(self._knobs())]))
+        agreed = self._agree(np.concatenate([words, knob_words(self._knobs())]))
         if not (agreed[:, :4] == words).all():
             raise ValueError(
                 "grads differ across processes (tree structure, shapes, dtypes or priority=); "
                 "every process must reduce the same structure with the same priority"
             )
-        plan.options = _from_words(self.options, agreed[0, 4:])
+        plan.options = knobs_from_words(self.options, agreed[0, 4:])
         if self._tuner is None and plan.options.auto_tune:
             numel = [int(np.prod(s)) for s in plan.shapes]
             total = sum(n * leaves[i].dtype.itemsize for i, n in enumerate(numel))
@@ -488,62 +425,44 @@ class ScheduledReducer:
         gathered = multihost_utils.process_allgather(words.view(np.int32))
         return np.asarray(gathered).view(np.uint32).reshape(self.world, -1)
 
-    def _layout(self, plan: _Plan) -> None:
-        opts, dtypes = plan.options, plan.dtypes
-        numel = np.array([int(np.prod(plan.shapes[i])) for i in plan.priority], np.int64)
-        itemsize = np.array([np.dtype(d).itemsize for d in dtypes], np.int64)
-        keys = np.array([zlib.crc32(str(d).encode()) for d in dtypes], np.int64)
-        layout = build_layout(numel, itemsize, opts.partition_bytes, keys)
-        if opts.order == "fifo":
-            # Backward order: the last layer's gradient would be ready first.
-            order = fifo_order(layout, np.arange(len(numel), 0, -1, dtype=np.float64))
-        else:
-            # One jax.grad program yields every leaf at once: all are ready together, so the
-            # simulated preemptive scheduler dispatches in pure priority order.
-            order = simulate_order(layout, np.zeros(len(numel)), opts.credit_bytes, 1.0)
-        queue = GradientQueue(layout, order, opts.credit_bytes)
-        inputs: list[tuple[int, ...]] = []
-        outputs: list[list[tuple[int, int, bool]]] = []
-        programs: list[Any] = []
-        for p in range(layout.num_partitions):
-            segs = layout.segments(p)
-            leaf_ids = list(dict.fromkeys(plan.priority[t] for t, _, _ in segs))
-            spec, outs = [], []
-            for t, a, b in segs:
-                leaf = plan.priority[t]
-                whole = b - a == numel[t]
-                spec.append((leaf_ids.index(leaf), a, b, plan.shapes[leaf] if whole else (b - a,)))
-                outs.append((leaf, a, whole))
-            inputs.append(tuple(leaf_ids))
-            outputs.append(outs)
-            programs.append(_program(self._mesh, tuple(spec), self.world))
-        names = [plan.paths[i] for i in plan.priority]
-        parts_per_leaf = np.empty(len(numel), np.int64)
-        parts_per_leaf[plan.priority] = layout.parts_per_tensor()
-        plan.parts = _Partitions(
-            layout=layout,
-            queue=queue,
-            inputs=inputs,
-            outputs=outputs,
-            programs=programs,
-            names=[layout.label(p, names) for p in range(layout.num_partitions)],
-            parts_per_leaf=parts_per_leaf,
-        )
+    def _layout(self, plan: Plan) -> None:
+        plan.parts = lay_out(plan, self._engine, self._mesh, self.world)
 
-    def _maybe_retune(self) -> None:
-        """At a step boundary: feed the tuner; on a switch, take rank 0's knobs and replan."""
+    def _step_boundary(self) -> None:
+        """At a step boundary: measure the step that ended, feed the tuner (scheduled engine)
+        and the ``mode="auto"`` trial; on a switch, take rank 0's knobs or decision and replan."""
         now = time.perf_counter()
-        last, self._last_start = self._last_start, now
-        if self._tuner is None or last is None:
+        trial = self._trial
+        measuring = trial is not None and not trial.settled
+        start = self._history.record(now, self._reduced_in, 0.0, cpu=measuring)
+        if start is None:
             return
-        knobs = self._tuner.record(now - last)
-        if knobs is None:
+        knobs = None
+        if self._tuner is not None and self._engine == "scheduled":
+            knobs = self._tuner.record(now - start)
+        if knobs is not None:
+            opts = self.options.with_knobs(*knobs)
+            opts = knobs_from_words(self.options, self._agree(knob_words(opts))[0])
+            for plan in self._plans.values():
+                plan.options = opts
+            self._relayout()
+        if trial is None or not measuring or len(self._history) < MEASURE_STEPS:
             return
-        opts = self.options.with_knobs(*knobs)
-        opts = _from_words(self.options, self._agree(_words(opts))[0])
-        for plan in self._plans.values():
-            plan.options = opts
-            self._layout(plan)
+        exposure = self._history.exposure(self._engine)
+        measured = [exposure.saving_bound, exposure.step_time, self._history.median_cpu()]
+        words = np.ascontiguousarray(measured, dtype=np.float64).view(np.uint32)
+        bound, step_time, cpu = self._agree(words)[0].copy().view(np.float64).tolist()
+        engine = trial.observe(Window(step_time, cpu), bound)
+        if engine != self._engine:  # every process switches here: the decision is rank 0's
+            self._engine = engine
+            self._relayout()
+            self._history.restart()
+
+    def _relayout(self) -> None:
+        for known in self._plans.values():
+            self._layout(known)
+        latest = self._plan
+        self._record = latest.parts.record if latest is not None and latest.parts else None
 
     # -- one step ------------------------------------------------------------------------
 
@@ -558,10 +477,10 @@ class ScheduledReducer:
             raise RuntimeError(
                 "a previous iterate() of this reducer is unfinished; exhaust or close it first"
             )
-        self._maybe_retune()
+        self._step_boundary()
         return self._run(self._plan_for(leaves, treedef), leaves)
 
-    def _run(self, plan: _Plan, leaves: list[Any]) -> Iterator[tuple[list[int], list]]:
+    def _run(self, plan: Plan, leaves: list[Any]) -> Iterator[tuple[list[int], list]]:
         self._busy = True
         partitions = plan.parts
         assert partitions is not None  # every plan of more than one process is laid out
@@ -597,7 +516,7 @@ class ScheduledReducer:
             self._busy = False
 
     def _completions(
-        self, plan: _Plan, parts: _Partitions, leaves: list[Any]
+        self, plan: Plan, parts: Partitions, leaves: list[Any]
     ) -> Iterator[tuple[int, tuple]]:
         """Issue partitions in order under credit; yield each once seen complete."""
         queue = parts.queue
@@ -624,9 +543,10 @@ class ScheduledReducer:
             jax.block_until_ready(outs)
             done = time.perf_counter()
             queue.complete(p)
+            self._reduced_in = done - ready  # the step's exposed reduction, so far
             if self._timeline is not None:
                 nbytes = int(parts.layout.part_bytes[p])
-                name = parts.names[p]
+                name = parts.record.labels[p]
                 self._timeline.span(name, "queue", ready, issued, partition=p, bytes=nbytes)
                 self._timeline.span(name, "communication", issued, done, partition=p, bytes=nbytes)
             yield p, outs
@@ -648,24 +568,3 @@ class ScheduledReducer:
             leaf = leaf.reshape(1)
         shape = (self.world * leaf.shape[0], *leaf.shape[1:])
         return jax.make_array_from_single_device_arrays(shape, self._sharding, [leaf])
-
-
-def _words(opts: SchedulingOptions) -> np.ndarray:
-    """The knobs that must agree, as 32-bit words (JAX without x64 has no int64 arrays)."""
-    p, c = opts.partition_bytes, opts.credit_bytes
-    return np.array(
-        [p >> 32, p & 0xFFFFFFFF, c >> 32, c & 0xFFFFFFFF]
-        + [_ORDER_CODES[opts.order], int(opts.auto_tune)],
-        np.uint32,
-    )
-
-
-def _from_words(base: SchedulingOptions, words: np.ndarray) -> SchedulingOptions:
-    w = [int(x) for x in words[:6]]
-    return replace(
-        base,
-        partition_bytes=(w[0] << 32) | w[1],
-        credit_bytes=(w[2] << 32) | w[3],
-        order={v: k for k, v in _ORDER_CODES.items()}[w[4]],
-        auto_tune=bool(w[5]),
-    )

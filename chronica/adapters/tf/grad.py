@@ -42,6 +42,12 @@ What TensorFlow (2.21, ``tf.function``) does and allows, which shapes this adapt
   ready, stateful ones before and after its collective (automatic control dependencies chain
   stateful markers in program order, which matches the token order of the collectives).
 
+- **``mode="auto"``** (as torch's and JAX's shims: ``chronica.runtime.auto.AutoTrial``)
+  starts with DDP's buckets in backward order, measures steps with ``tf.numpy_function``
+  markers (built only while the trial runs) and switches engines by tracing again: between
+  the calls of a ``multi_step`` function, or at each call when steps run eagerly. In a
+  ``tf.function`` of your own the engine is the one in force when it was traced.
+
 Sparse gradients (``tf.IndexedSlices``) go through the strategy's own sparse all-reduce,
 after the dense partitions. With one replica nothing is built: gradients pass through.
 """
@@ -55,17 +61,37 @@ import math
 import os
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from chronica.core.checks import check_int
-from chronica.core.priority import Layout, build_layout, fifo_order, simulate_order
+from chronica.adapters.tf.grad_graph import (
+    first_use,
+    forward_order,
+    mark_end,
+    mark_issue,
+    multi_step,
+    pack_one,
+    pack_partitions,
+    tracing_for,
+    unpack_partitions,
+    variable_name,
+)
+from chronica.core.checks import check_number
+from chronica.core.priority import Layout, bucket_layout, build_layout, fifo_order, simulate_order
+from chronica.runtime.auto import MEASURE_STEPS, AutoTrial, Window, check_mode
 from chronica.runtime.dispatcher import SchedulingOptions
-from chronica.runtime.timeline import Timeline, timeline_path
+from chronica.runtime.gradients import (
+    BUCKET_BYTES,
+    FIRST_BUCKET_BYTES,
+    GradientViews,
+    PlanRecord,
+    StepHistory,
+)
+from chronica.runtime.timeline import Exposure, Timeline, timeline_path
 
 __all__ = [
     "ScheduledAllReduce",
@@ -76,123 +102,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("chronica")
-
-# -- partitions -----------------------------------------------------------------------------
-
-
-def _pack_one(flat: Sequence[tf.Tensor], layout: Layout, partition: int) -> tf.Tensor:
-    pieces = []
-    for t, a, b in layout.segments(partition):
-        whole = a == 0 and b == int(layout.numel[t])
-        pieces.append(flat[t] if whole else flat[t][a:b])
-    return pieces[0] if len(pieces) == 1 else tf.concat(pieces, axis=0)
-
-
-def pack_partitions(tensors: Sequence[tf.Tensor], layout: Layout) -> list[tf.Tensor]:
-    """The 1-D buffer of every partition of ``layout``; ``tensors`` are in priority order."""
-    flat = [tf.reshape(t, [-1]) for t in tensors]
-    return [_pack_one(flat, layout, p) for p in range(layout.num_partitions)]
-
-
-def unpack_partitions(
-    buffers: Sequence[tf.Tensor], layout: Layout, shapes: Sequence[Sequence[int]]
-) -> list[tf.Tensor]:
-    """Inverse of ``pack_partitions``: the tensors (priority order) reshaped to ``shapes``.
-
-    Guarantee: ``unpack_partitions(pack_partitions(ts, layout), layout, shapes)`` returns
-    tensors bitwise equal to ``ts`` (only slicing, concatenation and reshapes are involved).
-    """
-    pieces: list[list[tf.Tensor]] = [[] for _ in range(layout.num_tensors)]
-    for p, buf in enumerate(buffers):
-        segs = layout.segments(p)
-        parts = [buf] if len(segs) == 1 else tf.split(buf, [b - a for _, a, b in segs])
-        for (t, _, _), part in zip(segs, parts, strict=True):
-            pieces[t].append(part)
-    return [
-        tf.reshape(ps[0] if len(ps) == 1 else tf.concat(ps, axis=0), shape)
-        for ps, shape in zip(pieces, shapes, strict=True)
-    ]
-
-
-# -- priority from a traced graph -------------------------------------------------------------
-
-
-def _variable_name(variable: Any) -> str:
-    return getattr(variable, "path", None) or variable.name
-
-
-def _resource_handles(variable: Any) -> list[Any]:
-    """Resource handles of ``variable`` on this worker (every local component if mirrored)."""
-    # Keras 3 variables wrap a tf.Variable in ``.value``; a tf.Variable's ``value`` is a method.
-    inner = variable if isinstance(variable, tf.Variable) else getattr(variable, "value", None)
-    if not isinstance(inner, tf.Variable):
-        raise ValueError(
-            f"variables must be tf.Variable or Keras variables, got {type(variable).__name__}"
-        )
-    local = tf.distribute.get_strategy().experimental_local_results(inner)
-    return [component.handle for component in local]
-
-
-def _first_use(graph: Any, variables: Sequence[Any]) -> list[int]:
-    """Indices of ``variables`` in the order ops of ``graph`` first touch them (then the rest)."""
-    owner: dict[int, int] = {}
-    for i, v in enumerate(variables):
-        for handle in _resource_handles(v):
-            owner[id(handle)] = i
-    captures: dict[int, dict[int, Any]] = {}
-
-    def source(tensor: Any) -> Any:
-        while tf.is_symbolic_tensor(tensor):
-            if tensor.op.type == "Identity":
-                tensor = tensor.op.inputs[0]
-                continue
-            g = tensor.graph
-            if id(g) not in captures:
-                captures[id(g)] = {id(inner): outer for outer, inner in getattr(g, "captures", ())}
-            outer = captures[id(g)].get(id(tensor))
-            if outer is None:
-                return tensor
-            tensor = outer
-        return tensor
-
-    seen: dict[int, None] = {}
-    for op in graph.get_operations():
-        for inp in op.inputs:
-            if inp.dtype == tf.resource:
-                found = owner.get(id(source(inp)))
-                if found is not None:
-                    seen.setdefault(found)
-    return [*seen, *(i for i in range(len(variables)) if i not in seen)]
-
-
-def forward_order(fn: Callable[..., Any], *args: Any, variables: Sequence[Any]) -> list[Any]:
-    """``variables`` in the order ``fn(*args)`` first uses them; unused ones last, as given.
-
-    ``fn`` is traced (not run) with ``tf.function``; build Keras models before, so that the
-    trace creates no variables. Pass the result as ``ScheduledAllReduce(priority=...)``.
-    """
-    graph = tf.function(fn).get_concrete_function(*args).graph
-    return [variables[i] for i in _first_use(graph, list(variables))]
-
-
-def multi_step(
-    step_fn: Callable[..., Any], steps_per_execution: int, **function_kwargs: Any
-) -> Callable[..., list[Any]]:
-    """A ``tf.function`` that runs ``step_fn(*args)`` ``steps_per_execution`` times, unrolled.
-
-    Unrolled (a Python loop, not ``tf.range``) so that step ``k + 1`` reads each variable right
-    after step ``k`` wrote it rather than after all of step ``k``: with ``ScheduledAllReduce``
-    the next forward overlaps the previous reduction. Pass an iterator and call ``next`` in
-    ``step_fn``; the result is the list of the steps' outputs. Tracing time grows with
-    ``steps_per_execution``.
-    """
-    steps_per_execution = check_int("steps_per_execution", steps_per_execution, 1)
-
-    def run(*args: Any, **kwargs: Any) -> list[Any]:
-        return [step_fn(*args, **kwargs) for _ in range(steps_per_execution)]
-
-    return tf.function(run, **function_kwargs)
-
 
 # -- the reducer --------------------------------------------------------------------------------
 
@@ -205,7 +114,7 @@ class _Plan:
     sparse: tuple[int, ...]  # variables reduced by the strategy's sparse path, afterwards
     layout: Layout
     order: tuple[int, ...]  # partition indices in issue order
-    labels: tuple[str, ...]  # per partition
+    record: PlanRecord
 
 
 class _Sequence:
@@ -240,7 +149,7 @@ def _already_reduced(grads_and_vars: Iterable[Any]) -> list[Any]:
     return list(grads_and_vars)
 
 
-class ScheduledAllReduce:
+class ScheduledAllReduce(GradientViews):
     """Priority-ordered, partitioned, credit-limited all-reduce of gradients in a replica context.
 
     Call ``all_reduce(grads, variables)`` or ``apply_gradients(optimizer, grads_and_vars)``
@@ -264,6 +173,27 @@ class ScheduledAllReduce:
     gradient byte takes than backward takes to produce it, for the static plan of
     ``order="priority"`` (about 1 or less gives the backward order; larger values move early
     layers ahead of queued later ones, which pays off with ``multi_step``).
+
+    Args:
+        partition_bytes: partitions' size: bigger tensors are cut, smaller ones fused (bytes,
+            ``"1MiB"``; ``CHRONICA_PARTITION_BYTES``).
+        credit_bytes: bytes in flight at most, plus one partition (``CHRONICA_CREDIT_BYTES``).
+        order: ``"priority"`` (first layers first) or ``"fifo"`` (backward order).
+        timeline: Chrome-trace path (``CHRONICA_TIMELINE``; ``{rank}`` is replaced).
+        priority: variables, first used first (``forward_order``); ``None``: read from the
+            graph being traced.
+        comm_ratio: seconds to reduce a gradient byte over seconds of backward per byte.
+        reduce_op: ``ReduceOp.SUM`` (as Keras) or ``ReduceOp.MEAN`` (or their names).
+        communication_options: passed to the strategy's all-reduce.
+        mode: ``"auto"`` (measure, then decide once: ``chronica.runtime.auto.AutoTrial``),
+            ``"scheduled"`` (priority scheduling) or ``"bucketed"`` (DDP's buckets).
+        min_saving: in ``"auto"``, try scheduling only if it could save this fraction of the
+            step time (0 to 1; 1 never tries).
+
+    Example::
+
+        >>> reducer = ScheduledAllReduce(partition_bytes="1MiB", mode="auto")  # doctest: +SKIP
+        >>> reducer.apply_gradients(optimizer, zip(grads, variables))         # doctest: +SKIP
     """
 
     def __init__(
@@ -277,7 +207,13 @@ class ScheduledAllReduce:
         comm_ratio: float = 1.0,
         reduce_op: tf.distribute.ReduceOp | str = tf.distribute.ReduceOp.SUM,
         communication_options: tf.distribute.experimental.CommunicationOptions | None = None,
+        mode: str = "scheduled",
+        min_saving: float = 0.05,
     ) -> None:
+        self.mode = check_mode(mode)
+        self.min_saving = check_number(
+            "min_saving", min_saving, 0.0, 1.0, hint=" (a fraction of the step time)"
+        )
         self.options = SchedulingOptions.resolve(
             partition_bytes, credit_bytes, order, auto_tune=False, timeline=timeline
         )
@@ -286,12 +222,9 @@ class ScheduledAllReduce:
                 "CHRONICA_AUTOTUNE is ignored by the TensorFlow adapter: the partitions are "
                 "fixed when the step is traced; set CHRONICA_PARTITION_BYTES/CREDIT_BYTES"
             )
-        if (
-            isinstance(comm_ratio, bool)
-            or not isinstance(comm_ratio, (int, float))
-            or not math.isfinite(comm_ratio)
-            or comm_ratio <= 0
-        ):
+        if isinstance(comm_ratio, bool) or not isinstance(comm_ratio, (int, float)):
+            raise TypeError(f"comm_ratio={comm_ratio!r} must be a number (1.0 when unsure)")
+        if not math.isfinite(comm_ratio) or comm_ratio <= 0:
             raise ValueError(
                 f"comm_ratio={comm_ratio!r} must be a positive number (seconds to reduce a "
                 "gradient byte over seconds of backward per byte; 1.0 when unsure)"
@@ -303,24 +236,31 @@ class ScheduledAllReduce:
         if communication_options is not None and not isinstance(
             communication_options, tf.distribute.experimental.CommunicationOptions
         ):
-            raise ValueError(
+            raise TypeError(
                 "communication_options must be a "
                 "tf.distribute.experimental.CommunicationOptions or None"
             )
         if priority is not None and isinstance(priority, (str, bytes)):
-            raise ValueError("priority must be a sequence of variables, first used first")
+            raise TypeError("priority must be a sequence of variables, first used first")
         self.comm_ratio = float(comm_ratio)
         self.reduce_op = reduce_op
         self.communication_options = communication_options
         self._priority_arg = None if priority is None else list(priority)
         self._variables: list[Any] | None = None
         self._priority: list[int] | None = None
-        self._plans: dict[tuple[str, ...], _Plan] = {}
+        self._plans: dict[tuple[str, tuple[str, ...]], _Plan] = {}
         self._plan: _Plan | None = None
         self._sequences: weakref.WeakKeyDictionary[Any, _Sequence] = weakref.WeakKeyDictionary()
         self._last_sequence: _Sequence | None = None
         self._timeline: Timeline | None = None
         self._timeline_opened = False
+        # mode="auto": bucketed (DDP's buckets, backward order) until the trial decides.
+        self._engine = "scheduled" if mode == "scheduled" else "bucketed"
+        self._trial = AutoTrial(self.min_saving) if mode == "auto" else None
+        self._history = StepHistory()
+        self._reduced_in = 0.0  # seconds from a step's gradients to its last partition
+        self._strategy: Any = None
+        self._replicas = 1
 
     # -- public API -----------------------------------------------------------------------
 
@@ -329,7 +269,16 @@ class ScheduledAllReduce:
     def all_reduce(
         self, grads: Sequence[tf.Tensor | tf.IndexedSlices | None], variables: Sequence[Any]
     ) -> list[tf.Tensor | tf.IndexedSlices | None]:
-        """Reduce ``grads`` (aligned with ``variables``) across replicas; ``None`` stays."""
+        """Reduce ``grads`` (aligned with ``variables``) across replicas; ``None`` stays.
+
+        Args:
+            grads: one gradient (or ``None``) per variable.
+            variables: the variables, the same list at every call.
+
+        Example::
+
+            >>> reduced = reducer.all_reduce(grads, model.trainable_variables)   # doctest: +SKIP
+        """
         grads, variables = list(grads), list(variables)
         if len(grads) != len(variables):
             raise ValueError(
@@ -339,14 +288,24 @@ class ScheduledAllReduce:
         ctx = self._replica_context()
         if ctx is None:
             return grads
+        self._strategy = tf.distribute.get_strategy()
+        self._replicas = ctx.num_replicas_in_sync
+        eager = tf.executing_eagerly()
+        if eager:
+            self.decide(ctx)  # steps run eagerly: each call is a step boundary
+        else:
+            reducers = tracing_for()
+            if reducers is not None and self not in reducers:
+                reducers.append(self)
         self._bind(variables)
         kinds = tuple(
             "n" if g is None else "s" if isinstance(g, tf.IndexedSlices) else "d" for g in grads
         )
-        plan = self._plans.get(kinds)
+        plan = self._plans.get((self._engine, kinds))
         if plan is None:
-            plan = self._plans[kinds] = self._build(kinds, variables)
+            plan = self._plans[(self._engine, kinds)] = self._build(kinds, variables)
         self._plan = plan
+        self._record = plan.record
         timeline = self._open_timeline(ctx)
         if tf.executing_eagerly():
             seq = _Sequence()
@@ -357,17 +316,22 @@ class ScheduledAllReduce:
                 known = self._sequences[graph] = _Sequence()
             seq = known
         self._last_sequence = seq
-        credit = self.options.credit_bytes
+        credit = plan.record.credit_bytes or 1 << 62  # bucketed: nothing bounds them
         layout = plan.layout
         flat = [tf.reshape(grads[i], [-1]) for i in plan.slots]
+        measuring = self._trial is not None and not self._trial.settled and bool(flat)
+        if measuring:  # when every dense gradient exists: the step's boundary
+            started = tf.numpy_function(
+                self._mark_step, [f[:1] for f in flat], tf.float64, stateful=False
+            )
         reduced: list[Any] = [None] * layout.num_partitions
         for p in plan.order:
             nbytes = int(layout.part_bytes[p])
-            buf = _pack_one(flat, layout, p)
+            buf = pack_one(flat, layout, p)
             gate = seq.gate(credit, nbytes)
             marks: tuple[tf.Tensor, tf.Tensor] | None = None
             if timeline is not None:
-                marks = self._mark_issue(buf, gate)
+                marks = mark_issue(buf, gate)
             deps = [] if gate is None else [gate]
             if marks is not None:
                 deps.append(marks[1])
@@ -376,7 +340,7 @@ class ScheduledAllReduce:
                     buf = tf.identity(buf)
             out = ctx.all_reduce(self.reduce_op, buf, options=self.communication_options)
             if timeline is not None and marks is not None:
-                self._mark_end(timeline, plan.labels[p], p, nbytes, marks, out)
+                mark_end(timeline, plan.record.labels[p], p, nbytes, marks, out)
             seq.push(nbytes, [out])
             reduced[p] = out
         result: list[Any] = list(grads)
@@ -393,6 +357,9 @@ class ScheduledAllReduce:
             out = ctx.all_reduce(self.reduce_op, g, options=self.communication_options)
             seq.push(credit, [out.values, out.indices])  # what follows waits for it
             result[i] = out
+        if measuring:
+            ends = [started, *(r[:1] for r in reduced if r is not None)]
+            tf.numpy_function(self._mark_reduced, ends, tf.float64)
         return result
 
     @tf.autograph.experimental.do_not_convert
@@ -403,6 +370,14 @@ class ScheduledAllReduce:
         strategy's scope. Its own all-reduce is skipped for this call only; everything else
         (weight decay, clipping, loss scaling, the iteration count) is its unchanged code, so
         each variable's update waits only for that variable's reduced gradient.
+
+        Args:
+            optimizer: a built Keras 3 optimizer.
+            grads_and_vars: ``(gradient, variable)`` pairs.
+
+        Example::
+
+            >>> reducer.apply_gradients(optimizer, zip(grads, variables))   # doctest: +SKIP
         """
         pairs = list(grads_and_vars)
         if self._replica_context() is None:
@@ -419,30 +394,59 @@ class ScheduledAllReduce:
         finally:
             del optimizer._all_reduce_sum_gradients
 
-    @property
-    def credit_bytes(self) -> int:
-        return self.options.credit_bytes
+    def stats(self) -> Exposure:
+        """This worker's recent steps (medians), the engine in force and why (``decision``).
 
-    @property
-    def partition_bytes(self) -> int:
-        return self.options.partition_bytes
+        Steps are measured only while ``mode="auto"`` decides (markers in the graph); a step
+        runs from one step's gradients to the next's, and its reduction is all counted as
+        exposed. See ``chronica.runtime.timeline.Exposure``.
+
+        Example::
+
+            >>> reducer.stats().mode   # doctest: +SKIP
+            'bucketed'
+        """
+        decision = self._trial.decision if self._trial is not None else ""
+        return self._history.exposure(self._engine, decision)
+
+    def decide(self, ctx: tf.distribute.ReplicaContext | None = None) -> bool:
+        """``mode="auto"``: once a window of steps is measured, feed rank 0's medians (one
+        small all-reduce) to the trial; True when the engine changed (trace again).
+
+        ``MultiStep`` calls it between executions, ``all_reduce`` at each eager call.
+
+        Args:
+            ctx: the replica context when called inside ``strategy.run`` (eager steps).
+
+        Example::
+
+            >>> reducer.decide()   # doctest: +SKIP
+            False
+        """
+        trial = self._trial
+        if trial is None or trial.settled or len(self._history) < MEASURE_STEPS:
+            return False
+        exposure = self._history.exposure(self._engine)
+        measured = [exposure.saving_bound, exposure.step_time, self._history.median_cpu()]
+        bound, step_time, cpu = self._agree(measured, ctx)
+        engine = trial.observe(Window(step_time, cpu), bound)
+        if engine == self._engine:
+            return False
+        self._engine = engine
+        self._history.restart()
+        return True
 
     @property
     def priority(self) -> list[str]:
         """Variable names, first used first (empty before the first multi-replica call)."""
         if self._priority is None or self._variables is None:
             return []
-        return [_variable_name(self._variables[i]) for i in self._priority]
+        return [variable_name(self._variables[i]) for i in self._priority]
 
     @property
     def dispatch_order(self) -> list[int]:
         """Partitions of the latest plan in issue order (the same on every worker)."""
         return list(self._plan.order) if self._plan is not None else []
-
-    @property
-    def last_dispatch(self) -> list[str]:
-        """Labels of the latest plan's partitions in issue order (the same on every worker)."""
-        return [self._plan.labels[p] for p in self._plan.order] if self._plan else []
 
     @property
     def layout(self) -> Layout | None:
@@ -454,15 +458,25 @@ class ScheduledAllReduce:
         """The most bytes the latest traced graph's gates allow in flight (0 if none)."""
         return self._last_sequence.max_in_flight if self._last_sequence is not None else 0
 
-    def partition_shapes(self) -> list[list[tuple[str, int, int]]]:
-        """Each partition as ``(variable name, start, stop)`` element ranges, by priority."""
-        if self._plan is None:
-            return []
-        plan, names = self._plan, [_variable_name(v) for v in self._variables or []]
-        return [
-            [(names[plan.slots[t]], a, b) for t, a, b in plan.layout.segments(p)]
-            for p in range(plan.layout.num_partitions)
-        ]
+    def _dispatched(self) -> list[int]:
+        return self.dispatch_order
+
+    def _unplanned(self) -> tuple[int, int]:
+        return self.options.partition_bytes, self.options.credit_bytes
+
+    def _config(self) -> dict[str, object]:
+        return {
+            "mode": self.mode,
+            "engine": self._engine,
+            "min_saving": self.min_saving,
+            "partition_bytes": self.options.partition_bytes,
+            "credit_bytes": self.options.credit_bytes,
+            "order": self.options.order,
+            "timeline": self.options.timeline,
+            "comm_ratio": self.comm_ratio,
+            "reduce_op": getattr(self.reduce_op, "name", self.reduce_op),
+            "priority": None if self._priority_arg is None else len(self._priority_arg),
+        }
 
     def close(self) -> None:
         """Close the timeline file (complete JSON afterwards)."""
@@ -506,7 +520,7 @@ class ScheduledAllReduce:
             return [*chosen, *(i for i in range(len(variables)) if i not in set(chosen))]
         if tf.executing_eagerly():
             return list(range(len(variables)))
-        return _first_use(tf.compat.v1.get_default_graph(), variables)
+        return first_use(tf.compat.v1.get_default_graph(), variables)
 
     def _build(self, kinds: tuple[str, ...], variables: list[Any]) -> _Plan:
         assert self._priority is not None
@@ -516,61 +530,62 @@ class ScheduledAllReduce:
         dtypes = [tf.as_dtype(variables[i].dtype) for i in slots]
         itemsize = np.array([d.size for d in dtypes], dtype=np.int64)
         keys = np.array([d.as_datatype_enum for d in dtypes], dtype=np.int64)
-        layout = build_layout(numel, itemsize, self.options.partition_bytes, keys)
         # Backward produces gradients in reverse priority order, one byte per unit of time.
         nbytes = (numel * itemsize).astype(np.float64)
         ready = np.cumsum(nbytes[::-1])[::-1]
-        if self.options.order == "fifo" or layout.num_partitions == 0:
+        credit = self.options.credit_bytes
+        if self._engine == "bucketed":  # DDP's buckets, backward order, no credit gates
+            layout = bucket_layout(numel, itemsize, BUCKET_BYTES, FIRST_BUCKET_BYTES, keys)
+            credit = 0
+        else:
+            layout = build_layout(numel, itemsize, self.options.partition_bytes, keys)
+        if self._engine == "bucketed" or self.options.order == "fifo" or not layout.num_partitions:
             order = fifo_order(layout, ready)
         else:
-            order = simulate_order(layout, ready, self.options.credit_bytes, 1 / self.comm_ratio)
-        names = [_variable_name(variables[i]) for i in slots]
-        labels = [layout.label(p, names) for p in range(layout.num_partitions)]
-        return _Plan(slots, sparse, layout, tuple(int(p) for p in order), tuple(labels))
+            order = simulate_order(layout, ready, credit, 1 / self.comm_ratio)
+        names = [variable_name(variables[i]) for i in slots]
+        record = PlanRecord(layout, names, layout.partition_bytes, credit)
+        return _Plan(slots, sparse, layout, tuple(int(p) for p in order), record)
 
-    # -- timeline markers (built only when a timeline is set) -------------------------------
+    # -- mode="auto": measured steps and rank 0's decision ------------------------------------
+
+    def _mark_step(self, *_: Any) -> np.float64:
+        now = time.perf_counter()
+        trial = self._trial
+        self._history.record(now, self._reduced_in, 0.0, cpu=trial is not None)
+        return np.float64(now)
+
+    def _mark_reduced(self, started: np.ndarray, *_: Any) -> np.float64:
+        self._reduced_in = time.perf_counter() - float(started)
+        return np.float64(0.0)
+
+    def _rank(self) -> int:
+        resolver = getattr(tf.distribute.get_strategy(), "cluster_resolver", None)
+        return int(getattr(resolver, "task_id", None) or 0)
+
+    def _agree(self, values: list[float], ctx: Any) -> list[float]:
+        """Rank 0's ``values`` on every worker (one all-reduce of a few numbers)."""
+        chief = 1.0 if self._rank() == 0 else 0.0
+        tensor = tf.constant(values, tf.float64) * chief
+        if ctx is not None:
+            return [float(v) for v in ctx.all_reduce(tf.distribute.ReduceOp.SUM, tensor).numpy()]
+        strategy = self._strategy
+
+        def reduce() -> tf.Tensor:
+            replica = tf.distribute.get_replica_context()
+            return replica.all_reduce(tf.distribute.ReduceOp.SUM, tensor)
+
+        with strategy.scope():
+            out = strategy.experimental_local_results(strategy.run(reduce))[0]
+        return [float(v) for v in out.numpy()]
 
     def _open_timeline(self, ctx: tf.distribute.ReplicaContext) -> Timeline | None:
         if not self._timeline_opened:
             self._timeline_opened = True
             if self.options.timeline:
-                resolver = getattr(tf.distribute.get_strategy(), "cluster_resolver", None)
-                rank = int(getattr(resolver, "task_id", None) or 0)
+                rank = self._rank()
                 world = ctx.num_replicas_in_sync
                 path = timeline_path(self.options.timeline, rank, world)
                 self._timeline = Timeline(path, rank)
                 atexit.register(self._timeline.close)
         return self._timeline
-
-    @staticmethod
-    def _now(*_: Any) -> np.float64:
-        return np.float64(time.perf_counter())
-
-    def _mark_issue(self, buf: tf.Tensor, gate: Any | None) -> tuple[tf.Tensor, tf.Tensor]:
-        """(ready, issue) times: when the partition's gradients exist, when it may start."""
-        # The ready marker is stateless so that automatic control dependencies leave it
-        # unordered (it fires when the gradients exist); the stateful issue marker consumes
-        # it, so it is neither pruned nor folded, and is chained after the previous
-        # partition's end marker in program order, as the collectives are by their token.
-        ready = tf.numpy_function(self._now, [buf[:1]], tf.float64, stateful=False)
-        with tf.control_dependencies([] if gate is None else [gate]):
-            issue = tf.numpy_function(self._now, [ready, buf[:1]], tf.float64)
-        return ready, issue
-
-    @staticmethod
-    def _mark_end(
-        timeline: Timeline,
-        label: str,
-        partition: int,
-        nbytes: int,
-        marks: tuple[tf.Tensor, tf.Tensor],
-        out: tf.Tensor,
-    ) -> None:
-        def end(t_ready: np.ndarray, t_issue: np.ndarray, _: np.ndarray) -> np.float64:
-            now = time.perf_counter()
-            args = {"partition": partition, "bytes": nbytes}
-            timeline.span(label, "queue", float(t_ready), float(t_issue), **args)
-            timeline.span(label, "communication", float(t_issue), now, **args)
-            return np.float64(now)
-
-        tf.numpy_function(end, [marks[0], marks[1], out[:1]], tf.float64)

@@ -31,8 +31,6 @@ import logging
 import threading
 import time
 import zlib
-from collections import deque
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -40,30 +38,30 @@ import torch
 import torch.distributed as dist
 
 from chronica.adapters.torch.grad_buffers import Buckets, Packing
+from chronica.adapters.torch.grad_scheduled import ScheduledEngine
 from chronica.core.checks import check_number
 from chronica.core.priority import (
-    GradientQueue,
     Layout,
     bucket_layout,
-    build_layout,
     fifo_order,
-    simulate_order,
 )
+from chronica.runtime.auto import MEASURE_STEPS, MODES, AutoTrial, Window, check_mode
 from chronica.runtime.dispatcher import AutoTuner, Dispatcher, SchedulingOptions
+from chronica.runtime.gradients import (
+    BUCKET_BYTES,
+    FIRST_BUCKET_BYTES,
+    GradientViews,
+    PlanRecord,
+    StepHistory,
+)
 from chronica.runtime.timeline import Exposure, Timeline, timeline_path
 
 __all__ = ["MODES", "ScheduledOptimizer"]
 
 log = logging.getLogger("chronica")
 
-MODES = ("auto", "scheduled", "bucketed")
 _REFRESH_STEPS = (1, 3)  # scheduled steps after which ready times and bandwidth are re-measured
-_MEASURE_STEPS = 4  # steps of each engine measured before mode="auto" decides
-_MARGIN = 0.02  # mode="auto" keeps scheduling only if its steps are this much shorter
-_FIRST_BUCKET_BYTES = 1 << 20  # DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
-_BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb
 _BROADCAST_BYTES = 250 << 20  # DDP's broadcast_bucket_size
-_HISTORY = 256  # steps kept for stats()
 # What the scheduled engine runs on, kept aside while bucketed steps are measured after its
 # trial (see _conclude).
 _SCHEDULED_STATE = (
@@ -73,12 +71,12 @@ _SCHEDULED_STATE = (
     "_queue",
     "_parts_per_param",
     "_part_params",
-    "_part_names",
+    "_record",
     "_current",
 )
 
 
-class ScheduledOptimizer:
+class ScheduledOptimizer(GradientViews, ScheduledEngine):
     """Gradient averaging over ranks plus updates by ``optimizer``, bucketed or scheduled.
 
     Use it in place of the optimizer: ``loss.backward(); opt.step()``. Guarantees: after any
@@ -91,9 +89,10 @@ class ScheduledOptimizer:
     every forward run with gradients enabled (not under ``torch.no_grad()``, so evaluating on
     one rank alone cannot hang). Collectives are issued in the same order on every rank, in
     every mode. ``mode``: ``"bucketed"`` always runs DDP's bucketed all-reduce, ``"scheduled"``
-    always priority scheduling, ``"auto"`` starts bucketed and switches to scheduling after
-    ``_MEASURE_STEPS`` measured steps only if rank 0's measurements say it could save at least
-    ``min_saving`` of the step time (``stats()`` and a log line say which and why).
+    always priority scheduling, ``"auto"`` starts bucketed and runs the trial of
+    ``chronica.runtime.auto.AutoTrial``: scheduling is tried only if rank 0's measurements say
+    it could save at least ``min_saving`` of the step time, and kept only if it was faster
+    (``stats()`` and a log line say which and why).
 
     When scheduling, ``step()`` returns while gradients may still be in flight and the next
     forward waits, module by module, for exactly the parameters it uses. Gradients are
@@ -102,6 +101,28 @@ class ScheduledOptimizer:
     evaluating, checkpointing or reading parameters outside the model's forward. A model
     wrapped in ``DistributedDataParallel`` is refused (``ValueError``): DDP averages the
     gradients itself.
+
+    Args:
+        model: the bare model (not wrapped in ``DistributedDataParallel``).
+        optimizer: a ``torch.optim`` optimizer over the model's parameters whose update of
+            one parameter depends only on that parameter (not LBFGS).
+        process_group: the ranks to average over (default: the world).
+        partition_bytes: partitions' size: bigger tensors are cut, smaller ones fused (bytes,
+            ``"1MiB"``; ``CHRONICA_PARTITION_BYTES``).
+        credit_bytes: bytes in flight at most, plus one partition (``CHRONICA_CREDIT_BYTES``).
+        order: ``"priority"`` (first layers first) or ``"fifo"`` (backward order).
+        auto_tune: search partition and credit sizes online (``CHRONICA_AUTOTUNE=1``).
+        timeline: Chrome-trace path (``CHRONICA_TIMELINE``; ``{rank}`` is replaced).
+        mode: ``"auto"`` (measure, then decide once: ``chronica.runtime.auto.AutoTrial``),
+            ``"scheduled"`` (priority scheduling) or ``"bucketed"`` (DDP's buckets).
+        min_saving: in ``"auto"``, try scheduling only if it could save this fraction of the
+            step time (0 to 1; 1 never tries).
+
+    Example::
+
+        >>> opt = ScheduledOptimizer(model, torch.optim.AdamW(model.parameters()))  # doctest: +SKIP
+        >>> loss.backward(); opt.step()                                             # doctest: +SKIP
+        >>> opt.stats().decision                                                    # doctest: +SKIP
     """
 
     def __init__(
@@ -127,11 +148,7 @@ class ScheduledOptimizer:
                 "order would not matter. Pass the bare model (model.module) and let "
                 "ScheduledOptimizer do the averaging, or keep DDP and a plain optimizer"
             )
-        if mode not in MODES:
-            raise ValueError(
-                f"mode={mode!r} must be one of {MODES}: 'auto' measures the first steps and "
-                "schedules only where that can help"
-            )
+        check_mode(mode)
         self.min_saving = check_number(
             "min_saving", min_saving, 0.0, 1.0, hint=" (a fraction of the step time)"
         )
@@ -161,7 +178,8 @@ class ScheduledOptimizer:
         self._forward_hooks: list[Any] = []
         self._modules: list[torch.nn.Module] = []
         self._engine: str | None = None  # None until the first step() set up an engine
-        self._decision = ""
+        self._trial = AutoTrial(self.min_saving) if mode == "auto" else None
+        self._history = StepHistory()
         self._dispatcher: Dispatcher | None = None
         self._buckets: Buckets | None = None
         self._timeline: Timeline | None = None
@@ -185,16 +203,9 @@ class ScheduledOptimizer:
         self._hyper: list[dict[str, Any]] = []
         self._steps = 0
         self._scheduled_steps = 0
-        self._last_call: float | None = None
-        self._last_cpu = 0.0
-        self._cpu: deque[float] = deque(maxlen=_HISTORY)  # process CPU seconds per step
         self._last_done = self._reduced_at = 0.0
         self._forward_wait = 0.0
-        self._history: deque[tuple[float, float, float]] = deque(maxlen=_HISTORY)
-        # While scheduling is on trial: rank 0's (step time, CPU seconds per step), bucketed
-        # before the trial, then scheduled; the scheduled engine, parked while bucketed steps
-        # are measured again after it.
-        self._trial: list[tuple[float, float]] | None = None
+        # The scheduled engine, parked while bucketed steps are measured again after its trial.
         self._parked: dict[str, Any] | None = None
         self._tuner: AutoTuner | None = None
         self._module_params: dict[int, list[int]] = {}
@@ -222,7 +233,15 @@ class ScheduledOptimizer:
         return self.optimizer.param_groups
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Does nothing with several ranks (gradients are cleared as parameters are updated)."""
+        """Does nothing with several ranks (gradients are cleared as parameters are updated).
+
+        Args:
+            set_to_none: as ``torch.optim.Optimizer.zero_grad`` (one process only).
+
+        Example::
+
+            >>> opt.zero_grad()   # doctest: +SKIP
+        """
         if self.world == 1:
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
@@ -256,18 +275,39 @@ class ScheduledOptimizer:
         could save at most. See ``chronica.runtime.timeline.Exposure``."""
         if self.world == 1:
             return Exposure(0, 0.0, 0.0, 0.0, "bucketed", "one process: nothing to communicate")
-        return Exposure.from_steps(self._history, self._engine or "bucketed", self._decision)
+        decision = self._trial.decision if self._trial is not None else ""
+        return self._history.exposure(self._engine or "bucketed", decision)
 
     def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state, after ``synchronize()``.
+
+        Example::
+
+            >>> torch.save(opt.state_dict(), "opt.pt")   # doctest: +SKIP
+        """
         self.synchronize()
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load the wrapped optimizer's state, after ``synchronize()``.
+
+        Args:
+            state_dict: what ``state_dict()`` returned.
+
+        Example::
+
+            >>> opt.load_state_dict(torch.load("opt.pt"))   # doctest: +SKIP
+        """
         self.synchronize()
         self.optimizer.load_state_dict(state_dict)
 
     def close(self) -> None:
-        """Finish in-flight work, remove the hooks and close the timeline."""
+        """Finish in-flight work, remove the hooks and close the timeline.
+
+        Example::
+
+            >>> opt.close()   # doctest: +SKIP
+        """
         self.synchronize()
         self._watch_forward(False)
         for handle in self._handles:
@@ -283,32 +323,24 @@ class ScheduledOptimizer:
         """The most gradient bytes this rank ever had in flight while scheduling."""
         return self._dispatcher.max_in_flight if self._dispatcher is not None else 0
 
-    @property
-    def credit_bytes(self) -> int:
-        """The credit in force while scheduling (``options.credit_bytes`` unless auto-tuned)."""
-        return self._queue.credit_bytes if self._dispatcher is not None else 0
-
-    @property
-    def partition_bytes(self) -> int:
-        """The partition (or bucket) size in force."""
-        return self._layout.partition_bytes if self._engine is not None else 0
-
-    @property
-    def last_dispatch(self) -> list[str]:
-        """Partitions (or buckets) of the latest step in the order they were issued (same on
-        every rank)."""
+    def _dispatched(self) -> list[int]:
         if self._dispatcher is not None:
-            return [self._part_names[p] for p in self._dispatcher.issued]
-        if self._buckets is not None:
-            return [self._part_names[p] for p in self._buckets.last_issued]
-        return []
+            return self._dispatcher.issued
+        return self._buckets.last_issued if self._buckets is not None else []
 
-    def partition_shapes(self) -> list[list[tuple[str, int, int]]]:
-        """Each partition (or bucket) as ``(parameter name, start, stop)`` element ranges."""
-        return [
-            [(self._names[self._priority[t]], a, b) for t, a, b in self._layout.segments(p)]
-            for p in range(self._layout.num_partitions)
-        ]
+    def _config(self) -> dict[str, object]:
+        return {
+            "mode": self.mode,
+            "engine": self._engine,
+            "min_saving": self.min_saving,
+            "partition_bytes": self.options.partition_bytes,
+            "credit_bytes": self.options.credit_bytes,
+            "order": self.options.order,
+            "auto_tune": self.options.auto_tune,
+            "timeline": self.options.timeline,
+            "world": self.world,
+            "parameters": len(self._params),
+        }
 
     # -- hooks ----------------------------------------------------------------------------
 
@@ -406,11 +438,11 @@ class ScheduledOptimizer:
         self._layout = layout
         packing = Packing(layout, self._ordered, self.world)
         self._buckets = Buckets(packing, order, self._group)
-        self._label(layout)
+        self._label(layout, 0)
 
-    def _label(self, layout: Layout) -> None:
+    def _label(self, layout: Layout, credit_bytes: int) -> None:
         names = [self._names[i] for i in self._priority]
-        self._part_names = [layout.label(p, names) for p in range(layout.num_partitions)]
+        self._record = PlanRecord(layout, names, layout.partition_bytes, credit_bytes)
 
     def _finish_buckets(self, now: float) -> None:
         """Bucketed step: wait for every bucket, update once, measure, maybe switch engine."""
@@ -428,91 +460,49 @@ class ScheduledOptimizer:
             param.grad = None
         if self._timeline is not None:
             self._timeline.span("gradients reduced", "gradient wait", now, reduced)
-        self._record(now, reduced - now, 0.0)
+        self._record_step(now, reduced - now, 0.0)
+        trial = self._trial
         if first:
             self._after_first_step()
-        elif self.mode == "auto" and len(self._history) >= _MEASURE_STEPS:
-            if not self._decision:
+        elif trial is not None and not trial.settled and len(self._history) >= MEASURE_STEPS:
+            if trial.phase == "measure":
                 self._decide()
-            elif self._parked is not None:
-                self._conclude()
+            else:
+                self._conclude()  # bucketed steps measured again after the trial
 
     def _after_first_step(self) -> None:
         ready = np.asarray(self._first_ready, dtype=np.float64)
         layout = bucket_layout(
-            self._numel, self._itemsize, _BUCKET_BYTES, _FIRST_BUCKET_BYTES, self._dtype_key
+            self._numel, self._itemsize, BUCKET_BYTES, FIRST_BUCKET_BYTES, self._dtype_key
         )
         self._bucket_plan = (layout, fifo_order(layout, ready))
         if self.mode == "scheduled":
             self._start_scheduling(ready)
             return
         self._use_buckets(*self._bucket_plan)
-        self._restart_history()
+        self._history.restart()
 
     def _decide(self) -> None:
         """mode="auto", after measured bucketed steps: rank 0's measurements decide, for every
-        rank, whether priority scheduling gets a trial (it could save ``min_saving``)."""
-        exposure = Exposure.from_steps(self._history, "bucketed")
+        rank, whether priority scheduling gets a trial (``AutoTrial``)."""
+        assert self._trial is not None
+        exposure = self._history.exposure("bucketed")
         ready = np.nan_to_num(self._ready_at[self._priority] - np.nanmin(self._ready_at))
-        measured = [exposure.saving_bound, exposure.step_time, np.median(self._cpu)]
+        measured = [exposure.saving_bound, exposure.step_time, self._history.median_cpu()]
         agreed = self._agree(np.concatenate([measured, ready]))
-        bound = float(agreed[0])
-        # No schedule saves a whole step (its compute stays), so min_saving=1 means never;
-        # the measured bound itself can read 100%, being a ratio of two medians.
-        if bound < self.min_saving or self.min_saving >= 1.0:
-            below = "<" if bound < self.min_saving else "never tried at"
-            self._settle(
-                "bucketed",
-                f"rank 0 measured that priority scheduling would save at most {bound:.1%} of "
-                f"step time ({below} min_saving={self.min_saving:.0%})",
-            )
-            return
-        self._decision = (
-            f"trial: rank 0 measured that priority scheduling could save up to {bound:.1%} "
-            f"of step time (>= min_saving={self.min_saving:.0%}); trying it"
-        )
-        log.info("chronica gradients: %s", self._decision)
-        self._trial = [(float(agreed[1]), float(agreed[2]))]
-        self._start_scheduling(agreed[3:])
-
-    def _measured(self) -> tuple[float, float]:
-        """Rank 0's median step time and CPU seconds per step since the history restarted."""
-        step_time = Exposure.from_steps(self._history, "bucketed").step_time
-        agreed = self._agree([step_time, np.median(self._cpu)])
-        return float(agreed[0]), float(agreed[1])
+        window = Window(float(agreed[1]), float(agreed[2]))
+        if self._trial.observe(window, float(agreed[0])) == "scheduled":
+            self._start_scheduling(agreed[3:])
 
     def _conclude(self) -> None:
-        """End of the trial (after its scheduled steps, then after bucketed ones again): keep
-        scheduling only if rank 0's steps got shorter than bucketed ones measured before
-        *and* after it, without costing more CPU. The machine's load drifts, so one bucketed
-        window may be slow by chance; on a machine whose cores compute, CPU time is the
-        step's cost, and a wall-clock gain that costs CPU is an artefact of what else ran."""
+        """End of the trial (after its scheduled steps, then after bucketed ones again): feed
+        rank 0's window to the trial and switch engines as it says."""
         assert self._trial is not None and self._dispatcher is not None
-        self._trial.append(self._measured())
-        (bucketed, bucketed_cpu), (scheduled, scheduled_cpu) = self._trial[0], self._trial[1]
-        after = self._trial[2:]
-        measured = (
-            f"rank 0 measured {1e3 * scheduled:.1f} ms per step scheduled against "
-            f"{1e3 * bucketed:.1f} ms bucketed"
-            + (f" before and {1e3 * after[0][0]:.1f} ms after" if after else "")
-            + f", CPU {1e3 * scheduled_cpu:.1f} against {1e3 * bucketed_cpu:.1f} ms"
-            + (f" and {1e3 * after[0][1]:.1f} ms" if after else "")
-        )
-        better = all(
-            scheduled <= step * (1 - _MARGIN) and scheduled_cpu <= cpu * (1 + _MARGIN)
-            for step, cpu in (self._trial[0], *after)
-        )
-        if better and after:
-            self._trial = None
-            self._settle("scheduled", measured)
-            self._resume_scheduling()
+        step_time = self._history.exposure("bucketed").step_time
+        agreed = self._agree([step_time, self._history.median_cpu()])
+        if self._trial.observe(Window(float(agreed[0]), float(agreed[1]))) == "scheduled":
+            self._resume_scheduling()  # it beat bucketed steps before and after it
             return
-        if not better:
-            self._trial = None
-            self._settle(
-                "bucketed",
-                measured + f" (scheduling must save {_MARGIN:.0%} and cost no more CPU)",
-            )
         dispatcher = self._dispatcher
         if self._engine == "scheduled":
             dispatcher.wait_all()
@@ -520,8 +510,8 @@ class ScheduledOptimizer:
             self._released = False
             self._parked = {name: getattr(self, name) for name in _SCHEDULED_STATE}
             self._use_buckets(*self._bucket_plan)
-            self._restart_history()
-        if better:  # measure bucketed steps again before keeping it
+            self._history.restart()
+        if not self._trial.settled:  # measure bucketed steps again before keeping it
             return
         self._parked = None
         dispatcher.close(timeline=False)
@@ -537,17 +527,7 @@ class ScheduledOptimizer:
         self._watch_forward(True)
         assert self._dispatcher is not None
         self._begin_step(self._dispatcher)
-        self._restart_history()
-
-    def _settle(self, engine: str, why: str) -> None:
-        self._decision = f"{engine}: {why}"
-        staying = engine == self._engine
-        log.info(
-            "chronica gradients: %s; %s %s",
-            self._decision,
-            "staying with" if staying else "switching to",
-            "priority scheduling" if engine == "scheduled" else "bucketed all-reduce",
-        )
+        self._history.restart()
 
     def _start_scheduling(self, ready: np.ndarray) -> None:
         self._buckets = None
@@ -563,26 +543,16 @@ class ScheduledOptimizer:
         self._build(opts, ready)
         self._begin_step(self._dispatcher)
         self._released = False
-        self._restart_history()
+        self._history.restart()
 
-    def _restart_history(self) -> None:
-        self._history.clear()
-        self._cpu.clear()
-        self._last_call = None  # the next step only sets the reference point
-
-    def _record(self, now: float, after_backward: float, forward_wait: float) -> None:
+    def _record_step(self, now: float, after_backward: float, forward_wait: float) -> None:
         # CPU time only while mode="auto" still measures: with many threads busy on a loaded
         # machine, reading it took milliseconds (profiled), a step's cost for nothing.
-        measuring = self.mode == "auto" and (not self._decision or self._trial is not None)
-        cpu = time.process_time() if measuring else 0.0
-        if self._last_call is not None:
-            self._history.append((now - self._last_call, after_backward, forward_wait))
-            if measuring:
-                self._cpu.append(cpu - self._last_cpu)
-            if self._timeline is not None:
-                mode = self._engine or "bucketed"
-                self._timeline.step(self._last_call, now, after_backward, forward_wait, mode)
-        self._last_call, self._last_cpu = now, cpu
+        measuring = self._trial is not None and not self._trial.settled
+        start = self._history.record(now, after_backward, forward_wait, cpu=measuring)
+        if start is not None and self._timeline is not None:
+            mode = self._engine or "bucketed"
+            self._timeline.step(start, now, after_backward, forward_wait, mode)
 
     # -- the scheduled engine ---------------------------------------------------------------
 
@@ -590,7 +560,7 @@ class ScheduledOptimizer:
         """Scheduled step: release the updates, measure, maybe re-plan."""
         dispatcher = self._dispatcher
         assert dispatcher is not None
-        previous = self._last_call
+        previous = self._history.last_call
         # Updates still in flight must use this step's hyper-parameters, even when an LR
         # scheduler changes the optimizer's groups as soon as step() returns.
         self._hyper = [
@@ -601,7 +571,7 @@ class ScheduledOptimizer:
         self._apply_reduced()
         # This forward waited for the previous step's gradients, all reduced at _reduced_at.
         after = max(0.0, self._reduced_at - previous) if previous is not None else 0.0
-        self._record(now, after, self._forward_wait)
+        self._record_step(now, after, self._forward_wait)
         self._forward_wait = 0.0
         self._scheduled_steps += 1
         knobs = None
@@ -610,126 +580,11 @@ class ScheduledOptimizer:
         if knobs is not None or self._scheduled_steps in _REFRESH_STEPS:
             self._replan(dispatcher, knobs)
             if self._scheduled_steps in _REFRESH_STEPS:  # the re-plan's wait is no step's
-                self._restart_history()
+                self._history.restart()
         if (
             self._trial is not None
+            and self._trial.phase == "trial"
             and self._scheduled_steps > _REFRESH_STEPS[-1]
-            and len(self._history) >= _MEASURE_STEPS
+            and len(self._history) >= MEASURE_STEPS
         ):
             self._conclude()
-
-    def _begin_step(self, dispatcher: Dispatcher) -> None:
-        dispatcher.wait_all()
-        if self._released:  # parameters the forward did not use are still to update
-            self._apply_reduced()
-        self._reduced_at = self._last_done  # when the previous step's last partition arrived
-        with self._cv:
-            self._released = False
-            self._updated[:] = False
-            self._reduced[:] = False
-            self._left[:] = self._parts_per_param
-        dispatcher.begin(self._queue, self._part_names)
-
-    def _build(self, opts: SchedulingOptions, tensor_ready: np.ndarray, rate: float = 0.0) -> None:
-        layout = build_layout(self._numel, self._itemsize, opts.partition_bytes, self._dtype_key)
-        if opts.order == "fifo" or rate <= 0:
-            order = fifo_order(layout, tensor_ready)
-        else:
-            order = simulate_order(layout, tensor_ready, opts.credit_bytes, rate)
-        self._queue = GradientQueue(layout, order, opts.credit_bytes)
-        self._layout = layout
-        self._packing = Packing(layout, self._ordered, self.world)
-        self._current = opts
-        self._parts_per_param = np.empty(len(self._params), dtype=np.int64)
-        self._parts_per_param[self._priority] = layout.parts_per_tensor()
-        priority = self._priority
-        self._part_params = [
-            [priority[t] for t in layout.seg_tensor[a:b].tolist()]
-            for a, b in zip(
-                layout.part_ptr[:-1].tolist(), layout.part_ptr[1:].tolist(), strict=True
-            )
-        ]
-        self._label(layout)
-
-    def _replan(self, dispatcher: Dispatcher, knobs: tuple[int, int] | None) -> None:
-        """At a step boundary: finish, then rebuild from rank 0's measurements and knobs."""
-        dispatcher.wait_all()
-        self._apply_reduced()
-        stats = dispatcher.stats()
-        ready = np.nan_to_num(stats.tensor_ready, nan=0.0)
-        rate = stats.bytes_per_second if np.isfinite(stats.bytes_per_second) else 0.0
-        part, credit = knobs or (self._current.partition_bytes, self._current.credit_bytes)
-        agreed = self._agree(np.concatenate([ready, [rate, part, credit]]).astype(np.float64))
-        n = len(self._params)
-        opts = self._current.with_knobs(int(agreed[n + 1]), int(agreed[n + 2]))
-        self._build(opts, agreed[:n], float(agreed[n]))
-        log.debug(
-            "chronica replan at step %d: %s, %d partitions",
-            self._steps,
-            opts,
-            self._layout.num_partitions,
-        )
-
-    def _agree(self, values: Iterable[float] | np.ndarray) -> np.ndarray:
-        array = np.ascontiguousarray(np.asarray(values, dtype=np.float64))
-        tensor = torch.from_numpy(array)
-        dist.broadcast(tensor, src=self._src, group=self._control)
-        return tensor.numpy()
-
-    # -- dispatcher callables (run on the dispatcher's threads) ----------------------------
-
-    def _start(self, partition: int) -> Any:
-        buf = self._packing.buffers[partition]
-        return dist.all_reduce(buf, group=self._group, async_op=True)
-
-    def _wait(self, partition: int, work: Any) -> None:
-        work.wait()
-        self._packing.complete(partition)
-
-    def _wake(self) -> None:
-        """Wake a forward waiting for its parameters: the dispatcher failed, and the forward
-        re-raises its error instead of waiting for reductions that will never come."""
-        with self._cv:
-            self._cv.notify_all()
-
-    def _on_complete(self, partition: int) -> None:
-        with self._cv:
-            for i in self._part_params[partition]:
-                self._left[i] -= 1
-                if self._left[i] == 0:
-                    self._reduced[i] = True
-            self._last_done = time.perf_counter()
-            self._cv.notify_all()
-
-    # -- updates (on the training thread) ----------------------------------------------------
-
-    def _apply_reduced(self) -> None:
-        """Update every parameter whose average arrived and that is not updated yet, with one
-        call of the wrapped optimizer (after ``step()`` released this step's updates)."""
-        with self._cv:
-            ready = np.flatnonzero(self._reduced & ~self._updated)
-            self._updated[ready] = True
-        if len(ready):
-            self._apply(ready.tolist())
-
-    def _apply(self, indices: list[int]) -> None:
-        """Step the wrapped optimizer on exactly ``indices`` that some rank used; the others
-        lose their gradient, untouched, as under DDP."""
-        groups: dict[int, list[torch.Tensor]] = {}
-        for i in indices:
-            p = self._params[i]
-            if self._packing.used[self._slot[i]]:
-                groups.setdefault(self._group_of[id(p)], []).append(p)
-            else:
-                p.grad = None
-        if groups:
-            saved = self.optimizer.param_groups
-            self.optimizer.param_groups = [
-                dict(self._hyper[g], params=ps) for g, ps in groups.items()
-            ]
-            try:
-                self.optimizer.step()
-            finally:
-                self.optimizer.param_groups = saved
-        for i in indices:
-            self._params[i].grad = None

@@ -31,6 +31,16 @@ class Packing:
     whether any rank used tensor ``t``. With a power-of-two ``world`` the division happens
     while filling (one pass over the gradient instead of two, as DDP does): scaling by a
     power of two is exact, so the sum of the scaled gradients is the scaled sum, bit for bit.
+
+    Args:
+        layout: the partitions (tensors in priority order).
+        params: the parameters, in layout order.
+        world: number of ranks averaged over.
+
+    Example::
+
+        >>> packing = Packing(layout, ordered_params, world=2)   # doctest: +SKIP
+        >>> packing.fill(0, param.grad); packing.buffers[0]       # doctest: +SKIP
     """
 
     def __init__(self, layout: Layout, params: list[torch.Tensor], world: int) -> None:
@@ -89,7 +99,16 @@ class Packing:
             self._whole.append(view)
 
     def fill(self, t: int, grad: torch.Tensor | None) -> None:
-        """Copy tensor ``t``'s gradient (``None``: unused on this rank) into its partitions."""
+        """Copy tensor ``t``'s gradient (``None``: unused on this rank) into its partitions.
+
+        Args:
+            t: the tensor's index in the layout.
+            grad: its gradient, or ``None`` when this rank did not use it.
+
+        Example::
+
+            >>> packing.fill(0, None)   # doctest: +SKIP
+        """
         self._stale.clear()
         if grad is None:
             for dst, _, _, _ in self._dst[t]:
@@ -107,7 +126,15 @@ class Packing:
 
     def complete(self, p: int) -> None:
         """After partition ``p``'s sum all-reduce: average it (unless ``fill`` did) and hand
-        its slices to the gradients; record the used flags it carries."""
+        its slices to the gradients; record the used flags it carries.
+
+        Args:
+            p: the partition's index.
+
+        Example::
+
+            >>> packing.complete(0)   # doctest: +SKIP
+        """
         buf = self.buffers[p]
         if self._prescale is None:
             buf.div_(self._world)
@@ -134,7 +161,18 @@ class Buckets:
     asynchronous all-reduce starts as soon as all its tensors were posted and every bucket
     before it in ``order`` (identical on every rank) was started, on the posting thread;
     ``finish`` waits for all of them. No thread of its own; the book-keeping is a counter per
-    bucket in plain Python lists (a hook's cost is the training thread's)."""
+    bucket in plain Python lists (a hook's cost is the training thread's).
+
+    Args:
+        packing: the buckets' buffers (a ``bucket_layout``, whole tensors).
+        order: the buckets' start order, identical on every rank.
+        group: the process group of the all-reduces.
+
+    Example::
+
+        >>> buckets = Buckets(Packing(layout, params, 2), order, dist.group.WORLD)  # doctest: +SKIP
+        >>> buckets.post(0, grad); buckets.finish()                                 # doctest: +SKIP
+    """
 
     def __init__(self, packing: Packing, order: np.ndarray, group: Any) -> None:
         layout = packing.layout
@@ -154,7 +192,16 @@ class Buckets:
         self._works: list[tuple[int, Any]] = []
 
     def post(self, t: int, grad: torch.Tensor | None) -> None:
-        """Tensor ``t``'s gradient is final (``None``: unused on this rank)."""
+        """Tensor ``t``'s gradient is final (``None``: unused on this rank).
+
+        Args:
+            t: the tensor's index in the layout.
+            grad: its gradient, or ``None`` when this rank did not use it.
+
+        Example::
+
+            >>> buckets.post(0, param.grad)   # doctest: +SKIP
+        """
         if self._posted[t]:
             raise RuntimeError(
                 f"tensor {t}'s gradient was final twice in one step: accumulating gradients "

@@ -130,6 +130,43 @@ def test_auto_tune_agrees_across_processes_and_stays_exact(job):
     assert len({tuple(k) for k in a["knobs"]}) == 2  # tried both candidates of the grid
 
 
+def _decided_once(decisions):
+    """The decisions a run showed, step by step: none, maybe a trial, then one final one."""
+    distinct = list(dict.fromkeys(decisions))
+    assert distinct[0] == "" and decisions[-1] == distinct[-1]
+    assert all(d.startswith("trial: ") for d in distinct[1:-1]) and len(distinct) <= 3
+    return distinct
+
+
+def test_auto_mode_decides_once_says_why_and_stays_exact(job):
+    results, _ = job
+    a, b = (r["mode-auto"] for r in results)
+    for run in ("measured", "resumed", "never"):
+        assert a[run]["decisions"] == b[run]["decisions"]  # rank 0's measurements decide
+        assert a[run]["engines"] == b[run]["engines"]
+        assert a[run]["exact"] and b[run]["exact"], run  # equal to pmean + update, bitwise
+    measured = _decided_once(a["measured"]["decisions"])
+    assert measured[1].startswith("trial: rank 0 measured that priority scheduling could save")
+    final = measured[-1]
+    assert final.startswith(a["measured"]["mode"] + ": rank 0 measured")
+    assert "ms bucketed" in final
+    resumed = _decided_once(a["resumed"]["decisions"])
+    assert a["resumed"]["mode"] == "scheduled", resumed[-1]
+    assert " ms bucketed before and " in resumed[-1]
+    # the engines ran: bucketed, the trial scheduled, bucketed again, then scheduled for good
+    runs = [
+        e
+        for i, e in enumerate(a["resumed"]["engines"])
+        if e != a["resumed"]["engines"][i - 1] or i == 0
+    ]
+    assert runs == ["bucketed", "scheduled", "bucketed", "scheduled"]
+    never = _decided_once(a["never"]["decisions"])
+    assert a["never"]["mode"] == "bucketed" and set(a["never"]["engines"]) == {"bucketed"}
+    assert len(never) == 2 and "min_saving=100%" in never[-1]
+    assert "priority scheduling would save at most" in a["never"]["verdict"]
+    assert "mode='auto'" in a["never"]["repr"] and "min_saving=1.0" in a["never"]["repr"]
+
+
 # -- in-process: forward_order, one process, bad arguments -------------------------------
 
 
@@ -214,20 +251,23 @@ def test_per_leaf_matches_whole_tree_transformation():
 
 
 @pytest.mark.parametrize(
-    "kwargs, match",
+    "kwargs, error, match",
     [
-        ({"partition_bytes": 0}, "partition_bytes"),
-        ({"partition_bytes": -5}, "partition_bytes"),
-        ({"credit_bytes": "lots"}, "credit_bytes"),
-        ({"credit_bytes": 0}, "credit_bytes"),
-        ({"order": "lifo"}, "order"),
-        ({"priority": "['w']"}, "priority"),
-        ({"priority": [3]}, "priority"),
-        ({"priority": ["['w']", "['w']"]}, "more than once"),
+        ({"partition_bytes": 0}, ValueError, "partition_bytes"),
+        ({"partition_bytes": -5}, ValueError, "partition_bytes"),
+        ({"credit_bytes": "lots"}, ValueError, "credit_bytes"),
+        ({"credit_bytes": 0}, ValueError, "credit_bytes"),
+        ({"order": "lifo"}, ValueError, "order"),
+        ({"priority": "['w']"}, TypeError, "priority"),
+        ({"priority": [3]}, TypeError, "priority"),
+        ({"priority": ["['w']", "['w']"]}, ValueError, "more than once"),
+        ({"mode": "ddp"}, ValueError, "mode='ddp' must be one of"),
+        ({"mode": 1}, TypeError, "mode=1"),
+        ({"min_saving": 2}, ValueError, "min_saving"),
     ],
 )
-def test_bad_constructor_arguments(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_constructor_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
         cj.ScheduledReducer(**kwargs)
 
 
@@ -239,17 +279,17 @@ def test_bad_call_arguments():
     reducer = cj.ScheduledReducer()
     with pytest.raises(ValueError, match="floating point"):
         reducer.reduce({"w": jnp.ones(2), "n": jnp.arange(3)})
-    with pytest.raises(ValueError, match="pass arrays"):
+    with pytest.raises(TypeError, match="pass arrays"):
         reducer.reduce({"w": jnp.ones(2), "s": "text"})
     with pytest.raises(ValueError, match="params"):
         reducer.apply(params, {"w": jnp.ones(2)}, lambda g, p: p)
-    with pytest.raises(ValueError, match="update"):
+    with pytest.raises(TypeError, match="update"):
         reducer.apply(params, params, "sgd")
     with pytest.raises(ValueError, match="one new value per leaf"):
         reducer.apply(params, params, lambda g, p: p[:1])
     with pytest.raises(ValueError, match="state"):
         reducer.apply(params, params, lambda g, p, s: (p, s), state={"x": 1})
-    with pytest.raises(ValueError, match="tx="):
+    with pytest.raises(TypeError, match="tx="):
         cj.per_leaf(object())
-    with pytest.raises(ValueError, match="fn="):
+    with pytest.raises(TypeError, match="fn="):
         cj.forward_order("loss", params)

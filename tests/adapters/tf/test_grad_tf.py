@@ -134,6 +134,39 @@ def test_timeline_is_valid_chrome_trace(job):
         assert all({"name", "ts", "args"} <= set(e) for e in spans)
 
 
+def _decided_once(decisions):
+    """The decisions a run showed, step by step: none, maybe a trial, then one final one."""
+    distinct = list(dict.fromkeys(decisions))
+    assert distinct[0] == "" and decisions[-1] == distinct[-1]
+    assert all(d.startswith("trial: ") for d in distinct[1:-1]) and len(distinct) <= 3
+    return distinct
+
+
+def test_auto_mode_decides_once_says_why_and_stays_exact(job):
+    results, _ = job
+    a, b = (r["mode-auto"] for r in results)
+    for run in ("measured", "resumed", "never"):
+        assert a[run]["decisions"] == b[run]["decisions"]  # rank 0's measurements decide
+        assert a[run]["engines"] == b[run]["engines"]
+        for worker in (a, b):  # equal to plain apply_gradients, bitwise, in every engine
+            assert worker[run]["exact"] and worker[run]["slots"], run
+    measured = _decided_once(a["measured"]["decisions"])
+    assert measured[1].startswith("trial: rank 0 measured that priority scheduling could save")
+    assert measured[-1].startswith(a["measured"]["mode"] + ": rank 0 measured")
+    assert "ms bucketed" in measured[-1]
+    resumed = _decided_once(a["resumed"]["decisions"])
+    assert a["resumed"]["mode"] == "scheduled", resumed[-1]
+    assert " ms bucketed before and " in resumed[-1]
+    engines = a["resumed"]["engines"]
+    runs = [e for i, e in enumerate(engines) if i == 0 or e != engines[i - 1]]
+    assert runs == ["bucketed", "scheduled", "bucketed", "scheduled"]
+    never = _decided_once(a["never"]["decisions"])
+    assert a["never"]["mode"] == "bucketed" and set(a["never"]["engines"]) == {"bucketed"}
+    assert len(never) == 2 and "min_saving=100%" in never[-1]
+    assert "priority scheduling would save at most" in a["never"]["verdict"]
+    assert "mode='auto'" in a["never"]["repr"] and "min_saving=1.0" in a["never"]["repr"]
+
+
 # -- without a cluster ------------------------------------------------------------------------
 
 
@@ -235,20 +268,23 @@ def test_one_replica_passes_through_and_equals_the_optimizer():
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "match"),
+    ("kwargs", "error", "match"),
     [
-        ({"partition_bytes": 0}, "partition_bytes"),
-        ({"credit_bytes": "lots"}, "credit_bytes"),
-        ({"order": "lifo"}, "order"),
-        ({"comm_ratio": 0.0}, "comm_ratio"),
-        ({"comm_ratio": float("nan")}, "comm_ratio"),
-        ({"reduce_op": "max"}, "reduce_op"),
-        ({"communication_options": 3}, "communication_options"),
-        ({"priority": "stem"}, "priority"),
+        ({"partition_bytes": 0}, ValueError, "partition_bytes"),
+        ({"credit_bytes": "lots"}, ValueError, "credit_bytes"),
+        ({"order": "lifo"}, ValueError, "order"),
+        ({"comm_ratio": 0.0}, ValueError, "comm_ratio"),
+        ({"comm_ratio": float("nan")}, ValueError, "comm_ratio"),
+        ({"comm_ratio": "4"}, TypeError, "comm_ratio"),
+        ({"reduce_op": "max"}, ValueError, "reduce_op"),
+        ({"communication_options": 3}, TypeError, "communication_options"),
+        ({"priority": "stem"}, TypeError, "priority"),
+        ({"mode": "ddp"}, ValueError, "mode='ddp' must be one of"),
+        ({"min_saving": -1}, ValueError, "min_saving"),
     ],
 )
-def test_bad_arguments_name_the_argument(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_arguments_name_the_argument(kwargs, error, match):
+    with pytest.raises(error, match=match):
         chronica.tf.ScheduledAllReduce(**kwargs)
 
 

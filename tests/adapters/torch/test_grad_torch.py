@@ -177,6 +177,7 @@ def test_single_process_is_the_plain_optimizer(tmp_path):
                 o.step()
         assert torch.equal(model.weight, ref.weight) and torch.equal(model.bias, ref.bias)
         assert opt.stats().steps == 0 and "nothing to communicate" in opt.stats().decision
+        assert repr(opt).startswith("ScheduledOptimizer(mode='auto', engine=None, min_saving=0.05")
         with pytest.raises(ValueError, match="mode='ddp' must be one of"):
             ScheduledOptimizer(model, plain, mode="ddp")
         with pytest.raises(ValueError, match="min_saving=2"):

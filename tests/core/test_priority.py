@@ -1,11 +1,7 @@
-"""The gradient task queue (chronica.core.priority) and the dispatcher machinery
-(chronica.runtime.dispatcher) without any framework: layout, reassembly, credit, order."""
+"""The gradient task queue (chronica.core.priority) without any framework: layout,
+reassembly, buckets, credit and the rank-identical order."""
 
-import gc
-import json
 import random
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -19,8 +15,6 @@ from chronica.core.priority import (
     fifo_order,
     simulate_order,
 )
-from chronica.runtime.dispatcher import AutoTuner, Dispatcher, SchedulingOptions
-from chronica.runtime.timeline import Exposure, Timeline, read_exposure, timeline_path
 
 tensors = st.lists(st.tuples(st.integers(0, 300), st.sampled_from([1, 2, 4, 8])), max_size=12)
 
@@ -109,35 +103,6 @@ def test_buckets_hold_whole_tensors_fused_from_the_last_one(spec, cap, first):
             assert layout.part_bytes[p] >= limit  # closed because it reached its limit
 
 
-def test_exposure_medians_bound_and_verdict():
-    bucketed = Exposure.from_steps(
-        [(0.1, 0.01, 0.0), (0.3, 0.03, 0.0), (0.2, 0.02, 0.0)], "bucketed"
-    )
-    assert (bucketed.steps, bucketed.step_time, bucketed.after_backward) == (3, 0.2, 0.02)
-    assert bucketed.exposed == 0.02 and bucketed.saving_bound == pytest.approx(0.1)
-    assert "would save at most 10.0% of step time" in bucketed.verdict
-    scheduled = Exposure.from_steps([(0.2, 0.05, 0.01)], "scheduled", decision="told")
-    assert scheduled.exposed == 0.01 and scheduled.decision == "told"
-    assert "hides about 20.0% here" in scheduled.verdict
-    assert "no step measured" in Exposure.from_steps([], "bucketed").verdict
-
-
-def test_timeline_finished_when_collected_and_exposure_read_back(tmp_path):
-    path = tmp_path / "t.json"
-    timeline = Timeline(str(path), pid=1)
-    timeline.step(1.0, 1.2, 0.05, 0.0, "bucketed")
-    timeline.step(1.2, 1.4, 0.04, 0.01, "scheduled")
-    timeline.step(1.4, 1.7, 0.06, 0.02, "scheduled")
-    del timeline  # never closed: the finalizer terminates the JSON array
-    gc.collect()
-    events = json.loads(path.read_text())
-    assert [e["tid"] for e in events if e["ph"] == "X"] == ["step"] * 3
-    exposure = read_exposure(path)  # the mode the run ended in
-    assert (exposure.mode, exposure.steps) == ("scheduled", 2)
-    assert exposure.step_time == pytest.approx(0.25)
-    assert exposure.forward_wait == pytest.approx(0.015)
-
-
 @given(spec=tensors, part=st.integers(1, 600), credit=st.integers(1, 2000), seed=st.integers(0, 99))
 def test_credit_bound_and_order_identical_whatever_the_timing(spec, part, credit, seed):
     layout = _layout(spec, part)
@@ -195,113 +160,3 @@ def test_simulated_order_limits():
     assert simulate_order(layout, backward, 400, 1e12).tolist() == [5, 4, 3, 2, 1, 0]
     assert simulate_order(layout, backward, 400, 1e-3).tolist() == [5, 0, 1, 2, 3, 4]
     assert fifo_order(layout, backward).tolist() == [5, 4, 3, 2, 1, 0]
-
-
-def test_dispatcher_threads_bound_credit_and_keep_order(tmp_path):
-    layout = build_layout(np.full(20, 256), np.full(20, 4), 1024)
-    order = np.arange(layout.num_partitions)
-    queue = GradientQueue(layout, order, credit_bytes=2048)
-    lock, flight, peaks, started, completed = threading.Lock(), [0], [0], [], []
-
-    def start(p):
-        with lock:
-            flight[0] += int(layout.part_bytes[p])
-            peaks[0] = max(peaks[0], flight[0])
-            started.append(p)
-        return p
-
-    def wait(p, handle):
-        time.sleep(0.001 * (p % 3))
-        with lock:
-            flight[0] -= int(layout.part_bytes[p])
-
-    trace = tmp_path / "t.json"
-    dispatcher = Dispatcher(start, wait, completed.append, Timeline(str(trace), pid=3))
-    for _ in range(2):
-        dispatcher.begin(queue, [f"p{i}" for i in range(layout.num_partitions)])
-        for t in reversed(range(layout.num_tensors)):
-            dispatcher.ready(t)
-        dispatcher.wait_all()
-    stats = dispatcher.stats()
-    dispatcher.close()
-    assert started == completed == order.tolist() * 2
-    assert peaks[0] <= 2048 + 1024 and dispatcher.max_in_flight <= 2048 + 1024
-    assert stats.bytes_per_second > 0 and np.isfinite(stats.tensor_ready).all()
-    events = json.loads(trace.read_text())
-    spans = [e for e in events if e["ph"] == "X"]
-    assert len(spans) == 2 * 2 * layout.num_partitions
-    assert {e["tid"] for e in spans} == {"queue", "communication"}
-    assert all(e["pid"] == 3 and e["dur"] >= 0 for e in spans)
-
-
-def test_dispatcher_surfaces_errors():
-    layout = build_layout(np.array([4]), np.array([4]), 16)
-    # A caller blocked on its own condition (the torch shim's forward waiting for its
-    # parameters) is woken by on_failure, once, and then sees ``failed``.
-    outside = threading.Condition()
-    woken = []
-
-    def wake():
-        with outside:
-            woken.append(threading.current_thread().name)
-            outside.notify_all()
-
-    dispatcher = Dispatcher(lambda p: p, lambda p, h: 1 / 0, lambda p: None, on_failure=wake)
-    dispatcher.begin(GradientQueue(layout, np.array([0]), 16))
-    dispatcher.ready(0)
-    with outside:
-        assert outside.wait_for(lambda: woken, timeout=60)
-    assert dispatcher.failed and woken == ["chronica-complete"]
-    with pytest.raises(RuntimeError, match="dispatcher failed"):
-        dispatcher.wait_all()
-    dispatcher.close()
-
-
-def test_options_from_arguments_and_environment(monkeypatch):
-    monkeypatch.setenv("CHRONICA_PARTITION_BYTES", "2MiB")
-    monkeypatch.setenv("CHRONICA_CREDIT_BYTES", "3000000")
-    monkeypatch.setenv("CHRONICA_TIMELINE", "/tmp/x.json")
-    opts = SchedulingOptions.resolve()
-    assert (opts.partition_bytes, opts.credit_bytes, opts.timeline) == (
-        2 << 20,
-        3000000,
-        "/tmp/x.json",
-    )
-    assert SchedulingOptions.resolve(partition_bytes=512, credit_bytes="1k").credit_bytes == 1024
-    with pytest.raises(ValueError, match="partition_bytes"):
-        SchedulingOptions.resolve(partition_bytes="lots")
-    with pytest.raises(ValueError, match="credit_bytes=0"):  # not silently the environment's
-        SchedulingOptions.resolve(credit_bytes=0)
-    with pytest.raises(ValueError, match="order"):
-        SchedulingOptions(order="random")
-    assert timeline_path("/a/t.json", 1, 2) == "/a/t.rank1.json"
-    assert timeline_path("/a/t-{rank}.json", 1, 2) == "/a/t-1.json"
-    assert timeline_path("/a/t.json", 0, 1) == "/a/t.json"
-
-
-def test_auto_tuner_keeps_the_fastest_candidate():
-    tuner = AutoTuner([(1, 1), (2, 2), (3, 3)], steps_per_trial=3)
-    seconds = {(1, 1): 3.0, (2, 2): 1.0, (3, 3): 2.0}
-    switches = []
-    for _ in range(30):
-        knobs = tuner.record(seconds[tuner.current])
-        if knobs is not None:
-            switches.append(knobs)
-    # the sweep, a second trial of the two best, then the winner for good
-    assert switches == [(2, 2), (3, 3), (2, 2), (3, 3), (2, 2)]
-    assert tuner.best == (2, 2)
-    assert tuner.scores == [3.0, 1.0, 2.0]
-
-
-def test_auto_tuner_is_not_decided_by_one_lucky_trial():
-    # (2, 2) is slower (1.2 s) but its first trial ran while the machine was quiet (0.9 s).
-    trials = {(1, 1): [[1.0] * 3, [1.0] * 3], (2, 2): [[0.9] * 3, [1.2] * 3]}
-    tuner = AutoTuner(list(trials), steps_per_trial=3)
-    while tuner.best is None:
-        knobs = tuner.current
-        for t in trials[knobs].pop(0):
-            tuner.record(t)
-    assert tuner.scores == [1.0, 0.9]  # the first sweep alone would keep (2, 2)
-    assert tuner.best == (1, 1)
-    lone = AutoTuner([(5, 5)], steps_per_trial=2)
-    assert lone.record(1.0) is None and lone.record(1.0) == (5, 5) and lone.best == (5, 5)

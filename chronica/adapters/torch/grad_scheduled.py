@@ -1,0 +1,193 @@
+"""The scheduled engine of ``ScheduledOptimizer`` (``chronica.adapters.torch.grad``): its
+partitions and order (built, re-planned from rank 0's measurements), the callables the
+``Dispatcher`` threads run, and the per-parameter updates on the training thread.
+
+``ScheduledEngine`` is a base class of ``ScheduledOptimizer`` only: it holds no state of
+its own and works on the optimizer's (declared below for the type checker).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from chronica.adapters.torch.grad_buffers import Packing
+from chronica.core.priority import GradientQueue, Layout, build_layout, fifo_order, simulate_order
+from chronica.runtime.dispatcher import Dispatcher, SchedulingOptions
+from chronica.runtime.gradients import PlanRecord
+
+__all__ = ["ScheduledEngine"]
+
+log = logging.getLogger("chronica")
+
+
+class ScheduledEngine:
+    """Priority scheduling's half of ``ScheduledOptimizer``: plan, dispatch callbacks, updates.
+
+    Guarantees: partitions and order are a pure function of rank 0's broadcast
+    measurements and knobs; each parameter is updated once per step, after all of its
+    partitions arrived, with the hyper-parameters of the step that released it; a
+    parameter no rank used loses its gradient untouched, as under DDP.
+
+    Example::
+
+        >>> class ScheduledOptimizer(GradientViews, ScheduledEngine): ...   # doctest: +SKIP
+    """
+
+    optimizer: torch.optim.Optimizer
+    world: int
+    _group: Any
+    _control: Any
+    _src: int
+    _steps: int
+    _params: list[torch.Tensor]
+    _names: list[str]
+    _group_of: dict[int, int]
+    _priority: list[int]
+    _slot: np.ndarray
+    _ordered: list[torch.Tensor]
+    _numel: np.ndarray
+    _itemsize: np.ndarray
+    _dtype_key: np.ndarray
+    _cv: threading.Condition
+    _released: bool
+    _updated: np.ndarray
+    _reduced: np.ndarray
+    _left: np.ndarray
+    _hyper: list[dict[str, Any]]
+    _last_done: float
+    _reduced_at: float
+    _record: PlanRecord | None
+    _layout: Layout
+    _packing: Packing
+    _queue: GradientQueue
+    _current: SchedulingOptions
+    _parts_per_param: np.ndarray
+    _part_params: list[list[int]]
+
+    def _label(self, layout: Layout, credit_bytes: int) -> None:
+        raise NotImplementedError
+
+    def _begin_step(self, dispatcher: Dispatcher) -> None:
+        dispatcher.wait_all()
+        if self._released:  # parameters the forward did not use are still to update
+            self._apply_reduced()
+        self._reduced_at = self._last_done  # when the previous step's last partition arrived
+        with self._cv:
+            self._released = False
+            self._updated[:] = False
+            self._reduced[:] = False
+            self._left[:] = self._parts_per_param
+        assert self._record is not None  # _build labelled the partitions
+        dispatcher.begin(self._queue, self._record.labels)
+
+    def _build(self, opts: SchedulingOptions, tensor_ready: np.ndarray, rate: float = 0.0) -> None:
+        layout = build_layout(self._numel, self._itemsize, opts.partition_bytes, self._dtype_key)
+        if opts.order == "fifo" or rate <= 0:
+            order = fifo_order(layout, tensor_ready)
+        else:
+            order = simulate_order(layout, tensor_ready, opts.credit_bytes, rate)
+        self._queue = GradientQueue(layout, order, opts.credit_bytes)
+        self._layout = layout
+        self._packing = Packing(layout, self._ordered, self.world)
+        self._current = opts
+        self._parts_per_param = np.empty(len(self._params), dtype=np.int64)
+        self._parts_per_param[self._priority] = layout.parts_per_tensor()
+        priority = self._priority
+        self._part_params = [
+            [priority[t] for t in layout.seg_tensor[a:b].tolist()]
+            for a, b in zip(
+                layout.part_ptr[:-1].tolist(), layout.part_ptr[1:].tolist(), strict=True
+            )
+        ]
+        self._label(layout, opts.credit_bytes)
+
+    def _replan(self, dispatcher: Dispatcher, knobs: tuple[int, int] | None) -> None:
+        """At a step boundary: finish, then rebuild from rank 0's measurements and knobs."""
+        dispatcher.wait_all()
+        self._apply_reduced()
+        stats = dispatcher.stats()
+        ready = np.nan_to_num(stats.tensor_ready, nan=0.0)
+        rate = stats.bytes_per_second if np.isfinite(stats.bytes_per_second) else 0.0
+        part, credit = knobs or (self._current.partition_bytes, self._current.credit_bytes)
+        agreed = self._agree(np.concatenate([ready, [rate, part, credit]]).astype(np.float64))
+        n = len(self._params)
+        opts = self._current.with_knobs(int(agreed[n + 1]), int(agreed[n + 2]))
+        self._build(opts, agreed[:n], float(agreed[n]))
+        log.debug(
+            "chronica replan at step %d: %s, %d partitions",
+            self._steps,
+            opts,
+            self._layout.num_partitions,
+        )
+
+    def _agree(self, values: Iterable[float] | np.ndarray) -> np.ndarray:
+        array = np.ascontiguousarray(np.asarray(values, dtype=np.float64))
+        tensor = torch.from_numpy(array)
+        dist.broadcast(tensor, src=self._src, group=self._control)
+        return tensor.numpy()
+
+    # -- dispatcher callables (run on the dispatcher's threads) ----------------------------
+
+    def _start(self, partition: int) -> Any:
+        buf = self._packing.buffers[partition]
+        return dist.all_reduce(buf, group=self._group, async_op=True)
+
+    def _wait(self, partition: int, work: Any) -> None:
+        work.wait()
+        self._packing.complete(partition)
+
+    def _wake(self) -> None:
+        """Wake a forward waiting for its parameters: the dispatcher failed, and the forward
+        re-raises its error instead of waiting for reductions that will never come."""
+        with self._cv:
+            self._cv.notify_all()
+
+    def _on_complete(self, partition: int) -> None:
+        with self._cv:
+            for i in self._part_params[partition]:
+                self._left[i] -= 1
+                if self._left[i] == 0:
+                    self._reduced[i] = True
+            self._last_done = time.perf_counter()
+            self._cv.notify_all()
+
+    # -- updates (on the training thread) ----------------------------------------------------
+
+    def _apply_reduced(self) -> None:
+        """Update every parameter whose average arrived and that is not updated yet, with one
+        call of the wrapped optimizer (after ``step()`` released this step's updates)."""
+        with self._cv:
+            ready = np.flatnonzero(self._reduced & ~self._updated)
+            self._updated[ready] = True
+        if len(ready):
+            self._apply(ready.tolist())
+
+    def _apply(self, indices: list[int]) -> None:
+        """Step the wrapped optimizer on exactly ``indices`` that some rank used; the others
+        lose their gradient, untouched, as under DDP."""
+        groups: dict[int, list[torch.Tensor]] = {}
+        for i in indices:
+            p = self._params[i]
+            if self._packing.used[self._slot[i]]:
+                groups.setdefault(self._group_of[id(p)], []).append(p)
+            else:
+                p.grad = None
+        if groups:
+            saved = self.optimizer.param_groups
+            self.optimizer.param_groups = [
+                dict(self._hyper[g], params=ps) for g, ps in groups.items()
+            ]
+            try:
+                self.optimizer.step()
+            finally:
+                self.optimizer.param_groups = saved
+        for i in indices:
+            self._params[i].grad = None

@@ -1,0 +1,261 @@
+"""What the three gradient shims (torch, TF, JAX) share: the plan record and its views, and
+the measured steps behind ``stats()`` (``Exposure``: saving bound and diagnostic line).
+
+Framework-free (numpy and the standard library). A shim keeps its framework's buffers and
+collectives; it describes its plan in force with one ``PlanRecord`` and its measured steps
+with one ``StepHistory``, and inherits the views of ``GradientViews``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from chronica.core.priority import Layout
+from chronica.runtime.timeline import Exposure
+
+__all__ = [
+    "BUCKET_BYTES",
+    "FIRST_BUCKET_BYTES",
+    "GradientViews",
+    "PlanRecord",
+    "StepHistory",
+]
+
+HISTORY = 256  # steps kept for stats()
+FIRST_BUCKET_BYTES = 1 << 20  # DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
+BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb: the bucketed engine of every shim
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """The partitions in force on a rank: the same on every rank of the job.
+
+    Args:
+        layout: the partitions (``chronica.core.priority.Layout``), tensors in priority order.
+        names: one name per tensor of ``layout`` (priority order): parameter names, variable
+            names or leaf paths.
+        partition_bytes: the partition (or bucket) size the layout was cut with.
+        credit_bytes: the bound on bytes in flight (0 where nothing bounds them).
+
+    Example::
+
+        >>> from chronica.core.priority import build_layout
+        >>> layout = build_layout(np.array([4, 2]), np.array([4, 4]), 8, np.zeros(2, np.int64))
+        >>> record = PlanRecord(layout, ["w", "b"], partition_bytes=8, credit_bytes=16)
+        >>> record.shapes()
+        [[('w', 0, 2)], [('w', 2, 4)], [('b', 0, 2)]]
+    """
+
+    layout: Layout
+    names: Sequence[str]
+    partition_bytes: int
+    credit_bytes: int
+    labels: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.layout, Layout):
+            raise TypeError(f"layout={self.layout!r} must be a chronica.core.priority.Layout")
+        if len(self.names) != self.layout.num_tensors:
+            raise ValueError(
+                f"names has {len(self.names)} entries for {self.layout.num_tensors} tensors: "
+                "pass one name per tensor of the layout, in priority order"
+            )
+        names = list(self.names)
+        labels = tuple(self.layout.label(p, names) for p in range(self.layout.num_partitions))
+        object.__setattr__(self, "labels", labels)
+
+    def dispatch(self, issued: Sequence[int]) -> list[str]:
+        """The labels of partitions ``issued`` (partition indices), in that order.
+
+        Args:
+            issued: partition indices in the order they were issued.
+
+        Example::
+
+            >>> record.dispatch([1, 0])   # doctest: +SKIP
+            ['w[2:4]', 'w[0:2]']
+        """
+        return [self.labels[p] for p in issued]
+
+    def shapes(self) -> list[list[tuple[str, int, int]]]:
+        """Each partition as ``(tensor name, start, stop)`` flat element ranges.
+
+        Example::
+
+            >>> record.shapes()[0]   # doctest: +SKIP
+            [('w', 0, 2)]
+        """
+        names = self.names
+        return [
+            [(names[t], a, b) for t, a, b in self.layout.segments(p)]
+            for p in range(self.layout.num_partitions)
+        ]
+
+
+class StepHistory:
+    """The last ``maxlen`` steps a shim measured, and the process CPU time while asked.
+
+    A step is the time from one call (``record``) to the next; the first call after
+    ``restart`` only sets the reference point. Each step keeps ``(step_time, after_backward,
+    forward_wait)`` (seconds, see ``Exposure``).
+
+    Args:
+        maxlen: how many steps are kept (older ones are dropped).
+
+    Example::
+
+        >>> history = StepHistory()
+        >>> history.record(10.0, 0.0, 0.0)         # reference point only
+        >>> history.record(10.1, 0.03, 0.0)        # one step: 0.1 s
+        10.0
+        >>> round(history.exposure("bucketed").saving_bound, 2)
+        0.3
+    """
+
+    def __init__(self, maxlen: int = HISTORY) -> None:
+        if isinstance(maxlen, bool) or not isinstance(maxlen, int):
+            raise TypeError(f"maxlen={maxlen!r} must be an int (steps kept)")
+        if maxlen < 1:
+            raise ValueError(f"maxlen={maxlen!r} must be at least 1")
+        self.steps: deque[tuple[float, float, float]] = deque(maxlen=maxlen)
+        self.cpu: deque[float] = deque(maxlen=maxlen)  # process CPU seconds per step
+        self._last_call: float | None = None
+        self._last_cpu = 0.0
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @property
+    def last_call(self) -> float | None:
+        """The time of the latest ``record`` (``None`` after ``restart``)."""
+        return self._last_call
+
+    def __repr__(self) -> str:
+        return f"StepHistory(steps={len(self.steps)}, maxlen={self.steps.maxlen})"
+
+    def record(
+        self, now: float, after_backward: float, forward_wait: float, cpu: bool = False
+    ) -> float | None:
+        """A call at ``now``: closes the step begun at the previous call, if any.
+
+        Args:
+            now: ``time.perf_counter()`` at this call.
+            after_backward: seconds from the end of backward until every gradient was reduced.
+            forward_wait: seconds the forward pass waited for parameters.
+            cpu: also measure the process CPU time per step (reading it costs: only while a
+                decision needs it).
+
+        Returns the start of the step it closed (``None`` after ``restart``).
+
+        Example::
+
+            >>> StepHistory().record(1.0, 0.0, 0.0) is None
+            True
+        """
+        spent = time.process_time() if cpu else 0.0
+        start = self._last_call
+        if start is not None:
+            self.steps.append((now - start, after_backward, forward_wait))
+            if cpu:
+                self.cpu.append(spent - self._last_cpu)
+        self._last_call, self._last_cpu = now, spent
+        return start
+
+    def restart(self) -> None:
+        """Forget the steps; the next ``record`` only sets the reference point.
+
+        Example::
+
+            >>> history = StepHistory(); history.restart(); len(history)
+            0
+        """
+        self.steps.clear()
+        self.cpu.clear()
+        self._last_call = None
+
+    def exposure(self, mode: str, decision: str = "") -> Exposure:
+        """Medians of the kept steps as an ``Exposure`` (what ``stats()`` returns).
+
+        Args:
+            mode: the engine the steps ran (``"bucketed"`` or ``"scheduled"``).
+            decision: why the shim runs in ``mode`` (empty if it was told to).
+
+        Example::
+
+            >>> StepHistory().exposure("bucketed").steps
+            0
+        """
+        return Exposure.from_steps(self.steps, mode, decision)
+
+    def median_cpu(self) -> float:
+        """Median CPU seconds per measured step (0 if none was measured).
+
+        Example::
+
+            >>> StepHistory().median_cpu()
+            0.0
+        """
+        return float(np.median(self.cpu)) if self.cpu else 0.0
+
+
+class GradientViews:
+    """The read-only views every gradient shim offers, from its ``PlanRecord`` in force.
+
+    A shim sets ``self._record`` (``None`` until it planned), answers ``_dispatched()``
+    (partition indices of the latest step in issue order), lists its configuration in
+    ``_config()`` for ``__repr__`` and may name the knobs it shows before its first plan
+    (``_unplanned()``: partition and credit bytes, 0 and 0 unless overridden).
+
+    Example::
+
+        >>> class Shim(GradientViews):
+        ...     def _config(self):
+        ...         return {"mode": "scheduled"}
+        >>> Shim()
+        Shim(mode='scheduled')
+    """
+
+    _record: PlanRecord | None = None
+
+    def _config(self) -> dict[str, object]:
+        raise NotImplementedError
+
+    def _dispatched(self) -> Sequence[int]:
+        return ()
+
+    def _unplanned(self) -> tuple[int, int]:
+        return 0, 0
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in self._config().items())
+        return f"{type(self).__name__}({fields})"
+
+    @property
+    def partition_bytes(self) -> int:
+        """The partition (or bucket) size in force (0 before the first plan)."""
+        return self._record.partition_bytes if self._record is not None else self._unplanned()[0]
+
+    @property
+    def credit_bytes(self) -> int:
+        """The bound on bytes in flight in force (0 where none applies yet)."""
+        return self._record.credit_bytes if self._record is not None else self._unplanned()[1]
+
+    @property
+    def last_dispatch(self) -> list[str]:
+        """Partitions (or buckets) of the latest step in issue order (the same on every rank)."""
+        return self._record.dispatch(self._dispatched()) if self._record is not None else []
+
+    def partition_shapes(self) -> list[list[tuple[str, int, int]]]:
+        """Each partition (or bucket) as ``(name, start, stop)`` flat element ranges, by priority.
+
+        Example::
+
+            >>> shim.partition_shapes()[0]   # doctest: +SKIP
+            [('stem.weight', 0, 262144)]
+        """
+        return self._record.shapes() if self._record is not None else []
