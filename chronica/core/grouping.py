@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from chronica.core.balance import _radix_argsort_into
-from chronica.core.rng import _uniform
+from chronica.core.kernels import radix_argsort_into
+from chronica.core.rng import uniform_at
 
 __all__ = ["grouped_by_size", "jittered_costs"]
 
@@ -23,7 +23,7 @@ def jittered_costs(
 ) -> None:
     """``out[p] = costs[samples[p]] * (1 + jitter * u_p)`` with ``u = uniforms(n, key)``."""
     for p in range(samples.shape[0]):
-        out[p] = costs[samples[p]] * (1.0 + jitter * _uniform(key, p))
+        out[p] = costs[samples[p]] * (1.0 + jitter * uniform_at(key, p))
 
 
 @njit(cache=True)
@@ -45,7 +45,7 @@ def _grouped_kernel(
     keys = values.view(np.uint64)
     for p in range(n):
         keys[p] = ~keys[p]
-    by_size = _radix_argsort_into(keys, np.empty(n, np.uint64), order, spare)
+    by_size = radix_argsort_into(keys, np.empty(n, np.uint64), order, spare)
     out = np.empty(n, stream.dtype)
     for b in range(step_order.shape[0]):
         source = step_order[b] * per_step

@@ -37,8 +37,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from chronica.core.balance import _descending_keys, _lpt, _radix_argsort_into, balance_steps
-from chronica.core.rng import _uniform
+from chronica.core.balance import balance_steps
+from chronica.core.kernels import descending_keys, lpt, radix_argsort_into
+from chronica.core.rng import uniform_at
 
 __all__ = ["ROUNDS_ABOVE_BINS", "fill_slack", "lpt_bins", "pool_steps"]
 
@@ -64,8 +65,8 @@ def _jittered_keys(costs: np.ndarray, key: np.uint64, jitter: float, keys: np.nd
     for first in range(0, costs.shape[0], chunk.shape[0]):
         part = chunk[: min(chunk.shape[0], costs.shape[0] - first)]
         for p in range(part.shape[0]):
-            part[p] = costs[first + p] * (1.0 + jitter * _uniform(key, first + p))
-        _descending_keys(part, keys[first : first + part.shape[0]])
+            part[p] = costs[first + p] * (1.0 + jitter * uniform_at(key, first + p))
+        descending_keys(part, keys[first : first + part.shape[0]])
 
 
 @njit(cache=True)
@@ -84,7 +85,7 @@ def _lpt_bins_kernel(
     num_bins, k = members.shape
     sort_keys = np.empty(n, np.uint32)
     _jittered_keys(costs, key, jitter, sort_keys)
-    order = _radix_argsort_into(
+    order = radix_argsort_into(
         sort_keys, np.empty(n, np.uint32), np.empty(n, members.dtype), np.empty(n, members.dtype)
     )
     if not rounds:
@@ -92,7 +93,7 @@ def _lpt_bins_kernel(
         for t in range(n):
             sorted_costs[t] = costs[order[t]]
         caps = np.full(num_bins, k, np.int64)
-        _lpt(sorted_costs, order, members, caps, np.zeros(num_bins), np.ones(num_bins), loads)
+        lpt(sorted_costs, order, members, caps, np.zeros(num_bins), np.ones(num_bins), loads)
         for b in range(num_bins):
             for j in range(k):
                 member_costs[b, j] = costs[members[b, j]]
@@ -108,7 +109,7 @@ def _lpt_bins_kernel(
         # relative resolution of 2**-20, and the sort is stable: ties go to the lower bin.
         for b in range(num_bins):
             bin_keys[b] = np.uint32(bits[b] >> np.uint64(32))
-        lightest = _radix_argsort_into(bin_keys, spare_keys, by_load, spare)
+        lightest = radix_argsort_into(bin_keys, spare_keys, by_load, spare)
         first = j * num_bins
         for i in range(num_bins):
             b = lightest[i]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["Stream", "derive_key", "permutation", "uniforms"]
+__all__ = ["Stream", "derive_key", "permutation", "uniform_at", "uniforms"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MUL1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -83,7 +83,7 @@ def permutation(n: int, key: np.uint64, out: np.ndarray | None = None) -> np.nda
 
 
 @njit(cache=True)
-def _uniform(key: np.uint64, i: int) -> float:
+def uniform_at(key: np.uint64, i: int) -> float:
     """Element ``i`` of ``uniforms(n, key)``."""
     r = _mix64(key + _GOLDEN * np.uint64(i + 1))
     return np.float64(r >> np.uint64(11)) * (1.0 / 9007199254740992.0)  # 2**-53
@@ -93,7 +93,7 @@ def _uniform(key: np.uint64, i: int) -> float:
 def _uniforms_kernel(n: int, key: np.uint64) -> np.ndarray:
     out = np.empty(n)
     for i in range(n):
-        out[i] = _uniform(key, i)
+        out[i] = uniform_at(key, i)
     return out
 
 
