@@ -178,8 +178,12 @@ class ShufflePolicy:
     def __repr__(self) -> str:
         """The kind and the fields that differ from their defaults, as a call."""
         shown = [repr(self.kind)]
-        defaults = (("q", 0.0), ("block_size", 64), ("partition", "contiguous"))
-        defaults += (("pre_shuffle", False),)
+        defaults: tuple[tuple[str, object], ...] = (
+            ("q", 0.0),
+            ("block_size", 64),
+            ("partition", "contiguous"),
+            ("pre_shuffle", False),
+        )
         shown += [f"{k}={getattr(self, k)!r}" for k, v in defaults if getattr(self, k) != v]
         return f"ShufflePolicy({', '.join(shown)})"
 

@@ -88,8 +88,12 @@ class Packing:
         shown = [f"max_tokens={self.max_tokens}"]
         if self.row_length != self.max_tokens:
             shown.append(f"row_length={self.row_length}")
-        defaults = (("tokens_per_step", None), ("micro_batches", None))
-        defaults += (("long_documents", "error"), ("loss", "token"))
+        defaults: tuple[tuple[str, object], ...] = (
+            ("tokens_per_step", None),
+            ("micro_batches", None),
+            ("long_documents", "error"),
+            ("loss", "token"),
+        )
         shown += [f"{k}={getattr(self, k)!r}" for k, v in defaults if getattr(self, k) != v]
         return f"Packing({', '.join(shown)})"
 
