@@ -302,7 +302,27 @@ def balance_steps(
 
     ``index`` (sample numbers in step order): position ``p`` then costs ``costs[index[p]]``
     and the first result is ``index[perm]`` (int64), without the gathered costs ever being
-    held whole.
+    held whole. Counts that do not add up to the steps, or speeds of the wrong shape or
+    value, raise ``ValueError``.
+
+    Args:
+        costs: ``float64`` sample costs (``>= 0``), in step order (or indexed by ``index``).
+        step_starts: ``int64`` where every step starts, plus the end (one more than steps).
+        num_ranks: the ranks ``W`` every step is split between.
+        counts: ``(steps, W)`` samples per rank (broadcastable); default equal counts.
+        alpha: fixed time per rank (default 0).
+        beta: time per unit of load per rank, ``> 0`` (default 1).
+        use_lpt: start from LPT (``True``) or from the given contiguous blocks.
+        partners: the lightest ranks a trade partner is looked for among first.
+        threads: worker threads (default: up to 8 for epochs of 2**18 samples or more).
+        progress: ``progress(done, total)`` as steps finish, or ``None``.
+        index: sample numbers in step order, or ``None`` (positions are the samples).
+
+    Example::
+
+        >>> perm, loads = balance_steps(np.array([5.0, 1.0, 4.0, 2.0]), np.array([0, 4]), 2)
+        >>> perm.tolist(), loads.tolist()
+        ([0, 1, 2, 3], [[6.0, 6.0]])
     """
     costs = np.ascontiguousarray(costs, dtype=np.float64)
     if index is None:

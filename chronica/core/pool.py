@@ -137,6 +137,19 @@ def lpt_bins(
     Returns ``(members, member_costs, loads)``: ``members[b]`` are bin ``b``'s positions into
     ``costs`` in the order it received them (int32 below 2**31 samples, else int64),
     ``member_costs[b]`` their costs and ``loads[b]`` their total.
+
+    Args:
+        costs: sample costs (``>= 0``); their count a multiple of ``num_bins``.
+        num_bins: the bins, ``>= 1``.
+        key: the jitter's key (``chronica.core.rng.derive_key``).
+        jitter: the largest relative jitter (``0``: none).
+        rounds: LPT in rounds, sample by sample, or ``None`` (by the bin count).
+
+    Example::
+
+        >>> members, _, loads = lpt_bins(np.array([4.0, 3.0, 2.0, 1.0]), 2)
+        >>> members.tolist(), loads.tolist()
+        ([[0, 3], [1, 2]], [5.0, 5.0])
     """
     n = costs.shape[0]
     if num_bins < 1 or n % num_bins:
@@ -316,6 +329,13 @@ def fill_slack(member_costs: np.ndarray, members: np.ndarray, loads: np.ndarray)
     ``lpt_bins`` returns it), ``member_costs`` their costs and ``loads`` shape ``(steps, W)``;
     all are updated in place, every bin left in ascending cost order (ties: lower position).
     Counts per bin never change.
+
+    Args:
+        member_costs: ``float64`` ``(steps, W, k)``, the costs of ``members``.
+        members: ``(steps, W, k)`` sample positions.
+        loads: ``float64`` ``(steps, W)``, every bin's total cost.
+
+    Example: ``pool_steps`` runs it between ``lpt_bins`` and ``balance_steps``.
     """
     num_steps, num_ranks = members.shape[:2]
     if member_costs.shape != members.shape or loads.shape != (num_steps, num_ranks):
@@ -343,6 +363,23 @@ def pool_steps(
     a step order). ``key``, ``jitter`` and ``rounds`` as in ``lpt_bins``, ``threads`` as in
     ``balance_steps``. Returns ``(indices, loads)``: ``indices`` (int64) lists step after
     step, rank after rank, every rank's local batch; ``loads[s, r]`` is its total cost.
+
+    Args:
+        costs: every sample's cost (``>= 0``).
+        samples: the sample numbers, one per cost.
+        num_ranks: ranks ``W`` per step.
+        step_order: a permutation of the steps (heaviest first ranking -> result order).
+        key: the jitter's key.
+        jitter: the largest relative jitter.
+        threads: threads of ``balance_steps`` (``None``: its default).
+        rounds: LPT in rounds, sample by sample, or ``None`` (by the bin count).
+
+    Example::
+
+        >>> indices, loads = pool_steps(np.array([8.0, 1.0, 1.0, 2.0]), np.arange(4), 2,
+        ...                             np.arange(2))
+        >>> sorted(indices.tolist()), loads.shape
+        ([0, 1, 2, 3], (2, 2))
     """
     if samples.shape != costs.shape:
         raise ValueError(

@@ -70,6 +70,6 @@ def test_permutation_into_a_narrow_buffer_is_the_same_permutation():
 def test_uniform_at_is_the_element_of_uniforms():
     from chronica.core.rng import uniform_at
 
-    key = derive_key(4, 2, Stream.JITTER)
-    values = uniforms(50, key)
-    assert [uniform_at(key, i) for i in range(50)] == values.tolist()
+    for key in (np.uint64(derive_key(4, 2, Stream.JITTER)), np.uint64(2**64 - 3)):
+        values = uniforms(50, key)
+        assert [uniform_at(key, i) for i in range(50)] == values.tolist()
