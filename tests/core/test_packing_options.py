@@ -87,3 +87,28 @@ def test_packing_is_frozen_and_hashable():
     with pytest.raises(AttributeError):
         packing.max_tokens = 9  # type: ignore[misc]
     assert hash(packing) == hash(Packing(max_tokens=8, row_length=8))
+
+
+def test_the_package_exports_every_public_name_of_its_rooms():
+    import chronica.core.packing as package
+    from chronica.core.packing import epoch, options, pieces, step, weights
+
+    names = {
+        "LONG_DOCUMENTS",
+        "LOSS_NORMALISATIONS",
+        "PackedEpoch",
+        "PackedStep",
+        "Packing",
+        "Pieces",
+        "micro_weights",
+        "pack_epoch",
+        "pack_step",
+        "pack_steps",
+        "pieces",
+        "step_starts",
+    }
+    assert set(package.__all__) == names
+    rooms = (epoch, options, pieces, step, weights)
+    assert names == {name for room in rooms for name in room.__all__}
+    for name in names:
+        assert any(getattr(room, name, None) is getattr(package, name) for room in rooms)
