@@ -91,7 +91,7 @@ def test_packing_is_frozen_and_hashable():
 
 def test_the_package_exports_every_public_name_of_its_rooms():
     import chronica.core.packing as package
-    from chronica.core.packing import epoch, options, pieces, step, weights
+    from chronica.core.packing import documents, epoch, options, step, weights
 
     names = {
         "LONG_DOCUMENTS",
@@ -108,7 +108,7 @@ def test_the_package_exports_every_public_name_of_its_rooms():
         "step_starts",
     }
     assert set(package.__all__) == names
-    rooms = (epoch, options, pieces, step, weights)
+    rooms = (documents, epoch, options, step, weights)
     assert names == {name for room in rooms for name in room.__all__}
     for name in names:
         assert any(getattr(room, name, None) is getattr(package, name) for room in rooms)

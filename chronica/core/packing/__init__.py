@@ -6,7 +6,7 @@ accumulation), each holding at most ``max_tokens`` tokens in rows of ``row_lengt
 package's rooms, each one job:
 
 ``options``   ``Packing``: the cap, the rows, the budget, what long documents and the loss do;
-``pieces``    ``Pieces``/``pieces``: the sequences documents are trained as (split, truncated);
+``documents`` ``Pieces``/``pieces``: the sequences documents are trained as (split, truncated);
 ``kernels``   the numba kernels: LPT under row capacities, refinement by moves and trades;
 ``step``      ``pack_step``/``PackedStep``: one step for its ranks, the fewest micro-batches;
 ``weights``   ``micro_weights``: loss normalisation per micro-batch;
@@ -27,9 +27,9 @@ Example::
     [4.0, 4.0]
 """
 
+from chronica.core.packing.documents import Pieces, pieces
 from chronica.core.packing.epoch import PackedEpoch, pack_epoch, pack_steps, step_starts
 from chronica.core.packing.options import LONG_DOCUMENTS, LOSS_NORMALISATIONS, Packing
-from chronica.core.packing.pieces import Pieces, pieces
 from chronica.core.packing.step import PackedStep, pack_step
 from chronica.core.packing.weights import micro_weights
 

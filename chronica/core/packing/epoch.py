@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from chronica.core.packing.documents import Pieces
 from chronica.core.packing.options import Packing
-from chronica.core.packing.pieces import Pieces
 from chronica.core.packing.step import pack_step
 from chronica.core.packing.weights import micro_weights
 

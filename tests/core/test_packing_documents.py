@@ -1,4 +1,4 @@
-"""``chronica.core.packing.pieces``: documents as the pieces they are trained as, by
+"""``chronica.core.packing.documents``: documents as the pieces they are trained as, by
 ``long_documents`` rule, and the refusals that name the fix."""
 
 from __future__ import annotations
