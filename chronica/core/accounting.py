@@ -24,7 +24,19 @@ __all__ = ["LabelSkew", "Movement", "js_divergence", "label_skew", "movement"]
 
 @dataclass(frozen=True)
 class Movement:
-    """Samples (and bytes, when per-sample bytes are known) every node fetches in an epoch."""
+    """Samples (and bytes, when per-sample bytes are known) every node fetches in an epoch.
+    Built by ``movement``.
+
+    Args:
+        epoch: the epoch.
+        samples: ``int64``, the samples every node fetches.
+        bytes: ``int64``, the bytes every node fetches, or ``None`` without sample bytes.
+
+    Example::
+
+        >>> Movement(0, np.array([3, 1]), None).total_samples
+        4
+    """
 
     epoch: int
     samples: np.ndarray  # per node
@@ -32,16 +44,27 @@ class Movement:
 
     @property
     def total_samples(self) -> int:
+        """Samples fetched by all nodes together."""
         return int(self.samples.sum())
 
     @property
     def total_bytes(self) -> int | None:
+        """Bytes fetched by all nodes together (``None`` without sample bytes)."""
         return None if self.bytes is None else int(self.bytes.sum())
 
 
 @dataclass(frozen=True)
 class LabelSkew:
-    """Jensen–Shannon divergence of label frequencies from the data set's, mean and max."""
+    """Jensen–Shannon divergence of label frequencies from the data set's, mean and max.
+    Built by ``label_skew``.
+
+    Args:
+        epoch: the epoch.
+        batch_mean: the mean over the epoch's global batches.
+        batch_max: the largest of a global batch.
+        node_mean: the mean over the nodes' epoch shares.
+        node_max: the largest of a node's share.
+    """
 
     epoch: int
     batch_mean: float
@@ -51,7 +74,21 @@ class LabelSkew:
 
 
 def movement(scheduler: Any, epoch: int, sample_bytes: Any = None) -> Movement:
-    """How many samples (and bytes) every node must fetch for ``epoch`` (see module doc)."""
+    """How many samples (and bytes) every node must fetch for ``epoch`` (see module doc).
+
+    Args:
+        scheduler: a ``chronica.core.Scheduler`` (its ``node_samples`` and
+            ``base_partitions``).
+        epoch: the epoch.
+        sample_bytes: one non-negative int per sample, or ``None`` to count samples only.
+
+    Example::
+
+        >>> from chronica.core import ScheduleConfig, Scheduler, ShufflePolicy
+        >>> local = Scheduler(np.ones(64), ScheduleConfig(4, 8, shuffle=ShufflePolicy.local()))
+        >>> movement(local, 1).total_samples
+        0
+    """
     n = scheduler.num_samples
     nbytes = None
     if sample_bytes is not None:
@@ -73,7 +110,18 @@ def _initial_shares(n: int, nodes: int) -> list[np.ndarray]:
 
 
 def js_divergence(p: np.ndarray, q: np.ndarray) -> float:
-    """Jensen–Shannon divergence (base 2) of two frequency vectors over the same classes."""
+    """Jensen–Shannon divergence (base 2, in ``[0, 1]``) of two frequency vectors over the
+    same classes.
+
+    Args:
+        p: counts or frequencies (not all zero).
+        q: counts or frequencies of the same classes (not all zero).
+
+    Example::
+
+        >>> js_divergence(np.array([1.0, 0.0]), np.array([0.0, 1.0]))
+        1.0
+    """
     p = p / p.sum()
     q = q / q.sum()
     m = 0.5 * (p + q)
@@ -86,7 +134,20 @@ def js_divergence(p: np.ndarray, q: np.ndarray) -> float:
 
 
 def label_skew(scheduler: Any, epoch: int, labels: Any) -> LabelSkew:
-    """Label skew of every global batch and every node's share of ``epoch``."""
+    """Label skew of every global batch and every node's share of ``epoch``.
+
+    Args:
+        scheduler: a ``chronica.core.Scheduler``.
+        epoch: the epoch.
+        labels: one class label per sample.
+
+    Example::
+
+        >>> from chronica.core import ScheduleConfig, Scheduler
+        >>> plain = Scheduler(np.ones(64), ScheduleConfig(2, 16, shuffle=False))
+        >>> round(label_skew(plain, 0, np.arange(64) // 32).batch_max, 3)  # one class a batch
+        0.311
+    """
     values = np.asarray(labels)
     if values.shape != (scheduler.num_samples,):
         raise ValueError(f"labels must hold one label per sample ({scheduler.num_samples})")

@@ -26,6 +26,15 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 import numpy as np
 from numba import njit
 
+from chronica.core.kernels import (
+    descending_keys,
+    lpt,
+    radix_argsort_into,
+    smallest_leaves,
+    tree_set,
+    winner_tree,
+)
+
 __all__ = ["DEFAULT_PARTNERS", "balance_steps"]
 
 DEFAULT_PARTNERS = 4
@@ -39,129 +48,6 @@ _PARALLEL_MIN_SAMPLES = 1 << 18
 # that scheduling them costs nothing next to the kernel.
 _PROGRESS_CHUNKS = 100
 _NO_INDEX = np.empty(0, np.int64)
-
-
-@njit(cache=True)
-def _radix_argsort_into(
-    keys: np.ndarray, spare_keys: np.ndarray, order: np.ndarray, spare_order: np.ndarray
-) -> np.ndarray:
-    """Stable ascending argsort of unsigned integer ``keys`` (32 or 64 bits) by LSD radix, in
-    linear time and the same on every machine; ``keys`` and the spare buffers (as long) are
-    overwritten, and the result is ``order`` or ``spare_order``. Bytes where all keys agree
-    are skipped."""
-    n = keys.shape[0]
-    width = keys.itemsize
-    counts = np.zeros((width, 257), np.int64)
-    for i in range(n):
-        key = np.uint64(keys[i])
-        order[i] = i
-        for d in range(width):
-            counts[d, ((key >> np.uint64(8 * d)) & np.uint64(0xFF)) + 1] += 1
-    for d in range(width):
-        digits = counts[d]
-        if digits[1:].max() == n:  # one digit for every key: this pass keeps the order
-            continue
-        for b in range(256):
-            digits[b + 1] += digits[b]
-        shift = np.uint64(8 * d)
-        for i in range(n):
-            key = keys[i]
-            digit = (np.uint64(key) >> shift) & np.uint64(0xFF)
-            slot = digits[digit]
-            digits[digit] = slot + 1
-            spare_keys[slot] = key
-            spare_order[slot] = order[i]
-        keys, spare_keys = spare_keys, keys
-        order, spare_order = spare_order, order
-    return order
-
-
-@njit(cache=True)
-def _descending_keys(values: np.ndarray, keys: np.ndarray) -> None:
-    """``keys[i]``: a 32-bit key that sorts ``values[i]`` (>= 0) descending."""
-    # Non-negative float64 values order like their bit patterns; the top 32 bits keep a
-    # relative resolution of 2**-20, and the complement turns ascending into descending.
-    bits = values.view(np.uint64)
-    for i in range(values.shape[0]):
-        keys[i] = np.uint32((~bits[i]) >> np.uint64(32))
-
-
-@njit(cache=True)
-def _argsort_descending(values: np.ndarray) -> np.ndarray:
-    """Positions of ``values`` (>= 0) from largest to smallest; near-equal values (within
-    2**-20 relative) keep position order."""
-    n = values.shape[0]
-    keys = np.empty(n, np.uint32)
-    _descending_keys(values, keys)
-    return _radix_argsort_into(
-        keys, np.empty(n, np.uint32), np.empty(n, np.int64), np.empty(n, np.int64)
-    )
-
-
-@njit(cache=True)
-def _tree(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A winner tree over ``keys`` (leaves padded to a power of two with ``inf``): node ``v``
-    holds the smallest key of its subtree and its position, ties to the lower position (the
-    left subtree), so the root is the first minimum. Leaf ``i`` is node ``size + i``."""
-    size = 1
-    while size < keys.shape[0]:
-        size *= 2
-    value = np.full(2 * size, np.inf)
-    where = np.zeros(2 * size, np.int64)
-    for i in range(size):
-        where[size + i] = i
-    value[size : size + keys.shape[0]] = keys
-    for v in range(size - 1, 0, -1):
-        right = value[2 * v + 1] < value[2 * v]
-        value[v] = value[2 * v + 1] if right else value[2 * v]
-        where[v] = where[2 * v + 1] if right else where[2 * v]
-    return value, where
-
-
-@njit(cache=True)
-def _tree_set(value: np.ndarray, where: np.ndarray, i: int, key: float) -> None:
-    """Set leaf ``i`` of a winner tree to ``key`` and replay its path to the root."""
-    v = value.shape[0] // 2 + i
-    value[v] = key
-    best, at = key, i
-    while v > 1:
-        # Only the sibling is read, so the path's winner stays in registers. A left sibling
-        # (lower positions) wins ties; a right one must be strictly smaller.
-        other = value[v ^ 1]
-        if other < best or (other == best and v & 1):
-            best, at = other, where[v ^ 1]
-        v >>= 1
-        value[v] = best
-        where[v] = at
-
-
-@njit(cache=True)
-def _lpt(
-    sorted_costs: np.ndarray,
-    order: np.ndarray,
-    members: np.ndarray,
-    caps: np.ndarray,
-    alpha: np.ndarray,
-    beta: np.ndarray,
-    loads: np.ndarray,
-) -> None:
-    """Fill ``members[r, :caps[r]]`` (positions, descending cost) and ``loads`` by
-    capacity-bounded LPT: each sample to the rank whose predicted time ``alpha + beta·load``
-    is lowest among those with room (ties: lower rank). ``order`` lists the positions by
-    descending cost, ``sorted_costs`` their costs in that order (read in sequence, not
-    gathered). A winner tree holds the times, a full rank's as ``inf``."""
-    num_ranks = members.shape[0]
-    counts = np.zeros(num_ranks, np.int64)
-    loads[:] = 0.0
-    value, where = _tree(np.where(caps > 0, alpha, np.inf))
-    for t in range(order.shape[0]):
-        i = order[t]
-        r = where[1]
-        members[r, counts[r]] = i
-        counts[r] += 1
-        loads[r] += sorted_costs[t]
-        time = alpha[r] + beta[r] * loads[r] if counts[r] < caps[r] else np.inf
-        _tree_set(value, where, r, time)
 
 
 @njit(cache=True)
@@ -179,33 +65,6 @@ def _sort_row(costs: np.ndarray, row: np.ndarray, descending: bool) -> None:
             row[j + 1] = row[j]
             j -= 1
         row[j + 1] = item
-
-
-@njit(cache=True)
-def _smallest(
-    value: np.ndarray,
-    where: np.ndarray,
-    exclude: int,
-    picked: np.ndarray,
-    taken: np.ndarray,
-    keys: np.ndarray,
-) -> np.ndarray:
-    """Up to ``len(picked)`` finite leaves of a winner tree other than ``exclude``, smallest
-    first (ties: lower position), written to ``picked``: taken from the root one by one, then
-    put back (``taken`` and ``keys``, one longer than ``picked``, hold them meanwhile)."""
-    filled = removed = 0
-    while filled < picked.shape[0] and value[1] < np.inf:
-        i = where[1]
-        taken[removed] = i
-        keys[removed] = value[1]
-        removed += 1
-        _tree_set(value, where, i, np.inf)
-        if i != exclude:
-            picked[filled] = i
-            filled += 1
-    for t in range(removed):
-        _tree_set(value, where, taken[t], keys[t])
-    return picked[:filled]
 
 
 @njit(cache=True)
@@ -299,8 +158,8 @@ def _refine(
     everyone = np.arange(num_ranks)
     # Winner trees: the heaviest rank (first of equals) is the smallest of -times; the
     # lightest ranks with samples are the smallest times, ranks without as inf.
-    top_value, top_where = _tree(-times)
-    low_value, low_where = _tree(np.where(caps > 0, times, np.inf))
+    top_value, top_where = winner_tree(-times)
+    low_value, low_where = winner_tree(np.where(caps > 0, times, np.inf))
     picked = np.empty(partners, np.int64)
     taken = np.empty(partners + 1, np.int64)
     keys = np.empty(partners + 1)
@@ -308,7 +167,7 @@ def _refine(
         a = top_where[1]
         if times[a] <= bound:
             return
-        lightest = _smallest(low_value, low_where, a, picked, taken, keys)
+        lightest = smallest_leaves(low_value, low_where, a, picked, taken, keys)
         _, b, i, j = _best_trade(costs, members, caps, times, beta, a, lightest)
         if b < 0 and partners < num_ranks - 1 and costs.shape[0] <= _WIDE_SEARCH_MAX:
             # Stuck with the lightest ranks: a middle rank may still take a trade. Each wide
@@ -325,8 +184,8 @@ def _refine(
         loads[b] += d
         for r in (a, b):
             times[r] = alpha[r] + beta[r] * loads[r]
-            _tree_set(top_value, top_where, r, -times[r])
-            _tree_set(low_value, low_where, r, times[r])
+            tree_set(top_value, top_where, r, -times[r])
+            tree_set(low_value, low_where, r, times[r])
         _sort_row(costs, members[a, : caps[a]], True)
         _sort_row(costs, members[b, : caps[b]], True)
 
@@ -378,12 +237,12 @@ def _balance_step_range(
                 c[p] = costs[index[p0 + p]]
         else:
             c[:] = costs[p0 : p0 + n]
-        _descending_keys(c, keys[:n])
-        order = _radix_argsort_into(keys[:n], spare_keys[:n], by_cost[:n], spare[:n])
+        descending_keys(c, keys[:n])
+        order = radix_argsort_into(keys[:n], spare_keys[:n], by_cost[:n], spare[:n])
         if use_lpt:
             for t in range(n):
                 c_sorted[t] = c[order[t]]
-            _lpt(c_sorted[:n], order, members, step_caps, alpha, beta, loads)
+            lpt(c_sorted[:n], order, members, step_caps, alpha, beta, loads)
         else:
             loads[:] = 0.0
             offset = 0
@@ -443,7 +302,27 @@ def balance_steps(
 
     ``index`` (sample numbers in step order): position ``p`` then costs ``costs[index[p]]``
     and the first result is ``index[perm]`` (int64), without the gathered costs ever being
-    held whole.
+    held whole. Counts that do not add up to the steps, or speeds of the wrong shape or
+    value, raise ``ValueError``.
+
+    Args:
+        costs: ``float64`` sample costs (``>= 0``), in step order (or indexed by ``index``).
+        step_starts: ``int64`` where every step starts, plus the end (one more than steps).
+        num_ranks: the ranks ``W`` every step is split between.
+        counts: ``(steps, W)`` samples per rank (broadcastable); default equal counts.
+        alpha: fixed time per rank (default 0).
+        beta: time per unit of load per rank, ``> 0`` (default 1).
+        use_lpt: start from LPT (``True``) or from the given contiguous blocks.
+        partners: the lightest ranks a trade partner is looked for among first.
+        threads: worker threads (default: up to 8 for epochs of 2**18 samples or more).
+        progress: ``progress(done, total)`` as steps finish, or ``None``.
+        index: sample numbers in step order, or ``None`` (positions are the samples).
+
+    Example::
+
+        >>> perm, loads = balance_steps(np.array([5.0, 1.0, 4.0, 2.0]), np.array([0, 4]), 2)
+        >>> perm.tolist(), loads.tolist()
+        ([0, 1, 2, 3], [[6.0, 6.0]])
     """
     costs = np.ascontiguousarray(costs, dtype=np.float64)
     if index is None:

@@ -33,13 +33,32 @@ class CostCalibration:
     taken and they determine a non-zero model, then the fitted one (in seconds); ``speeds()``
     are positive, one per rank, 1 for ranks without reports (the median of the others once
     some have reports) and proportional to ``1 / s_r`` otherwise. Non-finite or negative
-    reports are ignored.
+    reports are ignored. ``prior`` of another type than ``CostModel`` raises ``TypeError``.
+
+    Args:
+        num_ranks: the ranks reporting, ``>= 1``.
+        prior: the cost model planned with until the reports determine one.
+        history: reports kept per rank, ``>= 2``.
+        min_reports: reports (all ranks together) before the first fit, ``>= 1``.
+
+    Example::
+
+        >>> calibration = CostCalibration(2, CostModel.linear(), min_reports=2)
+        >>> for rank, slowness in ((0, 1.0), (1, 2.0)):
+        ...     for tokens in (100.0, 300.0):
+        ...         calibration.observe(rank, np.array([1.0, tokens, 0.0]), slowness * tokens)
+        >>> [round(float(s), 3) for s in calibration.speeds()]
+        [1.5, 0.75]
+        >>> calibration  # doctest: +ELLIPSIS
+        CostCalibration(num_ranks=2, prior=CostModel(...), history=48, min_reports=2)
     """
 
     def __init__(
         self, num_ranks: int, prior: CostModel, history: int = 48, min_reports: int = 8
     ) -> None:
         self.num_ranks = check_int("num_ranks", num_ranks, 1)
+        if not isinstance(prior, CostModel):
+            raise TypeError(f"prior={prior!r} must be a chronica.core.CostModel")
         self.prior = prior
         self.history = check_int("history", history, 2)
         self.min_reports = check_int("min_reports", min_reports, 1)
@@ -51,7 +70,13 @@ class CostCalibration:
         self._stale = False
 
     def observe(self, rank: int, features: np.ndarray, seconds: float) -> None:
-        """Rank ``rank`` computed work of ``features`` ``(n, ΣL, ΣL²)`` in ``seconds``."""
+        """Rank ``rank`` computed work of ``features`` ``(n, ΣL, ΣL²)`` in ``seconds``.
+
+        Args:
+            rank: the reporting rank.
+            features: documents, summed tokens and summed squared tokens of the work.
+            seconds: the time it took (``> 0``; other reports are ignored).
+        """
         values = np.asarray(features, dtype=np.float64)
         if values.shape != (3,) or not (np.isfinite(values).all() and math.isfinite(seconds)):
             return
@@ -66,6 +91,13 @@ class CostCalibration:
         self._seconds[rank, n] = seconds
         self._count[rank] = n + 1
         self._stale = True
+
+    def __repr__(self) -> str:
+        """The configuration: ranks, prior, history and the reports before a first fit."""
+        return (
+            f"CostCalibration(num_ranks={self.num_ranks}, prior={self.prior!r}, "
+            f"history={self.history}, min_reports={self.min_reports})"
+        )
 
     def model(self) -> CostModel:
         """The cost model to plan with: fitted (seconds) once the reports allow, else the prior."""

@@ -21,13 +21,13 @@ Everything here is deterministic: the same reports in the same order give the sa
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import SupportsInt
 
 import numpy as np
 from numba import njit
 
-from chronica.core.checks import check_int, is_int
+from chronica.core.checks import check_int, check_number
 
 __all__ = ["BatchController", "ControllerOptions", "RankTimeModel", "water_fill"]
 
@@ -36,16 +36,28 @@ __all__ = ["BatchController", "ControllerOptions", "RankTimeModel", "water_fill"
 _HUBER_ROUNDS = 4
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ControllerOptions:
-    """Tuning of the feedback loop; the defaults suit steps of 10 ms to 10 s.
+    """Tuning of the feedback loop; the defaults suit steps of 10 ms to 10 s. Validated on
+    construction: ``TypeError`` for a field of the wrong type, ``ValueError`` for a value out
+    of range, both naming the field.
 
-    ``memory``: weight ratio of a report to the next newer one (0.9: the last ~10 reports
-    dominate). ``history``: reports kept per rank. ``hysteresis``: relative predicted gain
-    needed before counts change. ``change_run``/``change_error``: that many newest reports
-    all off the fit by more than this fraction, on the same side, mean the rank's speed
-    changed; the older reports are then forgotten. ``ridge``: pull of the fixed cost
-    ``alpha`` towards 0 while loads hardly vary (it cannot be told apart from ``beta``).
+    Args:
+        memory: weight ratio of a report to the next newer one, in ``(0, 1]`` (0.9: the last
+            ~10 reports dominate).
+        history: reports kept per rank, ``>= 2``.
+        hysteresis: relative predicted gain needed before counts change, in ``[0, 1)``.
+        change_run: that many newest reports all off the fit by more than ``change_error``,
+            on the same side, mean the rank's speed changed (the older reports are then
+            forgotten); an int in ``[1, history)``.
+        change_error: the relative error of ``change_run``, ``> 0``.
+        ridge: pull of the fixed cost ``alpha`` towards 0 while loads hardly vary (it cannot
+            be told apart from ``beta``), ``>= 0``.
+
+    Example::
+
+        >>> ControllerOptions(memory=0.8, hysteresis=0.05)
+        ControllerOptions(memory=0.8, hysteresis=0.05)
     """
 
     memory: float = 0.9
@@ -56,17 +68,27 @@ class ControllerOptions:
     ridge: float = 0.01
 
     def __post_init__(self) -> None:
-        if not 0 < self.memory <= 1:
+        # Checked, never rewritten: the fields are part of the configuration digest.
+        memory = check_number("memory", self.memory, 0.0, 1.0)
+        if memory == 0:
             raise ValueError(f"memory={self.memory!r} must be in (0, 1]")
         check_int("history", self.history, 2)
-        if not 0 <= self.hysteresis < 1:
+        hysteresis = check_number("hysteresis", self.hysteresis, 0.0, 1.0)
+        if hysteresis == 1:
             raise ValueError(f"hysteresis={self.hysteresis!r} must be in [0, 1)")
-        if not is_int(self.change_run) or not 1 <= self.change_run < self.history:
-            raise ValueError(f"change_run={self.change_run!r} must be an int in [1, history)")
-        if not self.change_error > 0:
+        check_int("change_run", self.change_run, 1, self.history - 1, hint=" ([1, history))")
+        if not check_number("change_error", self.change_error, 0.0) > 0:
             raise ValueError(f"change_error={self.change_error!r} must be > 0")
-        if not self.ridge >= 0:
-            raise ValueError(f"ridge={self.ridge!r} must be >= 0")
+        check_number("ridge", self.ridge, 0.0)
+
+    def __repr__(self) -> str:
+        """The fields that differ from their defaults, as a call."""
+        shown = [
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in fields(self)
+            if getattr(self, f.name) != f.default
+        ]
+        return f"ControllerOptions({', '.join(shown)})"
 
 
 class RankTimeModel:
@@ -76,6 +98,19 @@ class RankTimeModel:
     A rank without reports borrows the median fit of the ranks with reports; with no
     reports at all every rank is ``(0, 1)``, i.e. time equals load, which makes dynamic
     plans equal to static ones.
+
+    Args:
+        num_ranks: the ranks modelled.
+        options: the feedback loop's tuning (default ``ControllerOptions()``).
+
+    Example::
+
+        >>> model = RankTimeModel(2)
+        >>> for load in (10.0, 20.0, 30.0):
+        ...     model.observe(0, load, 0.5 + 0.1 * load)
+        >>> alpha, beta = model.params()
+        >>> round(float(beta[0]), 2), round(float(beta[1]), 2)  # rank 1 borrows rank 0's
+        (0.1, 0.1)
     """
 
     def __init__(self, num_ranks: int, options: ControllerOptions | None = None) -> None:
@@ -93,6 +128,11 @@ class RankTimeModel:
 
         Reports with a non-finite or negative value are ignored (a clock hiccup must not
         poison the fit); the caller validates ranges of untrusted input before this.
+
+        Args:
+            rank: the reporting rank.
+            load: the step's predicted load on that rank.
+            seconds: the rank's measured compute time of the step.
         """
         if not (math.isfinite(load) and math.isfinite(seconds)) or load < 0 or seconds < 0:
             return
@@ -119,7 +159,11 @@ class RankTimeModel:
         return alpha, beta
 
     def reports(self, rank: int) -> int:
-        """How many reports of ``rank`` the fit currently uses."""
+        """How many reports of ``rank`` the fit currently uses.
+
+        Args:
+            rank: the rank.
+        """
         return int(self._count[rank])
 
     def _refit(self, rank: int) -> None:
@@ -229,6 +273,19 @@ def water_fill(
     The real-valued solution fills every rank up to a common time level (clipped to the
     bounds); the integer counts are its floors plus one for the ranks with the largest
     fractional parts (ties: lower rank).
+
+    Args:
+        total: samples to split.
+        alpha: fixed time per rank.
+        beta: time per unit of load per rank.
+        unit: load of one sample.
+        low: the fewest samples of a rank.
+        high: the most samples of a rank.
+
+    Example::
+
+        >>> water_fill(12, np.zeros(2), np.array([1.0, 2.0]), 1.0, 1, 12).tolist()
+        [8, 4]
     """
     alpha = np.asarray(alpha, dtype=np.float64)
     beta = np.asarray(beta, dtype=np.float64)
@@ -269,6 +326,18 @@ class BatchController:
     kept until another one beats it by the same margin. Counts always add up to ``total``
     and stay within ``[low, high]`` (``low`` is relaxed for short trailing steps that
     cannot give every rank ``low`` samples).
+
+    Args:
+        num_ranks: the ranks sharing a step.
+        low: the fewest samples of a rank.
+        high: the most samples of a rank.
+        options: the feedback loop's tuning (``hysteresis``).
+
+    Example::
+
+        >>> controller = BatchController(2, 1, 12)
+        >>> controller.counts(12, np.zeros(2), np.array([1.0, 2.0]), 1.0).tolist()
+        [8, 4]
     """
 
     def __init__(
@@ -282,6 +351,14 @@ class BatchController:
         self._full = 0
 
     def counts(self, total: int, alpha: np.ndarray, beta: np.ndarray, unit: float) -> np.ndarray:
+        """Every rank's count for a step of ``total`` samples (see the class docstring).
+
+        Args:
+            total: the step's samples.
+            alpha: fixed time per rank.
+            beta: time per unit of load per rank.
+            unit: load of one sample.
+        """
         w = self.num_ranks
         if self._shares is not None and total < self._full:
             # A short trailing step: the adopted shares, scaled down to ``total``.
@@ -303,6 +380,11 @@ class BatchController:
         return {"shares": shares, "full": self._full}
 
     def load_state_dict(self, state: dict[str, object]) -> None:
+        """Restore the adopted counts of ``state_dict``.
+
+        Args:
+            state: a ``state_dict()`` of a controller of as many ranks.
+        """
         shares = state.get("shares")
         self._shares = None if shares is None else np.asarray(shares, dtype=np.int64)
         full = state.get("full", 0)

@@ -17,13 +17,30 @@ from chronica.core.checks import check_int
 
 __all__ = ["CostModel", "as_cost_model"]
 
+_REAL = (int, float, np.integer, np.floating)
+
 
 @dataclass(frozen=True)
 class CostModel:
     """``cost(s) = a + b·s + c·s²`` with non-negative finite coefficients.
 
     Guarantees: costs are finite and non-negative for non-negative sizes, and a larger size
-    never costs less (the model is monotone on ``s ≥ 0``).
+    never costs less (the model is monotone on ``s ≥ 0``). A coefficient that is not a real
+    number raises ``TypeError``; a negative or non-finite one, or all three zero,
+    ``ValueError``.
+
+    Args:
+        a: the fixed cost of every sample.
+        b: the cost per unit of size.
+        c: the cost per squared unit of size (attention).
+
+    Example::
+
+        >>> model = CostModel.attention(4)
+        >>> model
+        CostModel(a=0.0, b=32.0, c=1.0)
+        >>> model(np.array([0.0, 2.0])).tolist()
+        [0.0, 68.0]
     """
 
     a: float = 0.0
@@ -33,7 +50,12 @@ class CostModel:
     def __post_init__(self) -> None:
         for name in ("a", "b", "c"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            if not isinstance(value, _REAL) or isinstance(value, (bool, np.bool_)):
+                raise TypeError(
+                    f"cost coefficient {name}={value!r} must be a real number "
+                    f"(cost = a + b*s + c*s**2)"
+                )
+            if not math.isfinite(value) or value < 0:
                 raise ValueError(
                     f"cost coefficient {name}={value!r} must be a finite number >= 0 "
                     f"(cost = a + b*s + c*s**2)"
@@ -45,22 +67,58 @@ class CostModel:
 
     @classmethod
     def linear(cls) -> CostModel:
-        """Cost equal to the size."""
+        """Cost equal to the size.
+
+        Example::
+
+            >>> CostModel.linear()(np.array([3.0])).tolist()
+            [3.0]
+        """
         return cls(0.0, 1.0, 0.0)
 
     @classmethod
     def affine(cls, a: float, b: float) -> CostModel:
-        """A fixed per-sample cost ``a`` plus ``b`` per unit of size."""
+        """A fixed per-sample cost ``a`` plus ``b`` per unit of size.
+
+        Args:
+            a: the fixed cost of every sample.
+            b: the cost per unit of size.
+
+        Example::
+
+            >>> CostModel.affine(2, 3)(np.array([1.0])).tolist()
+            [5.0]
+        """
         return cls(float(a), float(b), 0.0)
 
     @classmethod
     def quadratic(cls, a: float = 0.0, b: float = 0.0, c: float = 1.0) -> CostModel:
-        """``a + b·s + c·s²``."""
+        """``a + b·s + c·s²`` (default: ``s²``).
+
+        Args:
+            a: the fixed cost of every sample.
+            b: the cost per unit of size.
+            c: the cost per squared unit of size.
+
+        Example::
+
+            >>> CostModel.quadratic()(np.array([3.0])).tolist()
+            [9.0]
+        """
         return cls(float(a), float(b), float(c))
 
     @classmethod
     def attention(cls, hidden: int) -> CostModel:
-        """Transformer layer cost ``s² + 8·h·s`` (attention scores plus projections)."""
+        """Transformer layer cost ``s² + 8·h·s`` (attention scores plus projections).
+
+        Args:
+            hidden: the model width ``h``, ``>= 1``.
+
+        Example::
+
+            >>> CostModel.attention(1024).b
+            8192.0
+        """
         hidden = check_int("hidden", hidden, 1, hint=" (the model width)")
         return cls(0.0, 8.0 * hidden, 1.0)
 
@@ -81,7 +139,23 @@ class CostModel:
         ``kv = heads·head_dim`` for queries, keys, values and output and the feed-forward
         ``4·h·ffn`` (default ``ffn = 4·h``), plus the vocabulary projection ``2·h·vocab``;
         per token pair, per layer, scores and weighted values ``4·heads·head_dim``, halved
-        by a causal mask. ``b`` is the per-token FLOPs, ``c`` the per-pair ones, ``a`` 0."""
+        by a causal mask. ``b`` is the per-token FLOPs, ``c`` the per-pair ones, ``a`` 0.
+
+        Args:
+            hidden: the model width ``h``.
+            layers: transformer blocks.
+            heads: attention heads.
+            vocab: the vocabulary size (0: no output projection counted).
+            ffn: the feed-forward width (default ``4·hidden``).
+            head_dim: the width of one head (default ``hidden // heads``).
+            causal: a causal mask (halves the attention pairs).
+
+        Example::
+
+            >>> gpt2 = CostModel.transformer(768, 12, 12, vocab=50257)
+            >>> gpt2.c
+            55296.0
+        """
         hidden = check_int("hidden", hidden, 1, hint=" (the model width)")
         layers = check_int("layers", layers, 1)
         heads = check_int("heads", heads, 1)
@@ -106,7 +180,20 @@ class CostModel:
         micro-batch or a rank's step) the number of documents, their summed tokens, their
         summed squared tokens and the ``seconds`` it took. Non-negative least squares
         (coefficients scaled to the data, the same answer in any time unit up to scale);
-        ``ValueError`` when the measurements cannot determine a non-zero model."""
+        ``ValueError`` when the measurements cannot determine a non-zero model.
+
+        Args:
+            counts: documents of every measurement.
+            tokens: their summed tokens.
+            squares: their summed squared tokens.
+            seconds: the time every measurement took.
+
+        Example::
+
+            >>> fitted = CostModel.fit([1, 1], [10, 20], [100, 400], [0.1, 0.2])
+            >>> [round(x, 6) for x in fitted.to_tuple()]
+            [0.0, 0.01, 0.0]
+        """
         columns = [np.asarray(v, dtype=np.float64).ravel() for v in (counts, tokens, squares)]
         target = np.asarray(seconds, dtype=np.float64).ravel()
         lengths = {c.shape[0] for c in columns} | {target.shape[0]}
@@ -127,7 +214,11 @@ class CostModel:
         return cls(*(float(x) for x in coefficients))
 
     def __call__(self, sizes: np.ndarray) -> np.ndarray:
-        """Costs of ``sizes`` as a new float64 array."""
+        """Costs of ``sizes`` as a new float64 array.
+
+        Args:
+            sizes: sample sizes (any shape).
+        """
         s = np.asarray(sizes, dtype=np.float64)
         out = np.full_like(s, self.a)
         if self.b:
@@ -137,6 +228,7 @@ class CostModel:
         return out
 
     def to_tuple(self) -> tuple[float, float, float]:
+        """``(a, b, c)`` as floats, JSON-ready (part of the configuration digest)."""
         return (float(self.a), float(self.b), float(self.c))
 
 
@@ -146,8 +238,15 @@ _NAMED = {"linear": CostModel.linear(), "quadratic": CostModel.quadratic()}
 def as_cost_model(cost: Any) -> CostModel:
     """Turn the ``cost=`` argument into a ``CostModel``.
 
-    Accepts ``None`` (linear), ``"linear"``, ``"quadratic"``, a ``CostModel``, or a tuple
-    ``(a, b, c)``.
+    Args:
+        cost: ``None`` (linear), ``"linear"``, ``"quadratic"``, a ``CostModel``, or a tuple
+            ``(a, b, c)``. Another type raises ``TypeError``; an unknown name or a tuple of
+            another length ``ValueError``.
+
+    Example::
+
+        >>> as_cost_model((1, 2, 0))
+        CostModel(a=1.0, b=2.0, c=0.0)
     """
     if cost is None:
         return _NAMED["linear"]
@@ -161,9 +260,13 @@ def as_cost_model(cost: Any) -> CostModel:
                 f"cost={cost!r} is not a known model; use 'linear', 'quadratic', "
                 f"CostModel.attention(hidden) or a tuple (a, b, c)"
             ) from None
-    if isinstance(cost, tuple) and len(cost) == 3:
+    if isinstance(cost, tuple):
+        if len(cost) != 3:
+            raise ValueError(
+                f"cost={cost!r} is not understood; a tuple holds three coefficients (a, b, c)"
+            )
         return CostModel(*(float(x) for x in cost))
-    raise ValueError(
+    raise TypeError(
         f"cost={cost!r} is not understood; use 'linear', 'quadratic', a CostModel or a "
         f"tuple (a, b, c)"
     )

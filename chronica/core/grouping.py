@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from chronica.core.balance import _radix_argsort_into
-from chronica.core.rng import _uniform
+from chronica.core.kernels import radix_argsort_into
+from chronica.core.rng import uniform_at
 
 __all__ = ["grouped_by_size", "jittered_costs"]
 
@@ -21,9 +21,24 @@ __all__ = ["grouped_by_size", "jittered_costs"]
 def jittered_costs(
     costs: np.ndarray, samples: np.ndarray, key: np.uint64, jitter: float, out: np.ndarray
 ) -> None:
-    """``out[p] = costs[samples[p]] * (1 + jitter * u_p)`` with ``u = uniforms(n, key)``."""
+    """``out[p] = costs[samples[p]] * (1 + jitter * u_p)`` with ``u = uniforms(n, key)``.
+
+    Args:
+        costs: ``float64`` cost of every sample.
+        samples: the samples to draw for (any integer dtype).
+        key: the jitter stream's key (``chronica.core.rng.derive_key``).
+        jitter: the largest relative jitter (``0``: the costs themselves).
+        out: ``float64`` buffer as long as ``samples``.
+
+    Example::
+
+        >>> out = np.empty(2)
+        >>> jittered_costs(np.array([2.0, 4.0]), np.array([1, 0]), np.uint64(0), 0.0, out)
+        >>> out.tolist()
+        [4.0, 2.0]
+    """
     for p in range(samples.shape[0]):
-        out[p] = costs[samples[p]] * (1.0 + jitter * _uniform(key, p))
+        out[p] = costs[samples[p]] * (1.0 + jitter * uniform_at(key, p))
 
 
 @njit(cache=True)
@@ -45,7 +60,7 @@ def _grouped_kernel(
     keys = values.view(np.uint64)
     for p in range(n):
         keys[p] = ~keys[p]
-    by_size = _radix_argsort_into(keys, np.empty(n, np.uint64), order, spare)
+    by_size = radix_argsort_into(keys, np.empty(n, np.uint64), order, spare)
     out = np.empty(n, stream.dtype)
     for b in range(step_order.shape[0]):
         source = step_order[b] * per_step
@@ -66,7 +81,22 @@ def grouped_by_size(
 ) -> np.ndarray:
     """``stream`` reordered for guided mode (see the module docstring): sorted by jittered
     cost descending (ties keep stream order), the first ``len(step_order)`` runs of
-    ``per_step`` samples taken in ``step_order``, then the rest in sorted order."""
+    ``per_step`` samples taken in ``step_order``, then the rest in sorted order.
+
+    Args:
+        costs: ``float64`` cost of every sample (``>= 0``).
+        stream: an owner's samples (``int32`` or ``int64``); the result has its dtype.
+        key: the jitter stream's key.
+        jitter: the largest relative jitter.
+        per_step: samples of one step.
+        step_order: a permutation of the full steps (``len(stream) // per_step`` at most).
+
+    Example::
+
+        >>> grouped_by_size(np.array([1.0, 5.0, 3.0, 4.0]), np.arange(4), np.uint64(0), 0.0,
+        ...                 2, np.array([1, 0])).tolist()
+        [2, 0, 1, 3]
+    """
     n = stream.shape[0]
     dtype = np.int32 if n < 2**31 else np.int64
     return _grouped_kernel(

@@ -62,7 +62,20 @@ def _rounds(
 @njit(cache=True)
 def siphash24(k0: np.uint64, k1: np.uint64, m0: np.uint64, m1: np.uint64) -> np.uint64:
     """SipHash-2-4 (Aumasson and Bernstein, 2012) under the key ``k0 || k1`` of the
-    16-byte message ``m0 || m1`` (each word little-endian)."""
+    16-byte message ``m0 || m1`` (each word little-endian).
+
+    Args:
+        k0: the key's first 64-bit word.
+        k1: the key's second 64-bit word.
+        m0: the message's first word.
+        m1: the message's second word.
+
+    Example::
+
+        >>> h = siphash24(np.uint64(1), np.uint64(2), np.uint64(3), np.uint64(4))
+        >>> h == siphash24(np.uint64(1), np.uint64(2), np.uint64(3), np.uint64(4))
+        True
+    """
     v0, v1, v2, v3 = k0 ^ _V0, k1 ^ _V1, k0 ^ _V2, k1 ^ _V3
     for m in (m0, m1, _LENGTH):
         v3 ^= m
@@ -96,7 +109,23 @@ def multiset_hash(
     items: np.ndarray, starts: np.ndarray, ends: np.ndarray, first: int, key: np.ndarray
 ) -> np.ndarray:
     """The hash (module docstring) of the pairs ``(first + i, items[starts[i]:ends[i]])``
-    under ``key`` (``KEY_WORDS`` 64-bit words): ``HASH_WORDS`` int64 in ``[0, MODULUS)``."""
+    under ``key`` (``KEY_WORDS`` 64-bit words): ``HASH_WORDS`` int64 in ``[0, MODULUS)``.
+
+    Args:
+        items: the items of every step, step after step.
+        starts: where every step's items start in ``items``.
+        ends: where they end.
+        first: the number of the first step.
+        key: ``KEY_WORDS`` 64-bit words (any 8-byte integer dtype).
+
+    Example::
+
+        >>> key = np.arange(KEY_WORDS, dtype=np.uint64)
+        >>> a = multiset_hash(np.array([5, 7]), np.array([0]), np.array([2]), 3, key)
+        >>> b = multiset_hash(np.array([7, 5]), np.array([0]), np.array([2]), 3, key)
+        >>> bool((a == b).all())  # a multiset: the order within a step does not count
+        True
+    """
     out = np.zeros(HASH_WORDS, np.uint64)
     _hash_kernel(
         np.ascontiguousarray(items, np.int64),

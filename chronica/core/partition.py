@@ -30,14 +30,32 @@ __all__ = ["Owners", "base_partitions", "epoch_partitions", "fitted_order"]
 
 @dataclass(frozen=True)
 class Owners:
-    """Owner ``i`` holds ranks ``ranks[i]`` (ascending); ``rank_owner[r]`` is rank r's owner."""
+    """Owner ``i`` holds ranks ``ranks[i]`` (ascending); ``rank_owner[r]`` is rank r's owner.
+    Built by ``Owners.of``.
+
+    Args:
+        rank_owner: ``int64``, every rank's owner.
+        ranks: every owner's ranks, ascending.
+
+    Example::
+
+        >>> owners = Owners.of(["a", "a", "b", "b"], 4)
+        >>> owners.count, owners.rank_owner.tolist(), owners.sizes().tolist()
+        (2, [0, 0, 1, 1], [2, 2])
+    """
 
     rank_owner: np.ndarray
     ranks: tuple[np.ndarray, ...]
 
     @classmethod
     def of(cls, groups: Sequence[Any] | None, num_replicas: int) -> Owners:
-        """Owners from ``groups`` (a node id per rank), or one owner per rank."""
+        """Owners from ``groups`` (a node id per rank), or one owner per rank. Nodes are
+        numbered by their first rank, so owner order follows rank order.
+
+        Args:
+            groups: a node id per rank (any values, compared as strings), or ``None``.
+            num_replicas: the world's ranks.
+        """
         if groups is None:
             ids = np.arange(num_replicas)
         else:
@@ -62,6 +80,7 @@ class Owners:
 
     @property
     def count(self) -> int:
+        """The number of owners."""
         return len(self.ranks)
 
     def sizes(self) -> np.ndarray:
@@ -86,10 +105,26 @@ def fitted_order(
     total: int,
 ) -> tuple[np.ndarray, int, int]:
     """``epoch_order`` fitted to ``total`` like ``_fitted``: ``(order, padded, dropped)``,
-    the same values. The ``global`` permutation is drawn into its padded buffer, in the
-    narrowest integer type that numbers every sample (int32 below 2**31), so a large epoch
-    holds one compact copy of its order."""
-    if policy.kind != "global":
+    the same values. A permutation of every sample (``policy.permutes_all``) is drawn into
+    its padded buffer, in the narrowest integer type that numbers every sample (int32 below
+    2**31), so a large epoch holds one compact copy of its order.
+
+    Args:
+        policy: a non-partitioned shuffle policy.
+        n: the number of samples.
+        seed: the run's seed.
+        epoch: the epoch.
+        labels: one class label per sample (``stratified``), or ``None``.
+        total: the samples the epoch trains on (torch pads from the start or drops the tail).
+
+    Example::
+
+        >>> from chronica.core.shuffle import ShufflePolicy
+        >>> order, padded, dropped = fitted_order(ShufflePolicy("none"), 3, 0, 0, None, 5)
+        >>> order.tolist(), padded, dropped
+        ([0, 1, 2, 0, 1], 2, 0)
+    """
+    if not policy.permutes_all:
         return _fitted(epoch_order(policy, n, seed, epoch, labels), total)
     buffer = np.empty(max(n, total), dtype=np.int32 if max(n, total) < 2**31 else np.int64)
     order = permutation(n, derive_key(seed, epoch, Stream.ORDER), out=buffer[:n])
@@ -110,7 +145,25 @@ def base_partitions(
     explicit: Sequence[Any] | None = None,
 ) -> tuple[list[np.ndarray], int, int]:
     """Every owner's fixed partition, sized ``ranks × per_rank``; returns
-    ``(partitions, num_padded, num_dropped)``."""
+    ``(partitions, num_padded, num_dropped)``.
+
+    Args:
+        policy: a partitioned policy (its ``partition`` and ``pre_shuffle``).
+        n: the number of samples.
+        owners: the owners and their ranks.
+        per_rank: samples every rank trains on per epoch.
+        seed: the run's seed (for ``pre_shuffle``).
+        explicit: one index list per owner (what is on each node's disk), fitted to the
+            sizes, or ``None`` to cut partitions here.
+
+    Example::
+
+        >>> from chronica.core.shuffle import ShufflePolicy
+        >>> parts, padded, dropped = base_partitions(
+        ...     ShufflePolicy.local(), 5, Owners.of(None, 2), 3, seed=0)
+        >>> [p.tolist() for p in parts], padded, dropped
+        ([[0, 1, 2], [3, 4, 0]], 1, 0)
+    """
     targets = owners.sizes() * per_rank
     if explicit is not None:
         return _fit_explicit(explicit, n, targets)
@@ -165,9 +218,23 @@ def epoch_partitions(
 ) -> list[np.ndarray]:
     """Every owner's samples for ``epoch``, in training order: for ``partial``, a seeded
     fraction ``q`` of every partition is pooled and dealt back at random first; then every
-    partition is permuted. Sizes never change, so no owner gains or loses samples."""
+    partition is permuted. Sizes never change, so no owner gains or loses samples.
+
+    Args:
+        policy: a partitioned policy (``exchanges`` and ``q``).
+        base: every owner's fixed partition (``base_partitions``).
+        seed: the run's seed.
+        epoch: the epoch.
+
+    Example::
+
+        >>> from chronica.core.shuffle import ShufflePolicy
+        >>> parts = epoch_partitions(ShufflePolicy.local(), [np.arange(3), np.arange(3, 6)], 0, 1)
+        >>> [sorted(p.tolist()) for p in parts]
+        [[0, 1, 2], [3, 4, 5]]
+    """
     parts = [p.copy() for p in base]
-    if policy.kind == "partial" and policy.q > 0:
+    if policy.exchanges:
         picks = []
         for i, p in enumerate(parts):
             count = round(policy.q * p.shape[0])

@@ -22,6 +22,21 @@ class MicroLayout:
     ``r`` is entries ``bounds[j] .. bounds[j + 1]`` with ``j = first[s] + r·num_micro[s] + m``
     and weighs ``weights[j]`` in the loss (``chronica.core.packing.micro_weights``). Within a
     micro-batch, entries go row after row; ``capacity`` is a micro-batch's rows × row length.
+
+    Args:
+        pieces: ``int64`` piece number of every entry.
+        starts: ``int64`` first token of every entry within its document.
+        lengths: ``int64`` tokens of every entry.
+        rows: ``int64`` row of every entry within its micro-batch.
+        num_micro: ``int64`` micro-batches per rank, per step.
+        first: ``int64`` flat number of every step's first micro-batch (one more than steps).
+        bounds: ``int64`` where every micro-batch's entries start (one more than
+            micro-batches).
+        weights: ``float64`` loss weight of every micro-batch.
+        capacity: tokens a micro-batch holds (rows × row length).
+
+    Example: ``Scheduler(sizes, ScheduleConfig(..., packing=Packing(...))).plan_epoch(0)
+    .micro``; ``micro.index(s, r, m)`` numbers a micro-batch.
     """
 
     pieces: np.ndarray
@@ -35,12 +50,22 @@ class MicroLayout:
     capacity: int
 
     def index(self, step: int, rank: int, micro: int = 0) -> int:
-        """The flat number ``j`` of micro-batch ``micro`` of ``rank`` at ``step``."""
+        """The flat number ``j`` of micro-batch ``micro`` of ``rank`` at ``step``.
+
+        Args:
+            step: the step.
+            rank: the rank.
+            micro: the micro-batch within the rank's share.
+        """
         return int(self.first[step] + rank * self.num_micro[step] + micro)
 
     def rank_weights(self, num_replicas: int) -> np.ndarray:
         """Every rank's summed micro-batch weights per step, shape ``(steps, W)``: the weight
-        of a rank's mean loss over all its tokens (or documents) of the step."""
+        of a rank's mean loss over all its tokens (or documents) of the step.
+
+        Args:
+            num_replicas: the world's ranks ``W``.
+        """
         steps = self.num_micro.shape[0]
         out = np.zeros((steps, num_replicas))
         for s in range(steps):
@@ -62,6 +87,24 @@ class EpochPlan:
     A packed plan (``ScheduleConfig(packing=...)``) also has ``micro``, the micro-batches of
     every (step, rank); its ranks may hold different sample counts, and ``loss_weights`` is
     then each rank's share of the step's tokens (or documents) times ``W``.
+
+    Args:
+        epoch: the epoch.
+        num_replicas: the world's ranks ``W``.
+        indices: ``int64`` sample numbers, step after step, rank after rank.
+        bounds: ``int64`` ``(steps, W + 1)``, where every rank's samples start.
+        loads: ``float64`` ``(steps, W)``, every rank's predicted cost.
+        num_padded: samples repeated to give every rank the same count.
+        num_dropped: samples left out (``drop_last``).
+        digest: the configuration digest the plan was made under.
+        micro: the micro-batches of a packed plan, else ``None``.
+
+    Example::
+
+        >>> plan = EpochPlan(0, 2, np.array([3, 1, 0, 2]), np.array([[0, 1, 2], [2, 3, 4]]),
+        ...                  np.ones((2, 2)), 0, 0, "d")
+        >>> plan.local(1, 0).tolist(), plan.rank_indices(1).tolist()
+        ([0], [1, 2])
     """
 
     epoch: int
@@ -76,6 +119,7 @@ class EpochPlan:
 
     @property
     def num_steps(self) -> int:
+        """Steps of the epoch (the same on every rank)."""
         return int(self.bounds.shape[0])
 
     @property
@@ -85,17 +129,28 @@ class EpochPlan:
 
     @cached_property
     def loss_weights(self) -> np.ndarray:
+        """Per (step, rank), the factor of the rank's mean loss (see the class docstring)."""
         # Cached: adapters read one entry per step and rank.
         if self.micro is not None:
             return self.micro.rank_weights(self.num_replicas)
         return _loss_weights(self.bounds, self.num_replicas)
 
     def local(self, step: int, rank: int) -> np.ndarray:
-        """Rank ``rank``'s sample indices at ``step`` (a read-only view)."""
+        """Rank ``rank``'s sample indices at ``step`` (a view).
+
+        Args:
+            step: the step.
+            rank: the rank.
+        """
         return self.indices[self.bounds[step, rank] : self.bounds[step, rank + 1]]
 
     def rank_indices(self, rank: int) -> np.ndarray:
-        """All of rank ``rank``'s indices for the epoch, step after step."""
+        """All of rank ``rank``'s indices for the epoch, step after step; ``ValueError`` for
+        a rank outside ``[0, W)``.
+
+        Args:
+            rank: the rank.
+        """
         if not 0 <= rank < self.num_replicas:
             raise ValueError(f"rank={rank} must be in [0, {self.num_replicas})")
         return np.concatenate(
@@ -103,11 +158,20 @@ class EpochPlan:
         )
 
     def rank_steps(self, rank: int) -> list[np.ndarray]:
-        """Rank ``rank``'s indices per step."""
+        """Rank ``rank``'s indices per step.
+
+        Args:
+            rank: the rank.
+        """
         return [self.local(s, rank) for s in range(self.num_steps)]
 
     def stats(self, sizes: np.ndarray, costs: np.ndarray) -> PlanStats:
-        """What this plan does to balance and padding, measured with the predicted ``costs``."""
+        """What this plan does to balance and padding, measured with the predicted ``costs``.
+
+        Args:
+            sizes: every sample's size (every piece's, for a packed plan).
+            costs: every sample's predicted cost (every piece's, for a packed plan).
+        """
         return PlanStats.of(self, sizes, costs)
 
 
@@ -121,6 +185,23 @@ class WindowPlan:
     ``loss_weights[i, r] = n[i, r] · W / (samples in the step)`` makes the all-reduced
     average gradient the mean over the step when local batches differ in size (packed: the
     rank's share of the step's tokens or documents, as in ``EpochPlan``).
+
+    Args:
+        epoch: the epoch.
+        first_step: the epoch's step the window starts at.
+        num_replicas: the world's ranks ``W``.
+        indices: ``int64`` sample numbers, step after step, rank after rank.
+        bounds: ``int64`` ``(steps, W + 1)``, where every rank's samples start.
+        loads: ``float64`` ``(steps, W)``, every rank's predicted cost.
+        digest: the configuration digest the window was planned under.
+        micro: the micro-batches of a packed window, else ``None``.
+
+    Example::
+
+        >>> window = WindowPlan(0, 4, 2, np.array([5, 6, 7]), np.array([[0, 2, 3]]),
+        ...                     np.ones((1, 2)), "d")
+        >>> window.local(4, 0).tolist(), window.loss_weights.tolist()
+        ([5, 6], [[1.3333333333333333, 0.6666666666666666]])
     """
 
     epoch: int
@@ -134,6 +215,7 @@ class WindowPlan:
 
     @property
     def num_steps(self) -> int:
+        """Steps in the window."""
         return int(self.bounds.shape[0])
 
     @property
@@ -143,13 +225,20 @@ class WindowPlan:
 
     @cached_property
     def loss_weights(self) -> np.ndarray:
+        """Per (step of the window, rank), the factor of the rank's mean loss."""
         # Cached: the coordinator reads one column per rank, W times per window.
         if self.micro is not None:
             return self.micro.rank_weights(self.num_replicas)
         return _loss_weights(self.bounds, self.num_replicas)
 
     def local(self, step: int, rank: int) -> np.ndarray:
-        """Rank ``rank``'s sample indices at epoch step ``step`` (a read-only view)."""
+        """Rank ``rank``'s sample indices at epoch step ``step`` (a view); ``ValueError`` for
+        a step outside the window.
+
+        Args:
+            step: the step, counted from the start of the epoch.
+            rank: the rank.
+        """
         i = step - self.first_step
         if not 0 <= i < self.num_steps:
             raise ValueError(
@@ -178,6 +267,20 @@ class PlanStats:
     every rank the same count (torch's ``drop_last`` semantics). ``costs`` (and ``sizes``)
     are per sample, or per piece for a packed plan (``MicroLayout.pieces``), where the bound
     counts the largest piece instead of the equal-count bound's largest sample.
+
+    Args:
+        epoch: the epoch.
+        num_steps: steps of the plan.
+        load_ratio_mean: mean over steps of max/mean rank cost.
+        load_ratio_worst: the worst step's max/mean rank cost.
+        bound_mean: mean over steps of the best reachable ratio.
+        bound_worst: the worst step's best reachable ratio.
+        padding_fraction: share of padding (see above).
+        num_padded: samples repeated.
+        num_dropped: samples left out.
+
+    Example: ``Scheduler(sizes, config).stats(epoch)``, or ``PlanStats.of(plan, sizes,
+    costs)``.
     """
 
     epoch: int
@@ -192,6 +295,13 @@ class PlanStats:
 
     @classmethod
     def of(cls, plan: EpochPlan, sizes: np.ndarray, costs: np.ndarray) -> PlanStats:
+        """The statistics of ``plan``.
+
+        Args:
+            plan: the epoch's plan.
+            sizes: every sample's size (every piece's, for a packed plan).
+            costs: every sample's predicted cost (every piece's, for a packed plan).
+        """
         if plan.num_steps == 0:
             return cls(plan.epoch, 0, 1.0, 1.0, 1.0, 1.0, 0.0, plan.num_padded, plan.num_dropped)
         loads = plan.loads

@@ -37,8 +37,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from chronica.core.balance import _descending_keys, _lpt, _radix_argsort_into, balance_steps
-from chronica.core.rng import _uniform
+from chronica.core.balance import balance_steps
+from chronica.core.kernels import descending_keys, lpt, radix_argsort_into
+from chronica.core.rng import uniform_at
 
 __all__ = ["ROUNDS_ABOVE_BINS", "fill_slack", "lpt_bins", "pool_steps"]
 
@@ -64,8 +65,8 @@ def _jittered_keys(costs: np.ndarray, key: np.uint64, jitter: float, keys: np.nd
     for first in range(0, costs.shape[0], chunk.shape[0]):
         part = chunk[: min(chunk.shape[0], costs.shape[0] - first)]
         for p in range(part.shape[0]):
-            part[p] = costs[first + p] * (1.0 + jitter * _uniform(key, first + p))
-        _descending_keys(part, keys[first : first + part.shape[0]])
+            part[p] = costs[first + p] * (1.0 + jitter * uniform_at(key, first + p))
+        descending_keys(part, keys[first : first + part.shape[0]])
 
 
 @njit(cache=True)
@@ -84,7 +85,7 @@ def _lpt_bins_kernel(
     num_bins, k = members.shape
     sort_keys = np.empty(n, np.uint32)
     _jittered_keys(costs, key, jitter, sort_keys)
-    order = _radix_argsort_into(
+    order = radix_argsort_into(
         sort_keys, np.empty(n, np.uint32), np.empty(n, members.dtype), np.empty(n, members.dtype)
     )
     if not rounds:
@@ -92,7 +93,7 @@ def _lpt_bins_kernel(
         for t in range(n):
             sorted_costs[t] = costs[order[t]]
         caps = np.full(num_bins, k, np.int64)
-        _lpt(sorted_costs, order, members, caps, np.zeros(num_bins), np.ones(num_bins), loads)
+        lpt(sorted_costs, order, members, caps, np.zeros(num_bins), np.ones(num_bins), loads)
         for b in range(num_bins):
             for j in range(k):
                 member_costs[b, j] = costs[members[b, j]]
@@ -108,7 +109,7 @@ def _lpt_bins_kernel(
         # relative resolution of 2**-20, and the sort is stable: ties go to the lower bin.
         for b in range(num_bins):
             bin_keys[b] = np.uint32(bits[b] >> np.uint64(32))
-        lightest = _radix_argsort_into(bin_keys, spare_keys, by_load, spare)
+        lightest = radix_argsort_into(bin_keys, spare_keys, by_load, spare)
         first = j * num_bins
         for i in range(num_bins):
             b = lightest[i]
@@ -136,6 +137,19 @@ def lpt_bins(
     Returns ``(members, member_costs, loads)``: ``members[b]`` are bin ``b``'s positions into
     ``costs`` in the order it received them (int32 below 2**31 samples, else int64),
     ``member_costs[b]`` their costs and ``loads[b]`` their total.
+
+    Args:
+        costs: sample costs (``>= 0``); their count a multiple of ``num_bins``.
+        num_bins: the bins, ``>= 1``.
+        key: the jitter's key (``chronica.core.rng.derive_key``).
+        jitter: the largest relative jitter (``0``: none).
+        rounds: LPT in rounds, sample by sample, or ``None`` (by the bin count).
+
+    Example::
+
+        >>> members, _, loads = lpt_bins(np.array([4.0, 3.0, 2.0, 1.0]), 2)
+        >>> members.tolist(), loads.tolist()
+        ([[0, 3], [1, 2]], [5.0, 5.0])
     """
     n = costs.shape[0]
     if num_bins < 1 or n % num_bins:
@@ -315,6 +329,13 @@ def fill_slack(member_costs: np.ndarray, members: np.ndarray, loads: np.ndarray)
     ``lpt_bins`` returns it), ``member_costs`` their costs and ``loads`` shape ``(steps, W)``;
     all are updated in place, every bin left in ascending cost order (ties: lower position).
     Counts per bin never change.
+
+    Args:
+        member_costs: ``float64`` ``(steps, W, k)``, the costs of ``members``.
+        members: ``(steps, W, k)`` sample positions.
+        loads: ``float64`` ``(steps, W)``, every bin's total cost.
+
+    Example: ``pool_steps`` runs it between ``lpt_bins`` and ``balance_steps``.
     """
     num_steps, num_ranks = members.shape[:2]
     if member_costs.shape != members.shape or loads.shape != (num_steps, num_ranks):
@@ -342,6 +363,23 @@ def pool_steps(
     a step order). ``key``, ``jitter`` and ``rounds`` as in ``lpt_bins``, ``threads`` as in
     ``balance_steps``. Returns ``(indices, loads)``: ``indices`` (int64) lists step after
     step, rank after rank, every rank's local batch; ``loads[s, r]`` is its total cost.
+
+    Args:
+        costs: every sample's cost (``>= 0``).
+        samples: the sample numbers, one per cost.
+        num_ranks: ranks ``W`` per step.
+        step_order: a permutation of the steps (heaviest first ranking -> result order).
+        key: the jitter's key.
+        jitter: the largest relative jitter.
+        threads: threads of ``balance_steps`` (``None``: its default).
+        rounds: LPT in rounds, sample by sample, or ``None`` (by the bin count).
+
+    Example::
+
+        >>> indices, loads = pool_steps(np.array([8.0, 1.0, 1.0, 2.0]), np.arange(4), 2,
+        ...                             np.arange(2))
+        >>> sorted(indices.tolist()), loads.shape
+        ([0, 1, 2, 3], (2, 2))
     """
     if samples.shape != costs.shape:
         raise ValueError(

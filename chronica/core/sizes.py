@@ -18,11 +18,25 @@ __all__ = ["defines_sizeof", "resolve_sizes", "sizes_digest", "validate_sizes"]
 def validate_sizes(
     sizes: Any, *, expected_len: int | None = None, name: str = "sizes"
 ) -> np.ndarray:
-    """Return ``sizes`` as a read-only contiguous float64 vector, or raise ``ValueError``.
+    """Return ``sizes`` as a read-only contiguous float64 vector.
 
     Guarantees: the result is one-dimensional, has ``expected_len`` entries when that is
     given, and every entry is finite and non-negative. Integer and floating inputs are
-    accepted; booleans, strings and objects are refused.
+    accepted; booleans, strings and objects raise ``TypeError``, a wrong shape, length or
+    entry ``ValueError``, each naming ``name`` (and the entry's position).
+
+    Args:
+        sizes: one number per sample (array-like).
+        expected_len: the number of samples, or ``None`` not to check it.
+        name: how the message calls the sizes (e.g. ``"MyData.sizes"``).
+
+    Example::
+
+        >>> validate_sizes([3, 1, 2]).tolist()
+        [3.0, 1.0, 2.0]
+        >>> validate_sizes([1, -2])
+        Traceback (most recent call last):
+        ValueError: sizes[1] is -2; sizes must be non-negative
     """
     try:
         raw = np.asarray(sizes)
@@ -33,7 +47,7 @@ def validate_sizes(
     if raw.dtype == np.bool_ or not (
         np.issubdtype(raw.dtype, np.integer) or np.issubdtype(raw.dtype, np.floating)
     ):
-        raise ValueError(
+        raise TypeError(
             f"{name} must hold integers or floats, got dtype {raw.dtype}; "
             f"pass one number per sample, e.g. token counts"
         )
@@ -64,6 +78,17 @@ def defines_sizeof(dataset: Any) -> bool:
 
     Built-in and C-extension types (``list``, ``numpy.ndarray``) have their own memory-size
     ``__sizeof__``; those are not sizes. A base class may mark its default as "no sizes here".
+
+    Args:
+        dataset: any object.
+
+    Example::
+
+        >>> class Docs(list):
+        ...     def __sizeof__(self, index):
+        ...         return len(self[index])
+        >>> defines_sizeof(Docs(["ab"])), defines_sizeof(["ab"])
+        (True, False)
     """
     for klass in type(dataset).__mro__:
         method = vars(klass).get("__sizeof__")
@@ -88,6 +113,20 @@ def resolve_sizes(dataset: Any = None, sizes: Any = None, missing: str | None = 
 
     The data set is only asked for ``len()`` when ``sizes`` is given; otherwise its own
     sizes are read once here, never again.
+
+    Args:
+        dataset: the data set (``len()`` and, for sources 2 and 3, its sizes), or ``None``
+            when ``sizes`` is given alone.
+        sizes: explicit sizes, one per sample, or ``None``.
+        missing: why sizes are needed (then a data set without sizes is refused instead of
+            weighing every sample 1), or ``None``.
+
+    Example::
+
+        >>> resolve_sizes(["ab", "c"], sizes=[2, 1]).tolist()
+        [2.0, 1.0]
+        >>> resolve_sizes(["ab", "c"]).tolist()
+        [1.0, 1.0]
     """
     if sizes is not None:
         expected = _length(dataset) if dataset is not None else None
@@ -135,7 +174,16 @@ def _sizes_from_sizeof(dataset: Any, n: int) -> np.ndarray:
 
 
 def sizes_digest(sizes: np.ndarray) -> str:
-    """A short hex digest of the validated sizes: equal digests mean equal sizes, bit for bit."""
+    """A short hex digest of the validated sizes: equal digests mean equal sizes, bit for bit.
+
+    Args:
+        sizes: validated sizes (``validate_sizes``).
+
+    Example::
+
+        >>> sizes_digest(validate_sizes([1, 2])) == sizes_digest(validate_sizes([1.0, 2.0]))
+        True
+    """
     data = np.ascontiguousarray(sizes, dtype="<f8")
     # The buffer itself, not a bytes copy of it: a copy would double the sizes' memory.
     return hashlib.blake2b(data.data.cast("B"), digest_size=16).hexdigest()

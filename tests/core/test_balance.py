@@ -1,16 +1,13 @@
+"""``chronica.core.balance.balance_steps`` against its pure-Python reference: equal counts,
+torch's strided split for equal costs, speeds and unequal counts, threads, gathered costs."""
+
 import numpy as np
 import pytest
 import reference
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chronica.core.balance import (
-    _radix_argsort_into,
-    _smallest,
-    _tree,
-    _tree_set,
-    balance_steps,
-)
+from chronica.core.balance import balance_steps
 
 
 def _split(perm, starts, s, r, w):
@@ -136,48 +133,6 @@ def test_slow_ranks_get_lighter_samples_and_times_even_out():
 def test_counts_must_add_up_to_each_step():
     with pytest.raises(ValueError, match="add up"):
         balance_steps(np.ones(8), np.array([0, 8]), 2, counts=np.array([[3, 4]]))
-
-
-@pytest.mark.parametrize("dtype", [np.int32, np.int64])
-@pytest.mark.parametrize("spread", [1, 200, 1 << 16, 1 << 32])
-def test_radix_argsort_is_numpys_stable_argsort(dtype, spread):
-    rng = np.random.default_rng(spread % 97)
-    keys = (rng.integers(0, spread, 3000, dtype=np.uint64) * 0x01000001 % (1 << 32)).astype(
-        np.uint32
-    )
-    n = keys.shape[0]
-    buffers = (np.empty(n, np.uint32), np.empty(n, dtype), np.empty(n, dtype))
-    got = _radix_argsort_into(keys.copy(), buffers[0], buffers[1], buffers[2])
-    assert got.tolist() == np.argsort(keys, kind="stable").tolist()
-
-
-@given(
-    values=st.lists(
-        st.one_of(st.sampled_from([0.0, 1.0, 2.0, np.inf]), st.floats(-5, 5)),
-        min_size=1,
-        max_size=40,
-    ),
-    count=st.integers(0, 6),
-    updates=st.lists(st.tuples(st.integers(0, 39), st.sampled_from([0.0, 1.0, 3.0, np.inf]))),
-    data=st.data(),
-)
-def test_winner_tree_gives_the_first_smallest_like_the_reference(values, count, updates, data):
-    keys = np.array(values)
-    value, where = _tree(keys)
-    for i, key in updates:
-        if i < keys.shape[0]:
-            keys[i] = key
-            _tree_set(value, where, i, key)
-        if np.isfinite(keys).any():
-            assert where[1] == int(np.argmin(keys))
-    exclude = data.draw(st.integers(-1, keys.shape[0] - 1))
-    before = (value.copy(), where.copy())
-    buffers = (np.empty(count, np.int64), np.empty(count + 1, np.int64), np.empty(count + 1))
-    assert _smallest(value, where, exclude, *buffers).tolist() == reference.smallest(
-        keys.tolist(), count, exclude
-    )
-    np.testing.assert_array_equal(value, before[0])  # put back as it was
-    np.testing.assert_array_equal(where, before[1])
 
 
 def test_gathered_costs_give_the_same_split_as_costs_in_order():

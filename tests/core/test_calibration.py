@@ -59,3 +59,22 @@ def test_the_prior_stands_until_enough_reports_and_bad_ones_are_ignored():
     _feed(calibration, [1.0, 1.0], 1, rng)
     assert calibration.model() != prior
     assert calibration.speeds()[2] == pytest.approx(np.median(calibration.speeds()[:2]))
+
+
+def test_arguments_are_refused_by_name_and_class():
+    with pytest.raises(TypeError, match=r"^prior=.* must be a chronica.core.CostModel"):
+        CostCalibration(2, (0, 1, 0))
+    with pytest.raises(ValueError, match=r"^num_ranks=0"):
+        CostCalibration(0, CostModel.linear())
+    with pytest.raises(TypeError, match=r"^history="):
+        CostCalibration(2, CostModel.linear(), history=4.0)
+    with pytest.raises(ValueError, match=r"^min_reports=0"):
+        CostCalibration(2, CostModel.linear(), min_reports=0)
+
+
+def test_repr_shows_the_configuration():
+    calibration = CostCalibration(3, CostModel.affine(1, 2), history=10, min_reports=4)
+    assert repr(calibration) == (
+        "CostCalibration(num_ranks=3, prior=CostModel(a=1.0, b=2.0, c=0.0), history=10, "
+        "min_reports=4)"
+    )

@@ -202,3 +202,33 @@ def test_robust_fit_kernels_match_the_numpy_reference(n, seed, memory, ridge):
             assert _changed(loads[tail], times[tail], alpha, beta, error) == reference.changed(
                 loads[tail], times[tail], alpha, beta, error
             )
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,name",
+    [
+        ({"memory": 0.0}, ValueError, "memory"),
+        ({"memory": 1.5}, ValueError, "memory"),
+        ({"memory": "0.9"}, TypeError, "memory"),
+        ({"history": 1}, ValueError, "history"),
+        ({"history": 4.0}, TypeError, "history"),
+        ({"hysteresis": 1.0}, ValueError, "hysteresis"),
+        ({"hysteresis": None}, TypeError, "hysteresis"),
+        ({"change_run": 48}, ValueError, "change_run"),
+        ({"change_run": 0}, ValueError, "change_run"),
+        ({"change_run": 2.0}, TypeError, "change_run"),
+        ({"change_error": 0.0}, ValueError, "change_error"),
+        ({"ridge": -1.0}, ValueError, "ridge"),
+        ({"ridge": float("inf")}, ValueError, "ridge"),
+    ],
+)
+def test_controller_options_refuse_by_field_and_class(kwargs, error, name):
+    with pytest.raises(error, match=rf"^{name}="):
+        ControllerOptions(**kwargs)
+
+
+def test_controller_options_repr_shows_what_differs_from_the_defaults():
+    assert repr(ControllerOptions()) == "ControllerOptions()"
+    options = ControllerOptions(memory=0.5, change_run=4)
+    assert repr(options) == "ControllerOptions(memory=0.5, change_run=4)"
+    assert eval(repr(options), {"ControllerOptions": ControllerOptions}) == options

@@ -57,3 +57,19 @@ def test_permutation_positions_are_roughly_uniform():
         p = permutation(4, derive_key(0, epoch, Stream.ORDER))
         counts[np.arange(4), p] += 1
     assert counts.min() > 400 and counts.max() < 600
+
+
+def test_permutation_into_a_narrow_buffer_is_the_same_permutation():
+    out = np.empty(1000, np.int32)
+    assert permutation(1000, np.uint64(9), out=out) is out
+    assert out.tolist() == permutation(1000, np.uint64(9)).tolist()
+    with pytest.raises(ValueError, match="out has shape"):
+        permutation(10, np.uint64(9), out=np.empty(9, np.int32))
+
+
+def test_uniform_at_is_the_element_of_uniforms():
+    from chronica.core.rng import uniform_at
+
+    for key in (np.uint64(derive_key(4, 2, Stream.JITTER)), np.uint64(2**64 - 3)):
+        values = uniforms(50, key)
+        assert [uniform_at(key, i) for i in range(50)] == values.tolist()

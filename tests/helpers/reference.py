@@ -36,14 +36,15 @@ def uniforms(n: int, key: int) -> np.ndarray:
 
 
 def descending_order(costs: np.ndarray) -> np.ndarray:
-    """Descending by the top 32 bits of the float64 pattern; ties keep position order."""
+    """``chronica.core.kernels.argsort_descending``: descending by the top 32 bits of the
+    float64 pattern; ties keep position order."""
     keys = (~np.asarray(costs, dtype=np.float64).view(np.uint64)) >> np.uint64(32)
     return np.argsort(keys, kind="stable")
 
 
 def smallest(values, count: int, exclude: int) -> list[int]:
-    """Up to ``count`` positions of finite ``values`` other than ``exclude``, smallest first
-    (ties: lower position)."""
+    """``chronica.core.kernels.smallest_leaves``: up to ``count`` positions of finite
+    ``values`` other than ``exclude``, smallest first (ties: lower position)."""
     ranked = sorted((v, i) for i, v in enumerate(values) if i != exclude and v < np.inf)
     return [i for _, i in ranked[:count]]
 
@@ -66,7 +67,8 @@ def _speeds(num_ranks, caps, alpha, beta, n):
 
 
 def lpt(costs, num_ranks, caps=None, alpha=None, beta=None) -> list[list[int]]:
-    """Each sample, largest first, to the rank with room whose predicted time
+    """``chronica.core.kernels.lpt`` over ``descending_order``: each sample, largest first,
+    to the rank with room whose predicted time
     ``alpha + beta·load`` is lowest (ties: lower rank); equal counts by default."""
     caps, alpha, beta = _speeds(num_ranks, caps, alpha, beta, len(costs))
     members: list[list[int]] = [[] for _ in range(num_ranks)]
@@ -294,8 +296,8 @@ def shared_finish(work, cores):
     return np.array([finish[r] for r in range(len(work))])
 
 
-# Packing (``chronica.core.packing``): LPT under row capacities (even micro-batches, else
-# best fit), then move/trade refinement.
+# Packing (``chronica.core.packing``; its kernels in ``chronica.core.packing.kernels``): LPT
+# under row capacities (even micro-batches, else best fit), then move/trade refinement.
 
 PACK_REL_TOL = 1e-9  # a move or trade must gain more than this fraction of the top time
 PACK_CLOSE_ENOUGH = 1e-7  # refinement stops this close (relative) to the mean time
@@ -312,13 +314,13 @@ def _seq_sum(values) -> float:
     return total
 
 
-def _fit_row(free_rows: list[int], length: int) -> int:
+def fit_row(free_rows: list[int], length: int) -> int:
     """The fullest row that ``length`` fits in (ties: lower row), or -1."""
     fitting = [(free, k) for k, free in enumerate(free_rows) if free >= length]
     return min(fitting)[1] if fitting else -1
 
 
-def _fit_micro(
+def fit_micro(
     free: list[list[int]], micro_loads: list[float], length: int, tight: bool
 ) -> tuple[int, int]:
     """Even: the cheapest micro-batch with a row ``length`` fits in (ties: lower index) and
@@ -332,19 +334,21 @@ def _fit_micro(
             if free[m][k] >= length
         ]
         return min(fitting)[1:] if fitting else (-1, -1)
-    fitting = [(micro_loads[m], m) for m in range(len(free)) if _fit_row(free[m], length) >= 0]
+    fitting = [(micro_loads[m], m) for m in range(len(free)) if fit_row(free[m], length) >= 0]
     if not fitting:
         return -1, -1
     m = min(fitting)[1]
-    return m, _fit_row(free[m], length)
+    return m, fit_row(free[m], length)
 
 
-def _room(free: list[list[int]]) -> int:
+def largest_room(free: list[list[int]]) -> int:
     return max(max(rows) for rows in free)
 
 
-def _pack_trade(lengths, costs, speeds, free, rank, micro, row, loads, a, partners, pairs, gain):
-    """``chronica.core.packing._best_trade``: the trade ``(i, j, k)`` (``k`` -1 without a
+def pack_best_trade(
+    lengths, costs, speeds, free, rank, micro, row, loads, a, partners, pairs, gain
+):
+    """``chronica.core.packing.kernels.best_trade``: the trade ``(i, j, k)`` (``k`` -1 without a
     second document) of a document ``i`` of rank ``a`` for a cheaper document ``j`` (with
     ``pairs``, maybe with a later document ``k`` of ``j``'s row) of a rank in ``partners``
     that lowers the larger of the two times most, by more than ``gain``; ``None`` if none.
@@ -389,8 +393,8 @@ def _pack_trade(lengths, costs, speeds, free, rank, micro, row, loads, a, partne
     return best
 
 
-def _pack_refine(lengths, costs, speeds, tight, free, micro_loads, room, rank, micro, row, loads):
-    """``chronica.core.packing._refine`` on lists (mutated in place)."""
+def pack_refine(lengths, costs, speeds, tight, free, micro_loads, room, rank, micro, row, loads):
+    """``chronica.core.packing.kernels.refine`` on lists (mutated in place)."""
     w, n = len(speeds), len(lengths)
     if w < 2 or n == 0:
         return
@@ -398,7 +402,7 @@ def _pack_refine(lengths, costs, speeds, tight, free, micro_loads, room, rank, m
     bound = mean * (1.0 + PACK_CLOSE_ENOUGH)
 
     def place(i, b):
-        m, k = _fit_micro(free[b], micro_loads[b], lengths[i], tight)
+        m, k = fit_micro(free[b], micro_loads[b], lengths[i], tight)
         rank[i], micro[i], row[i] = b, m, k
         free[b][m][k] -= lengths[i]
         micro_loads[b][m] += costs[i]
@@ -426,7 +430,7 @@ def _pack_refine(lengths, costs, speeds, tight, free, micro_loads, room, rank, m
             place(i, b)
             loads[a] -= costs[i]
             loads[b] += costs[i]
-            room[a], room[b] = _room(free[a]), _room(free[b])
+            room[a], room[b] = largest_room(free[a]), largest_room(free[b])
             continue
         # Trades, each side taking the other's row slot: one for one with the lightest
         # ranks (ties: lower rank); while the top is worth more, one for two of one row
@@ -434,12 +438,12 @@ def _pack_refine(lengths, costs, speeds, tight, free, micro_loads, room, rank, m
         # small enough).
         lightest = set(sorted(range(w), key=lambda r: (times[r], r))[:PACK_PARTNERS]) - {a}
         args = (lengths, costs, speeds, free, rank, micro, row, loads, a)
-        trade = _pack_trade(*args, lightest, False, gain)
+        trade = pack_best_trade(*args, lightest, False, gain)
         worth = top > mean * (1.0 + PACK_WORTH_MORE)
         if trade is None and worth:
-            trade = _pack_trade(*args, lightest, True, gain)
+            trade = pack_best_trade(*args, lightest, True, gain)
         if trade is None and worth and w > PACK_PARTNERS + 1 and n <= PACK_WIDE_SEARCH_MAX:
-            trade = _pack_trade(*args, set(range(w)) - {a}, False, gain)
+            trade = pack_best_trade(*args, set(range(w)) - {a}, False, gain)
         if trade is None:
             return
         i, j, k = trade
@@ -457,13 +461,14 @@ def _pack_refine(lengths, costs, speeds, tight, free, micro_loads, room, rank, m
             rank[x], micro[x], row[x] = slot
         loads[a] -= d
         loads[b] += d
-        room[a], room[b] = _room(free[a]), _room(free[b])
+        room[a], room[b] = largest_room(free[a]), largest_room(free[b])
 
 
 def pack(lengths, costs, speeds, num_micro, rows, row_length, refine=True, tight=False):
-    """Reference of ``chronica.core.packing._pack``: ``(rank, micro, row, loads)`` lists,
-    or ``None`` if LPT finds a document no rank has a row for (``refine=False``: LPT only;
-    ``tight``: every document to the fullest row of its rank it fits in)."""
+    """Reference of ``chronica.core.packing.kernels.pack_attempt``: ``(rank, micro, row,
+    loads)`` lists, or ``None`` if LPT finds a document no rank has a row for
+    (``refine=False``: LPT only; ``tight``: every document to the fullest row of its rank it
+    fits in)."""
     lengths = [int(x) for x in lengths]
     costs = [float(c) for c in costs]
     speeds = [float(s) for s in speeds]
@@ -484,16 +489,14 @@ def pack(lengths, costs, speeds, num_micro, rows, row_length, refine=True, tight
                     best, best_time = r, time
         if best < 0:
             return None
-        m, k = _fit_micro(free[best], micro_loads[best], lengths[i], tight)
+        m, k = fit_micro(free[best], micro_loads[best], lengths[i], tight)
         rank[i], micro[i], row[i] = best, m, k
         free[best][m][k] -= lengths[i]
         micro_loads[best][m] += costs[i]
         loads[best] += costs[i]
-        room[best] = _room(free[best])
+        room[best] = largest_room(free[best])
     if refine:
-        _pack_refine(
-            lengths, costs, speeds, tight, free, micro_loads, room, rank, micro, row, loads
-        )
+        pack_refine(lengths, costs, speeds, tight, free, micro_loads, room, rank, micro, row, loads)
     return rank, micro, row, loads
 
 
@@ -555,8 +558,9 @@ def pack_step(lengths, costs, num_replicas, rows, row_length, speeds=None, num_m
 
 
 def budget_starts(tokens, budget: int) -> list[int]:
-    """Reference of ``chronica.core.packing._budget_starts``: a step starts at the first
-    document and wherever the next document would take the step over ``budget`` tokens."""
+    """Reference of ``chronica.core.packing.epoch.step_starts`` with a budget (less the
+    stream's end): a step starts at the first document and wherever the next document would
+    take the step over ``budget`` tokens."""
     starts: list[int] = []
     used = 0
     for i, t in enumerate(tokens):

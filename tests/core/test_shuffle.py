@@ -1,3 +1,7 @@
+"""Shuffle policies (``chronica.core.shuffle``): every kind's epoch order and behaviour
+flags, validation and repr; through the scheduler, exactly-once coverage, locality,
+determinism, movement and label skew of every policy."""
+
 from collections import Counter
 
 import numpy as np
@@ -6,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chronica.core import ScheduleConfig, Scheduler, ShufflePolicy, label_skew, movement
-from chronica.core.shuffle import stratified_order
+from chronica.core.rng import Stream, derive_key, permutation
+from chronica.core.shuffle import as_shuffle_policy, epoch_order, stratified_order
 
 POLICIES = [
     ShufflePolicy("global"),
@@ -57,7 +62,7 @@ def _check(sch, epoch):
         for r in range(w):
             node = sch.nodes.rank_owner[r]
             assert set(streams[r].tolist()) <= set(epoch_parts[node].tolist())
-            if sch.config.shuffle.kind == "local":
+            if not sch.config.shuffle.exchanges:
                 assert set(streams[r].tolist()) <= set(base[node].tolist())
     return plan
 
@@ -179,25 +184,111 @@ def test_every_policy_is_deterministic_and_reshuffles(policy):
         assert a.plan_epoch(0).indices.tobytes() != a.plan_epoch(1).indices.tobytes()
 
 
-@pytest.mark.parametrize("n,total", [(10, 10), (10, 7), (10, 13), (3, 11), (1, 4)])
-@pytest.mark.parametrize("policy", ["global", "block", "none"])
-def test_fitted_order_is_the_padded_epoch_order_in_a_compact_type(n, total, policy):
-    from chronica.core.partition import _fitted, fitted_order
-    from chronica.core.shuffle import as_shuffle_policy, epoch_order
+# --- the policy object ----------------------------------------------------------------------
 
-    shuffle = as_shuffle_policy(policy)
-    got, padded, dropped = fitted_order(shuffle, n, 5, 2, None, total)
-    expect = _fitted(epoch_order(shuffle, n, 5, 2, None), total)
-    assert got.tolist() == expect[0].tolist()
-    assert (padded, dropped) == expect[1:]
-    assert got.dtype == (np.int32 if policy == "global" else np.int64)
+FLAGS = {
+    # kind: (partitioned, shuffles, needs_labels, permutes_all)
+    "global": (False, True, False, True),
+    "local": (True, True, False, False),
+    "partial": (True, True, False, False),
+    "block": (False, True, False, False),
+    "stratified": (False, True, True, False),
+    "none": (False, False, False, False),
+}
 
 
-def test_permutation_into_a_narrow_buffer_is_the_same_permutation():
-    from chronica.core.rng import permutation
+@pytest.mark.parametrize("kind", sorted(FLAGS))
+def test_every_kind_has_its_behaviour_flags(kind):
+    policy = ShufflePolicy(kind)
+    assert (
+        policy.partitioned,
+        policy.shuffles,
+        policy.needs_labels,
+        policy.permutes_all,
+    ) == FLAGS[kind]
+    assert not policy.exchanges  # q = 0
+    assert ShufflePolicy.partial(0.2).exchanges
 
-    out = np.empty(1000, np.int32)
-    assert permutation(1000, np.uint64(9), out=out) is out
-    assert out.tolist() == permutation(1000, np.uint64(9)).tolist()
-    with pytest.raises(ValueError, match="out has shape"):
-        permutation(10, np.uint64(9), out=np.empty(9, np.int32))
+
+def test_epoch_orders_are_the_documented_draws():
+    key = derive_key(3, 1, Stream.ORDER)
+    n = 23
+    assert epoch_order(ShufflePolicy("global"), n, 3, 1, None).tolist() == (
+        permutation(n, key).tolist()
+    )
+    assert epoch_order(ShufflePolicy("none"), n, 3, 1, None).tolist() == list(range(n))
+    blocks = epoch_order(ShufflePolicy.block(5), n, 3, 1, None)
+    starts = permutation(5, key) * 5
+    expected = [s + i for s in starts.tolist() for i in range(5) if s + i < n]
+    assert blocks.tolist() == expected
+    labels = np.arange(n) % 3
+    assert epoch_order(ShufflePolicy("stratified"), n, 3, 1, labels).tolist() == (
+        stratified_order(labels, key).tolist()
+    )
+
+
+def test_a_partitioned_policy_has_no_epoch_order_and_stratified_needs_labels():
+    with pytest.raises(ValueError, match="partitioned; use the partition planner"):
+        epoch_order(ShufflePolicy.local(), 10, 0, 0, None)
+    with pytest.raises(ValueError, match="needs labels"):
+        epoch_order(ShufflePolicy("stratified"), 10, 0, 0, None)
+
+
+def test_as_shuffle_policy_accepts_the_documented_forms():
+    assert as_shuffle_policy(True) == ShufflePolicy("global")
+    assert as_shuffle_policy(False) == ShufflePolicy("none")
+    assert as_shuffle_policy("block") == ShufflePolicy("block")
+    policy = ShufflePolicy.partial(0.5)
+    assert as_shuffle_policy(policy) is policy
+    with pytest.raises(ValueError, match=r"needs a fraction: ShufflePolicy.partial"):
+        as_shuffle_policy("partial")
+    with pytest.raises(ValueError, match=r"^shuffle='random' is not one of"):
+        as_shuffle_policy("random")
+    for bad in (1, None, 0.5):
+        with pytest.raises(TypeError, match=r"^shuffle=.* must be True, False"):
+            as_shuffle_policy(bad)
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,name",
+    [
+        ({"kind": "random"}, ValueError, "shuffle"),
+        ({"kind": 3}, TypeError, "shuffle"),
+        ({"kind": "global", "q": 0.5}, ValueError, "q"),
+        ({"kind": "partial", "q": 1.5}, ValueError, "q"),
+        ({"kind": "block", "block_size": 0}, ValueError, "block_size"),
+        ({"kind": "block", "block_size": 2.0}, TypeError, "block_size"),
+        ({"kind": "local", "partition": "random"}, ValueError, "partition"),
+        ({"kind": "local", "partition": None}, TypeError, "partition"),
+        ({"kind": "local", "pre_shuffle": 1}, TypeError, "pre_shuffle"),
+    ],
+)
+def test_bad_fields_are_refused_by_name_and_class(kwargs, error, name):
+    with pytest.raises(error, match=rf"^{name}="):
+        ShufflePolicy(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "policy,shown",
+    [
+        (ShufflePolicy(), "ShufflePolicy('global')"),
+        (ShufflePolicy.block(8), "ShufflePolicy('block', block_size=8)"),
+        (
+            ShufflePolicy.partial(0.25, "strided", pre_shuffle=True),
+            "ShufflePolicy('partial', q=0.25, partition='strided', pre_shuffle=True)",
+        ),
+    ],
+)
+def test_repr_shows_the_configuration_and_rebuilds_an_equal_policy(policy, shown):
+    assert repr(policy) == shown
+    assert eval(shown, {"ShufflePolicy": ShufflePolicy}) == policy
+
+
+def test_the_digest_tuple_is_unchanged():
+    assert ShufflePolicy.partial(0.25, "strided").to_tuple() == (
+        "partial",
+        0.25,
+        64,
+        "strided",
+        False,
+    )

@@ -1,10 +1,9 @@
-"""The packing kernel (``chronica.core.packing``) against its pure-Python reference
-(``tests/helpers/reference.py``), and the promises of its docstrings: placement within the
-token caps, the fewest micro-batches, balance, document pieces, step cuts and loss weights."""
+"""``chronica.core.packing.step.pack_step`` against its pure-Python reference
+(``tests/helpers/reference.py``), and the promises of its docstring: placement within the
+token caps, the fewest micro-batches, balance, refusals."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -16,11 +15,7 @@ from hypothesis import strategies as st
 
 from chronica.core.packing import (
     Packing,
-    Pieces,
-    micro_weights,
     pack_step,
-    pieces,
-    step_starts,
 )
 
 # --- generated steps -----------------------------------------------------------------------
@@ -341,8 +336,10 @@ def test_bad_costs_and_speeds_are_refused_naming_them(costs, speeds, name):
 
 
 def test_num_replicas_is_refused_unless_a_positive_int():
-    for bad in (0, 2.5, True):
-        with pytest.raises(ValueError, match=r"^num_replicas="):
+    with pytest.raises(ValueError, match=r"^num_replicas=0 must be an int >= 1"):
+        pack_step(np.array([1, 2]), np.ones(2), 0, Packing(max_tokens=8))
+    for bad in (2.5, True, "2"):
+        with pytest.raises(TypeError, match=r"^num_replicas="):
             pack_step(np.array([1, 2]), np.ones(2), bad, Packing(max_tokens=8))
 
 
@@ -525,196 +522,3 @@ def test_trades_of_one_for_two_balance_quadratic_costs_at_the_fewest_micro_batch
     check_packed(lengths, costs, 8, packing, None, fewest, step)
     assert _top(step, None) <= _bound(costs, None, 8) * 1.0001
     _equals_reference(step, reference.pack_step(lengths, costs, 8, 1, 8192, None, fewest))
-
-
-# --- pieces ---------------------------------------------------------------------------------
-
-
-def test_a_long_document_is_an_error_naming_it_and_the_fix():
-    with pytest.raises(ValueError) as error:
-        pieces(np.array([3, 8, 9, 12]), Packing(max_tokens=8))
-    message = str(error.value)
-    assert "document 2 has 9 tokens" in message
-    assert "row_length=8" in message
-    assert "long_documents='split'" in message and "'truncate'" in message
-
-
-@pytest.mark.parametrize("sizes", [[1.0, 2.5], [3, float("nan")], [np.float32(0.5)]])
-def test_sizes_that_are_not_whole_numbers_are_refused(sizes):
-    sizes = np.asarray(sizes)
-    bad = int(np.flatnonzero(np.floor(sizes) != sizes)[0])
-    with pytest.raises(ValueError, match=rf"sizes\[{bad}\] is .*whole numbers"):
-        pieces(sizes, Packing(max_tokens=8, long_documents="split"))
-
-
-def _check_pieces(sizes, table: Pieces, limit: int, mode: str) -> None:
-    n = len(sizes)
-    assert table.first.shape == (n + 1,)
-    assert table.first[0] == 0 and table.first[-1] == table.doc.shape[0]
-    assert np.all(np.diff(table.first) >= 1)
-    for array in (table.doc, table.start, table.length, table.first):
-        assert array.dtype == np.int64
-        assert not array.flags.writeable
-    for d, size in enumerate(sizes):
-        span = slice(table.first[d], table.first[d + 1])
-        assert (table.doc[span] == d).all()
-        starts, lengths = table.start[span], table.length[span]
-        assert (lengths <= limit).all() and (lengths >= 0).all()
-        if mode == "split":
-            # Every token exactly once, in order: pieces abut from token 0 to the end.
-            assert starts[0] == 0
-            assert np.array_equal(starts[1:], starts[:-1] + lengths[:-1])
-            assert starts[-1] + lengths[-1] == size
-            assert (lengths[:-1] == limit).all()
-            assert size == 0 or (lengths > 0).all()
-        else:
-            assert starts.tolist() == [0]
-            assert lengths.tolist() == [min(size, limit)]
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    sizes=st.lists(st.integers(0, 40), max_size=30),
-    limit=st.integers(1, 12),
-    mode=st.sampled_from(["split", "truncate", "error"]),
-    as_float=st.booleans(),
-)
-def test_pieces_cover_documents_by_mode(sizes, limit, mode, as_float):
-    packing = Packing(max_tokens=2 * limit, row_length=limit, long_documents=mode)
-    array = np.array(sizes, dtype=np.float64 if as_float else np.int64)
-    if mode == "error" and any(s > limit for s in sizes):
-        first = next(d for d, s in enumerate(sizes) if s > limit)
-        with pytest.raises(ValueError, match=rf"document {first} has"):
-            pieces(array, packing)
-        return
-    table = pieces(array, packing)
-    _check_pieces(sizes, table, limit, "split" if mode == "split" else "truncate")
-    # Truncation keeps each document's first row_length tokens.
-    if mode == "truncate":
-        assert table.length.tolist() == [min(s, limit) for s in sizes]
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    sizes=st.lists(st.integers(0, 40), min_size=1, max_size=20),
-    data=st.data(),
-)
-def test_pieces_of_lists_the_pieces_of_documents_in_the_given_order(sizes, data):
-    table = pieces(np.array(sizes), Packing(max_tokens=7, long_documents="split"))
-    docs = data.draw(st.lists(st.integers(0, len(sizes) - 1), max_size=25))
-    docs = np.array(docs, dtype=np.int64)
-    expect = [p for d in docs for p in range(table.first[d], table.first[d + 1])]
-    got = table.of(docs)
-    assert got.tolist() == expect
-    assert (table.doc[got] == np.repeat(docs, np.diff(table.first)[docs])).all()
-
-
-# --- step cuts ------------------------------------------------------------------------------
-
-
-@settings(max_examples=80, deadline=None)
-@given(
-    tokens=st.lists(st.integers(0, 50), max_size=60),
-    batch_size=st.integers(1, 9),
-    budget=st.integers(1, 120),
-)
-def test_step_starts_in_both_modes(tokens, batch_size, budget):
-    array = np.array(tokens, dtype=np.int64)
-    n = len(tokens)
-    by_count = step_starts(array, batch_size, None)
-    assert by_count.tolist() == [*range(0, n, batch_size), n]
-    by_budget = step_starts(array, None, budget)
-    assert by_budget.dtype == np.int64
-    assert by_budget.tolist() == [*reference.budget_starts(tokens, budget), n]
-    # The token budget wins over batch_size when both are given.
-    assert step_starts(array, batch_size, budget).tolist() == by_budget.tolist()
-    for s in range(len(by_budget) - 1):
-        step = tokens[by_budget[s] : by_budget[s + 1]]
-        assert len(step) >= 1
-        assert sum(step) <= budget or len(step) == 1
-        if by_budget[s + 1] < n:  # a step stops only where the next document overflows it
-            assert sum(step) + tokens[by_budget[s + 1]] > budget
-
-
-def test_step_starts_without_a_step_size_is_refused():
-    with pytest.raises(ValueError, match=r"batch_size=.*tokens_per_step="):
-        step_starts(np.array([1, 2]), None, None)
-
-
-# --- loss weights ---------------------------------------------------------------------------
-
-
-@settings(max_examples=80, deadline=None)
-@given(
-    w=st.integers(1, 8),
-    m=st.integers(1, 5),
-    loss=st.sampled_from(["token", "sample"]),
-    seed=st.integers(0, 2**32 - 1),
-)
-def test_micro_weights_turn_micro_batch_means_into_the_global_mean(w, m, loss, seed):
-    rng = np.random.default_rng(seed)
-    # Every micro-batch: some documents (maybe none) of some tokens, a loss per token.
-    docs = rng.integers(0, 4, (w, m))
-    docs[rng.integers(w), rng.integers(m)] += 1  # at least one document in the step
-    losses = [
-        [[rng.random(int(rng.integers(1, 20))) for _ in range(docs[r, k])] for k in range(m)]
-        for r in range(w)
-    ]
-    tokens = np.array([[sum(d.shape[0] for d in losses[r][k]) for k in range(m)] for r in range(w)])
-    weights = micro_weights(tokens, docs, w, loss)
-    assert weights.shape == (w, m)
-    assert math.isclose(weights.sum(), w, rel_tol=1e-12)
-    assert (weights[docs == 0] == 0).all()
-
-    def mean(values):  # a micro-batch's mean loss over tokens or over documents
-        if loss == "token":
-            return np.concatenate(values).mean()
-        return np.mean([d.mean() for d in values])
-
-    per_rank = [
-        sum(weights[r, k] * mean(losses[r][k]) for k in range(m) if docs[r, k]) for r in range(w)
-    ]
-    every = [d for r in range(w) for k in range(m) for d in losses[r][k]]
-    expect = np.concatenate(every).mean() if loss == "token" else np.mean([d.mean() for d in every])
-    assert math.isclose(np.mean(per_rank), expect, rel_tol=1e-12, abs_tol=1e-12)
-
-
-def test_micro_weights_of_an_empty_step_are_zero():
-    weights = micro_weights(np.zeros((2, 3)), np.zeros((2, 3)), 2, "token")
-    assert weights.shape == (2, 3) and not weights.any()
-
-
-# --- Packing --------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "kwargs,name",
-    [
-        ({"max_tokens": 0}, "max_tokens"),
-        ({"max_tokens": 8.0}, "max_tokens"),
-        ({"max_tokens": "8"}, "max_tokens"),
-        ({"max_tokens": True}, "max_tokens"),
-        ({"max_tokens": 8, "row_length": 0}, "row_length"),
-        ({"max_tokens": 8, "row_length": 9}, "row_length"),
-        ({"max_tokens": 8, "row_length": 2.5}, "row_length"),
-        ({"max_tokens": 8, "tokens_per_step": 0}, "tokens_per_step"),
-        ({"max_tokens": 8, "tokens_per_step": 1.5}, "tokens_per_step"),
-        ({"max_tokens": 8, "micro_batches": 0}, "micro_batches"),
-        ({"max_tokens": 8, "micro_batches": "2"}, "micro_batches"),
-        ({"max_tokens": 8, "long_documents": "drop"}, "long_documents"),
-        ({"max_tokens": 8, "loss": "mean"}, "loss"),
-    ],
-)
-def test_packing_validation_names_the_argument(kwargs, name):
-    with pytest.raises(ValueError, match=rf"^{name}="):
-        Packing(**kwargs)
-
-
-def test_packing_fills_in_defaults_and_stores_python_ints():
-    packing = Packing(max_tokens=np.int64(10), row_length=np.int32(3), micro_batches=np.int8(2))
-    assert packing.rows == 3 and packing.length == 3
-    assert all(type(v) is int for v in (packing.max_tokens, packing.row_length))
-    assert type(packing.micro_batches) is int
-    assert json.loads(json.dumps(packing.to_tuple())) == [10, 3, None, 2, "error", "token"]
-    flat = Packing(max_tokens=8)
-    assert flat.row_length == 8 and flat.rows == 1 and flat.length == 8

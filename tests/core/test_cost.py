@@ -1,80 +1,10 @@
+"""Cost models (``chronica.core.cost``): the polynomial vectorised, named and tuple forms,
+FLOP counts of a transformer, least-squares calibration, and refusals by class and name."""
+
 import numpy as np
 import pytest
 
-from chronica.core import CostModel, as_cost_model, resolve_sizes, sizes_digest, validate_sizes
-
-
-class WithSizeof:
-    def __init__(self, n):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __sizeof__(self, index):
-        return index * 2
-
-
-class WithSizesAttr(list):
-    sizes = (3, 1, 2)
-
-
-class WithSizesMethod(list):
-    def sizes(self):
-        return np.array([5.0, 6.0])
-
-
-def test_sources_in_order_of_precedence():
-    assert resolve_sizes(WithSizeof(4)).tolist() == [0, 2, 4, 6]
-    assert resolve_sizes(WithSizesAttr([0, 0, 0])).tolist() == [3, 1, 2]
-    assert resolve_sizes(WithSizesMethod([0, 0])).tolist() == [5, 6]
-    assert resolve_sizes(WithSizeof(2), sizes=[9, 9]).tolist() == [9, 9]
-    assert resolve_sizes(list(range(3))).tolist() == [1, 1, 1]
-    assert resolve_sizes(sizes=np.arange(3, dtype=np.int32)).dtype == np.float64
-
-
-@pytest.mark.parametrize(
-    "sizes,match",
-    [
-        ([1.0, float("nan")], r"sizes\[1\] is nan; .*finite"),
-        ([1.0, float("inf")], r"sizes\[1\].*finite"),
-        ([1, -2], r"sizes\[1\] is -2; .*non-negative"),
-        ([[1, 2]], "1-D"),
-        (["a", "b"], "integers or floats"),
-        ([True, False], "integers or floats"),
-        ([[1], [2, 3]], "1-D array"),
-    ],
-)
-def test_bad_sizes_are_named(sizes, match):
-    with pytest.raises(ValueError, match=match):
-        validate_sizes(sizes)
-
-
-def test_length_mismatch_names_both_lengths():
-    with pytest.raises(ValueError, match="3 entries but the data set has 4"):
-        resolve_sizes(list(range(4)), sizes=[1, 2, 3])
-
-
-def test_sizeof_without_index_is_explained():
-    class Broken(list):
-        def __sizeof__(self):
-            return 1
-
-    with pytest.raises(ValueError, match="must take an index"):
-        resolve_sizes(Broken([1, 2]))
-
-
-def test_unsized_dataset_is_refused():
-    with pytest.raises(ValueError, match="no len"):
-        resolve_sizes(iter([1, 2]))
-
-
-def test_validated_sizes_are_read_only_and_digest_is_content_based():
-    s = validate_sizes([1, 2, 3])
-    with pytest.raises(ValueError):
-        s[0] = 5
-    assert sizes_digest(s) == sizes_digest(validate_sizes(np.array([1.0, 2.0, 3.0])))
-    assert sizes_digest(s) != sizes_digest(validate_sizes([1, 2, 4]))
+from chronica.core import CostModel, as_cost_model
 
 
 def test_cost_models_vectorised():
@@ -89,11 +19,16 @@ def test_cost_models_vectorised():
 
 
 @pytest.mark.parametrize(
-    "bad,match",
-    [("cubic", "not a known model"), ((1, 2), "not understood"), (3.0, "not understood")],
+    "bad,error,match",
+    [
+        ("cubic", ValueError, "not a known model"),
+        ((1, 2), ValueError, "three coefficients"),
+        (3.0, TypeError, "not understood"),
+        ([0, 1, 0], TypeError, "not understood"),
+    ],
 )
-def test_bad_cost_is_named(bad, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_cost_is_named(bad, error, match):
+    with pytest.raises(error, match=rf"^cost=.*{match}"):
         as_cost_model(bad)
 
 
@@ -101,6 +36,25 @@ def test_bad_cost_is_named(bad, match):
 def test_bad_coefficients(coeffs):
     with pytest.raises(ValueError, match="cost"):
         CostModel(*coeffs)
+
+
+@pytest.mark.parametrize("coeffs", [("1", 1, 0), (0, None, 0), (0, 1, True)])
+def test_coefficients_of_the_wrong_type_are_a_type_error(coeffs):
+    with pytest.raises(TypeError, match=r"^cost coefficient [abc]=.* must be a real number"):
+        CostModel(*coeffs)
+
+
+def test_numpy_coefficients_are_accepted_and_the_repr_shows_them():
+    model = CostModel(np.float32(0.5), np.int64(2), 0.0)
+    assert model(np.array([1.0])).tolist() == [2.5]
+    assert repr(CostModel.affine(1, 2)) == "CostModel(a=1.0, b=2.0, c=0.0)"
+
+
+def test_a_larger_size_never_costs_less():
+    sizes = np.linspace(0, 1e4, 101)
+    for model in (CostModel.linear(), CostModel.attention(64), CostModel(3, 0, 1e-3)):
+        costs = model(sizes)
+        assert (np.diff(costs) >= 0).all() and (costs >= 0).all()
 
 
 def test_transformer_cost_counts_training_flops():

@@ -1,0 +1,49 @@
+"""Token budgets and packing: each rank's share of a step as micro-batches under a token cap.
+
+A *document* is a sample whose size is its length in tokens. With ``Packing`` a step's
+documents are cut into the same number of micro-batches on every rank (gradient
+accumulation), each holding at most ``max_tokens`` tokens in rows of ``row_length``. The
+package's rooms, each one job:
+
+``options``   ``Packing``: the cap, the rows, the budget, what long documents and the loss do;
+``documents`` ``Pieces``/``pieces``: the sequences documents are trained as (split, truncated);
+``kernels``   the numba kernels: LPT under row capacities, refinement by moves and trades;
+``step``      ``pack_step``/``PackedStep``: one step for its ranks, the fewest micro-batches;
+``weights``   ``micro_weights``: loss normalisation per micro-batch;
+``epoch``     ``step_starts``, ``pack_epoch``, ``pack_steps``: steps cut from owners' streams
+              and assembled into the arrays of a packed ``EpochPlan``.
+
+Loss normalisation: ``micro_weights`` gives each micro-batch the factor that turns its mean
+loss (per token or per document) into its share of the global batch's mean, so that summing
+the micro-batches' gradients and averaging over ranks gives the global-mean gradient.
+
+Example::
+
+    >>> import numpy as np
+    >>> from chronica.core.packing import Packing, pack_step
+    >>> step = pack_step(np.array([300, 200, 200, 100]), np.array([3.0, 2.0, 2.0, 1.0]), 2,
+    ...                  Packing(max_tokens=400))
+    >>> step.loads.tolist()
+    [4.0, 4.0]
+"""
+
+from chronica.core.packing.documents import Pieces, pieces
+from chronica.core.packing.epoch import PackedEpoch, pack_epoch, pack_steps, step_starts
+from chronica.core.packing.options import LONG_DOCUMENTS, LOSS_NORMALISATIONS, Packing
+from chronica.core.packing.step import PackedStep, pack_step
+from chronica.core.packing.weights import micro_weights
+
+__all__ = [
+    "LONG_DOCUMENTS",
+    "LOSS_NORMALISATIONS",
+    "PackedEpoch",
+    "PackedStep",
+    "Packing",
+    "Pieces",
+    "micro_weights",
+    "pack_epoch",
+    "pack_step",
+    "pack_steps",
+    "pieces",
+    "step_starts",
+]

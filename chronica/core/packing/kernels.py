@@ -1,0 +1,380 @@
+"""The numba kernels of ``pack_step``: documents to ranks, micro-batches and rows.
+
+1. LPT under capacities (``pack_attempt``): documents in descending cost order (ties by
+   position), each to the rank whose predicted time after taking it is lowest among those
+   with a row it fits in; within the rank, to the cheapest micro-batch with such a row, and
+   there to the fullest row it fits in (best fit, ``fit_micro``).
+2. Refinement (``refine``): while the slowest rank is more than 1e-7 above the mean time and
+   can give a document to another rank, or trade one for a cheaper one, so that the larger
+   of the two new times falls, make the best such move. Trades (``best_trade``) are looked
+   for among the four lightest ranks (one for one; while the slowest rank is more than 1e-5
+   above the mean, also one for two of one row), then, as long, among every rank (one for
+   one, steps of at most 16384 documents). Trades keep each document's row slot, so the cap
+   holds throughout.
+
+The result depends on the lengths, costs and speeds only (deterministic on every machine).
+Pure-Python twins of every kernel are in ``tests/helpers/reference.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["best_trade", "fit_micro", "fit_row", "largest_room", "pack_attempt", "refine"]
+
+# Trades that gain less than this fraction of the top time are not worth an iteration.
+_REL_TOL = 1e-9
+# Refinement stops once the slowest rank is this close to the mean time (relative).
+_CLOSE_ENOUGH = 1e-7
+# Ranks a trade partner is looked for among first (the lightest ones).
+_PARTNERS = 4
+# Steps up to this many documents search every rank for a trade when the lightest fail.
+_WIDE_SEARCH_MAX = 16384
+# Trades of two documents for one, and searches of every rank, only while the slowest rank
+# is this far above the mean time (relative): below it their cost buys only rounding.
+_WORTH_MORE = 1e-5
+
+
+@njit(cache=True)
+def fit_row(free: np.ndarray, length: int) -> int:
+    """The fullest row that ``length`` tokens fit in, or -1 (ties: the lower row).
+
+    Args:
+        free: ``int64`` free tokens of every row of one micro-batch.
+        length: the tokens to place.
+
+    Example::
+
+        >>> fit_row(np.array([5, 3, 8]), 3)
+        1
+    """
+    best = -1
+    for k in range(free.shape[0]):
+        if free[k] >= length and (best < 0 or free[k] < free[best]):
+            best = k
+    return best
+
+
+@njit(cache=True)
+def fit_micro(
+    free: np.ndarray, micro_loads: np.ndarray, length: int, tight: bool
+) -> tuple[int, int]:
+    """Where in one rank ``length`` tokens go: the cheapest micro-batch with a row they fit
+    in, and there the fullest such row; with ``tight``, the fullest row of any micro-batch
+    (best fit). ``(-1, -1)`` if they fit nowhere.
+
+    Args:
+        free: ``int64`` ``(micro-batches, rows)``, free tokens of every row of the rank.
+        micro_loads: ``float64``, the cost of every micro-batch of the rank.
+        length: the tokens to place.
+        tight: best fit over every micro-batch instead of the cheapest one.
+
+    Example::
+
+        >>> fit_micro(np.array([[4, 4], [1, 2]]), np.array([0.0, 5.0]), 2, True)
+        (1, 1)
+    """
+    best_m, best_k = -1, -1
+    for m in range(free.shape[0]):
+        if tight:
+            k = fit_row(free[m], length)
+            if k >= 0 and (best_m < 0 or free[m, k] < free[best_m, best_k]):
+                best_m, best_k = m, k
+            continue
+        if best_m >= 0 and micro_loads[m] >= micro_loads[best_m]:
+            continue
+        k = fit_row(free[m], length)
+        if k >= 0:
+            best_m, best_k = m, k
+    return best_m, best_k
+
+
+@njit(cache=True)
+def largest_room(free: np.ndarray) -> int:
+    """The largest free space of any row of one rank.
+
+    Args:
+        free: ``int64`` ``(micro-batches, rows)``, free tokens of every row of the rank.
+
+    Example::
+
+        >>> largest_room(np.array([[1, 3], [2, 0]]))
+        3
+    """
+    top = 0
+    for m in range(free.shape[0]):
+        for k in range(free.shape[1]):
+            top = max(top, free[m, k])
+    return top
+
+
+@njit(cache=True)
+def pack_attempt(
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    order: np.ndarray,
+    speeds: np.ndarray,
+    num_micro: int,
+    rows: int,
+    row_length: int,
+    tight: bool,
+    rank: np.ndarray,
+    micro: np.ndarray,
+    row: np.ndarray,
+    loads: np.ndarray,
+) -> bool:
+    """Place one step's documents at ``num_micro`` micro-batches per rank: LPT under row
+    capacities (each document to the rank whose time after taking it is lowest among those
+    with a row it fits in; there by ``fit_micro``), then ``refine``. ``False`` if a document
+    fits nowhere (the outputs are then partial).
+
+    Args:
+        lengths: ``int64`` tokens per document.
+        costs: ``float64`` predicted cost per document.
+        order: the documents by descending cost (``chronica.core.kernels.argsort_descending``).
+        speeds: ``float64`` relative speed per rank (``> 0``).
+        num_micro: micro-batches per rank.
+        rows: rows per micro-batch.
+        row_length: tokens per row.
+        tight: best fit (see ``fit_micro``).
+        rank: ``int64`` output, every document's rank.
+        micro: ``int64`` output, every document's micro-batch within its rank.
+        row: ``int64`` output, every document's row within its micro-batch.
+        loads: ``float64`` output, every rank's total cost.
+
+    Example::
+
+        >>> rank, micro, row = (np.empty(3, np.int64) for _ in range(3))
+        >>> loads = np.empty(2)
+        >>> pack_attempt(np.array([3, 2, 2]), np.array([3.0, 2.0, 2.0]), np.arange(3),
+        ...              np.ones(2), 1, 1, 4, False, rank, micro, row, loads)
+        True
+        >>> rank.tolist(), loads.tolist()
+        ([0, 1, 1], [3.0, 4.0])
+    """
+    w = speeds.shape[0]
+    n = lengths.shape[0]
+    free = np.full((w, num_micro, rows), row_length, np.int64)
+    micro_loads = np.zeros((w, num_micro))
+    room = np.full(w, row_length, np.int64)
+    loads[:] = 0.0
+    for t in range(n):
+        i = order[t]
+        best = -1
+        best_time = np.inf
+        for r in range(w):
+            if room[r] >= lengths[i]:
+                time = (loads[r] + costs[i]) / speeds[r]
+                if time < best_time:
+                    best, best_time = r, time
+        if best < 0:
+            return False
+        m, k = fit_micro(free[best], micro_loads[best], lengths[i], tight)
+        rank[i], micro[i], row[i] = best, m, k
+        free[best, m, k] -= lengths[i]
+        micro_loads[best, m] += costs[i]
+        loads[best] += costs[i]
+        room[best] = largest_room(free[best])
+    refine(lengths, costs, speeds, tight, free, micro_loads, room, rank, micro, row, loads)
+    return True
+
+
+@njit(cache=True)
+def refine(
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    speeds: np.ndarray,
+    tight: bool,
+    free: np.ndarray,
+    micro_loads: np.ndarray,
+    room: np.ndarray,
+    rank: np.ndarray,
+    micro: np.ndarray,
+    row: np.ndarray,
+    loads: np.ndarray,
+) -> None:
+    """Refinement: while the slowest rank is more than 1e-7 above the mean time and a move of
+    one of its documents to another rank, or a trade (see ``best_trade``), lowers the larger
+    of the two ranks' times, make the best such move. Every array is updated in place.
+
+    Args:
+        lengths: ``int64`` tokens per document.
+        costs: ``float64`` predicted cost per document.
+        speeds: ``float64`` relative speed per rank.
+        tight: best fit for moved documents (see ``fit_micro``).
+        free: ``int64`` ``(ranks, micro-batches, rows)`` free tokens of every row.
+        micro_loads: ``float64`` ``(ranks, micro-batches)`` cost of every micro-batch.
+        room: ``int64`` per rank, ``largest_room`` of its rows.
+        rank: every document's rank.
+        micro: every document's micro-batch.
+        row: every document's row.
+        loads: every rank's total cost.
+
+    Example: ``pack_attempt`` ends with it; ``tests/helpers/reference.py`` holds its
+    pure-Python twin.
+    """
+    w = speeds.shape[0]
+    n = lengths.shape[0]
+    if w < 2 or n == 0:
+        return
+    mean = loads.sum() / speeds.sum()
+    bound = mean * (1.0 + _CLOSE_ENOUGH)
+    for _ in range(4 * n + 16):
+        times = loads / speeds
+        a = int(np.argmax(times))
+        top = times[a]
+        if top <= bound:
+            return
+        # The best move of one document of ``a`` to another rank with room for it.
+        gain, move_i, move_b = top * _REL_TOL, -1, -1
+        for i in range(n):
+            if rank[i] != a:
+                continue
+            after_a = (loads[a] - costs[i]) / speeds[a]
+            for b in range(w):
+                if b == a or room[b] < lengths[i]:
+                    continue
+                new_top = max(after_a, (loads[b] + costs[i]) / speeds[b])
+                if top - new_top > gain:
+                    gain, move_i, move_b = top - new_top, i, b
+        if move_i >= 0:
+            i, b = move_i, move_b
+            free[a, micro[i], row[i]] += lengths[i]
+            micro_loads[a, micro[i]] -= costs[i]
+            m, k = fit_micro(free[b], micro_loads[b], lengths[i], tight)
+            rank[i], micro[i], row[i] = b, m, k
+            free[b, m, k] -= lengths[i]
+            micro_loads[b, m] += costs[i]
+            loads[a] -= costs[i]
+            loads[b] += costs[i]
+            room[a] = largest_room(free[a])
+            room[b] = largest_room(free[b])
+            continue
+        # No move helps: trade a document of ``a`` for one cheaper document, or two of one
+        # row, of another rank, each side taking the other's row slot. The lightest ranks
+        # are searched first, then (for steps small enough) every rank.
+        partner = np.zeros(w, np.bool_)
+        partner[np.argsort(times, kind="mergesort")[:_PARTNERS]] = True
+        partner[a] = False
+        trade = best_trade(
+            lengths, costs, speeds, free, rank, micro, row, loads, a, partner, False, gain
+        )
+        worth = top > mean * (1.0 + _WORTH_MORE)
+        if trade[0] < 0 and worth:
+            trade = best_trade(
+                lengths, costs, speeds, free, rank, micro, row, loads, a, partner, True, gain
+            )
+        if trade[0] < 0 and worth and w > _PARTNERS + 1 and n <= _WIDE_SEARCH_MAX:
+            partner[:] = True
+            partner[a] = False
+            trade = best_trade(
+                lengths, costs, speeds, free, rank, micro, row, loads, a, partner, False, gain
+            )
+        i, j, k = trade
+        if i < 0:
+            return
+        b = rank[j]
+        taken = lengths[j] + (lengths[k] if k >= 0 else 0)
+        given = costs[j] + (costs[k] if k >= 0 else 0.0)
+        d = costs[i] - given
+        free[a, micro[i], row[i]] += lengths[i] - taken
+        free[b, micro[j], row[j]] += taken - lengths[i]
+        micro_loads[a, micro[i]] -= d
+        micro_loads[b, micro[j]] += d
+        slot_micro, slot_row = micro[i], row[i]
+        rank[i], micro[i], row[i] = b, micro[j], row[j]
+        rank[j], micro[j], row[j] = a, slot_micro, slot_row
+        if k >= 0:
+            rank[k], micro[k], row[k] = a, slot_micro, slot_row
+        loads[a] -= d
+        loads[b] += d
+        room[a] = largest_room(free[a])
+        room[b] = largest_room(free[b])
+
+
+@njit(cache=True)
+def best_trade(
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    speeds: np.ndarray,
+    free: np.ndarray,
+    rank: np.ndarray,
+    micro: np.ndarray,
+    row: np.ndarray,
+    loads: np.ndarray,
+    a: int,
+    partner: np.ndarray,
+    pairs: bool,
+    gain: float,
+) -> tuple[int, int, int]:
+    """The trade of a document ``i`` of rank ``a`` for document ``j`` (and, with
+    ``pairs``, maybe ``k`` of the same row; else -1) of a ``partner`` rank that lowers the
+    larger of the two ranks' times most, by more than ``gain``: ``(i, j, k)``, ``i = -1``
+    if none. ``i`` takes the row slot of ``j`` (and ``k``); they take the slot of ``i``.
+
+    Args:
+        lengths: ``int64`` tokens per document.
+        costs: ``float64`` predicted cost per document.
+        speeds: ``float64`` relative speed per rank.
+        free: ``int64`` ``(ranks, micro-batches, rows)`` free tokens of every row.
+        rank: every document's rank.
+        micro: every document's micro-batch.
+        row: every document's row.
+        loads: every rank's total cost.
+        a: the rank giving a document (the slowest).
+        partner: ``bool`` per rank, the ranks searched.
+        pairs: also try one document for two of one row.
+        gain: the least gain worth a trade.
+
+    Example: ``refine`` calls it when no single move helps; ``tests/helpers/reference.py``
+    holds its pure-Python twin.
+    """
+    n = lengths.shape[0]
+    top = loads[a] / speeds[a]
+    mine = np.empty(n, np.int64)
+    theirs = np.empty(n, np.int64)
+    keys = np.empty(n, np.int64)
+    num_mine = num_theirs = 0
+    m, r = free.shape[1], free.shape[2]
+    for i in range(n):
+        if rank[i] == a:
+            mine[num_mine] = i
+            num_mine += 1
+        elif partner[rank[i]]:
+            theirs[num_theirs] = i
+            keys[num_theirs] = (rank[i] * m + micro[i]) * r + row[i]
+            num_theirs += 1
+    grouped = theirs[:num_theirs]
+    if pairs:
+        # Their documents row by row, so that the pairs of one row are neighbours.
+        by_row = np.argsort(keys[:num_theirs], kind="mergesort")
+        grouped, keys = grouped[by_row], keys[:num_theirs][by_row]
+    else:
+        keys = np.arange(num_theirs)  # every document a group of its own
+    best_i, best_j, best_k = -1, -1, -1
+    for i in mine[:num_mine]:
+        slot_a = free[a, micro[i], row[i]] + lengths[i]
+        start = 0
+        while start < num_theirs:
+            stop = start + 1
+            while stop < num_theirs and keys[stop] == keys[start]:
+                stop += 1
+            first = grouped[start]
+            b = rank[first]
+            slot_b = free[b, micro[first], row[first]]
+            for x in range(start, stop):
+                j = grouped[x]
+                # y == x: j alone; with ``pairs``, also j with a later document of its row.
+                for y in range(x, stop if pairs else x + 1):
+                    k = -1 if y == x else grouped[y]
+                    taken = lengths[j] + (lengths[k] if k >= 0 else 0)
+                    given = costs[j] + (costs[k] if k >= 0 else 0.0)
+                    if given >= costs[i] or taken > slot_a or lengths[i] > slot_b + taken:
+                        continue
+                    d = costs[i] - given
+                    new_top = max((loads[a] - d) / speeds[a], (loads[b] + d) / speeds[b])
+                    if top - new_top > gain:
+                        gain, best_i, best_j, best_k = top - new_top, i, j, k
+            start = stop
+    return best_i, best_j, best_k

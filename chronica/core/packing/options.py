@@ -1,0 +1,121 @@
+"""``Packing``: how steps are cut into token-capped, packed micro-batches, validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from chronica.core.checks import check_int
+
+__all__ = ["LONG_DOCUMENTS", "LOSS_NORMALISATIONS", "Packing"]
+
+LONG_DOCUMENTS = ("error", "split", "truncate")
+LOSS_NORMALISATIONS = ("token", "sample")
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``choices``: ``TypeError`` for a non-string, ``ValueError``
+    for another string, both naming ``name`` and the choices."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name}={value!r} must be a string, one of {choices}")
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} must be one of {choices}")
+    return value
+
+
+@dataclass(frozen=True)
+class Packing:
+    """How steps are cut into token-capped, packed micro-batches. Validated on construction:
+    a wrong type raises ``TypeError``, a wrong value ``ValueError``, both naming the field.
+
+    Args:
+        max_tokens: the hard cap of tokens in one micro-batch (memory), ``>= 1``.
+        row_length: the length of a packed row, ``1 .. max_tokens`` (default ``max_tokens``:
+            one row, flat packing as flash-attention's variable-length path consumes); a
+            micro-batch holds ``max_tokens // row_length`` rows.
+        tokens_per_step: a global token budget per step (the step's documents are the next
+            ones of the epoch's order up to about that many tokens); ``None`` keeps the
+            configuration's ``batch_size`` documents per step.
+        micro_batches: a fixed count per rank and step (more are taken only where the
+            documents do not fit); ``None``: the fewest that fit.
+        long_documents: what a document longer than a row does: ``"error"`` (default),
+            ``"split"`` into row-long pieces trained as separate sequences, or
+            ``"truncate"`` to its first ``row_length`` tokens.
+        loss: ``"token"`` (mean over every token of the global batch, the language-model
+            default) or ``"sample"`` (mean over documents).
+
+    Example::
+
+        >>> packing = Packing(max_tokens=4096, row_length=1024, tokens_per_step=65536)
+        >>> packing.rows
+        4
+        >>> packing
+        Packing(max_tokens=4096, row_length=1024, tokens_per_step=65536)
+    """
+
+    max_tokens: int
+    row_length: int | None = None
+    tokens_per_step: int | None = None
+    micro_batches: int | None = None
+    long_documents: str = "error"
+    loss: str = "token"
+
+    def __post_init__(self) -> None:
+        hint = " (tokens in one micro-batch: the memory cap)"
+        object.__setattr__(
+            self, "max_tokens", check_int("max_tokens", self.max_tokens, 1, hint=hint)
+        )
+        if self.row_length is None:
+            object.__setattr__(self, "row_length", self.max_tokens)
+        object.__setattr__(
+            self,
+            "row_length",
+            check_int("row_length", self.row_length, 1, self.max_tokens, hint=" (<= max_tokens)"),
+        )
+        if self.tokens_per_step is not None:
+            object.__setattr__(
+                self, "tokens_per_step", check_int("tokens_per_step", self.tokens_per_step, 1)
+            )
+        if self.micro_batches is not None:
+            object.__setattr__(
+                self, "micro_batches", check_int("micro_batches", self.micro_batches, 1)
+            )
+        _check_choice("long_documents", self.long_documents, LONG_DOCUMENTS)
+        _check_choice("loss", self.loss, LOSS_NORMALISATIONS)
+
+    def __repr__(self) -> str:
+        """The fields that differ from their defaults (``row_length`` when it is not
+        ``max_tokens``), as a call that builds an equal ``Packing``."""
+        shown = [f"max_tokens={self.max_tokens}"]
+        if self.row_length != self.max_tokens:
+            shown.append(f"row_length={self.row_length}")
+        defaults: tuple[tuple[str, object], ...] = (
+            ("tokens_per_step", None),
+            ("micro_batches", None),
+            ("long_documents", "error"),
+            ("loss", "token"),
+        )
+        shown += [f"{k}={getattr(self, k)!r}" for k, v in defaults if getattr(self, k) != v]
+        return f"Packing({', '.join(shown)})"
+
+    @property
+    def rows(self) -> int:
+        """Packed rows in one micro-batch."""
+        assert self.row_length is not None
+        return self.max_tokens // self.row_length
+
+    @property
+    def length(self) -> int:
+        """The row length (``row_length`` with its default filled in)."""
+        assert self.row_length is not None
+        return self.row_length
+
+    def to_tuple(self) -> tuple[object, ...]:
+        """Every field, JSON-ready (part of the configuration digest)."""
+        return (
+            self.max_tokens,
+            self.row_length,
+            self.tokens_per_step,
+            self.micro_batches,
+            self.long_documents,
+            self.loss,
+        )

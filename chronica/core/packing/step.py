@@ -1,0 +1,156 @@
+"""``pack_step``: one step's documents as token-capped micro-batches of every rank.
+
+With ``Packing`` a step's documents are not dealt out in equal counts: every rank's share
+is cut into the same number of micro-batches (gradient accumulation), each holding at most
+``max_tokens`` tokens laid out as ``max_tokens // row_length`` rows of ``row_length`` tokens
+with several documents per row. Documents never attend across their boundaries, so a
+micro-batch costs the sum of its documents' costs ``a + b·L + c·L²``.
+
+``pack_step`` decides one step: the fewest micro-batches per rank at which every document
+fits, plus one more for as long as that lowers the slowest rank's time by 1% (the cap, not
+the costs, held it back: typically a fast rank whose fair share of the tokens does not fit),
+or exactly ``Packing.micro_batches`` where the documents fit; every document to a rank, a
+micro-batch and a row (``chronica.core.packing.kernels``), so that the slowest rank's
+predicted time (its cost over its speed) is as small as the kernel finds and a rank's
+micro-batches carry similar costs.
+
+If a document fits nowhere, the same count is tried again with every document in the
+fullest row of its rank it fits in (best fit: tighter, micro-batches less even); if that
+fails too, the step takes one more micro-batch per rank and starts again.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from chronica.core.checks import check_int
+from chronica.core.kernels import argsort_descending
+from chronica.core.packing.kernels import pack_attempt
+from chronica.core.packing.options import Packing
+
+__all__ = ["PackedStep", "pack_step"]
+
+# One more micro-batch per rank than the tokens need is taken while it lowers the slowest
+# rank's time by at least this much (relative) and that time is this far above the bound.
+_MICRO_GAIN = 0.01
+
+
+@dataclass(frozen=True)
+class PackedStep:
+    """One step packed for ``num_replicas`` ranks: document ``i`` (in the step's order) goes
+    to rank ``rank[i]``, micro-batch ``micro[i]`` of that rank, row ``row[i]`` of it.
+    Every rank runs ``num_micro`` micro-batches; ``loads[r]`` is rank ``r``'s predicted cost
+    (its time is ``loads[r] / speeds[r]``); no micro-batch holds more than ``max_tokens``
+    tokens and no row more than ``row_length``. Built by ``pack_step``.
+
+    Args:
+        rank: ``int64``, every document's rank.
+        micro: ``int64``, every document's micro-batch within its rank.
+        row: ``int64``, every document's row within its micro-batch.
+        num_micro: micro-batches per rank.
+        loads: ``float64``, every rank's predicted cost.
+
+    Example::
+
+        >>> step = pack_step(np.array([3, 2, 2]), np.array([3.0, 2.0, 2.0]), 2,
+        ...                  Packing(max_tokens=4))
+        >>> step.rank.tolist(), step.num_micro, step.order().tolist()
+        ([0, 1, 1], 1, [0, 1, 2])
+    """
+
+    rank: np.ndarray
+    micro: np.ndarray
+    row: np.ndarray
+    num_micro: int
+    loads: np.ndarray
+
+    def order(self) -> np.ndarray:
+        """Positions of the step's documents rank after rank, micro-batch after micro-batch,
+        row after row (step order within a row)."""
+        return np.lexsort((self.row, self.micro, self.rank))
+
+
+def pack_step(
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    num_replicas: int,
+    packing: Packing,
+    speeds: np.ndarray | None = None,
+    num_micro: int | None = None,
+) -> PackedStep:
+    """Pack one step's documents (token ``lengths`` at most ``packing.row_length`` each,
+    predicted ``costs``, finite and non-negative) for ``num_replicas`` ranks of relative
+    ``speeds`` (positive; default equal); ``num_micro`` micro-batches per rank at least
+    (default ``packing.micro_batches``, else the fewest the tokens need). See the module
+    docstring.
+
+    Args:
+        lengths: tokens per document, each at most ``packing.row_length`` (cut longer
+            documents with ``pieces`` first).
+        costs: predicted cost per document, finite and ``>= 0`` (a ``CostModel`` of the
+            lengths).
+        num_replicas: the ranks sharing the step, ``>= 1``.
+        packing: the token cap, the rows and ``micro_batches``.
+        speeds: relative speed per rank, finite and ``> 0`` (default: equal).
+        num_micro: the fewest micro-batches per rank (default ``packing.micro_batches``).
+
+    Example::
+
+        >>> step = pack_step(np.array([300, 200, 200, 100]), np.array([3.0, 2.0, 2.0, 1.0]),
+        ...                  2, Packing(max_tokens=400))
+        >>> step.num_micro, step.loads.tolist()
+        (1, [4.0, 4.0])
+    """
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    costs = np.ascontiguousarray(costs, dtype=np.float64)
+    w = check_int("num_replicas", num_replicas, 1)
+    speed = np.ones(w) if speeds is None else np.ascontiguousarray(speeds, dtype=np.float64)
+    if costs.shape != lengths.shape or not (np.isfinite(costs).all() and (costs >= 0).all()):
+        raise ValueError(
+            f"costs must be finite and >= 0, one per document ({lengths.shape[0]}); use a "
+            "CostModel of the lengths"
+        )
+    if speed.shape != (w,) or not (np.isfinite(speed).all() and (speed > 0).all()):
+        raise ValueError(f"speeds must be {w} finite numbers > 0 (one per rank), got {speeds!r}")
+    if lengths.shape[0] and int(lengths.max()) > packing.length:
+        raise ValueError(
+            f"a document of {int(lengths.max())} tokens is longer than row_length="
+            f"{packing.length}; cut documents with chronica.core.packing.pieces first"
+        )
+    fewest = max(1, math.ceil(int(lengths.sum()) / (w * packing.rows * packing.length)))
+    m = max(fewest, num_micro or packing.micro_batches or 1)
+    order = argsort_descending(costs)
+    rank = np.empty(lengths.shape[0], np.int64)
+    micro = np.empty_like(rank)
+    row = np.empty_like(rank)
+    loads = np.zeros(w)
+    rows, length = packing.rows, packing.length
+
+    def attempt(count: int) -> bool:
+        # Even micro-batches first, then packed as tightly as it goes.
+        return pack_attempt(
+            lengths, costs, order, speed, count, rows, length, False, rank, micro, row, loads
+        ) or pack_attempt(
+            lengths, costs, order, speed, count, rows, length, True, rank, micro, row, loads
+        )
+
+    # One micro-batch per document always fits, so the loop ends.
+    while not attempt(m):
+        m += 1
+    best = PackedStep(rank.copy(), micro.copy(), row.copy(), m, loads.copy())
+    if num_micro or packing.micro_batches or not lengths.shape[0]:
+        return best
+    # Free counts: while the token cap, not the costs, keeps the slowest rank more than 1%
+    # above what any split allows, one more micro-batch per rank is worth its overhead.
+    bound = max(costs.sum() / speed.sum(), costs.max() / speed.max())
+    top = float((loads / speed).max())
+    while top > bound * (1 + _MICRO_GAIN) and m < lengths.shape[0]:
+        m += 1
+        if not attempt(m) or float((loads / speed).max()) > top * (1 - _MICRO_GAIN):
+            break
+        best = PackedStep(rank.copy(), micro.copy(), row.copy(), m, loads.copy())
+        top = float((loads / speed).max())
+    return best

@@ -1,0 +1,77 @@
+"""The packing kernels (``chronica.core.packing.kernels``) one by one against their
+pure-Python twins in ``tests/helpers/reference.py``: row and micro-batch fitting, the room
+left, and a whole attempt (LPT under row capacities, then refinement) byte for byte."""
+
+from __future__ import annotations
+
+import numpy as np
+import reference
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chronica.core.kernels import argsort_descending
+from chronica.core.packing.kernels import fit_micro, fit_row, largest_room, pack_attempt
+
+free_rows = st.lists(st.integers(0, 12), min_size=1, max_size=8)
+
+
+@given(free=free_rows, length=st.integers(0, 13))
+def test_fit_row_is_the_fullest_row_that_fits(free, length):
+    assert fit_row(np.array(free, np.int64), length) == reference.fit_row(free, length)
+
+
+@given(
+    free=st.lists(free_rows, min_size=1, max_size=5).map(
+        lambda rows: [r[: min(len(x) for x in rows)] for r in rows]
+    ),
+    length=st.integers(0, 13),
+    tight=st.booleans(),
+    data=st.data(),
+)
+def test_fit_micro_matches_the_reference(free, length, tight, data):
+    loads = data.draw(
+        st.lists(st.sampled_from([0.0, 1.0, 2.5]), min_size=len(free), max_size=len(free))
+    )
+    got = fit_micro(np.array(free, np.int64), np.array(loads), length, tight)
+    assert tuple(got) == tuple(reference.fit_micro(free, loads, length, tight))
+
+
+@given(free=st.lists(free_rows, min_size=1, max_size=5))
+def test_largest_room_is_the_largest_free_row(free):
+    width = min(len(r) for r in free)
+    free = [r[:width] for r in free]
+    assert largest_room(np.array(free, np.int64)) == reference.largest_room(free)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 16), max_size=40),
+    w=st.integers(1, 6),
+    num_micro=st.integers(1, 3),
+    rows=st.integers(1, 3),
+    tight=st.booleans(),
+    speeds=st.sampled_from(["equal", "levels"]),
+    quadratic=st.booleans(),
+)
+def test_an_attempt_equals_the_reference(lengths, w, num_micro, rows, tight, speeds, quadratic):
+    lengths = np.array(lengths, np.int64)
+    costs = lengths + (lengths.astype(np.float64) ** 2 / 16 if quadratic else 0.0) + 0.5
+    speed = np.ones(w) if speeds == "equal" else np.array([1.0, 2.0, 0.5] * 2)[:w]
+    n = lengths.shape[0]
+    rank, micro, row = (np.full(n, -1, np.int64) for _ in range(3))
+    loads = np.empty(w)
+    fits = pack_attempt(
+        lengths, costs, argsort_descending(costs), speed, num_micro, rows, 16, tight,
+        rank, micro, row, loads,
+    )  # fmt: skip
+    expected = reference.pack(lengths, costs, speed, num_micro, rows, 16, tight=tight)
+    assert fits == (expected is not None)
+    if expected is None:
+        return
+    assert (rank.tolist(), micro.tolist(), row.tolist()) == tuple(expected[:3])
+    assert loads.tobytes() == np.array(expected[3]).tobytes()
+    # The caps hold: no row over its length.
+    for r in range(w):
+        for m in range(num_micro):
+            for k in range(rows):
+                assert lengths[(rank == r) & (micro == m) & (row == k)].sum() <= 16
