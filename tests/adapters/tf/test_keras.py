@@ -224,8 +224,10 @@ def test_keras_elements_and_bad_arguments():
         chronica.tf.schedule(sizes, x="tok", y="label", padded=False, **kw)
     with pytest.raises(ValueError, match="dynamic"):
         chronica.tf.schedule(sizes, x="tok", y="label", kind="dynamic", **kw)
-    with pytest.raises(ValueError, match="string"):
+    with pytest.raises(TypeError, match="x=3 must name an output feature"):
         chronica.tf.schedule(sizes, x=3, y="label", **kw)
+    with pytest.raises(ValueError, match=r"y=\[\] must name at least one"):
+        chronica.tf.schedule(sizes, x="tok", y=[], **kw)
     with pytest.raises(ValueError, match="lacks"):
         make_dataset(np.ones(8, np.int64)).apply(
             chronica.tf.schedule(sizes, x="tokens", y="label", **kw)
