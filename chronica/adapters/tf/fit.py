@@ -99,6 +99,19 @@ class ScheduleCallback(keras.callbacks.Callback):
         backup_dir: where backups go; ``None``: no backups, epochs only.
         save_freq: ``"epoch"`` or a number of batches between backups.
         delete_checkpoint: remove ``backup_dir``'s backup when ``fit`` completes.
+
+    Raises ``TypeError`` for a ``schedule`` that is not a ``chronica.tf.Schedule``, a
+    ``save_freq`` that is neither a string nor an int, or a ``backup_dir`` that is not a
+    path; ``ValueError`` for a schedule without ``x=``/``y=`` or another ``save_freq``.
+
+    Example::
+
+        >>> schedule = chronica.tf.schedule(lengths, global_batch_size=32, num_replicas=1,
+        ...                                 rank=0, x="tokens", y="label")
+        >>> callback = chronica.tf.ScheduleCallback(schedule, backup_dir="/shared/backup")
+        >>> callback
+        chronica.tf.ScheduleCallback(backup_dir='/shared/backup', save_freq='epoch', ...)
+        >>> model.fit(dataset.apply(schedule), epochs=3, callbacks=[callback])
     """
 
     def __init__(
@@ -109,15 +122,22 @@ class ScheduleCallback(keras.callbacks.Callback):
         delete_checkpoint: bool = True,
     ) -> None:
         super().__init__()
-        if not isinstance(schedule, Schedule) or schedule.keras is None:
-            raise ValueError(
-                "ScheduleCallback needs the chronica.tf.schedule(..., x=..., y=...) whose "
-                f"output model.fit trains on, got {schedule!r}"
+        needed = "the chronica.tf.schedule(..., x=..., y=...) whose output model.fit trains on"
+        if not isinstance(schedule, Schedule):
+            raise TypeError(f"ScheduleCallback needs {needed}, got {type(schedule).__name__}")
+        if schedule.keras is None:
+            raise ValueError(f"ScheduleCallback needs {needed}, got {schedule!r} without x=/y=")
+        if not isinstance(save_freq, (str, int)) or isinstance(save_freq, bool):
+            raise TypeError(
+                f"save_freq={save_freq!r} must be 'epoch' or a number of batches (an int >= 1)"
             )
-        if save_freq != "epoch" and not (
-            isinstance(save_freq, int) and not isinstance(save_freq, bool) and save_freq >= 1
-        ):
+        if save_freq != "epoch" and not (isinstance(save_freq, int) and save_freq >= 1):
             raise ValueError(f"save_freq={save_freq!r} must be 'epoch' or a number of batches >= 1")
+        if backup_dir is not None and not isinstance(backup_dir, (str, os.PathLike)):
+            raise TypeError(
+                f"backup_dir={backup_dir!r} must be a directory's path (a str or os.PathLike) "
+                f"or None"
+            )
         self.schedule = schedule
         self.backup_dir = None if backup_dir is None else os.fspath(backup_dir)
         self.save_freq = save_freq
@@ -141,11 +161,23 @@ class ScheduleCallback(keras.callbacks.Callback):
                 "chronica.tf.patch_keras_multiworker() before model.fit"
             )
 
+    def __repr__(self) -> str:
+        return (
+            f"chronica.tf.ScheduleCallback(backup_dir={self.backup_dir!r}, "
+            f"save_freq={self.save_freq!r}, delete_checkpoint={self.delete_checkpoint}, "
+            f"schedule={self.schedule!r})"
+        )
+
     # -- the position ------------------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
         """``schedule.get_state`` after the last batch Keras trained; raises
-        ``RuntimeError`` before the first batch of an epoch."""
+        ``RuntimeError`` before the first batch of an epoch.
+
+        Example::
+
+            >>> json.dump(callback.state(), open("position.json", "w"))  # in a callback
+        """
         if self._epoch is None or self._done < self._first:
             raise RuntimeError("no batch of this model.fit epoch has been trained yet")
         return self.schedule.get_state(delivered={"epoch": self._epoch, "step": self._done})
@@ -153,7 +185,12 @@ class ScheduleCallback(keras.callbacks.Callback):
     # -- Keras's hooks ---------------------------------------------------------------------
 
     def on_train_begin(self, logs: Any = None) -> None:
-        """Checks ``fit``'s steps per epoch and restores the backup, if any."""
+        """Checks ``fit``'s steps per epoch and restores the backup, if any. Keras calls
+        the ``on_*`` hooks; no code of yours needs to.
+
+        Args:
+            logs: Keras's logs (unused).
+        """
         steps = self.schedule.steps_per_epoch
         given = self.params.get("steps")
         if given is not None and given != steps:
@@ -174,7 +211,12 @@ class ScheduleCallback(keras.callbacks.Callback):
             self._continue()
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-        """Selects chronica's epoch ``epoch`` (kept where a restored backup left it)."""
+        """Selects chronica's epoch ``epoch`` (kept where a restored backup left it).
+
+        Args:
+            epoch: Keras's epoch about to begin.
+            logs: Keras's logs (unused).
+        """
         if self._resumed != epoch:
             self.schedule.set_epoch(epoch)
         self._resumed = None
@@ -189,14 +231,24 @@ class ScheduleCallback(keras.callbacks.Callback):
             warnings.filterwarnings("ignore", message=_RAN_OUT)
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-        """Ends a resumed epoch once its remaining steps are trained."""
+        """Ends a resumed epoch once its remaining steps are trained.
+
+        Args:
+            batch: the batch of Keras's epoch about to train (from 0).
+            logs: Keras's logs (unused).
+        """
         if self._first + batch >= self._steps:
             # Every step of the (resumed) epoch is trained; the elements after them are
             # empty: end Keras's epoch as when its data runs out.
             raise StopIteration
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        """Follows the step trained; backs up every ``save_freq`` batches."""
+        """Follows the step trained; backs up every ``save_freq`` batches.
+
+        Args:
+            batch: the batch of Keras's epoch just trained (from 0).
+            logs: Keras's logs (unused).
+        """
         done = min(self._first + batch, self._steps - 1)
         self._unsaved += done - self._done
         self._done = done
@@ -204,7 +256,12 @@ class ScheduleCallback(keras.callbacks.Callback):
             self._save()
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        """Checks that the whole epoch was trained; backs up with ``save_freq="epoch"``."""
+        """Checks that the whole epoch was trained; backs up with ``save_freq="epoch"``.
+
+        Args:
+            epoch: Keras's epoch just ended.
+            logs: Keras's logs (unused).
+        """
         if self._quiet is not None:
             self._quiet.__exit__(None, None, None)
             self._quiet = None
@@ -219,7 +276,11 @@ class ScheduleCallback(keras.callbacks.Callback):
             self._save()
 
     def on_train_end(self, logs: Any = None) -> None:
-        """Selects the next epoch for a later ``fit``; deletes the backup if asked."""
+        """Selects the next epoch for a later ``fit``; deletes the backup if asked.
+
+        Args:
+            logs: Keras's logs (unused).
+        """
         if self._epoch is not None:
             # A later fit starts afresh at the following epoch.
             self.schedule.set_epoch(self._epoch + 1)
@@ -329,6 +390,14 @@ def patch_keras_multiworker() -> bool:
     its gradients and updates are untouched. Call it once, before ``fit``; calling it again
     does nothing. Returns whether Keras was patched (``False`` for a Keras whose trainer has
     no such step, which then needs no patch).
+
+    Example::
+
+        >>> chronica.tf.patch_keras_multiworker()
+        True
+        >>> with strategy.scope():  # a MultiWorkerMirroredStrategy over several workers
+        ...     model = make_model()
+        >>> model.fit(data, epochs=3, callbacks=[chronica.tf.ScheduleCallback(schedule)])
     """
     owner = _trainer()
     if owner is None:

@@ -224,14 +224,29 @@ def test_keras_elements_and_bad_arguments():
         chronica.tf.schedule(sizes, x="tok", y="label", padded=False, **kw)
     with pytest.raises(ValueError, match="dynamic"):
         chronica.tf.schedule(sizes, x="tok", y="label", kind="dynamic", **kw)
-    with pytest.raises(ValueError, match="string"):
+    with pytest.raises(TypeError, match="x=3 must name an output feature"):
         chronica.tf.schedule(sizes, x=3, y="label", **kw)
+    with pytest.raises(ValueError, match=r"y=\[\] must name at least one"):
+        chronica.tf.schedule(sizes, x="tok", y=[], **kw)
     with pytest.raises(ValueError, match="lacks"):
         make_dataset(np.ones(8, np.int64)).apply(
             chronica.tf.schedule(sizes, x="tokens", y="label", **kw)
         )
-    with pytest.raises(ValueError, match="needs the"):
+    with pytest.raises(ValueError, match=r"needs the .* without x=/y="):
         chronica.tf.ScheduleCallback(chronica.tf.schedule(sizes, **kw))
+    with pytest.raises(TypeError, match=r"needs the .* got dict"):
+        chronica.tf.ScheduleCallback({"x": "tok"})
+    keras_schedule = chronica.tf.schedule(sizes, x="tok", y="label", **kw)
+    for save_freq, error in ((0, ValueError), ("batch", ValueError), (True, TypeError)):
+        with pytest.raises(error, match="save_freq="):
+            chronica.tf.ScheduleCallback(keras_schedule, save_freq=save_freq)
+    with pytest.raises(TypeError, match="backup_dir=3"):
+        chronica.tf.ScheduleCallback(keras_schedule, backup_dir=3)
+    callback = chronica.tf.ScheduleCallback(keras_schedule, backup_dir="b", save_freq=2)
+    assert repr(callback).startswith(
+        "chronica.tf.ScheduleCallback(backup_dir='b', save_freq=2, delete_checkpoint=True, "
+        "schedule=chronica.tf.Schedule(ranks=[0], num_replicas=1, "
+    )
 
 
 def test_a_dict_output_iterated_again_without_set_epoch_warns(caplog):

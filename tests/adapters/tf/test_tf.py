@@ -258,16 +258,18 @@ def test_tf_multiworker_example_runs():
     assert "epoch 1: mean loss" in out.stdout and "tf multiworker: done" in out.stdout
 
 
-def test_errors_are_value_errors_and_stream_calls_need_apply():
+def test_wrong_types_and_values_raise_by_name_and_stream_calls_need_apply():
     lengths = lengths_of(10)
     kw = {"global_batch_size": 4, "num_replicas": 2, "rank": 0}
-    with pytest.raises(ValueError, match="size_fn"):
+    with pytest.raises(TypeError, match="size_fn"):
         chronica.tf.schedule(size_fn=3, **kw)
     with pytest.raises(ValueError, match="epochs"):
         chronica.tf.schedule(lengths, epochs=0, **kw)
-    with pytest.raises(ValueError, match="padded"):
+    with pytest.raises(TypeError, match="epochs"):
+        chronica.tf.schedule(lengths, epochs="2", **kw)
+    with pytest.raises(TypeError, match="padded"):
         chronica.tf.schedule(lengths, padded="yes", **kw)
-    with pytest.raises(ValueError, match=r"tf\.data\.Dataset"):
+    with pytest.raises(TypeError, match=r"tf\.data\.Dataset, got list"):
         chronica.tf.schedule(lengths, **kw)([1, 2])
     t = chronica.tf.schedule(lengths, **kw)
     for call in (t.get_state, t.plan, t.stats, lambda: t.report(1.0)):
@@ -275,6 +277,28 @@ def test_errors_are_value_errors_and_stream_calls_need_apply():
             call()
     make_dataset(lengths).apply(t)
     assert t.plan().num_steps == 3 and t.get_state()["step"] == 0
+
+
+def test_repr_shows_the_configuration_before_and_after_applying():
+    lengths = lengths_of(12)
+    t = chronica.tf.schedule(
+        lengths, global_batch_size=4, num_replicas=2, rank=1, epochs=3, padded=False
+    )
+    want = (
+        "chronica.tf.Schedule(ranks=[1], num_replicas=2, global_batch_size=4, kind='static', "
+        "padded=False, epochs=3, epoch=0, packing=None, applied=False)"
+    )
+    assert repr(t) == want
+    make_dataset(lengths).apply(t)
+    assert repr(t) == want.replace("applied=False", "applied=True")
+    ctx = tf.distribute.InputContext(
+        num_input_pipelines=2, input_pipeline_id=1, num_replicas_in_sync=4
+    )
+    served = chronica.tf.schedule(
+        lengths, global_batch_size=8, input_context=ctx, kind="guided", epochs=None
+    )
+    assert repr(served).startswith("chronica.tf.Schedule(ranks=[2, 3], num_replicas=4, ")
+    assert "kind='guided'" in repr(served) and "epochs=None" in repr(served)
 
 
 def test_dynamic_refused_for_a_pipeline_serving_several_replicas():
@@ -294,7 +318,8 @@ def test_dynamic_single_replica_yields_every_sample_each_epoch():
         rank=0,
         kind="dynamic",
         variable_batch=True,
-        window=2, dynamic=DynamicOptions(port=free_ports(2)[0], timeout=3.0),
+        window=2,
+        dynamic=DynamicOptions(port=free_ports(2)[0], timeout=3.0),
         epochs=2,
     )
     try:
