@@ -101,6 +101,7 @@ def _floor_modules() -> list[Path]:
 
 @pytest.mark.parametrize("path", _floor_modules(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_module_of_the_lower_floors_has_a_test_file_of_its_own(path: Path):
-    floor = path.relative_to(PACKAGE).parts[0]
-    expected = ROOT / "tests" / floor / f"test_{path.stem}.py"
+    # core/packing/epoch.py -> tests/core/test_packing_epoch.py
+    floor, *package = path.relative_to(PACKAGE).with_suffix("").parts
+    expected = ROOT / "tests" / floor / f"test_{'_'.join(package)}.py"
     assert expected.exists(), f"{path.relative_to(ROOT)} has no {expected.relative_to(ROOT)}"

@@ -143,7 +143,7 @@ class Scheduler:
             else Owners.of([0] * config.num_replicas, config.num_replicas)
         )
         self.labels = None if labels is None else _validate_labels(labels, self.num_samples)
-        if policy.kind == "stratified" and self.labels is None:
+        if policy.needs_labels and self.labels is None:
             raise ValueError("shuffle='stratified' needs labels= (one class label per sample)")
         if partitions is not None and not policy.partitioned:
             raise ValueError(

@@ -6,12 +6,10 @@ from collections import Counter
 
 import numpy as np
 import pytest
-import reference
 from hypothesis import given
 from hypothesis import strategies as st
 
 from chronica.core import ScheduleConfig, Scheduler
-from chronica.core.grouping import grouped_by_size
 from chronica.runtime.progress import plan_epoch
 
 MODES = [("static", True), ("static", False), ("guided", True)]
@@ -186,19 +184,6 @@ def test_planning_progress_bar_shows_on_the_given_stream():
     quiet = io.StringIO()  # a small data set plans without a bar
     assert plan_epoch(scheduler, 1, delay=0, file=quiet, disable=False).num_steps
     assert quiet.getvalue() == ""
-
-
-@pytest.mark.parametrize("dtype", [np.int32, np.int64])
-@pytest.mark.parametrize("per_step,full", [(16, 5), (7, 0), (10, 9)])
-def test_guided_grouping_kernel_equals_reference(dtype, per_step, full):
-    rng = np.random.default_rng(per_step)
-    costs = np.concatenate([rng.integers(0, 6, 60).astype(float), [np.inf], rng.random(39)])
-    stream = rng.permutation(100)[:95].astype(dtype)
-    step_order = rng.permutation(full)
-    got = grouped_by_size(costs, stream, np.uint64(2**63 + 5), 0.1, per_step, step_order)
-    expect = reference.grouped_by_size(costs, stream, 2**63 + 5, 0.1, per_step, step_order)
-    assert got.dtype == dtype
-    assert got.tolist() == expect.tolist()
 
 
 def test_linear_costs_share_the_sizes_unless_a_size_is_negative_zero():

@@ -35,7 +35,8 @@ def main(out_path: str, scenario: str, port: str, sync: str) -> None:
         kind="dynamic",
         variable_batch=True,
         sizes=lengths,
-        window=WINDOW, dynamic=DynamicOptions(port=int(port), timeout=3.0),
+        window=WINDOW,
+        dynamic=DynamicOptions(port=int(port), timeout=3.0),
     )
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1).double()

@@ -53,7 +53,8 @@ def main(out_path: str, scenario: str, jax_port: str, port: str, sync: str, pid:
         global_batch_size=PER_RANK * world,
         kind="dynamic",
         variable_batch=True,
-        window=WINDOW, dynamic=DynamicOptions(port=int(port), timeout=3.0),
+        window=WINDOW,
+        dynamic=DynamicOptions(port=int(port), timeout=3.0),
         epochs=2,
     )
     w = np.array([0.3, -0.2, 0.5, 0.1])
@@ -116,7 +117,8 @@ def main(out_path: str, scenario: str, jax_port: str, port: str, sync: str, pid:
             global_batch_size=PER_RANK * world,
             kind="dynamic",
             variable_batch=True,
-            window=WINDOW, dynamic=DynamicOptions(port=int(port) + 2, timeout=3.0),
+            window=WINDOW,
+            dynamic=DynamicOptions(port=int(port) + 2, timeout=3.0),
             as_jax=True,
             sharding=sharding,
         )

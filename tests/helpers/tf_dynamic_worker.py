@@ -70,7 +70,8 @@ def main(rank: int, ports: list[str], port: int, scenario: str, sync: Path) -> N
                 global_batch_size=PER_RANK * world,
                 kind="dynamic",
                 variable_batch=True,
-                window=WINDOW, dynamic=DynamicOptions(port=port, timeout=3.0),
+                window=WINDOW,
+                dynamic=DynamicOptions(port=port, timeout=3.0),
                 epochs=EPOCHS,
                 input_context=ctx,
             )

@@ -254,7 +254,8 @@ def test_dynamic_in_one_process_resumes_mid_epoch():
         kind="dynamic",
         variable_batch=True,
         epochs=2,
-        window=4, dynamic=DynamicOptions(port=0, timeout=5.0),
+        window=4,
+        dynamic=DynamicOptions(port=0, timeout=5.0),
     )
     it = cj.iterator(data, **kwargs)
     steps = []
