@@ -534,6 +534,22 @@ def test_configuration_page_lists_every_parameter(dotted: str) -> None:
     assert not missing, f"docs/configuration.md, section `{dotted}`, lacks {missing}"
 
 
+@pytest.mark.parametrize("dotted", _public_callables())
+def test_every_public_callable_documents_each_argument_and_shows_an_example(dotted: str) -> None:
+    obj = _resolve(dotted)
+    doc = inspect.getdoc(obj) or ""
+    target = obj.__init__ if inspect.isclass(obj) else obj
+    params = [
+        p.name
+        for p in inspect.signature(target).parameters.values()
+        if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    # One line per argument (``name:`` or, for a pair, ``name, other:``) and an example.
+    missing = [p for p in params if not re.search(rf"^\s*(\w+, )?{p}[:,]", doc, re.M)]
+    assert not missing, f"{dotted}'s docstring has no Args: line for {missing}"
+    assert "Example" in doc or ">>>" in doc, f"{dotted}'s docstring shows no example"
+
+
 def _environment_variables() -> set[str]:
     found: set[str] = set()
     for path in (ROOT / "chronica").rglob("*.py"):

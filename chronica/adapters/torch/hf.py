@@ -218,8 +218,15 @@ def __getattr__(name: str) -> Any:
         {
             "__module__": __name__,
             "__doc__": "``transformers.Trainer`` with chronica's ``TrainerMixin``: "
-            "balanced, once-sharded, resumable training batches. Takes the Trainer's "
-            "arguments plus ``scheduling`` (see ``TrainerMixin``).",
+            "balanced, once-sharded, resumable training batches.\n\n"
+            "Args:\n"
+            "    args: the ``transformers.Trainer``'s positional arguments.\n"
+            "    scheduling: the sampler's other arguments (see ``TrainerMixin``).\n"
+            "    kwargs: the ``transformers.Trainer``'s keyword arguments.\n\n"
+            "Example::\n\n"
+            "    trainer = chronica.torch.hf.Trainer(model=model, args=training_args,\n"
+            "                                        train_dataset=ds,\n"
+            "                                        scheduling={'cost': 'quadratic'})\n",
         },
     )
     globals()["Trainer"] = trainer
