@@ -122,7 +122,7 @@ def random_access(source: Any, reserved: Sequence[str] = META_KEYS) -> Any:
     if isinstance(source, Mapping):
         return Columns(source, reserved)
     if not (hasattr(source, "__getitem__") and hasattr(source, "__len__")):
-        raise ValueError(
+        raise TypeError(
             f"source of type {type(source).__name__} is not random-access; it needs "
             f"__len__ and __getitem__ (a numpy array, a list of arrays, a dict of columns)"
         )

@@ -58,7 +58,7 @@ def test_columns_are_a_sequence_of_per_sample_dicts():
     ("source", "error", "match"),
     [
         (None, ValueError, "source is required"),
-        (iter([1, 2]), ValueError, "source of type list_iterator is not random-access"),
+        (iter([1, 2]), TypeError, "source of type list_iterator is not random-access"),
         ({}, ValueError, "source is an empty mapping"),
         ({1: [1]}, TypeError, "source column names must be str, got 1"),
         ({"a": 3}, TypeError, "source column 'a' has no len()"),

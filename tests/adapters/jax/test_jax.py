@@ -362,7 +362,7 @@ def test_bad_input_fails_early(kwargs, match):
 
 
 def test_bad_sources():
-    with pytest.raises(ValueError, match="random-access"):
+    with pytest.raises(TypeError, match="random-access"):
         cj.iterator(iter([1, 2]), global_batch_size=2, num_replicas=1, rank=0)
     with pytest.raises(ValueError, match="scalar"):
         cj.iterator(np.arange(10), global_batch_size=2, num_replicas=1, rank=0)
