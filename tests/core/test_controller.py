@@ -8,7 +8,6 @@ import reference
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chronica.core import ScheduleConfig, Scheduler
 from chronica.core.controller import (
     BatchController,
     ControllerOptions,
@@ -17,8 +16,6 @@ from chronica.core.controller import (
     _robust_line,
     water_fill,
 )
-from chronica.core.dynamic import DynamicPlanner
-from chronica.sim.speeds import SpeedProfile
 
 
 def _brute_force_best(total, alpha, beta, unit, low, high):
@@ -124,60 +121,6 @@ def test_controller_keeps_counts_within_the_hysteresis_band():
     # A trailing step of 20 samples keeps the proportions and adds up.
     tail = controller.counts(20, np.zeros(4), 1 / np.array([6.0, 6, 4, 32]), 1.0)
     assert tail.sum() == 20 and tail[3] == tail.max()
-
-
-@pytest.mark.parametrize("variable", [False, True])
-@pytest.mark.parametrize("groups", [None, [0, 0, 1, 1]])
-def test_planner_keeps_every_step_and_equalises_times(variable, groups):
-    sizes = np.random.default_rng(1).lognormal(5, 1, 3001)
-    config = ScheduleConfig(
-        num_replicas=4,
-        batch_size=64,
-        kind="dynamic",
-        variable_batch=variable,
-        window=5,
-        groups=groups,
-        shuffle="local" if groups else True,
-    )
-    scheduler = Scheduler(sizes, config)
-    planner = DynamicPlanner(scheduler)
-    speeds = SpeedProfile.omnilearn("HL8").speeds(0)
-    static = scheduler.plan_epoch(0)
-    ratios = []
-    for first in range(0, scheduler.num_steps(), 5):
-        plan = planner.plan_window(0, first)
-        assert planner.plan_window(0, first) is plan  # never planned twice
-        for i, step in enumerate(range(first, first + plan.num_steps)):
-            a, b = static.bounds[step, 0], static.bounds[step, -1]
-            got = np.sort(np.concatenate([plan.local(step, r) for r in range(4)]))
-            np.testing.assert_array_equal(got, np.sort(static.indices[a:b]))
-            for ranks in scheduler.owners.ranks:  # samples stay on their node
-                mine = np.concatenate([plan.local(step, int(r)) for r in ranks])
-                theirs = np.concatenate([static.local(step, int(r)) for r in ranks])
-                np.testing.assert_array_equal(np.sort(mine), np.sort(theirs))
-            if not variable:
-                assert len(set(plan.counts[i].tolist())) == 1
-            times = 0.01 + plan.loads[i] / speeds * 1e-4
-            for r in range(4):
-                planner.observe(r, step, plan.loads[i, r], times[r])
-            ratios.append(times.max() / times.min())
-    late = np.median(ratios[len(ratios) // 2 :])
-    # Equal counts cannot absorb an 8x speed gap; speed-proportional counts can.
-    assert late < (1.05 if variable and groups is None else 3.0)
-
-
-def test_planner_without_feedback_equals_the_static_split():
-    sizes = np.random.default_rng(2).lognormal(5, 1, 640)
-    config = ScheduleConfig(num_replicas=4, batch_size=64, kind="dynamic", window=3)
-    scheduler = Scheduler(sizes, config)
-    planner = DynamicPlanner(scheduler)
-    static = scheduler.plan_epoch(0)
-    plan = planner.plan_window(0, 0)
-    for step in range(3):
-        for r in range(4):
-            np.testing.assert_array_equal(plan.local(step, r), static.local(step, r))
-    with pytest.raises(ValueError, match="multiple of window"):
-        planner.plan_window(0, 1)
 
 
 @given(
