@@ -12,6 +12,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -234,6 +235,20 @@ class GradientViews:
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in self._config().items())
         return f"{type(self).__name__}({fields})"
+
+    def _shared_config(
+        self, mode: str, engine: str | None, min_saving: float, options: Any
+    ) -> dict[str, object]:
+        """The part of ``_config()`` every shim shares: its mode, the engine in use, the
+        ``auto`` threshold and the partition, credit and order it was given."""
+        return {
+            "mode": mode,
+            "engine": engine,
+            "min_saving": min_saving,
+            "partition_bytes": options.partition_bytes,
+            "credit_bytes": options.credit_bytes,
+            "order": options.order,
+        }
 
     @property
     def partition_bytes(self) -> int:

@@ -466,12 +466,7 @@ class ScheduledAllReduce(GradientViews):
 
     def _config(self) -> dict[str, object]:
         return {
-            "mode": self.mode,
-            "engine": self._engine,
-            "min_saving": self.min_saving,
-            "partition_bytes": self.options.partition_bytes,
-            "credit_bytes": self.options.credit_bytes,
-            "order": self.options.order,
+            **self._shared_config(self.mode, self._engine, self.min_saving, self.options),
             "timeline": self.options.timeline,
             "comm_ratio": self.comm_ratio,
             "reduce_op": getattr(self.reduce_op, "name", self.reduce_op),

@@ -330,12 +330,7 @@ class ScheduledOptimizer(GradientViews, ScheduledEngine):
 
     def _config(self) -> dict[str, object]:
         return {
-            "mode": self.mode,
-            "engine": self._engine,
-            "min_saving": self.min_saving,
-            "partition_bytes": self.options.partition_bytes,
-            "credit_bytes": self.options.credit_bytes,
-            "order": self.options.order,
+            **self._shared_config(self.mode, self._engine, self.min_saving, self.options),
             "auto_tune": self.options.auto_tune,
             "timeline": self.options.timeline,
             "world": self.world,
