@@ -44,7 +44,8 @@ from chronica.comm.address import (
     resolve_port,
 )
 from chronica.comm.auth import CurveServer
-from chronica.comm.gate import PUBLISH_SIZE, Gate, GateLimits, readable
+from chronica.comm.gate import Gate
+from chronica.comm.gate_process import PUBLISH_SIZE, GateLimits, readable
 from chronica.comm.horizon import Horizon
 from chronica.comm.parts import PlanParts
 from chronica.comm.peers import Peers
@@ -187,7 +188,8 @@ class Coordinator:
             )
         if limits is not None and not isinstance(limits, GateLimits):
             raise TypeError(
-                f"limits must be a chronica.comm.gate.GateLimits or None, not {type(limits)}"
+                "limits must be a chronica.comm.gate_process.GateLimits or None, "
+                f"not {type(limits)}"
             )
         self.planner = DynamicPlanner(scheduler)
         self.scheduler = scheduler

@@ -27,7 +27,7 @@ that, so the sockets anyone can reach live in a *gate* process of their own:
 This module is the parent's end (``Gate``); the gate's loop, the limits and their defaults
 are in ``chronica.comm.gate_process``, which imports only the standard library and pyzmq
 (and ``auth.py`` by its path), so a gate starts in about 0.1 s instead of loading numpy and
-numba. The limits are re-exported here.
+numba.
 """
 
 from __future__ import annotations
@@ -46,34 +46,9 @@ from typing import Any
 
 import zmq
 
-from chronica.comm.gate_process import (
-    BUNDLE,
-    HARD_BYTES,
-    LINK_HWM,
-    MAX_CONNECTIONS,
-    PEER_BYTES,
-    PUBLISH_SIZE,
-    SOFT_BYTES,
-    STRANGER_RATE,
-    SWEEP_GROWTH,
-    GateLimits,
-    readable,
-)
+from chronica.comm.gate_process import GateLimits
 
-__all__ = [
-    "BUNDLE",
-    "HARD_BYTES",
-    "LINK_HWM",
-    "MAX_CONNECTIONS",
-    "PEER_BYTES",
-    "PUBLISH_SIZE",
-    "SOFT_BYTES",
-    "STRANGER_RATE",
-    "SWEEP_GROWTH",
-    "Gate",
-    "GateLimits",
-    "readable",
-]
+__all__ = ["Gate"]
 
 logger = logging.getLogger("chronica")
 

@@ -14,7 +14,7 @@ from workers import scaled
 
 from chronica.comm.client import PlanClient
 from chronica.comm.coordinator import Coordinator
-from chronica.comm.gate import GateLimits
+from chronica.comm.gate_process import GateLimits
 from chronica.comm.protocol import MAX_REQUEST_BYTES, MAX_WORLD, VERSION, decode, encode
 from chronica.core import ScheduleConfig, Scheduler
 

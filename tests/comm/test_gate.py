@@ -10,7 +10,8 @@ import pytest
 import zmq
 from workers import scaled
 
-from chronica.comm.gate import Gate, GateLimits
+from chronica.comm.gate import Gate
+from chronica.comm.gate_process import GateLimits
 
 
 def _recv(sock: zmq.Socket) -> list[bytes]:

@@ -11,7 +11,7 @@ import zmq
 
 from chronica.comm.client import PlanClient
 from chronica.comm.coordinator import Coordinator
-from chronica.comm.gate import readable
+from chronica.comm.gate_process import readable
 from chronica.comm.protocol import decode, plan_message, plan_messages, topic
 from chronica.core import ScheduleConfig, Scheduler
 from chronica.core.packing import Packing

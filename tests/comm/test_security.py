@@ -29,7 +29,7 @@ from chronica.comm.address import resolve_bind, resolve_endpoint
 from chronica.comm.auth import CurveClient, CurveServer, make_keys
 from chronica.comm.client import PlanClient
 from chronica.comm.coordinator import Coordinator
-from chronica.comm.gate import HARD_BYTES
+from chronica.comm.gate_process import HARD_BYTES
 from chronica.core import ScheduleConfig, Scheduler
 from chronica.runtime.session import DynamicSession
 
