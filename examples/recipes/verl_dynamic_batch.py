@@ -153,9 +153,12 @@ def main() -> None:
     world, max_token_len = 4, 8192
     batch, uid = grpo_batch(prompts=16, responses=8, width=1024)
     for rank in range(world):
-        micro, indices, weights = plan_micro_batches(batch, max_token_len, world, rank, uid=uid)
+        micro, _, weights = plan_micro_batches(batch, max_token_len, world, rank, uid=uid)
         tokens = [int(m["attention_mask"].sum()) for m in micro]
-        print(f"rank {rank}: {len(micro)} micro-batches, tokens {tokens}, weights {weights.round(3)}")
+        print(
+            f"rank {rank}: {len(micro)} micro-batches, tokens {tokens},",
+            f"weights {np.round(weights, 3).tolist()}",
+        )
     lengths = batch["attention_mask"].sum(-1).numpy()
     groups = np.unique(uid, return_inverse=True)[1]
     for balance in ("rank", "micro"):

@@ -5,7 +5,6 @@ the batch's response tokens."""
 
 import doctest
 
-import numpy as np
 import pytest
 import torch
 import verl_dynamic_batch as recipe
