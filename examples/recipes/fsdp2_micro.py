@@ -57,34 +57,44 @@ DOCUMENTS_PER_STEP, LR = 24, 0.5
 class Block(nn.Module):
     """Pre-norm transformer layer: causal attention within every document, then an MLP."""
 
-    def __init__(self) -> None:
+    def __init__(self, hidden: int, heads: int) -> None:
         super().__init__()
-        self.norm1, self.norm2 = nn.LayerNorm(HIDDEN), nn.LayerNorm(HIDDEN)
-        self.qkv, self.out = nn.Linear(HIDDEN, 3 * HIDDEN), nn.Linear(HIDDEN, HIDDEN)
+        self.hidden, self.heads = hidden, heads
+        self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.qkv, self.out = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
         self.mlp = nn.Sequential(
-            nn.Linear(HIDDEN, 4 * HIDDEN), nn.GELU(), nn.Linear(4 * HIDDEN, HIDDEN)
+            nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden)
         )
 
     def forward(self, x: torch.Tensor, cu_seqlens: list[int]) -> torch.Tensor:
-        q, k, v = self.qkv(self.norm1(x)).view(-1, 3, HEADS, HIDDEN // HEADS).permute(1, 2, 0, 3)
+        qkv = self.qkv(self.norm1(x)).view(-1, 3, self.heads, self.hidden // self.heads)
+        q, k, v = qkv.permute(1, 2, 0, 3)
         attended = [
             F.scaled_dot_product_attention(q[:, s:e], k[:, s:e], v[:, s:e], is_causal=True)
             for s, e in itertools.pairwise(cu_seqlens)
         ]
-        x = x + self.out(torch.cat(attended, dim=1).transpose(0, 1).reshape(-1, HIDDEN))
+        x = x + self.out(torch.cat(attended, dim=1).transpose(0, 1).reshape(-1, self.hidden))
         return x + self.mlp(self.norm2(x))
 
 
 class TinyLM(nn.Module):
     """A decoder over one flat packed row: ``(T,)`` token ids, positions and the documents'
-    ``cu_seqlens`` in, ``(T, VOCAB)`` logits out."""
+    ``cu_seqlens`` in, ``(T, vocab)`` logits out; initialised from ``seed``."""
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(
+        self,
+        seed: int = 0,
+        hidden: int = HIDDEN,
+        heads: int = HEADS,
+        layers: int = LAYERS,
+        row: int = ROW,
+        vocab: int = VOCAB,
+    ) -> None:
         super().__init__()
         torch.manual_seed(seed)
-        self.tokens, self.positions = nn.Embedding(VOCAB, HIDDEN), nn.Embedding(ROW, HIDDEN)
-        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
-        self.head = nn.Linear(HIDDEN, VOCAB)
+        self.tokens, self.positions = nn.Embedding(vocab, hidden), nn.Embedding(row, hidden)
+        self.blocks = nn.ModuleList(Block(hidden, heads) for _ in range(layers))
+        self.head = nn.Linear(hidden, vocab)
 
     def forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: list[int]
