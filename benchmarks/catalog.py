@@ -36,6 +36,7 @@ SECTIONS = (
     "packing",
     "packing_e2e",
     "hf_rebalance",
+    "fsdp_micro",
 )
 BENCHMARKS = ("balance", "planning", "movement", "quality", *SECTIONS)
 # Runs every benchmark from the repository root (`chronica bench` runs the same).
