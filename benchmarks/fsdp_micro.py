@@ -104,7 +104,7 @@ def step_lengths(settings: Settings) -> np.ndarray:
 def calibration_batches(settings: Settings) -> list[np.ndarray]:
     """Micro-batches of 1 to 8 documents of varied lengths, each within ``max_tokens``."""
     rng = np.random.default_rng(SEED + 1)
-    batches = []
+    batches: list[np.ndarray] = []
     while len(batches) < settings.calibration:
         n = int(rng.integers(1, 9))
         lengths = rng.integers(16, settings.row + 1, n)
