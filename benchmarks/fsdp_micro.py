@@ -16,16 +16,17 @@ ranks of a method running equally many micro-batches:
 ``micro``
     The same with ``balance="micro"``: ``sum_k max_r`` minimised (FSDP's objective).
 
-First the cost model is fitted to this machine: the same calibration micro-batches (1 to 8
-documents, 16 to ``row`` tokens) run on both ranks, and ``chronica.CostModel.fit`` fits
+First the cost model is fitted to this machine: the same calibration micro-batches (drawn
+like the steps' documents) run on both ranks, and ``chronica.CostModel.fit`` fits
 ``a + b·L + c·L²`` per document to their measured seconds, beside a fixed cost per
 micro-batch (the collectives and the launch), ``overhead``; the plans are made with the
 fitted model, and their predicted step is ``sum_k max_r (overhead + C[r, k])``.
 
 Measured: each rank's compute per micro-batch, the CPU time of its training thread over the
 forward and backward pass (``time.thread_time``), which neither waiting for the other rank
-in a collective nor other processes on a shared machine stretch; the lockstep step is
-``sum_k max_r t[r, k]``, median over repeats, summed over the steps. The methods run
+in a collective nor other processes on a shared machine stretch; every micro-batch's time
+is its median over the repeats, and the lockstep step is ``sum_k max_r t[r, k]``, summed
+over the steps. The methods run
 interleaved, step by step, so the machine's noise falls on all alike.
 
     python -m benchmarks --only fsdp_micro [--quick]
@@ -82,7 +83,7 @@ class Settings:
 
 
 QUICK = Settings(steps=2, repeats=2, documents=12, max_tokens=1024, row=512, hidden=64)
-FULL = Settings(steps=6, repeats=3, calibration=16)
+FULL = Settings(steps=6, repeats=3, calibration=32)
 
 
 def recipe() -> ModuleType:
@@ -102,14 +103,19 @@ def step_lengths(settings: Settings) -> np.ndarray:
 
 
 def calibration_batches(settings: Settings) -> list[np.ndarray]:
-    """Micro-batches of 1 to 8 documents of varied lengths, each within ``max_tokens``."""
+    """Micro-batches like the steps': lognormal(6, 1) documents in ``[16, row]`` filled up
+    to a token count drawn in ``[max_tokens / 8, max_tokens]``."""
     rng = np.random.default_rng(SEED + 1)
-    batches: list[np.ndarray] = []
+    batches = []
     while len(batches) < settings.calibration:
-        n = int(rng.integers(1, 9))
-        lengths = rng.integers(16, settings.row + 1, n)
-        if lengths.sum() <= settings.max_tokens:
-            batches.append(lengths)
+        target = rng.integers(settings.max_tokens // 8, settings.max_tokens + 1)
+        lengths: list[int] = []
+        while True:
+            n = int(np.clip(rng.lognormal(6.0, 1.0), 16, settings.row))
+            if lengths and sum(lengths) + n > target:
+                break
+            lengths.append(min(n, settings.max_tokens))
+        batches.append(np.array(lengths, dtype=np.int64))
     return batches
 
 
@@ -297,8 +303,11 @@ def analyse(settings: Settings, raw: dict[str, Any]) -> dict[str, Any]:
             ]
             for repeat in range(settings.repeats)
         ]
-        lockstep = np.median([[t.max(axis=0).sum() for t in rows] for rows in per_repeat], axis=0)
-        rank_sum = np.median([[t.sum(axis=1).max() for t in rows] for rows in per_repeat], axis=0)
+        # every micro-batch's time is its median over the repeats, then the lockstep step
+        # sum_k max_r (a max of noisy times would favour unbalanced plans)
+        typical = [np.median([rows[step] for rows in per_repeat], axis=0) for step in range(steps)]
+        lockstep = np.array([t.max(axis=0).sum() for t in typical])
+        rank_sum = np.array([t.sum(axis=1).max() for t in typical])
         forecast = [
             predicted(
                 [[np.array(d) for d in r] for r in raw["layouts"][method][step]],
@@ -424,8 +433,9 @@ def render_markdown(result: dict[str, Any], img_dir: Path) -> str:
         f"document plus {result['overhead'] * 1e3:.2f} ms per micro-batch "
         f"(calibration micro-batches: median error {100 * result['fit_error_median']:.1f}%, "
         f"worst {100 * result['fit_error_max']:.1f}%). Measured: every micro-batch's "
-        "forward and backward CPU time on each rank; the lockstep step is "
-        f"Σₖ maxᵣ t[r, k], median over {s['repeats']} repeats, summed over the batches.",
+        "forward and backward CPU time on each rank, median over "
+        f"{s['repeats']} repeats; the lockstep step is Σₖ maxᵣ t[r, k], summed over the "
+        "batches.",
         "",
         "| method | micro-batches | lockstep (s) | predicted (s) | measured / predicted "
         "| measured / refitted | vs torch | slowest rank's sum (s) "
