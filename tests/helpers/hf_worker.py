@@ -15,6 +15,10 @@ order the training code received them:
 * ``trainer``: ``chronica.torch.hf.Trainer`` on a ``datasets.Dataset`` with a ``length``
   column, 2 epochs; ``stopped`` and ``resumed``: the same stopped by a callback at
   ``STOP`` (mid-epoch 1) after a checkpoint, then a new Trainer resumed from it;
+* ``custom``: ``chronica.torch.hf.Trainer`` with a ``get_train_dataloader`` of its own (a
+  plain ``DataLoader`` over chronica's sampler, which transformers cannot reach to call
+  ``set_epoch``), 2 epochs; ``refused_custom``: the error a plain ``transformers.Trainer``
+  with the same loader raises when it iterates the loader for its second epoch;
 * ``sizes`` (of the samples) and ``stop``.
 """
 
@@ -145,6 +149,19 @@ def main(out_path: str, folder: str) -> None:
         results["refused_trainer"] = str(error)
 
     results["trainer"] = train(folder)
+
+    def custom_loader(self):
+        sampler = DistributedSampler(TABLE, batch_size=GLOBAL_BATCH, sizes="length")
+        return DataLoader(TABLE, batch_size=local, sampler=sampler, collate_fn=self.data_collator)
+
+    custom = type("Custom", (Trainer,), {"get_train_dataloader": custom_loader})
+    results["custom"] = train(folder, custom)
+    plain = type("Plain", (transformers.Trainer,), {"get_train_dataloader": custom_loader})
+    try:
+        train(folder, plain)
+        results["refused_custom"] = None
+    except RuntimeError as error:
+        results["refused_custom"] = str(error)
     stop = steps + 3  # mid-epoch 1
     results["stopped"] = train(
         folder, callbacks=[StopAt(stop)], save_strategy="steps", save_steps=10**6

@@ -204,6 +204,32 @@ class TrainerMixin:
         """The Trainer's training loader, passed through ``unshard``."""
         return unshard(super().get_train_dataloader())  # type: ignore[misc]
 
+    def _run_epoch(self, *args: Any, **kwargs: Any) -> Any:
+        """transformers' one pass over the training loader (``epoch``, ``train_dataloader``
+        by keyword), after selecting the epoch on a chronica sampler found in that loader:
+        also one that a ``get_train_dataloader`` of your own built, which transformers
+        cannot reach (a plain ``DataLoader`` has no ``set_epoch``)."""
+        sampler = _chronica_sampler(kwargs.get("train_dataloader"))
+        epoch = kwargs.get("epoch")
+        if sampler is not None and isinstance(epoch, int):
+            sampler.set_epoch(epoch)
+        return super()._run_epoch(*args, **kwargs)  # type: ignore[misc]
+
+
+def _chronica_sampler(loader: Any) -> _ScheduledSampler | None:
+    """The chronica sampler or batch sampler that ``loader`` (a ``DataLoader``, maybe
+    wrapped by accelerate) draws from, if any."""
+    batches = getattr(loader, "batch_sampler", None)
+    for candidate in (
+        getattr(loader, "sampler", None),
+        batches,
+        getattr(batches, "sampler", None),
+        getattr(batches, "batch_sampler", None),
+    ):
+        if isinstance(candidate, _ScheduledSampler):
+            return candidate
+    return None
+
 
 def __getattr__(name: str) -> Any:
     # ``Trainer`` subclasses transformers.Trainer, so it is built on first use: importing

@@ -40,7 +40,7 @@ def _split(batches: list, plan_of_rank: list) -> list[list]:
     return [batches[:first], batches[first:]]
 
 
-@pytest.mark.parametrize("scenario", ["accelerate", "accelerate_batches", "trainer"])
+@pytest.mark.parametrize("scenario", ["accelerate", "accelerate_batches", "trainer", "custom"])
 def test_hf_trains_every_sample_once_per_epoch_in_new_orders(job, plan, scenario):
     n = len(job[0]["sizes"])
     received = [_split(result[scenario], plan[rank]) for rank, result in enumerate(job)]
@@ -50,7 +50,7 @@ def test_hf_trains_every_sample_once_per_epoch_in_new_orders(job, plan, scenario
         assert rank[0] != rank[1]
 
 
-@pytest.mark.parametrize("scenario", ["accelerate", "accelerate_batches", "trainer"])
+@pytest.mark.parametrize("scenario", ["accelerate", "accelerate_batches", "trainer", "custom"])
 def test_hf_training_receives_the_planned_balanced_batches(job, plan, scenario):
     for rank in range(WORLD):
         assert job[rank][scenario] == plan[rank][0] + plan[rank][1]
@@ -65,6 +65,11 @@ def test_hf_resumes_exactly_mid_epoch(job, plan):
         assert len(plan[rank][0]) < stop < len(whole)  # mid-epoch 1
         assert result["stopped"] == whole[:stop]
         assert result["resumed"] == whole[stop:]  # Trainer(resume_from_checkpoint=True)
+
+
+def test_a_plain_trainer_with_its_own_loader_fails_loudly_instead_of_repeating_an_epoch(job):
+    for result in job:
+        assert "without set_epoch" in result["refused_custom"]
 
 
 def test_hf_second_sharding_fails_loudly(job):
