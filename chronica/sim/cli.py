@@ -4,6 +4,7 @@ simulated cluster (see ``docs/simulate.md``)."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import sys
@@ -202,7 +203,19 @@ def _cost(text: str) -> Any:
         ) from None
 
 
+def check_plotting(args: argparse.Namespace) -> None:
+    """Raise ``ValueError`` naming the install when a plot is asked for (``--plot``,
+    ``--out-dir``) and matplotlib is missing: before anything is simulated."""
+    if (args.plot or args.out_dir) and importlib.util.find_spec("matplotlib") is None:
+        flag = "--plot" if args.plot else "--out-dir"
+        raise ValueError(
+            f"{flag} draws with matplotlib, which is not installed: pip install matplotlib "
+            '(or pip install -e ".[bench]"), or leave out the flag'
+        )
+
+
 def _write(result: SimulationResult, args: argparse.Namespace) -> list[str]:
+    """Write the JSON result where asked; returns the paths written."""
     written = []
     payload = json.dumps(result.to_dict(), indent=1)
     if args.json == "-":
@@ -215,7 +228,15 @@ def _write(result: SimulationResult, args: argparse.Namespace) -> list[str]:
         folder = Path(args.out_dir)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "simulate.json").write_text(payload)
-        written += [str(folder / "simulate.json"), str(plot(result, folder / "simulate.png"))]
+        written.append(str(folder / "simulate.json"))
+    return written
+
+
+def _plots(result: SimulationResult, args: argparse.Namespace) -> list[str]:
+    """Draw the plots asked for; returns their paths."""
+    written = []
+    if args.out_dir:
+        written.append(str(plot(result, Path(args.out_dir) / "simulate.png")))
     if args.plot:
         written.append(str(plot(result, args.plot)))
     return written
@@ -235,13 +256,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = options_from_args(args)
         sizes = sizes_from_args(args)
+        check_plotting(args)
         result = simulate(sizes, options, progress=False if args.quiet else None)
         written = _write(result, args)
     except (OSError, ValueError) as exc:
         print(f"chronica simulate: error: {exc}", file=sys.stderr)
         return 2
-    if not args.quiet and args.json != "-":
-        print(format_table(result))
+    shown = not args.quiet and args.json != "-"
+    if shown:
+        print(format_table(result), flush=True)  # before the plots, which may fail
+    try:
+        written += _plots(result, args)
+    except (OSError, ValueError) as exc:
+        print(f"chronica simulate: error: {exc}", file=sys.stderr)
+        return 2
+    if shown:
         for path in written:
             print(f"-> {path}")
     logger.info("chronica simulate took %.1f s", time.perf_counter() - started)
