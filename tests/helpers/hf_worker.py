@@ -19,6 +19,9 @@ order the training code received them:
   plain ``DataLoader`` over chronica's sampler, which transformers cannot reach to call
   ``set_epoch``), 2 epochs; ``refused_custom``: the error a plain ``transformers.Trainer``
   with the same loader raises when it iterates the loader for its second epoch;
+* ``packed``: ``packed_trainer.train`` (a tiny Llama trained on packed documents by
+  ``chronica.torch.hf.Trainer``): per step the documents, the packed loss and the unpacked
+  reference;
 * ``sizes`` (of the samples) and ``stop``.
 """
 
@@ -31,6 +34,7 @@ import warnings
 
 import datasets
 import numpy as np
+import packed_trainer
 import torch
 import transformers
 from accelerate import Accelerator
@@ -40,6 +44,7 @@ from chronica.torch.hf import Trainer, prepare
 from chronica.torch.utils.data import DistributedBatchSampler, DistributedSampler
 
 N, GLOBAL_BATCH, EPOCHS, SKIP = 84, 8, 2, 4
+WORLD = int(os.environ["WORLD_SIZE"])
 SIZES = (np.random.default_rng(1).lognormal(3, 1, N).round() + 1).astype(np.int64)
 TABLE = datasets.Dataset.from_dict(
     {"idx": np.arange(N), "length": SIZES, "x": np.arange(N, dtype=np.float32) % 5}
@@ -168,6 +173,7 @@ def main(out_path: str, folder: str) -> None:
     )
     results["resumed"] = train(folder, resume=True)
     results["stop"] = stop
+    results["packed"] = packed_trainer.train(os.path.join(folder, "packed"), world=WORLD)
     with open(out_path, "w") as f:
         json.dump(results, f)
 

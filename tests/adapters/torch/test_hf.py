@@ -72,6 +72,12 @@ def test_a_plain_trainer_with_its_own_loader_fails_loudly_instead_of_repeating_a
         assert "without set_epoch" in result["refused_custom"]
 
 
+def test_packed_trainer_on_2_processes_trains_every_document_once_with_the_unpacked_loss(job):
+    from packed_trainer import DOCUMENTS, EPOCHS
+
+    assert_packed_steps([result["packed"] for result in job], DOCUMENTS, EPOCHS)
+
+
 def test_hf_second_sharding_fails_loudly(job):
     for result in job:
         assert "chronica.torch.hf.prepare(accelerator" in result["refused_accelerate"]
@@ -228,3 +234,23 @@ def test_trainer_builds_the_sampler_from_its_arguments(tmp_path):
     ]
     with pytest.raises(ValueError, match=r"cannot set \['batch_size'\]"):
         Trainer(model=model, args=args, train_dataset=table, scheduling={"batch_size": 8})
+
+
+def test_packed_trainer_trains_every_document_once_with_the_unpacked_loss(tmp_path):
+    from packed_trainer import DOCUMENTS, EPOCHS, train
+
+    steps = train(str(tmp_path))
+    assert_packed_steps([steps], DOCUMENTS, EPOCHS)
+
+
+def assert_packed_steps(ranks: list[list[list]], documents: int, epochs: int) -> None:
+    """Every document once per epoch over the ranks, every rank the same steps, and every
+    step's packed loss equal to the unpacked reference within 1e-5."""
+    for epoch in range(epochs):
+        mine = [[s for s in steps if s[0] == epoch] for steps in ranks]
+        assert len({len(m) for m in mine}) == 1
+        trained = sorted(d for m in mine for s in m for d in s[2])
+        assert trained == list(range(documents))
+    for steps in ranks:
+        for _, _, _, packed, reference in steps:
+            assert abs(packed - reference) <= 1e-5 * max(1.0, abs(reference))
