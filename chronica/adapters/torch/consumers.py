@@ -79,6 +79,7 @@ def check_consumers(
         batch_size: the local batch per step, or ``None`` (nothing to fit).
         global_batch: the global batch, for the message.
     """
+    world = sampler.num_replicas
     for owner in owners:
         if getattr(owner, "sampler", None) is sampler and batch_size is not None:
             size = getattr(owner, "batch_size", None)
@@ -86,7 +87,7 @@ def check_consumers(
                 raise ValueError(
                     f"the DataLoader's batch_size={size} does not fit chronica's local batch "
                     f"of {batch_size} samples per step (batch_size={global_batch} is the "
-                    f"global batch over {sampler.num_replicas} ranks): its batches would "
+                    f"global batch over {world} ranks): its batches would "
                     f"{'merge' if size > batch_size else 'straddle'} balanced steps; use "
                     f"DataLoader(batch_size={batch_size}) (or a divisor of it for "
                     "micro-batches), or DistributedBatchSampler as batch_sampler="

@@ -163,7 +163,7 @@ class TrainerMixin:
                 "global batch (per_device_train_batch_size x world size), the world and the rank"
             )
         self.scheduling = options
-        self.train_sampler: DistributedSampler | None = None
+        self.train_sampler: DistributedSampler | DistributedBatchSampler | None = None
         super().__init__(*args, **kwargs)
 
     def _sampler_arguments(self, dataset: Any) -> dict[str, Any]:
@@ -230,7 +230,7 @@ class TrainerMixin:
             )
         dataset = self.train_dataset
         batches = DistributedBatchSampler(dataset, **self._sampler_arguments(dataset))
-        self.train_sampler = batches  # type: ignore[assignment]
+        self.train_sampler = batches
         return torch.utils.data.DataLoader(
             PackedDataset(dataset),
             batch_sampler=PackedSteps(batches),

@@ -19,7 +19,6 @@ from chronica.adapters.torch.packed_length import LOOKAHEAD
 from chronica.torch.utils.data import (
     DistributedBatchSampler,
     DistributedSampler,
-    PackedDataset,
     collate_packed,
 )
 
