@@ -293,11 +293,12 @@ def _starts(costs: np.ndarray, pipeline: Pipeline) -> np.ndarray:
 
 def order_micro_batches(costs: Any, pipeline: Pipeline, budget: int | None = None) -> np.ndarray:
     """A permutation of the micro-batches (positions into ``costs``) to run them in, chosen
-    to shorten ``pipeline_makespan``: the best of a few orders (the given one, ascending,
-    descending, cheapest at the ends and dearest in the middle or the reverse, and for
-    the interleaved schedule the same over groups of ``stages``), then improved by swaps
-    that shorten the simulated makespan. Deterministic; never worse than the given order,
-    ascending or descending cost order.
+    to shorten ``pipeline_makespan``. With few micro-batches (``M!`` simulations within the
+    budget) every order is tried and the best returned. Otherwise: the best of a few
+    orders (the given one, ascending, descending, cheapest at the ends and dearest in the
+    middle or the reverse, and for the interleaved schedule the same over groups of
+    ``stages``), then improved by swaps that shorten the simulated makespan.
+    Deterministic; never worse than the given order, ascending or descending cost order.
 
     Args:
         costs: predicted cost per micro-batch (the plan's order), finite and ``>= 0``.

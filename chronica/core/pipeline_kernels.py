@@ -298,6 +298,65 @@ def _evaluate(
 
 
 @njit(cache=True)
+def _factorial_at_most(m: int, limit: int) -> bool:
+    """Whether ``m! <= limit``."""
+    product = 1
+    for i in range(2, m + 1):
+        product *= i
+        if product > limit:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _every_order(
+    order: np.ndarray,
+    costs: np.ndarray,
+    units: np.ndarray,
+    kind: np.ndarray,
+    chunk: np.ndarray,
+    slot: np.ndarray,
+    split: bool,
+    flat_kind: np.ndarray,
+    flat_slot: np.ndarray,
+    prev: np.ndarray,
+    dep: np.ndarray,
+    durations: np.ndarray,
+    finish: np.ndarray,
+    finish_f: np.ndarray,
+    finish_b: np.ndarray,
+    queue: np.ndarray,
+) -> np.ndarray:
+    """The first order of least makespan among every permutation of ``order``, visited in
+    Heap's order."""
+    m = order.shape[0]
+    best = order.copy()
+    low = _evaluate(
+        order, costs, units, kind, chunk, slot, split, flat_kind, flat_slot, prev, dep,
+        durations, finish, finish_f, finish_b, queue,
+    )  # fmt: skip
+    counter = np.zeros(m, np.int64)
+    i = 1
+    while i < m:
+        if counter[i] < i:
+            j = 0 if i % 2 == 0 else counter[i]
+            order[j], order[i] = order[i], order[j]
+            value = _evaluate(
+                order, costs, units, kind, chunk, slot, split, flat_kind, flat_slot, prev, dep,
+                durations, finish, finish_f, finish_b, queue,
+            )  # fmt: skip
+            if value < low * (1.0 - 1e-12):
+                low = value
+                best[:] = order
+            counter[i] += 1
+            i = 1
+        else:
+            counter[i] = 0
+            i += 1
+    return best
+
+
+@njit(cache=True)
 def _search(
     starts: np.ndarray,
     costs: np.ndarray,
@@ -321,6 +380,11 @@ def _search(
     queue = np.empty(kind.shape, np.int64)
     best = starts[0].copy()
     low = np.inf
+    if _factorial_at_most(m, budget):
+        return _every_order(
+            best, costs, units, kind, chunk, slot, split, flat_kind, flat_slot, prev, dep,
+            durations, finish, finish_f, finish_b, queue,
+        )  # fmt: skip
     for c in range(starts.shape[0]):
         value = _evaluate(
             starts[c], costs, units, kind, chunk, slot, split, flat_kind, flat_slot, prev, dep,
@@ -377,11 +441,12 @@ def makespan(prog: Program, costs: np.ndarray, units: np.ndarray) -> float:
 def search(
     prog: Program, starts: np.ndarray, costs: np.ndarray, units: np.ndarray, budget: int
 ) -> np.ndarray:
-    """The best of the ``starts`` orders (``(c, M)`` int64, each a permutation; the first on
-    a tie), then improved by swapping two micro-batches of different costs while a swap
-    shortens the makespan (first improvement; the positions nearest the ends, where the
-    pipeline fills and drains, tried first), for at most ``budget`` simulations in all
-    (never fewer than the starts).
+    """Every order when ``M!`` is at most ``budget`` (the best, exactly); else the best of
+    the ``starts`` orders (``(c, M)`` int64, each a permutation; the first on a tie),
+    improved by swapping two micro-batches of different costs while a swap shortens the
+    makespan (first improvement; the positions nearest the ends, where the pipeline fills
+    and drains, tried first), for at most ``budget`` simulations in all (never fewer than
+    the starts).
 
     Args:
         prog: the schedule's program for ``costs.shape[0]`` micro-batches.
