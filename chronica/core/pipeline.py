@@ -23,10 +23,12 @@ operation as soon as its device is free and its input is done (communication is 
     1)·stages`` forwards of warm-up (all of them when there are exactly ``stages``
     micro-batches); needs a micro-batch count divisible by ``stages``.
 ``zero_bubble``
-    ZB-H1 (Qi et al., 2023): 1F1B's order of forwards and input-gradient backwards; a
-    device runs its pending weight-gradient operations, oldest first, whenever its next
-    forward or backward still waits for its input, and at the end. With equal costs that
-    is ZB-H1's figure: 1F1B's activation memory, a bubble of ``(S - 1)·(F + B - W)``.
+    ZB-H1 (Qi et al., 2023): 1F1B's order of forwards and input-gradient backwards, with
+    each weight-gradient operation placed where the device, in a run with F = B = W,
+    would otherwise wait for an input (or at the end): 1F1B's activation memory and, with
+    equal costs and ``backward_ratio=2``, a third of its bubble. The order is fixed once
+    (as zero-bubble runtimes run a precomputed schedule) and every operation still starts
+    as soon as its device and its input allow.
 
 Guarantees: ``pipeline_makespan`` is exact for that model and deterministic;
 ``equal_cost_bound`` is the makespan of the same total cost in equal micro-batches (for
@@ -51,15 +53,14 @@ __all__ = [
     "Pipeline",
     "equal_cost_bound",
     "makespan_lower_bound",
+    "order_budget",
     "order_micro_batches",
     "pipeline_makespan",
 ]
 
 SCHEDULES = ("1f1b", "interleaved", "zero_bubble")
-# Operations one default search simulates in all (about 2 ms of CPU), and what one
-# operation of the event-by-event (zero-bubble) simulation counts for against it.
+# Operations one default search simulates in all: about 2 ms of CPU.
 _WORK = 1_000_000
-_EVENT_WEIGHT = 50
 
 
 @dataclass(frozen=True)
@@ -291,6 +292,23 @@ def _starts(costs: np.ndarray, pipeline: Pipeline) -> np.ndarray:
     return np.ascontiguousarray(np.array(orders, dtype=np.int64))
 
 
+def order_budget(micro: int, pipeline: Pipeline) -> int:
+    """The simulations ``order_micro_batches`` runs at most by default for ``micro``
+    micro-batches: about 2 ms of CPU, the same count on every machine.
+
+    Args:
+        micro: micro-batches, ``>= 1``.
+        pipeline: the stages, virtual stages, schedule and backward ratio.
+
+    Example::
+
+        >>> order_budget(64, Pipeline(stages=8))  # 1024 operations per simulation
+        976
+    """
+    prog = _program(pipeline, check_int("micro", micro, 1))
+    return max(1, _WORK // prog.kind.size)
+
+
 def order_micro_batches(costs: Any, pipeline: Pipeline, budget: int | None = None) -> np.ndarray:
     """A permutation of the micro-batches (positions into ``costs``) to run them in, chosen
     to shorten ``pipeline_makespan``. With few micro-batches (``M!`` simulations within the
@@ -318,7 +336,6 @@ def order_micro_batches(costs: Any, pipeline: Pipeline, budget: int | None = Non
     costs = _check_costs(costs, pipeline)
     prog = _program(pipeline, costs.shape[0])
     starts = _starts(costs, pipeline)
-    if budget is None:
-        budget = _WORK // (prog.kind.size * (_EVENT_WEIGHT if prog.split else 1))
+    budget = order_budget(costs.shape[0], pipeline) if budget is None else budget
     budget = check_int("budget", budget, 1)
     return kernels.search(prog, starts, costs, np.array(pipeline._units), budget)

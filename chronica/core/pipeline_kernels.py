@@ -2,64 +2,54 @@
 
 A *program* is one replica's step under a schedule family for a micro-batch count: every
 device's operations in execution order (``kind``: F, B or W; ``chunk``: the device's model
-chunk; ``slot``: the micro-batch's position in the order). Schedules with a fixed order
-(1F1B, interleaved) are also flattened into one topological order of all operations with,
-for each, the previous operation of its device and the operation whose output it needs,
-so that a makespan is one pass over the operations (``simulate_fixed``). The zero-bubble
-schedule chooses its weight-gradient operations by time, so it is simulated event by
-event (``simulate_greedy``). ``search`` orders micro-batches with either.
+chunk; ``slot``: the micro-batch's position in the order), flattened into one topological
+order of all operations with, for each, the previous operation of its device and the
+operation whose output it needs. A makespan is then one pass over the operations
+(``simulate``), and ``search`` orders micro-batches with it.
 
-Pure-Python references of both simulations live in ``tests/core/test_pipeline_kernels.py``.
+The zero-bubble order is derived once per program: each device, when free, runs its next
+forward or input-gradient backward if its input is there, else its oldest pending
+weight-gradient operation, else waits; run with F = B = W = 1 (ZB-H1's setting), that
+gives ZB-H1's schedule, which the program then fixes, as a zero-bubble runtime runs a
+precomputed schedule.
+
+Pure-Python references live in ``tests/helpers/pipeline_reference.py``.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
 from numba import njit
 
-__all__ = [
-    "B",
-    "F",
-    "Program",
-    "W",
-    "makespan",
-    "program",
-    "search",
-    "simulate_fixed",
-    "simulate_greedy",
-]
+__all__ = ["B", "F", "Program", "W", "makespan", "program", "search", "simulate"]
 
 # Operation kinds.
 F, B, W = 0, 1, 2
-_UNKNOWN = -1.0
 
 
 class Program(NamedTuple):
-    """One schedule's operations for one micro-batch count (arrays read-only, int64).
+    """One schedule's operations for one micro-batch count (read-only int64 arrays).
 
     ``kind``, ``chunk``, ``slot``: ``(stages, n)``, every device's operations in order.
-    ``split``: whether backwards leave weight-gradient operations (zero-bubble).
-    ``chunks``: model chunks in all (``stages · virtual``). ``flat_kind``, ``flat_slot``,
-    ``prev``, ``dep``: for fixed orders, every operation in a topological order with the
-    position (in that order) of its device's previous operation and of the operation it
-    needs (``-1``: none); empty with ``split``.
+    ``flat_kind``, ``flat_slot``, ``prev``, ``dep``: every operation in a topological
+    order, with the position (in that order) of its device's previous operation and of
+    the operation it needs (``-1``: none).
     """
 
     kind: np.ndarray
     chunk: np.ndarray
     slot: np.ndarray
-    split: bool
-    chunks: int
     flat_kind: np.ndarray
     flat_slot: np.ndarray
     prev: np.ndarray
     dep: np.ndarray
 
 
-@lru_cache(maxsize=128)
+@lru_cache(maxsize=256)
 def program(stages: int, virtual: int, schedule: str, micro: int) -> Program:
     """The program of ``schedule`` (``"1f1b"``, ``"interleaved"`` or ``"zero_bubble"``) for
     ``micro`` micro-batches on ``stages`` devices of ``virtual`` chunks each (arguments as
@@ -78,20 +68,20 @@ def program(stages: int, virtual: int, schedule: str, micro: int) -> Program:
         [[0, 0, 1, 1], [0, 1, 0, 1]]
     """
     rows = [_device(stages, virtual, schedule, micro, d) for d in range(stages)]
+    if schedule == "zero_bubble":
+        rows = _with_weight_gradients(rows)
     ops = np.array(rows, dtype=np.int64)  # (stages, n, 3)
     kind, chunk, slot = (np.ascontiguousarray(ops[:, :, j]) for j in range(3))
-    split = schedule == "zero_bubble"
-    flat = _flatten(kind, chunk, slot) if not split else [np.empty(0, np.int64)] * 4
-    arrays = [kind, chunk, slot, *flat]
+    arrays = [kind, chunk, slot, *_flatten(kind, chunk, slot, stages * virtual)]
     for a in arrays:
         a.setflags(write=False)
-    return Program(kind, chunk, slot, split, stages * virtual, *flat)
+    return Program(*arrays)
 
 
 def _device(
     stages: int, virtual: int, schedule: str, micro: int, d: int
 ) -> list[tuple[int, int, int]]:
-    """Device ``d``'s forwards and backwards in order (1F1B's order for zero-bubble too)."""
+    """Device ``d``'s forwards and backwards in order (1F1B's for zero-bubble too)."""
     if schedule == "interleaved":
         return _interleaved(stages, virtual, micro, d)
     warm = min(stages - d - 1, micro)
@@ -120,12 +110,50 @@ def _interleaved(stages: int, virtual: int, micro: int, d: int) -> list[tuple[in
     return ops + [(B, *which(i, True)) for i in range(total - warm, total)]
 
 
-def _flatten(kind: np.ndarray, chunk: np.ndarray, slot: np.ndarray) -> list[np.ndarray]:
-    """A topological order of a fixed-order program: ``[kind, slot, prev, dep]``."""
+def _with_weight_gradients(rows: list[list[tuple[int, int, int]]]) -> list:
+    """ZB-H1's order (one chunk per device): the devices' forward/backward orders with
+    every backward's weight-gradient operation W placed where a device, when free at
+    F = B = W = 1, runs its oldest pending W because its next operation's input is not
+    there yet, or at the end. Integer times: no tie is a rounding accident."""
+    stages = len(rows)
+    done: dict[tuple[int, int, int], int] = {}  # (kind, device, slot) -> end time
+    free, at = [0] * stages, [0] * stages
+    pending: list[deque[int]] = [deque() for _ in range(stages)]
+    out: list[list[tuple[int, int, int]]] = [[] for _ in range(stages)]
+    blocked = [False] * stages
+    while True:
+        live = [d for d in range(stages) if not blocked[d] and (at[d] < len(rows[d]) or pending[d])]
+        if not live:
+            break
+        d = min(live, key=lambda e: (free[e], e))
+        if at[d] < len(rows[d]):
+            kind, _, k = rows[d][at[d]]
+            source = (F, d - 1, k) if kind == F else (B, d + 1, k)
+            first = (kind == F and d == 0) or (kind == B and d == stages - 1)
+            ready = 0 if first else done.get(source)
+            if ready is not None and (ready <= free[d] or not pending[d]):
+                free[d] = max(free[d], ready) + 1
+                done[(kind, d, k)] = free[d]
+                out[d].append(rows[d][at[d]])
+                at[d] += 1
+                if kind == B:
+                    pending[d].append(k)
+                blocked = [False] * stages
+                continue
+            if not pending[d]:
+                blocked[d] = True
+                continue
+        out[d].append((W, 0, pending[d].popleft()))
+        free[d] += 1
+    assert all(at[d] == len(rows[d]) for d in range(stages)), "the schedule deadlocks"
+    return out
+
+
+def _flatten(kind: np.ndarray, chunk: np.ndarray, slot: np.ndarray, chunks: int) -> list:
+    """A topological order of the program: ``[kind, slot, prev, dep]`` (see ``Program``)."""
     stages, n = kind.shape
-    last = int(chunk.max() + 1) * stages - 1
     where: dict[tuple[int, int, int], int] = {}  # (kind, global chunk, slot) -> position
-    order: list[tuple[int, int, int, int]] = []
+    order: list[tuple[int, int, int, int]] = []  # (kind, slot, device, dep)
     at = [0] * stages
     while len(order) < stages * n:
         moved = False
@@ -133,13 +161,15 @@ def _flatten(kind: np.ndarray, chunk: np.ndarray, slot: np.ndarray) -> list[np.n
             while at[d] < n:
                 op, k = int(kind[d, at[d]]), int(slot[d, at[d]])
                 g = int(chunk[d, at[d]]) * stages + d
-                need = (F, g - 1, k) if op == F else (B, g + 1, k)
-                if (op == F and g == 0) or (op == B and g == last):
-                    need = (-1, -1, -1)
-                if need[0] >= 0 and need not in where:
+                need = None
+                if op == F and g > 0:
+                    need = (F, g - 1, k)
+                elif op == B and g < chunks - 1:
+                    need = (B, g + 1, k)
+                if need is not None and need not in where:
                     break
                 where[(op, g, k)] = len(order)
-                order.append((op, k, d, where.get(need, -1)))
+                order.append((op, k, d, -1 if need is None else where[need]))
                 at[d] += 1
                 moved = True
         assert moved, "the schedule deadlocks"
@@ -148,17 +178,12 @@ def _flatten(kind: np.ndarray, chunk: np.ndarray, slot: np.ndarray) -> list[np.n
     for position, (_, _, d, _) in enumerate(order):
         prev.append(last_of[d])
         last_of[d] = position
-    columns = list(zip(*order, strict=True))
-    return [
-        np.array(columns[0], np.int64),
-        np.array(columns[1], np.int64),
-        np.array(prev, np.int64),
-        np.array(columns[3], np.int64),
-    ]
+    ops, slots, _, deps = zip(*order, strict=True)
+    return [np.array(c, np.int64) for c in (ops, slots, prev, deps)]
 
 
 @njit(cache=True)
-def simulate_fixed(
+def simulate(
     kind: np.ndarray,
     slot: np.ndarray,
     prev: np.ndarray,
@@ -166,10 +191,25 @@ def simulate_fixed(
     durations: np.ndarray,
     finish: np.ndarray,
 ) -> float:
-    """The makespan of a fixed-order program (``Program``'s ``flat_kind``, ``flat_slot``,
-    ``prev``, ``dep``): every operation starts once its device's previous operation and the
-    operation it needs are done. ``durations[op, k]``: time of one operation of kind ``op``
-    of slot ``k``; ``finish``: a buffer as long as ``kind``."""
+    """The makespan of a program (``Program``'s ``flat_kind``, ``flat_slot``, ``prev``,
+    ``dep``): every operation starts once its device's previous operation and the
+    operation it needs are done.
+
+    Args:
+        kind: ``int64`` kind (F, B, W) of every operation, in topological order.
+        slot: ``int64`` slot of every operation.
+        prev: ``int64`` position of the device's previous operation (``-1``: none).
+        dep: ``int64`` position of the operation it needs (``-1``: none).
+        durations: ``float64`` ``(3, M)``: time of one operation of each kind and slot.
+        finish: a ``float64`` buffer as long as ``kind``; overwritten.
+
+    Example::
+
+        >>> p = program(2, 1, "1f1b", 1)
+        >>> simulate(p.flat_kind, p.flat_slot, p.prev, p.dep, np.array([[1.0], [2.0], [0.0]]),
+        ...          np.empty(4))
+        6.0
+    """
     end = 0.0
     for i in range(kind.shape[0]):
         start = 0.0
@@ -184,122 +224,27 @@ def simulate_fixed(
 
 
 @njit(cache=True)
-def simulate_greedy(
-    kind: np.ndarray,
-    chunk: np.ndarray,
-    slot: np.ndarray,
-    durations: np.ndarray,
-    split: bool,
-    finish_f: np.ndarray,
-    finish_b: np.ndarray,
-    queue: np.ndarray,
-) -> float:
-    """The makespan of one replica's step. Device ``d`` runs its forward and backward
-    operations (``kind[d]``, ``chunk[d]``, ``slot[d]``: ``(stages, n)`` int64) in order,
-    each once the device is free and its input is done. With ``split``, every backward
-    leaves a weight-gradient operation W of the same chunk and micro-batch, which the
-    device runs, oldest first, whenever its next operation's input is not done yet, and at
-    the end. ``durations[op, k]``: time of one operation of kind ``op`` (F, B, W) of slot
-    ``k`` on one chunk. Devices are advanced in time order (the free one with the earliest
-    time first, the lowest index on a tie), so a W is chosen exactly when the input is
-    not there yet. ``finish_f``, ``finish_b``: ``(stages · virtual, micro)`` buffers;
-    ``queue``: ``(stages, n)`` int64. Returns -1.0 if the order deadlocks."""
-    stages, n = kind.shape
-    last = finish_f.shape[0] - 1
-    finish_f[:, :] = _UNKNOWN
-    finish_b[:, :] = _UNKNOWN
-    at = np.zeros(stages, np.int64)
-    head = np.zeros(stages, np.int64)
-    tail = np.zeros(stages, np.int64)
-    blocked = np.zeros(stages, np.bool_)
-    free = np.zeros(stages)
-    d = 0
-    while True:
-        # Without W to choose, any order gives the same times: stay on a device while it
-        # can go on.
-        if split or blocked[d] or at[d] == n:
-            d = -1
-            for e in range(stages):
-                if not blocked[e] and (at[e] < n or head[e] < tail[e]):
-                    if d < 0 or free[e] < free[d]:
-                        d = e
-            if d < 0:
-                break
-        t = free[d]
-        waiting = head[d] < tail[d]
-        if at[d] < n:
-            i = at[d]
-            op = kind[d, i]
-            k = slot[d, i]
-            g = chunk[d, i] * stages + d
-            ready = 0.0
-            if op == F and g > 0:
-                ready = finish_f[g - 1, k]
-            elif op == B:
-                ready = finish_f[g, k]
-                if g < last:
-                    after = finish_b[g + 1, k]
-                    ready = after if after < 0 else max(ready, after)
-            if ready >= 0 and (ready <= t or not waiting):
-                end = max(t, ready) + durations[op, k]
-                if op == F:
-                    finish_f[g, k] = end
-                    if g < last:
-                        blocked[(g + 1) % stages] = False
-                else:
-                    finish_b[g, k] = end
-                    if g > 0:
-                        blocked[(g - 1) % stages] = False
-                    if split:
-                        queue[d, tail[d]] = k
-                        tail[d] += 1
-                free[d] = end
-                at[d] = i + 1
-                continue
-            if not waiting:
-                blocked[d] = True
-                continue
-        k = queue[d, head[d]]
-        head[d] += 1
-        free[d] = t + durations[W, k]
-    for e in range(stages):
-        if at[e] < n:
-            return -1.0
-    return free.max()
-
-
-@njit(cache=True)
 def _evaluate(
     order: np.ndarray,
     costs: np.ndarray,
     units: np.ndarray,
     kind: np.ndarray,
-    chunk: np.ndarray,
     slot: np.ndarray,
-    split: bool,
-    flat_kind: np.ndarray,
-    flat_slot: np.ndarray,
     prev: np.ndarray,
     dep: np.ndarray,
     durations: np.ndarray,
     finish: np.ndarray,
-    finish_f: np.ndarray,
-    finish_b: np.ndarray,
-    queue: np.ndarray,
 ) -> float:
-    """The makespan of micro-batch ``order[k]`` in slot ``k`` (``units``: time per unit of
-    cost of F, B and W on one chunk)."""
+    """The makespan with micro-batch ``order[k]`` in slot ``k`` (``units``: time per unit
+    of cost of F, B and W on one chunk)."""
     for k in range(order.shape[0]):
         for op in range(3):
             durations[op, k] = units[op] * costs[order[k]]
-    if split:
-        return simulate_greedy(kind, chunk, slot, durations, True, finish_f, finish_b, queue)
-    return simulate_fixed(flat_kind, flat_slot, prev, dep, durations, finish)
+    return simulate(kind, slot, prev, dep, durations, finish)
 
 
 @njit(cache=True)
 def _factorial_at_most(m: int, limit: int) -> bool:
-    """Whether ``m! <= limit``."""
     product = 1
     for i in range(2, m + 1):
         product *= i
@@ -309,92 +254,47 @@ def _factorial_at_most(m: int, limit: int) -> bool:
 
 
 @njit(cache=True)
-def _every_order(
-    order: np.ndarray,
-    costs: np.ndarray,
-    units: np.ndarray,
-    kind: np.ndarray,
-    chunk: np.ndarray,
-    slot: np.ndarray,
-    split: bool,
-    flat_kind: np.ndarray,
-    flat_slot: np.ndarray,
-    prev: np.ndarray,
-    dep: np.ndarray,
-    durations: np.ndarray,
-    finish: np.ndarray,
-    finish_f: np.ndarray,
-    finish_b: np.ndarray,
-    queue: np.ndarray,
-) -> np.ndarray:
-    """The first order of least makespan among every permutation of ``order``, visited in
-    Heap's order."""
-    m = order.shape[0]
-    best = order.copy()
-    low = _evaluate(
-        order, costs, units, kind, chunk, slot, split, flat_kind, flat_slot, prev, dep,
-        durations, finish, finish_f, finish_b, queue,
-    )  # fmt: skip
-    counter = np.zeros(m, np.int64)
-    i = 1
-    while i < m:
-        if counter[i] < i:
-            j = 0 if i % 2 == 0 else counter[i]
-            order[j], order[i] = order[i], order[j]
-            value = _evaluate(
-                order, costs, units, kind, chunk, slot, split, flat_kind, flat_slot, prev, dep,
-                durations, finish, finish_f, finish_b, queue,
-            )  # fmt: skip
-            if value < low * (1.0 - 1e-12):
-                low = value
-                best[:] = order
-            counter[i] += 1
-            i = 1
-        else:
-            counter[i] = 0
-            i += 1
-    return best
-
-
-@njit(cache=True)
 def _search(
     starts: np.ndarray,
     costs: np.ndarray,
     units: np.ndarray,
     budget: int,
     kind: np.ndarray,
-    chunk: np.ndarray,
     slot: np.ndarray,
-    split: bool,
-    chunks: int,
-    flat_kind: np.ndarray,
-    flat_slot: np.ndarray,
     prev: np.ndarray,
     dep: np.ndarray,
 ) -> np.ndarray:
     m = costs.shape[0]
     durations = np.empty((3, m))
-    finish = np.empty(flat_kind.shape[0])
-    finish_f = np.empty((chunks, m))
-    finish_b = np.empty((chunks, m))
-    queue = np.empty(kind.shape, np.int64)
+    finish = np.empty(kind.shape[0])
     best = starts[0].copy()
-    low = np.inf
+    low = _evaluate(best, costs, units, kind, slot, prev, dep, durations, finish)
     if _factorial_at_most(m, budget):
-        return _every_order(
-            best, costs, units, kind, chunk, slot, split, flat_kind, flat_slot, prev, dep,
-            durations, finish, finish_f, finish_b, queue,
-        )  # fmt: skip
-    for c in range(starts.shape[0]):
-        value = _evaluate(
-            starts[c], costs, units, kind, chunk, slot, split, flat_kind, flat_slot, prev, dep,
-            durations, finish, finish_f, finish_b, queue,
-        )  # fmt: skip
+        # Every order, in Heap's order; the first of least makespan.
+        order = best.copy()
+        counter = np.zeros(m, np.int64)
+        i = 1
+        while i < m:
+            if counter[i] < i:
+                j = 0 if i % 2 == 0 else counter[i]
+                order[j], order[i] = order[i], order[j]
+                value = _evaluate(order, costs, units, kind, slot, prev, dep, durations, finish)
+                if value < low * (1.0 - 1e-12):
+                    low = value
+                    best[:] = order
+                counter[i] += 1
+                i = 1
+            else:
+                counter[i] = 0
+                i += 1
+        return best
+    for c in range(1, starts.shape[0]):
+        value = _evaluate(starts[c], costs, units, kind, slot, prev, dep, durations, finish)
         if value < low:
             low = value
             best[:] = starts[c]
     spent = starts.shape[0]
-    ends = np.empty(m, np.int64)
+    ends = np.empty(m, np.int64)  # positions from the ends inwards: 0, M-1, 1, M-2, ...
     for i in range(m):
         ends[i] = i // 2 if i % 2 == 0 else m - 1 - i // 2
     improved = True
@@ -408,10 +308,7 @@ def _search(
                 if costs[best[i]] == costs[best[j]]:
                     continue
                 best[i], best[j] = best[j], best[i]
-                value = _evaluate(
-                    best, costs, units, kind, chunk, slot, split, flat_kind, flat_slot, prev,
-                    dep, durations, finish, finish_f, finish_b, queue,
-                )  # fmt: skip
+                value = _evaluate(best, costs, units, kind, slot, prev, dep, durations, finish)
                 spent += 1
                 if value < low * (1.0 - 1e-12):
                     low = value
@@ -434,23 +331,32 @@ def makespan(prog: Program, costs: np.ndarray, units: np.ndarray) -> float:
         >>> makespan(program(2, 1, "1f1b", 2), np.array([1.0, 1.0]), np.array([0.25, 0.25, 0]))
         1.5
     """
-    m = costs.shape[0]
-    return float(_evaluate(np.arange(m), costs, units, *_arrays(prog, m)))
+    durations = np.outer(units, costs)
+    return float(
+        simulate(
+            prog.flat_kind,
+            prog.flat_slot,
+            prog.prev,
+            prog.dep,
+            durations,
+            np.empty(prog.flat_kind.shape[0]),
+        )
+    )
 
 
 def search(
     prog: Program, starts: np.ndarray, costs: np.ndarray, units: np.ndarray, budget: int
 ) -> np.ndarray:
-    """Every order when ``M!`` is at most ``budget`` (the best, exactly); else the best of
-    the ``starts`` orders (``(c, M)`` int64, each a permutation; the first on a tie),
-    improved by swapping two micro-batches of different costs while a swap shortens the
-    makespan (first improvement; the positions nearest the ends, where the pipeline fills
-    and drains, tried first), for at most ``budget`` simulations in all (never fewer than
-    the starts).
+    """Every order when ``M!`` is at most ``budget`` (the best, exactly; the first of least
+    makespan in Heap's order from ``starts[0]``); else the best of the ``starts`` orders
+    (the first on a tie), improved by swapping two micro-batches of different costs while
+    a swap shortens the makespan (first improvement; the positions nearest the ends, where
+    the pipeline fills and drains, tried first), for at most ``budget`` simulations in
+    all (never fewer than the starts).
 
     Args:
         prog: the schedule's program for ``costs.shape[0]`` micro-batches.
-        starts: ``(c, M)`` int64 orders to start from.
+        starts: ``(c, M)`` int64 orders (permutations) to start from.
         costs: ``float64`` cost per micro-batch.
         units: ``float64`` time per unit of cost of F, B and W on one chunk.
         budget: simulations at most.
@@ -458,30 +364,10 @@ def search(
     Example::
 
         >>> units = np.array([1 / 12, 2 / 12, 0.0])  # Pipeline(stages=4)'s F, B and W
-        >>> search(program(4, 1, "1f1b", 4), np.array([[0, 1, 2, 3]]),
-        ...        np.array([4.0, 4.0, 1.0, 1.0]), units, 50).tolist()
-        [2, 3, 0, 1]
+        >>> search(program(4, 1, "1f1b", 5), np.array([[0, 1, 2, 3, 4]]),
+        ...        np.array([4.0, 4.0, 4.0, 1.0, 1.0]), units, 10).tolist()
+        [3, 4, 2, 0, 1]
     """
-    m = costs.shape[0]
-    fixed = (starts, costs, units, budget)
-    arrays = _arrays(prog, m)
-    return _search(*fixed, *arrays[:4], prog.chunks, *arrays[4:8])
-
-
-def _arrays(prog: Program, m: int) -> tuple:
-    """``_evaluate``'s arguments after ``order``, ``costs`` and ``units``."""
-    return (
-        prog.kind,
-        prog.chunk,
-        prog.slot,
-        prog.split,
-        prog.flat_kind,
-        prog.flat_slot,
-        prog.prev,
-        prog.dep,
-        np.empty((3, m)),
-        np.empty(prog.flat_kind.shape[0]),
-        np.empty((prog.chunks, m)),
-        np.empty((prog.chunks, m)),
-        np.empty(prog.kind.shape, np.int64),
+    return _search(
+        starts, costs, units, budget, prog.flat_kind, prog.flat_slot, prog.prev, prog.dep
     )

@@ -2,11 +2,11 @@
 schedule's per-device operations written out from their definitions, and a makespan
 computed without the kernels' topological order or event loop.
 
-Fixed orders (1F1B, interleaved): an operation ends ``duration`` after the later of its
-device's previous operation and the operation it needs, a memoised recursion over that
-definition. Zero-bubble: a discrete-event run in which each device, when free, runs its
-next forward or backward if its input is done by then, else its oldest pending
-weight-gradient operation, else waits for the input.
+An operation ends its duration after the later of its device's previous operation and the
+operation it needs: a memoised recursion over that definition. Zero-bubble's order comes
+from a discrete-event run at F = B = W = 1 in which each device, when free, runs its next
+forward or backward if its input is done by then, else its oldest pending weight-gradient
+operation, else waits for the input.
 """
 
 from __future__ import annotations
@@ -49,31 +49,60 @@ def device_operations(stages: int, virtual: int, schedule: str, micro: int, d: i
     return ops + [(B, 0, k) for k in range(micro - warm, micro)]
 
 
+def zero_bubble_operations(stages: int, micro: int) -> list[list[tuple]]:
+    """ZB-H1's per-device order: a discrete-event run at F = B = W = 1 in which a device,
+    when free, runs its next forward or backward if its input is done by then, else its
+    oldest pending W, else waits; every operation recorded where it ran."""
+    lists = [device_operations(stages, 1, "1f1b", micro, d) for d in range(stages)]
+    done: dict[tuple, int] = {}
+    free, at = [0] * stages, [0] * stages
+    pending: list[deque] = [deque() for _ in range(stages)]
+    out: list[list[tuple]] = [[] for _ in range(stages)]
+    waiting = [False] * stages  # no W to run and the input is not simulated yet
+    while True:
+        live = [
+            d for d in range(stages) if not waiting[d] and (at[d] < len(lists[d]) or pending[d])
+        ]
+        if not live:
+            break
+        d = min(live, key=lambda e: (free[e], e))
+        if at[d] < len(lists[d]):
+            op = lists[d][at[d]]
+            need = _needs(op, d, stages, stages)
+            ready = 0 if need is None else done.get(need)
+            if ready is not None and (ready <= free[d] or not pending[d]):
+                free[d] = max(free[d], ready) + 1
+                done[(op[0], d, op[2])] = free[d]
+                out[d].append(op)
+                if op[0] == B:
+                    pending[d].append(op[2])
+                at[d] += 1
+                waiting = [False] * stages
+                continue
+            if not pending[d]:
+                waiting[d] = True
+                continue
+        out[d].append((W, 0, pending[d].popleft()))
+        free[d] += 1
+    return out
+
+
 def reference_makespan(
     costs: list[float], stages: int, virtual: int, schedule: str, backward_ratio: float
 ) -> float:
-    """The makespan of micro-batches of ``costs`` (in order) under the schedule."""
+    """The makespan of micro-batches of ``costs`` (in order) under the schedule: an
+    operation ends its duration after the later of its device's previous operation and
+    the operation it needs (a memoised recursion)."""
     chunks = stages * virtual
     forward = 1.0 / ((1.0 + backward_ratio) * chunks)
     backward = backward_ratio * forward
-    split = schedule == "zero_bubble"
-    unit = {F: forward, B: backward / 2 if split else backward, W: backward / 2}
     micro = len(costs)
-    lists = [device_operations(stages, virtual, schedule, micro, d) for d in range(stages)]
-    if split:
-        return _greedy(costs, lists, unit)
-    return _fixed(costs, lists, unit, stages, chunks)
-
-
-def _needs(op: tuple, d: int, stages: int, chunks: int) -> tuple | None:
-    kind, chunk, k = op
-    g = chunk * stages + d
-    if kind == F:
-        return None if g == 0 else (F, g - 1, k)
-    return None if g == chunks - 1 else (B, g + 1, k)
-
-
-def _fixed(costs, lists, unit, stages, chunks) -> float:
+    if schedule == "zero_bubble":
+        unit = {F: forward, B: backward / 2, W: backward / 2}
+        lists = zero_bubble_operations(stages, micro)
+    else:
+        unit = {F: forward, B: backward, W: 0.0}
+        lists = [device_operations(stages, virtual, schedule, micro, d) for d in range(stages)]
     place = {}  # (kind, global chunk, micro) -> (device, position)
     for d, ops in enumerate(lists):
         for i, (kind, chunk, k) in enumerate(ops):
@@ -96,39 +125,13 @@ def _fixed(costs, lists, unit, stages, chunks) -> float:
         sys.setrecursionlimit(limit)
 
 
-def _greedy(costs, lists, unit) -> float:
-    stages = len(lists)
-    chunks = stages  # zero-bubble runs one chunk per device
-    done: dict[tuple, float] = {}
-    free = [0.0] * stages
-    at = [0] * stages
-    pending: list[deque] = [deque() for _ in range(stages)]
-    waiting = [False] * stages  # no W to run and the input is not simulated yet
-    while True:
-        live = [
-            d for d in range(stages) if not waiting[d] and (at[d] < len(lists[d]) or pending[d])
-        ]
-        if not live:
-            break
-        d = min(live, key=lambda e: (free[e], e))
-        t = free[d]
-        if at[d] < len(lists[d]):
-            op = lists[d][at[d]]
-            kind, _, k = op
-            need = _needs(op, d, stages, chunks)
-            ready = 0.0 if need is None else done.get(need)
-            if ready is not None and (ready <= t or not pending[d]):
-                free[d] = max(t, ready) + unit[kind] * costs[k]
-                done[(kind, d, k)] = free[d]
-                if kind == B:
-                    pending[d].append(k)
-                at[d] += 1
-                for e in range(stages):
-                    waiting[e] = False
-                continue
-            if not pending[d]:
-                waiting[d] = True
-                continue
-        free[d] = t + unit[W] * costs[pending[d].popleft()]
-    assert all(at[d] == len(lists[d]) for d in range(stages)), "deadlock"
-    return max(free)
+def _needs(op: tuple, d: int, stages: int, chunks: int) -> tuple | None:
+    """The operation whose output ``op`` on device ``d`` needs (``None``: none; a W needs
+    only its own backward, which runs before it on the device)."""
+    kind, chunk, k = op
+    g = chunk * stages + d
+    if kind == F:
+        return None if g == 0 else (F, g - 1, k)
+    if kind == B:
+        return None if g == chunks - 1 else (B, g + 1, k)
+    return None
