@@ -20,6 +20,8 @@ from chronica.core import (
     ScheduleConfig,
     Scheduler,
     ShufflePolicy,
+    StepPlan,
+    plan_step,
 )
 
 if TYPE_CHECKING:
@@ -37,8 +39,10 @@ __all__ = [
     "ScheduleConfig",
     "Scheduler",
     "ShufflePolicy",
+    "StepPlan",
     "__version__",
     "jax",
+    "plan_step",
     "runtime",
     "tf",
     "torch",

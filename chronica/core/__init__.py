@@ -8,7 +8,7 @@ from chronica.core.config import ScheduleConfig
 from chronica.core.controller import ControllerOptions
 from chronica.core.cost import CostModel, as_cost_model
 from chronica.core.modes import KINDS, Mode
-from chronica.core.packing import Packing
+from chronica.core.packing import Packing, StepPlan, plan_step
 from chronica.core.plan import EpochPlan, MicroLayout, PlanStats
 from chronica.core.scheduler import Scheduler
 from chronica.core.shuffle import POLICIES, ShufflePolicy, as_shuffle_policy
@@ -29,10 +29,12 @@ __all__ = [
     "ScheduleConfig",
     "Scheduler",
     "ShufflePolicy",
+    "StepPlan",
     "as_cost_model",
     "as_shuffle_policy",
     "label_skew",
     "movement",
+    "plan_step",
     "resolve_sizes",
     "sizes_digest",
     "validate_sizes",

@@ -15,9 +15,11 @@ from chronica.core.packing.kernels import fit_micro, fit_row, largest_room, pack
 free_rows = st.lists(st.integers(0, 12), min_size=1, max_size=8)
 
 
-@given(free=free_rows, length=st.integers(0, 13))
-def test_fit_row_is_the_fullest_row_that_fits(free, length):
-    assert fit_row(np.array(free, np.int64), length) == reference.fit_row(free, length)
+@given(free=free_rows, length=st.integers(0, 13), docs=st.integers(1, 3), data=st.data())
+def test_fit_row_is_the_fullest_row_that_fits(free, length, docs, data):
+    slots = data.draw(st.lists(st.integers(0, 3), min_size=len(free), max_size=len(free)))
+    got = fit_row(np.array(free, np.int64), np.array(slots, np.int64), length, docs)
+    assert got == reference.fit_row(free, length, slots, docs)
 
 
 @given(
@@ -32,15 +34,21 @@ def test_fit_micro_matches_the_reference(free, length, tight, data):
     loads = data.draw(
         st.lists(st.sampled_from([0.0, 1.0, 2.5]), min_size=len(free), max_size=len(free))
     )
-    got = fit_micro(np.array(free, np.int64), np.array(loads), length, tight)
-    assert tuple(got) == tuple(reference.fit_micro(free, loads, length, tight))
+    slots = [[data.draw(st.integers(0, 2)) for _ in rows] for rows in free]
+    docs = data.draw(st.integers(1, 2))
+    got = fit_micro(
+        np.array(free, np.int64), np.array(slots, np.int64), np.array(loads), length, docs, tight
+    )
+    assert tuple(got) == tuple(reference.fit_micro(free, loads, length, tight, slots, docs))
 
 
-@given(free=st.lists(free_rows, min_size=1, max_size=5))
-def test_largest_room_is_the_largest_free_row(free):
+@given(free=st.lists(free_rows, min_size=1, max_size=5), data=st.data())
+def test_largest_room_is_the_largest_free_row_with_a_slot(free, data):
     width = min(len(r) for r in free)
     free = [r[:width] for r in free]
-    assert largest_room(np.array(free, np.int64)) == reference.largest_room(free)
+    slots = [[data.draw(st.integers(0, 1)) for _ in rows] for rows in free]
+    got = largest_room(np.array(free, np.int64), np.array(slots, np.int64))
+    assert got == reference.largest_room(free, slots)
 
 
 @settings(max_examples=150, deadline=None)
@@ -52,26 +60,37 @@ def test_largest_room_is_the_largest_free_row(free):
     tight=st.booleans(),
     speeds=st.sampled_from(["equal", "levels"]),
     quadratic=st.booleans(),
+    row_docs=st.sampled_from([None, 1, 2, 4]),
+    data=st.data(),
 )
-def test_an_attempt_equals_the_reference(lengths, w, num_micro, rows, tight, speeds, quadratic):
+def test_an_attempt_equals_the_reference(
+    lengths, w, num_micro, rows, tight, speeds, quadratic, row_docs, data
+):
     lengths = np.array(lengths, np.int64)
+    n = lengths.shape[0]
+    # Units of one or two documents (groups kept whole), against a per-row document limit.
+    docs = np.array(data.draw(st.lists(st.integers(1, 2), min_size=n, max_size=n)), np.int64)
+    limit = int(docs.sum()) + 1 if row_docs is None else row_docs
     costs = lengths + (lengths.astype(np.float64) ** 2 / 16 if quadratic else 0.0) + 0.5
     speed = np.ones(w) if speeds == "equal" else np.array([1.0, 2.0, 0.5] * 2)[:w]
-    n = lengths.shape[0]
     rank, micro, row = (np.full(n, -1, np.int64) for _ in range(3))
     loads = np.empty(w)
     fits = pack_attempt(
-        lengths, costs, argsort_descending(costs), speed, num_micro, rows, 16, tight,
-        rank, micro, row, loads,
+        lengths, costs, docs, argsort_descending(costs), speed, num_micro, rows, 16, limit,
+        tight, rank, micro, row, loads,
     )  # fmt: skip
-    expected = reference.pack(lengths, costs, speed, num_micro, rows, 16, tight=tight)
+    expected = reference.pack(
+        lengths, costs, speed, num_micro, rows, 16, tight=tight, docs=docs, row_docs=limit
+    )
     assert fits == (expected is not None)
     if expected is None:
         return
     assert (rank.tolist(), micro.tolist(), row.tolist()) == tuple(expected[:3])
     assert loads.tobytes() == np.array(expected[3]).tobytes()
-    # The caps hold: no row over its length.
+    # The caps hold: no row over its length or its document limit.
     for r in range(w):
         for m in range(num_micro):
             for k in range(rows):
-                assert lengths[(rank == r) & (micro == m) & (row == k)].sum() <= 16
+                here = (rank == r) & (micro == m) & (row == k)
+                assert lengths[here].sum() <= 16
+                assert docs[here].sum() <= limit

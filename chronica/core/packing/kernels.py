@@ -37,75 +37,89 @@ _WORTH_MORE = 1e-5
 
 
 @njit(cache=True)
-def fit_row(free: np.ndarray, length: int) -> int:
-    """The fullest row that ``length`` tokens fit in, or -1 (ties: the lower row).
+def fit_row(free: np.ndarray, slots: np.ndarray, length: int, docs: int) -> int:
+    """The fullest row that ``length`` tokens and ``docs`` documents fit in, or -1 (ties:
+    the lower row).
 
     Args:
         free: ``int64`` free tokens of every row of one micro-batch.
+        slots: ``int64`` documents every row can still take.
         length: the tokens to place.
+        docs: the documents they are.
 
     Example::
 
-        >>> fit_row(np.array([5, 3, 8]), 3)
+        >>> fit_row(np.array([5, 3, 8]), np.array([1, 1, 1]), 3, 1)
         1
     """
     best = -1
     for k in range(free.shape[0]):
-        if free[k] >= length and (best < 0 or free[k] < free[best]):
+        if free[k] >= length and slots[k] >= docs and (best < 0 or free[k] < free[best]):
             best = k
     return best
 
 
 @njit(cache=True)
 def fit_micro(
-    free: np.ndarray, micro_loads: np.ndarray, length: int, tight: bool
+    free: np.ndarray,
+    slots: np.ndarray,
+    micro_loads: np.ndarray,
+    length: int,
+    docs: int,
+    tight: bool,
 ) -> tuple[int, int]:
-    """Where in one rank ``length`` tokens go: the cheapest micro-batch with a row they fit
-    in, and there the fullest such row; with ``tight``, the fullest row of any micro-batch
-    (best fit). ``(-1, -1)`` if they fit nowhere.
+    """Where in one rank ``length`` tokens (``docs`` documents) go: the cheapest micro-batch
+    with a row they fit in, and there the fullest such row; with ``tight``, the fullest row
+    of any micro-batch (best fit). ``(-1, -1)`` if they fit nowhere.
 
     Args:
         free: ``int64`` ``(micro-batches, rows)``, free tokens of every row of the rank.
+        slots: ``int64`` ``(micro-batches, rows)``, documents every row can still take.
         micro_loads: ``float64``, the cost of every micro-batch of the rank.
         length: the tokens to place.
+        docs: the documents they are.
         tight: best fit over every micro-batch instead of the cheapest one.
 
     Example::
 
-        >>> fit_micro(np.array([[4, 4], [1, 2]]), np.array([0.0, 5.0]), 2, True)
+        >>> fit_micro(np.array([[4, 4], [1, 2]]), np.ones((2, 2), np.int64),
+        ...           np.array([0.0, 5.0]), 2, 1, True)
         (1, 1)
     """
     best_m, best_k = -1, -1
     for m in range(free.shape[0]):
         if tight:
-            k = fit_row(free[m], length)
+            k = fit_row(free[m], slots[m], length, docs)
             if k >= 0 and (best_m < 0 or free[m, k] < free[best_m, best_k]):
                 best_m, best_k = m, k
             continue
         if best_m >= 0 and micro_loads[m] >= micro_loads[best_m]:
             continue
-        k = fit_row(free[m], length)
+        k = fit_row(free[m], slots[m], length, docs)
         if k >= 0:
             best_m, best_k = m, k
     return best_m, best_k
 
 
 @njit(cache=True)
-def largest_room(free: np.ndarray) -> int:
-    """The largest free space of any row of one rank.
+def largest_room(free: np.ndarray, slots: np.ndarray) -> int:
+    """The largest free space of any row of one rank that can still take a document (-1 if
+    none can).
 
     Args:
         free: ``int64`` ``(micro-batches, rows)``, free tokens of every row of the rank.
+        slots: ``int64`` ``(micro-batches, rows)``, documents every row can still take.
 
     Example::
 
-        >>> largest_room(np.array([[1, 3], [2, 0]]))
-        3
+        >>> largest_room(np.array([[1, 3], [2, 0]]), np.array([[1, 0], [1, 1]]))
+        2
     """
-    top = 0
+    top = -1
     for m in range(free.shape[0]):
         for k in range(free.shape[1]):
-            top = max(top, free[m, k])
+            if slots[m, k] > 0:
+                top = max(top, free[m, k])
     return top
 
 
@@ -113,11 +127,13 @@ def largest_room(free: np.ndarray) -> int:
 def pack_attempt(
     lengths: np.ndarray,
     costs: np.ndarray,
+    docs: np.ndarray,
     order: np.ndarray,
     speeds: np.ndarray,
     num_micro: int,
     rows: int,
     row_length: int,
+    row_docs: int,
     tight: bool,
     rank: np.ndarray,
     micro: np.ndarray,
@@ -130,13 +146,15 @@ def pack_attempt(
     fits nowhere (the outputs are then partial).
 
     Args:
-        lengths: ``int64`` tokens per document.
+        lengths: ``int64`` tokens per document (or unit: a group kept whole).
         costs: ``float64`` predicted cost per document.
+        docs: ``int64`` documents per unit (they count against ``row_docs``).
         order: the documents by descending cost (``chronica.core.kernels.argsort_descending``).
         speeds: ``float64`` relative speed per rank (``> 0``).
         num_micro: micro-batches per rank.
         rows: rows per micro-batch.
         row_length: tokens per row.
+        row_docs: the most documents in one row.
         tight: best fit (see ``fit_micro``).
         rank: ``int64`` output, every document's rank.
         micro: ``int64`` output, every document's micro-batch within its rank.
@@ -147,8 +165,8 @@ def pack_attempt(
 
         >>> rank, micro, row = (np.empty(3, np.int64) for _ in range(3))
         >>> loads = np.empty(2)
-        >>> pack_attempt(np.array([3, 2, 2]), np.array([3.0, 2.0, 2.0]), np.arange(3),
-        ...              np.ones(2), 1, 1, 4, False, rank, micro, row, loads)
+        >>> pack_attempt(np.array([3, 2, 2]), np.array([3.0, 2.0, 2.0]), np.ones(3, np.int64),
+        ...              np.arange(3), np.ones(2), 1, 1, 4, 4, False, rank, micro, row, loads)
         True
         >>> rank.tolist(), loads.tolist()
         ([0, 1, 1], [3.0, 4.0])
@@ -156,27 +174,38 @@ def pack_attempt(
     w = speeds.shape[0]
     n = lengths.shape[0]
     free = np.full((w, num_micro, rows), row_length, np.int64)
+    slots = np.full((w, num_micro, rows), row_docs, np.int64)
     micro_loads = np.zeros((w, num_micro))
     room = np.full(w, row_length, np.int64)
+    refused = np.zeros(w, np.bool_)
     loads[:] = 0.0
     for t in range(n):
         i = order[t]
-        best = -1
-        best_time = np.inf
-        for r in range(w):
-            if room[r] >= lengths[i]:
-                time = (loads[r] + costs[i]) / speeds[r]
-                if time < best_time:
-                    best, best_time = r, time
-        if best < 0:
-            return False
-        m, k = fit_micro(free[best], micro_loads[best], lengths[i], tight)
+        m = -1
+        while m < 0:
+            best = -1
+            best_time = np.inf
+            for r in range(w):
+                if room[r] >= lengths[i] and not refused[r]:
+                    time = (loads[r] + costs[i]) / speeds[r]
+                    if time < best_time:
+                        best, best_time = r, time
+            if best < 0:
+                return False
+            # ``room`` counts rows with a free document slot; a group needs more of them.
+            m, k = fit_micro(free[best], slots[best], micro_loads[best], lengths[i], docs[i], tight)
+            refused[best] = m < 0
+        refused[:] = False
         rank[i], micro[i], row[i] = best, m, k
         free[best, m, k] -= lengths[i]
+        slots[best, m, k] -= docs[i]
         micro_loads[best, m] += costs[i]
         loads[best] += costs[i]
-        room[best] = largest_room(free[best])
-    refine(lengths, costs, speeds, tight, free, micro_loads, room, rank, micro, row, loads)
+        room[best] = largest_room(free[best], slots[best])
+    refine(
+        lengths, costs, docs, speeds, tight, free, slots, micro_loads, room, rank, micro, row,
+        loads,
+    )  # fmt: skip
     return True
 
 
@@ -184,9 +213,11 @@ def pack_attempt(
 def refine(
     lengths: np.ndarray,
     costs: np.ndarray,
+    docs: np.ndarray,
     speeds: np.ndarray,
     tight: bool,
     free: np.ndarray,
+    slots: np.ndarray,
     micro_loads: np.ndarray,
     room: np.ndarray,
     rank: np.ndarray,
@@ -201,9 +232,11 @@ def refine(
     Args:
         lengths: ``int64`` tokens per document.
         costs: ``float64`` predicted cost per document.
+        docs: ``int64`` documents per unit.
         speeds: ``float64`` relative speed per rank.
         tight: best fit for moved documents (see ``fit_micro``).
         free: ``int64`` ``(ranks, micro-batches, rows)`` free tokens of every row.
+        slots: ``int64`` ``(ranks, micro-batches, rows)`` documents every row can still take.
         micro_loads: ``float64`` ``(ranks, micro-batches)`` cost of every micro-batch.
         room: ``int64`` per rank, ``largest_room`` of its rows.
         rank: every document's rank.
@@ -235,21 +268,26 @@ def refine(
             for b in range(w):
                 if b == a or room[b] < lengths[i]:
                     continue
+                if docs[i] > 1 and fit_micro(free[b], slots[b], micro_loads[b], lengths[i],
+                                             docs[i], tight)[0] < 0:  # fmt: skip
+                    continue
                 new_top = max(after_a, (loads[b] + costs[i]) / speeds[b])
                 if top - new_top > gain:
                     gain, move_i, move_b = top - new_top, i, b
         if move_i >= 0:
             i, b = move_i, move_b
             free[a, micro[i], row[i]] += lengths[i]
+            slots[a, micro[i], row[i]] += docs[i]
             micro_loads[a, micro[i]] -= costs[i]
-            m, k = fit_micro(free[b], micro_loads[b], lengths[i], tight)
+            m, k = fit_micro(free[b], slots[b], micro_loads[b], lengths[i], docs[i], tight)
             rank[i], micro[i], row[i] = b, m, k
             free[b, m, k] -= lengths[i]
+            slots[b, m, k] -= docs[i]
             micro_loads[b, m] += costs[i]
             loads[a] -= costs[i]
             loads[b] += costs[i]
-            room[a] = largest_room(free[a])
-            room[b] = largest_room(free[b])
+            room[a] = largest_room(free[a], slots[a])
+            room[b] = largest_room(free[b], slots[b])
             continue
         # No move helps: trade a document of ``a`` for one cheaper document, or two of one
         # row, of another rank, each side taking the other's row slot. The lightest ranks
@@ -258,28 +296,34 @@ def refine(
         partner[np.argsort(times, kind="mergesort")[:_PARTNERS]] = True
         partner[a] = False
         trade = best_trade(
-            lengths, costs, speeds, free, rank, micro, row, loads, a, partner, False, gain
-        )
+            lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, partner,
+            False, gain,
+        )  # fmt: skip
         worth = top > mean * (1.0 + _WORTH_MORE)
         if trade[0] < 0 and worth:
             trade = best_trade(
-                lengths, costs, speeds, free, rank, micro, row, loads, a, partner, True, gain
-            )
+                lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, partner,
+                True, gain,
+            )  # fmt: skip
         if trade[0] < 0 and worth and w > _PARTNERS + 1 and n <= _WIDE_SEARCH_MAX:
             partner[:] = True
             partner[a] = False
             trade = best_trade(
-                lengths, costs, speeds, free, rank, micro, row, loads, a, partner, False, gain
-            )
+                lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, partner,
+                False, gain,
+            )  # fmt: skip
         i, j, k = trade
         if i < 0:
             return
         b = rank[j]
         taken = lengths[j] + (lengths[k] if k >= 0 else 0)
+        counted = docs[j] + (docs[k] if k >= 0 else 0)
         given = costs[j] + (costs[k] if k >= 0 else 0.0)
         d = costs[i] - given
         free[a, micro[i], row[i]] += lengths[i] - taken
         free[b, micro[j], row[j]] += taken - lengths[i]
+        slots[a, micro[i], row[i]] += docs[i] - counted
+        slots[b, micro[j], row[j]] += counted - docs[i]
         micro_loads[a, micro[i]] -= d
         micro_loads[b, micro[j]] += d
         slot_micro, slot_row = micro[i], row[i]
@@ -289,16 +333,18 @@ def refine(
             rank[k], micro[k], row[k] = a, slot_micro, slot_row
         loads[a] -= d
         loads[b] += d
-        room[a] = largest_room(free[a])
-        room[b] = largest_room(free[b])
+        room[a] = largest_room(free[a], slots[a])
+        room[b] = largest_room(free[b], slots[b])
 
 
 @njit(cache=True)
 def best_trade(
     lengths: np.ndarray,
     costs: np.ndarray,
+    docs: np.ndarray,
     speeds: np.ndarray,
     free: np.ndarray,
+    slots: np.ndarray,
     rank: np.ndarray,
     micro: np.ndarray,
     row: np.ndarray,
@@ -316,8 +362,10 @@ def best_trade(
     Args:
         lengths: ``int64`` tokens per document.
         costs: ``float64`` predicted cost per document.
+        docs: ``int64`` documents per unit.
         speeds: ``float64`` relative speed per rank.
         free: ``int64`` ``(ranks, micro-batches, rows)`` free tokens of every row.
+        slots: ``int64`` ``(ranks, micro-batches, rows)`` documents every row can still take.
         rank: every document's rank.
         micro: every document's micro-batch.
         row: every document's row.
@@ -355,6 +403,7 @@ def best_trade(
     best_i, best_j, best_k = -1, -1, -1
     for i in mine[:num_mine]:
         slot_a = free[a, micro[i], row[i]] + lengths[i]
+        docs_a = slots[a, micro[i], row[i]] + docs[i]
         start = 0
         while start < num_theirs:
             stop = start + 1
@@ -363,6 +412,7 @@ def best_trade(
             first = grouped[start]
             b = rank[first]
             slot_b = free[b, micro[first], row[first]]
+            docs_b = slots[b, micro[first], row[first]]
             for x in range(start, stop):
                 j = grouped[x]
                 # y == x: j alone; with ``pairs``, also j with a later document of its row.
@@ -371,6 +421,9 @@ def best_trade(
                     taken = lengths[j] + (lengths[k] if k >= 0 else 0)
                     given = costs[j] + (costs[k] if k >= 0 else 0.0)
                     if given >= costs[i] or taken > slot_a or lengths[i] > slot_b + taken:
+                        continue
+                    counted = docs[j] + (docs[k] if k >= 0 else 0)
+                    if counted > docs_a or docs[i] > docs_b + counted:
                         continue
                     d = costs[i] - given
                     new_top = max((loads[a] - d) / speeds[a], (loads[b] + d) / speeds[b])
