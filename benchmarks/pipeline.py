@@ -4,10 +4,12 @@ bound.
 
 A *step* is a global batch of ``64·W`` documents (W = 8 data-parallel replicas): lognormal
 lengths, or the real length files sampled with replacement, clipped to the cap. Costs are
-``24576·L + L²`` per document. ``pack_step`` packs the step into token-capped micro-batches
-(at least ``stages`` per replica, a count the schedule allows); a micro-batch costs the sum
-of its documents' costs. Each replica's micro-batches then run through the pipeline
-(``chronica.core.pipeline``: 1F1B, interleaved and zero-bubble; stages 4 and 8):
+``24576·L + L²`` per document. ``chronica.plan_step`` packs the step into token-capped
+micro-batches (``balance="rank"``; ``micro_batches=stages`` at least and
+``micro_batch_multiple`` the schedule's rule: what ``Packing(pipeline=...)`` asks for); a
+micro-batch costs the sum of its documents' costs (``StepPlan.micro_costs``). Each
+replica's micro-batches then run through the pipeline (``chronica.core.pipeline``: 1F1B,
+interleaved and zero-bubble; stages 4 and 8):
 
 * **unordered**: ``pipeline_makespan`` of the micro-batches in the packer's order, over the
   replica's **equal-cost bound** (the same total in equal micro-batches);
@@ -34,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import machine_info, read_lengths
-from chronica.core.packing import Packing, pack_step
+from chronica import CostModel, Packing, plan_step
 from chronica.core.pipeline import (
     Pipeline,
     equal_cost_bound,
@@ -49,6 +51,7 @@ DATA_SEED = 2028
 REPLICAS = 8
 DOCS_PER_REPLICA = 64
 HIDDEN_COST = 24576.0
+COST = CostModel.quadratic(b=HIDDEN_COST, c=1.0)
 TARGET = 1.03
 LONG_SEARCH = 10
 EPS = 1e-9
@@ -106,18 +109,15 @@ def _steps(data: str, pool: np.ndarray | None, cap: int, num_steps: int):
 
 
 def micro_costs(lengths: np.ndarray, cap: int, pipeline: Pipeline) -> np.ndarray:
-    """``(replicas, M)``: the cost of every replica's micro-batches as ``pack_step`` packs
-    the step, with a count ``pipeline`` allows (at least ``stages``)."""
-    costs = HIDDEN_COST * lengths + lengths.astype(np.float64) ** 2
-    want = pipeline.min_micro_batches
-    while True:
-        step = pack_step(lengths, costs, REPLICAS, Packing(cap), num_micro=want)
-        if step.num_micro % pipeline.micro_batch_multiple == 0:
-            break
-        want = pipeline.micro_batch_count(step.num_micro)
-    out = np.zeros((REPLICAS, step.num_micro))
-    np.add.at(out, (step.rank, step.micro), costs)
-    return out
+    """``(replicas, M)``: the cost of every replica's micro-batches as ``chronica.plan_step``
+    plans the step (``balance="rank"``), with the count rules of ``pipeline``: at least
+    ``stages`` micro-batches, a multiple of ``micro_batch_multiple``."""
+    packing = Packing(
+        max_tokens=cap,
+        micro_batches=pipeline.min_micro_batches,
+        micro_batch_multiple=pipeline.micro_batch_multiple,
+    )
+    return plan_step(lengths, REPLICAS, packing, cost=COST).micro_costs
 
 
 def _replica(costs: np.ndarray, pipeline: Pipeline) -> dict[str, float]:
@@ -300,10 +300,11 @@ def render_markdown(result: dict, img_dir: Path) -> str:
         f"step is {result['docs_per_replica']}·W documents for W = {result['replicas']} "
         "data-parallel replicas (lognormal lengths, or the real length files sampled with "
         f"replacement; seed {result['data_seed']}), clipped to the cap, "
-        f"{result['steps']} step(s) per case, cost 24576·L + L². `pack_step` packs each step "
-        "into token-capped micro-batches, at least `stages` per replica and a count the "
-        "schedule allows (a multiple of `stages` for interleaved); each replica's "
-        "micro-batches run through the pipeline model (`pipeline_makespan`).",
+        f"{result['steps']} step(s) per case, cost 24576·L + L². `chronica.plan_step` "
+        '(`balance="rank"`) packs each step into token-capped micro-batches, '
+        "`micro_batches=stages` at least and `micro_batch_multiple` the schedule's count "
+        "rule (`stages` for interleaved); each replica's micro-batches (`plan.micro_costs`) "
+        "run through the pipeline model (`pipeline_makespan`).",
         "",
         "Figures are *median / worst* over every replica of every step, relative to the "
         "replica's equal-cost bound (`equal_cost_bound`: the same total cost in equal "
