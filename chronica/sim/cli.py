@@ -220,6 +220,12 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
 
 def _pipeline(args: argparse.Namespace) -> PipelineModel | None:
     if args.pipeline_stages is None:
+        given = args.virtual_stages != 1 or args.pipeline_schedule or args.plan_order
+        if given or args.backward_ratio != 2.0:
+            raise ValueError(
+                "--virtual-stages, --pipeline-schedule, --backward-ratio and --plan-order "
+                "describe a pipeline: give --pipeline-stages S too"
+            )
         return None
     try:
         pipeline = Pipeline(

@@ -109,3 +109,5 @@ def test_cli_flags(capsys):
     }
     assert simulate_main([*args, "--pipeline-stages", "0"]) == 2
     assert "--pipeline-stages" in capsys.readouterr().err
+    assert simulate_main([*args, "--virtual-stages", "2"]) == 2
+    assert "give --pipeline-stages S too" in capsys.readouterr().err
