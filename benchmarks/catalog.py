@@ -34,6 +34,7 @@ SECTIONS = (
     "grad_sim_validation",
     "scaling",
     "packing",
+    "pipeline",
     "packing_e2e",
     "hf_rebalance",
 )
