@@ -36,7 +36,7 @@ from chronica.core.packing.documents import Pieces, pieces
 from chronica.core.packing.epoch import PackedEpoch, pack_epoch, pack_steps, step_starts
 from chronica.core.packing.options import BALANCES, LONG_DOCUMENTS, LOSS_NORMALISATIONS, Packing
 from chronica.core.packing.planner import StepPlan, plan_step
-from chronica.core.packing.step import PackedStep, pack_step
+from chronica.core.packing.step import PackedStep, in_pipeline_order, pack_step
 from chronica.core.packing.weights import micro_weights
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "Packing",
     "Pieces",
     "StepPlan",
+    "in_pipeline_order",
     "micro_weights",
     "pack_epoch",
     "pack_step",

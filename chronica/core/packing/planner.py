@@ -26,7 +26,8 @@ import numpy as np
 from chronica.core.checks import check_int
 from chronica.core.cost import as_cost_model
 from chronica.core.packing.options import Packing
-from chronica.core.packing.step import PackedStep, pack_step
+from chronica.core.packing.step import PackedStep, in_pipeline_order, pack_step
+from chronica.core.pipeline import equal_cost_bound, pipeline_makespan
 
 __all__ = ["StepPlan", "plan_step"]
 
@@ -123,6 +124,26 @@ class StepPlan:
         """``sum_k max_r micro_costs[r, k] / speeds[r]``: the step when every micro-batch
         ends in a collective (FSDP, ZeRO-3, experts; ``balance="micro"``'s objective)."""
         return float((self.micro_costs / self.speeds[:, None]).max(0).sum())
+
+    @property
+    def pipeline_time(self) -> float | None:
+        """With ``Packing.pipeline``: the slowest rank's simulated pipeline step over its
+        micro-batches in execution order (``chronica.core.pipeline.pipeline_makespan``);
+        ``None`` without a pipeline."""
+        if self.packing.pipeline is None:
+            return None
+        times = self.micro_costs / self.speeds[:, None]
+        return max(pipeline_makespan(t, self.packing.pipeline) for t in times)
+
+    @property
+    def pipeline_bound(self) -> float | None:
+        """With ``Packing.pipeline``: the largest over ranks of the step the same micro-batch
+        costs would take if they were equal (``equal_cost_bound``), the figure
+        ``pipeline_time`` is measured against; ``None`` without a pipeline."""
+        if self.packing.pipeline is None:
+            return None
+        times = self.micro_costs / self.speeds[:, None]
+        return max(equal_cost_bound(t, self.packing.pipeline) for t in times)
 
     def micro_batches(self, rank: int) -> list[np.ndarray]:
         """Rank ``rank``'s micro-batches in execution order, each the ``int64`` indices of
@@ -316,25 +337,23 @@ def plan_step(
     )
     speed = np.ones(w) if speed is None else speed
     unit_cost = np.bincount(unit_of, weights=doc_costs, minlength=units)
-    rank, micro, row, cells = _fill_empty(step, unit_cost)
+    step = in_pipeline_order(_fill_empty(step, unit_cost), speed, packing)
     return StepPlan(
         lengths=raw,
         padded=padded,
         units=_loss_units(packing, raw, loss_tokens),
-        rank=rank[unit_of],
-        micro=micro[unit_of],
-        row=row[unit_of],
+        rank=step.rank[unit_of],
+        micro=step.micro[unit_of],
+        row=step.row[unit_of],
         num_micro=step.num_micro,
-        micro_costs=cells,
+        micro_costs=step.cells,
         speeds=speed,
         packing=packing,
         bound=max(float(doc_costs.sum()) / float(speed.sum()), unit_cost.max() / speed.max()),
     )
 
 
-def _fill_empty(
-    step: PackedStep, unit_cost: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _fill_empty(step: PackedStep, unit_cost: np.ndarray) -> PackedStep:
     """The step's placement with no empty rank and no empty micro-batch on a rank that has
     as many units as micro-batches. The kernels leave a slow rank empty when a faster one
     finishes its share sooner, and a rank's micro-batch empty when it has few units; the
@@ -371,7 +390,7 @@ def _fill_empty(
             k = int(np.argmin(per_micro))
             per_micro[k] += 1
             move(unit, r, k)
-    return rank, micro, row, cells
+    return PackedStep(rank, micro, row, step.num_micro, cells.sum(1), cells)
 
 
 def _group_units(groups: Any, n: int) -> np.ndarray:
