@@ -42,6 +42,7 @@ SECTIONS = (
     "scaling",
     "packing",
     "lockstep",
+    "pipeline",
     "packing_e2e",
     "hf_rebalance",
 )

@@ -14,7 +14,9 @@ package's rooms, each one job:
 ``epoch``     ``step_starts``, ``pack_epoch``, ``pack_steps``: steps cut from owners' streams
               and assembled into the arrays of a packed ``EpochPlan``;
 ``planner``   ``plan_step``/``StepPlan``: one in-memory global batch planned in one call
-              (groups kept whole, loss weights, ``cu_seqlens``), for trainers.
+              (groups kept whole, loss weights, ``cu_seqlens``), for trainers;
+``context_parallel``  ``context_layout``: one micro-batch over a context-parallel group,
+              sharded documents in head-tail chunks (equal causal work per rank).
 
 Loss normalisation: ``micro_weights`` gives each micro-batch the factor that turns its mean
 loss (per token or per document) into its share of the global batch's mean, so that summing

@@ -55,9 +55,9 @@ class Packing:
             so the ranks move in lockstep. See ``docs/step-planner.md`` for the table.
         micro_batch_multiple: the micro-batch count per rank is a multiple of it (``>= 1``;
             interleaved pipelines need a multiple of their stages).
-        pad_multiple: every document is padded up to a multiple of it (``>= 1``; ``2 * cp``
-            for context parallelism, 8/64/128 for FP8 and tensor-core kernels); the cap and
-            the costs count padded tokens.
+        pad_multiple: every document is padded up to a multiple of it (``>= 1``, dividing
+            ``row_length``; ``2 * cp`` for context parallelism, 8/64/128 for FP8 and
+            tensor-core kernels); the cap and the costs count padded tokens.
         max_documents_per_row: the most documents in one row (attention kernels' segment
             limit), ``None`` for no limit.
 
@@ -114,6 +114,11 @@ class Packing:
             "pad_multiple",
             check_int("pad_multiple", self.pad_multiple, 1, self.length, hint=" (<= row_length)"),
         )
+        if self.length % self.pad_multiple:
+            raise ValueError(
+                f"pad_multiple={self.pad_multiple} must divide row_length={self.length}, so "
+                "that a padded row-long piece still fits its row"
+            )
         if self.max_documents_per_row is not None:
             object.__setattr__(
                 self,

@@ -354,13 +354,13 @@ def _fill_empty(
         rank[unit], micro[unit], row[unit] = to_rank, to_micro, 0
 
     counts = np.bincount(rank, minlength=w)
-    for r in np.flatnonzero(counts == 0):
+    for empty in np.flatnonzero(counts == 0).tolist():
         mine = np.flatnonzero(rank == int(np.argmax(counts)))
         unit = int(mine[np.argmin(unit_cost[mine])])
         counts[rank[unit]] -= 1
-        counts[r] += 1
-        # The same micro-batch: under lockstep, the donor's micro-batch shrinks as r's grows.
-        move(unit, int(r), int(micro[unit]))
+        counts[empty] += 1
+        # The same micro-batch: under lockstep, the donor's shrinks as the empty rank's grows.
+        move(unit, empty, int(micro[unit]))
     for r in range(w):
         mine = np.flatnonzero(rank == r)
         per_micro = np.bincount(micro[mine], minlength=m)
