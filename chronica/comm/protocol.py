@@ -74,10 +74,11 @@ MAX_STEPS = 1 << 40
 # Plan generations are positive 31-bit ints, so every framework can all-reduce them.
 MAX_GENERATION = (1 << 31) - 1
 # A report is a measurement: nanosecond clocks, steps shorter than eleven days, loads of any
-# sane cost unit. Outside these ranges (0 aside) the time fit's arithmetic under- or
+# cost unit the planner accepts (a step of samples costing up to ``core.cost.MAX_COST``,
+# 2**128, each). Outside these ranges (0 aside) the time fit's arithmetic under- or
 # overflows and a single report could stall the planner, so such reports are refused.
 REPORT_SECONDS = (1e-9, 1e6)
-REPORT_LOAD = (1e-12, 1e30)
+REPORT_LOAD = (1e-12, 1e60)
 
 
 class ProtocolError(ValueError):
