@@ -23,9 +23,11 @@ No thread: incoming messages queue in ZeroMQ's I/O thread and are read whenever 
 is called (once per step). What a coordinator (or whoever answers in its place) sends costs
 a rank a bounded amount, whatever it sends:
 
-* time: one call reads at most ``DRAIN_FRAMES`` frames per socket and stops at its
-  deadline (``plan()``: the time-out; the other calls: ``DRAIN_SECONDS``), so a flood of
-  garbage or of plans cannot hold the training loop past its time-out;
+* time: one call reads at most ``DRAIN_FRAMES`` frames per socket and checks its deadline
+  (``plan()``: the time-out; the other calls: ``DRAIN_SECONDS``) before reading and
+  decoding each, and the decoder refuses a frame that is no flat map at its first nested
+  byte, so a flood of garbage, of plans or of nested-container bombs cannot hold the
+  training loop past its time-out by more than one decode;
 * memory: ZeroMQ queues at most ``QUEUED_MESSAGES`` messages per socket of at most
   ``max_plan_bytes`` each (``zmq.RCVHWM``, ``zmq.MAXMSGSIZE``); the client holds at most
   ``HELD_PLANS`` plans, for the window it asked for last and those after it up to the end
@@ -41,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,10 +123,13 @@ class _Inbox:
         self._parts: list[bytes] = []
         self._bad = False
 
-    def read(self, budget: int, until: float) -> list[list[bytes]]:
-        """Complete messages among the next ``budget`` frames read before ``until``."""
-        messages = []
+    def read(self, budget: int, until: float) -> Iterator[list[bytes]]:
+        """Complete messages among the next ``budget`` frames, one at a time: none is read
+        once ``until`` has passed, so the caller's work on each (decoding) counts against
+        the deadline too."""
         for _ in range(budget):
+            if time.monotonic() > until:
+                return
             try:
                 frame = self.sock.recv(zmq.NOBLOCK)
             except zmq.Again:
@@ -134,14 +139,12 @@ class _Inbox:
             else:
                 self._bad = True
             if not self.sock.getsockopt(zmq.RCVMORE):
-                if self._bad or len(self._parts) != self.frames:
+                parts, bad = self._parts, self._bad
+                self._parts, self._bad = [], False
+                if bad or len(parts) != self.frames:
                     self.malformed += 1
                 else:
-                    messages.append(self._parts)
-                self._parts, self._bad = [], False
-            if time.monotonic() > until:
-                break
-        return messages
+                    yield parts
 
 
 class PlanClient:
