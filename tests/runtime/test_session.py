@@ -221,3 +221,31 @@ def test_environment_settings_are_checked(scheduler, monkeypatch, env, value):
 def test_session_arguments_are_checked_before_anything_starts(scheduler, args, error, match):
     with pytest.raises(error, match=match):
         DynamicSession(scheduler, **args)
+
+
+def test_without_an_agreement_a_coordinator_answering_one_rank_costs_no_sample(caplog):
+    """No agreement between two ranks (``agree=None``) and a coordinator that answers rank
+    0 only: nothing proves both hold the same window, so both take the static plan for
+    every window, every step holds its samples exactly once, and each rank says why."""
+    scheduler = _scheduler(2, n=120)
+    static = scheduler.plan_epoch(0)
+    got: dict[int, list] = {}
+    sessions: list[DynamicSession] = []
+    dead = free_ports(2)[0]
+    with caplog.at_level("WARNING", logger="chronica"):
+        session0 = DynamicSession(scheduler, 0, host="127.0.0.1", port=0, timeout=scaled(5))
+        session1 = DynamicSession(scheduler, 1, host="127.0.0.1", port=dead, timeout=0.2)
+        sessions += [session0, session1]
+        try:
+            for rank, session in enumerate(sessions):
+                got[rank] = [(step, indices.tolist()) for step, indices, _, _ in session.steps(0)]
+        finally:
+            for session in sessions:
+                session.close()
+    for step in range(static.num_steps):
+        assert Counter(got[0][step][1]) + Counter(got[1][step][1]) == _step_samples(static, step)
+    for session in sessions:
+        assert session.windows_dynamic == 0
+        assert session.windows_static == -(-static.num_steps // WINDOW)
+    warned = [r.getMessage() for r in caplog.records if "agreement between ranks" in r.getMessage()]
+    assert len(warned) == 2 and all("static plan" in m for m in warned)
