@@ -369,9 +369,13 @@ class Coordinator:
         self._refuse(frames[1], "frames", "expected one frame")
 
     def _handshake_failed(self, frames: list[bytes]) -> None:
-        self.stats.handshake_failures += 1
+        # The gate tells each cause once a second, with how many handshakes it failed.
+        count = int(frames[2]) if len(frames) > 2 and frames[2].isdigit() else 1
+        self.stats.handshake_failures += count
         self._throttle.warn(
-            "chronica: coordinator: a connection failed: %s", frames[1].decode(errors="replace")
+            "chronica: coordinator: %d connection(s) failed: %s",
+            count,
+            frames[1].decode(errors="replace"),
         )
 
     def _key_refused(self, frames: list[bytes]) -> None:

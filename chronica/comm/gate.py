@@ -16,8 +16,13 @@ that, so the sockets anyone can reach live in a *gate* process of their own:
   once and ``PEER_BYTES`` per second (measured by the kernel's per-connection byte count,
   ``TCP_INFO``, whenever the gate's memory grows by ``SWEEP_GROWTH`` and at least once a
   second); a connection beyond it is cut, which frees whatever libzmq buffered for it.
-  Requests from connections that have not said a valid ``hello`` pass at most
-  ``STRANGER_RATE`` per second (a burst of ``2 · world + 64``); the link holds at most
+  Connections are admitted so that real ranks win (``chronica.comm.admission``): a full
+  socket evicts its oldest unproven connection instead of refusing the newcomer, one
+  source address holds at most ``PER_SOURCE`` unproven ones, and a ROUTER connection
+  without a valid ``hello`` goes after ``HELLO_SECONDS``. Requests from connections that
+  have not said a valid ``hello`` pass at most ``STRANGER_FIRST`` at once per connection
+  and, beyond each one's first, ``STRANGER_RATE`` per second in all (a burst of
+  ``2 · world + 64``); the link holds at most
   ``2 · LINK_HWM`` bundles of ``BUNDLE`` requests. Past ``SOFT_BYTES`` of resident memory
   the gate exits, and its address space is capped at ``HARD_BYTES`` (``RLIMIT_AS``): the
   parent starts a new one on the same ports and the ranks say ``hello`` again. Nothing a
