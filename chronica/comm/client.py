@@ -78,6 +78,12 @@ logger = logging.getLogger("chronica")
 _RETRY_SECONDS = 0.25
 # While connecting, hello is repeated this often: the first may precede the TCP connection.
 _CONNECT_RETRY_SECONDS = 0.1
+# While waiting for a plan, its fetch is sent again this often: a fetch lost with a gate
+# that was replaced (or a reconnection) is answered by the next one.
+_REFETCH_SECONDS = 0.3
+# A connection that drops (a coordinator's gate replaced) is waited for this long before
+# the rank falls back: reconnecting takes ZeroMQ a tenth of a second.
+_RECONNECT_GRACE_SECONDS = 2.0
 # Waits poll in slices this long, so retries and deadlines are honoured.
 _POLL_SLICE_MS = 50
 # Beyond this a plan message is no plan (a window of 2 GiB of indices) but a mistake; below
@@ -228,6 +234,7 @@ class PlanClient:
         self._warned_codes: set[str] = set()
         self._handshake: str | None = None
         self._last_hello = -float("inf")
+        self._dropped_at: float | None = None  # since when sends find no connection
         # Why the coordinator refused this rank (sizes, arguments or world differ), if it did.
         self.refused: str | None = None
         context = context or zmq.Context.instance()
@@ -316,13 +323,16 @@ class PlanClient:
                 return None
             self._failed.discard(key)
             self._fetch(key)
+            sent = time.monotonic()
             while (
                 (plan := self._plans.get(key)) is None
                 and key not in self._failed
                 and (self._attached or self._rejoining)
                 and self._wait(deadline)
             ):
-                pass
+                if time.monotonic() - sent > _REFETCH_SECONDS:
+                    self._fetch(key)  # the first may have gone with a replaced gate
+                    sent = time.monotonic()
             if plan is None:
                 if key not in self._failed and (self._attached or self._rejoining):
                     self._lost(f"sent no plan for epoch {epoch} step {first}")
@@ -406,8 +416,14 @@ class PlanClient:
     def _send(self, payload: bytes) -> None:
         try:
             self._dealer.send(payload, zmq.NOBLOCK)
+            self._dropped_at = None
         except zmq.Again:
-            if self._attached:
+            # Not connected: a replaced gate reconnects within a fraction of a second, so an
+            # attached rank waits a little (fetches are sent again) before falling back.
+            now = time.monotonic()
+            if self._dropped_at is None:
+                self._dropped_at = now
+            if self._attached and now - self._dropped_at > _RECONNECT_GRACE_SECONDS:
                 self._lost("is not connected")
         except zmq.ZMQError as exc:
             self._lost(f"cannot be reached ({exc})")

@@ -329,7 +329,6 @@ class Coordinator:
         poller = zmq.Poller()  # one for the loop: a socket's own poll() builds one per call
         poller.register(link, zmq.POLLIN)
         started = time.thread_time()
-        calm_since = time.monotonic()
         while not self._stop.is_set():
             self.stats.cpu_seconds = time.thread_time() - started
             try:
@@ -342,9 +341,6 @@ class Coordinator:
                 if gate.restarts != self.stats.gate_restarts:
                     self._peers.clear()  # every connection went with the old gate
                     self.stats.gate_restarts = gate.restarts
-                    calm_since = time.monotonic()
-                elif time.monotonic() - calm_since > 10.0:
-                    gate.calm()
                 continue
             for _ in range(1024):  # drain, but let the stop flag be seen now and then
                 try:

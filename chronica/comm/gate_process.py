@@ -40,6 +40,7 @@ __all__ = [
     "PEER_BYTES",
     "PER_SOURCE",
     "PUBLISH_SIZE",
+    "RESTARTS_PER_MINUTE",
     "SOFT_BYTES",
     "STRANGER_FIRST",
     "STRANGER_RATE",
@@ -72,6 +73,10 @@ PER_SOURCE = 1024
 # coordinator, of at most ``BUNDLE`` requests: 1024 requests (4.5 MB) in all.
 LINK_HWM = 32
 BUNDLE = 16
+# A gate that died is replaced at once (ranks ride through in a fraction of a second), at
+# most this many times in any minute; beyond, the next start waits and a warning says why:
+# something kills it on purpose (a peer, or the kernel short of memory).
+RESTARTS_PER_MINUTE = 120
 # Open TCP connections per socket: a newcomer beyond it evicts the oldest connection that
 # has not proved itself (``chronica.comm.admission``), never a rank that said hello.
 MAX_CONNECTIONS = 4096
@@ -116,6 +121,7 @@ class GateLimits:
         hello_seconds: how long a ROUTER connection may stay without a valid hello.
         per_source: unproven connections per socket and source address.
         stranger_first: requests an unproven connection may send at once (then 4 a second).
+        restarts_per_minute: gates started at once in any minute after one died.
 
     Example::
 
@@ -133,6 +139,7 @@ class GateLimits:
     hello_seconds: float = HELLO_SECONDS
     per_source: int = PER_SOURCE
     stranger_first: int = STRANGER_FIRST
+    restarts_per_minute: int = RESTARTS_PER_MINUTE
 
 
 def readable(sock: zmq.Socket) -> bool:

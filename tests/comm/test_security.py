@@ -889,3 +889,74 @@ def test_connection_floods_never_lock_real_ranks_out(monkeypatch, tmp_path, curv
     # Rank 0's windows, rank 1's before it was killed and after it resumed: all dynamic.
     assert windows == {"dynamic": 2 * per_rank, "static": 0}, (windows, gate)
     assert gate["evicted"] > 0  # the flood filled the gate, which made room for the ranks
+
+
+@attack(
+    "degraded",
+    "the gate process killed every second for 30 s during a 2-rank job: each time replaced "
+    "at once, at least 90% of windows served dynamically, every sample once per epoch",
+)
+def test_a_gate_killed_every_second_costs_few_windows(monkeypatch):
+    scheduler = _scheduler(2)
+    static = [scheduler.plan_epoch(epoch) for epoch in range(2)]
+    with Coordinator(scheduler, "127.0.0.1", 0) as coordinator:
+        host, port, _ = coordinator.endpoint
+        monkeypatch.setenv("CHRONICA_COORDINATOR", f"{host}:{port}")
+        total = ThreadTotal(2)
+        stop, kills = threading.Event(), [0]
+        go_on = [True]
+        epoch_start = threading.Barrier(2, action=lambda: go_on.__setitem__(0, not stop.is_set()))
+        got: dict[int, list] = {0: [], 1: []}
+        windows = {"dynamic": 0, "static": 0}
+        errors: list[BaseException] = []
+        lock = threading.Lock()
+
+        def run(rank: int) -> None:
+            session = DynamicSession(
+                scheduler, rank, timeout=scaled(5), agree=total.agreement(rank)
+            )
+            try:
+                epoch = 0
+                while epoch_start.wait(scaled(120)) is not None and go_on[0]:
+                    for step, indices, _, _ in session.steps(epoch):
+                        got[rank].append((epoch, step, indices.tolist()))
+                        session.report(1e-3, step)
+                        time.sleep(0.02)  # a step's work
+                    epoch += 1
+            except BaseException as error:  # reported by the test
+                errors.append(error)
+                epoch_start.abort()
+            finally:
+                session.close()
+                with lock:
+                    windows["dynamic"] += session.windows_dynamic
+                    windows["static"] += session.windows_static
+
+        threads = [threading.Thread(target=run, args=(rank,)) for rank in range(2)]
+        for t in threads:
+            t.start()
+        try:
+            end = time.monotonic() + 30.0
+            while time.monotonic() < end and not errors:
+                pid = coordinator._gate.pid()
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+                    kills[0] += 1
+                time.sleep(1.0)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(scaled(300))
+        assert not errors and not any(t.is_alive() for t in threads), errors
+        restarts = coordinator.stats.gate_restarts
+    steps = scheduler.num_steps()
+    epochs = len(got[0]) // steps
+    assert epochs >= 2 and len(got[1]) == len(got[0]) == epochs * steps
+    for (epoch, step, a), (_, _, b) in zip(got[0], got[1], strict=True):
+        plan = static[epoch % 2] if epoch < 2 else scheduler.plan_epoch(epoch)
+        want = plan.indices[plan.bounds[step, 0] : plan.bounds[step, -1]]
+        assert sorted(a + b) == sorted(want.tolist())
+    served = windows["dynamic"] / (windows["dynamic"] + windows["static"])
+    print(f"gate killed {kills[0]} times, {restarts} restarts, windows {windows}, {served:.1%}")
+    assert kills[0] >= 20 and restarts >= kills[0] - 1
+    assert served >= 0.9, windows
