@@ -37,6 +37,7 @@ import logging
 import math
 import threading
 import weakref
+from collections import Counter
 from collections.abc import Iterator
 
 import numpy as np
@@ -177,6 +178,7 @@ class DynamicSession:
         self._next_report = 0
         self.windows_dynamic = 0
         self.windows_static = 0
+        self._fallbacks: Counter[str] = Counter()  # windows that fell back, by cause
         self.plans_refused = 0
         with _OPEN_LOCK:
             _OPEN.add(self)
@@ -296,15 +298,39 @@ class DynamicSession:
         return False
 
     def _fall_back(self, epoch: int, first: int, stop: int) -> None:
-        logger.warning(
-            "chronica: rank %d: the ranks' plans for epoch %d steps %d..%d do not fit together "
-            "(another rank's failed its check or differs, or the parts are not the static "
-            "window's samples); the static plan serves the window on every rank",
-            self.rank,
-            epoch,
-            first,
-            stop - 1,
-        )
+        """This rank held a plan that the vote did not take: say why. Another rank without
+        a plan (its link to the coordinator failed, and it says why itself) is told once,
+        then on the 10th, 100th... such window, not once per window; plans that do not fit
+        together (a bug, or tampering) are told for every window."""
+        # An agreement that cannot tell (any callable voting alike) names no missing rank.
+        missing = getattr(self.agree, "without_plan", None)
+        if missing:
+            cause = "missing"
+            text = (
+                f"{missing} other rank(s) had no plan from the coordinator for it (their "
+                "link to it failed: unreachable, missing or wrong CURVE keys, a time-out; "
+                "their own logs say which)"
+            )
+        else:
+            cause = "unfit"
+            text = (
+                "the ranks' plans do not fit together (another rank's failed its check or "
+                "comes from another planning, or the parts are not the static window's "
+                "samples: a bug, or tampering on an unauthenticated network)"
+            )
+        self._fallbacks[cause] += 1
+        n = self._fallbacks[cause]
+        if cause == "unfit" or n == 10 ** (len(str(n)) - 1):
+            logger.warning(
+                "chronica: rank %d: epoch %d steps %d..%d use the static plan on every rank: "
+                "%s (%d window(s) for this cause so far)",
+                self.rank,
+                epoch,
+                first,
+                stop - 1,
+                text,
+                n,
+            )
 
     def _refuse(self, epoch: int, first: int, stop: int, why: str) -> None:
         self.plans_refused += 1
