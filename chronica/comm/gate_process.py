@@ -370,18 +370,7 @@ class _Serve:
                 return
             kind, fd = event["event"], event["value"]
             if kind == zmq.EVENT_ACCEPTED:
-                self._forget(fd)  # a reused descriptor: the connection it was is gone
-                now = time.monotonic()
-                for old in self.table.accept(socket_kind, fd, _source(fd), now):
-                    if old == fd:
-                        self.counts["cut"] += 1  # every other connection is a vouched rank
-                        _cut(fd)
-                        break
-                    self.counts["evicted"] += 1
-                    self._close(old)
-                else:
-                    # Counted from the connection's first byte, read before this event was.
-                    self.peers[fd] = _Peer(0, self.limits.peer_bytes, now)
+                self._accepted(socket_kind, fd)
             elif kind in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
                 self._forget(fd)
             else:  # a failed handshake: ``fd`` is its error code
@@ -389,6 +378,20 @@ class _Serve:
                 # fill the link that carries the ranks' requests.
                 why = self.describe(kind, fd)
                 self.failures[why] = self.failures.get(why, 0) + 1
+
+    def _accepted(self, socket_kind: int, fd: int) -> None:
+        """A new connection: make room for it (``Admission.accept``) and budget its bytes."""
+        self._forget(fd)  # a reused descriptor: the connection it was is gone
+        now = time.monotonic()
+        for old in self.table.accept(socket_kind, fd, _source(fd), now):
+            if old == fd:
+                self.counts["cut"] += 1  # every other connection is a vouched rank
+                _cut(fd)
+                return
+            self.counts["evicted"] += 1
+            self._close(old)
+        # Counted from the connection's first byte, read before this event was.
+        self.peers[fd] = _Peer(0, self.limits.peer_bytes, now)
 
     def _forget(self, fd: int) -> None:
         """Connection ``fd`` is gone: drop what the gate knew of it."""
@@ -426,7 +429,12 @@ class _Serve:
             frame = self.pub.recv(zmq.NOBLOCK, copy=False)
             data = frame.bytes
             if _rank_topic(data[1:], self.world) and data[:1] == b"\x01":
-                self.table.vouch(frame.get(zmq.SRCFD))
+                fd = frame.get(zmq.SRCFD)
+                if fd not in self.table.connections:  # as in ``_up``
+                    self._events(1, self.monitors[1])
+                    if fd not in self.table.connections:
+                        self._accepted(1, fd)
+                self.table.vouch(fd)
 
     def _sweep(self, now: float) -> None:
         limit = self.limits.peer_bytes
@@ -461,8 +469,11 @@ class _Serve:
                 fd = frames[1].get(zmq.SRCFD)
                 if fd not in self.table.connections:
                     # Its ACCEPTED event is still queued behind others (a flood): read it
-                    # first, or a joining rank's hello would count as no connection's.
+                    # first, or a joining rank's hello would count as no connection's; an
+                    # event the monitor dropped (its queue was full) is made up for here.
                     self._events(0, self.monitors[0])
+                    if fd not in self.table.connections:
+                        self._accepted(0, fd)
                 if self.fd_of.get(identity) != fd:
                     self.fd_of[identity], self.id_of[fd] = fd, identity
                 if not self.table.allow(fd, time.monotonic()):
