@@ -886,6 +886,7 @@ def test_connection_floods_never_lock_real_ranks_out(monkeypatch, tmp_path, curv
         both = sorted(got[0][step][1] + got[1][step][1])
         assert both == sorted(static.indices[static.bounds[step, 0] : static.bounds[step, -1]])
     per_rank = -(-static.num_steps // scheduler.config.window)
+    print(f"flood ({'curve' if curve else 'plain'}): gate {gate}, windows {windows}")
     # Rank 0's windows, rank 1's before it was killed and after it resumed: all dynamic.
     assert windows == {"dynamic": 2 * per_rank, "static": 0}, (windows, gate)
     assert gate["evicted"] > 0  # the flood filled the gate, which made room for the ranks
