@@ -11,6 +11,7 @@ information carried by the gradients' own collectives, without an extra one.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -182,6 +183,7 @@ class Buckets:
         self.order = [int(p) for p in order]
         self.issued: list[int] = []  # this step's buckets in the order they were started
         self.last_issued: list[int] = []  # the last finished step's
+        self.started = 0.0  # perf_counter() when this step's first bucket was started
         self._group = group
         self._bucket_of = [0] * layout.num_tensors
         for k, t in enumerate(layout.seg_tensor.tolist()):
@@ -213,6 +215,8 @@ class Buckets:
         order, issued = self.order, self.issued
         while len(issued) < len(order) and not self._missing[order[len(issued)]]:
             p = order[len(issued)]
+            if not issued:
+                self.started = time.perf_counter()
             work = dist.all_reduce(self.packing.buffers[p], group=self._group, async_op=True)
             self._works.append((p, work))
             issued.append(p)
