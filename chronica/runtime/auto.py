@@ -234,7 +234,8 @@ class AutoTrial:
     rows on every rank and every rank switches at the same step to the same setting); each
     decision is printed once (WARNING on the ``chronica`` logger, where ``announce``) and
     kept in ``decision``, which starts with the engine's name once settled and with
-    ``"trial: "`` while deciding. ``current`` is the setting to run now.
+    ``"trial: "`` while deciding. ``current`` is the setting to run now; ``generation``
+    counts the times the trial was reopened (a shim starts a fresh window when it changes).
 
     Args:
         settings: the scheduled candidates to search (``candidates(...)``), best guess first.
@@ -286,6 +287,7 @@ class AutoTrial:
         self.announce = bool(announce)
         self.decision = ""
         self.decisions = 0  # how many times the trial settled
+        self.generation = -1  # how many times the trial was reopened
         self._start()
 
     def __repr__(self) -> str:
@@ -343,6 +345,7 @@ class AutoTrial:
     # -- phases ---------------------------------------------------------------------------
 
     def _start(self) -> None:
+        self.generation += 1  # a shim that sees it change starts a fresh window
         self.phase = "measure"
         self.current = BUCKETED
         self._log: list[tuple[Candidate, Window]] = []

@@ -65,16 +65,8 @@ _REFRESH_STEPS = (1, 3)  # scheduled steps after which ready times and bandwidth
 _BROADCAST_BYTES = 250 << 20  # DDP's broadcast_bucket_size
 # What the scheduled engine runs on, kept aside while mode="auto" measures bucketed steps
 # (see _switch).
-_SCHEDULED_STATE = (
-    "_dispatcher",
-    "_layout",
-    "_packing",
-    "_queue",
-    "_parts_per_param",
-    "_part_params",
-    "_record",
-    "_current",
-)
+_SCHEDULED_STATE = ("_dispatcher", "_layout", "_packing", "_queue")
+_SCHEDULED_STATE += ("_parts_per_param", "_part_params", "_record", "_current")
 
 
 class ScheduledOptimizer(GradientViews, ScheduledEngine):
@@ -183,6 +175,7 @@ class ScheduledOptimizer(GradientViews, ScheduledEngine):
         self._modules: list[torch.nn.Module] = []
         self._engine: str | None = None  # None until the first step() set up an engine
         self._trial: AutoTrial | None = None  # mode="auto": set up after the first step
+        self._generation = 0  # the trial's generation the history's window belongs to
         self._history = StepHistory()
         self._dispatcher: Dispatcher | None = None
         self._buckets: Buckets | None = None
@@ -506,21 +499,16 @@ class ScheduledOptimizer(GradientViews, ScheduledEngine):
         trial = self._trial
         if trial is None:
             return
-        if trial.current != self.setting:  # reopened between steps: measure bucketed again
+        if trial.generation != self._generation:  # reopened: a fresh bucketed window
+            self._generation = trial.generation
             self._switch(trial.current)
+            self._history.restart()
             return
         if not trial.window_steps or self._history.fresh < trial.window_steps:
             return
         mine = self._history.window().values()
         window = Window.agreed(self._gather(mine))
         self._switch(trial.observe(window))
-
-    def _gather(self, values: list[float]) -> np.ndarray:
-        """Every rank's ``values`` (one row per rank, rank order), the same on every rank."""
-        mine = torch.tensor(values, dtype=torch.float64)
-        rows = [torch.empty_like(mine) for _ in range(self.world)]
-        dist.all_gather(rows, mine, group=self._control)
-        return torch.stack(rows).numpy()
 
     def _switch(self, target: Candidate) -> None:
         """At a step boundary, run ``target`` from the next step on (every rank alike)."""

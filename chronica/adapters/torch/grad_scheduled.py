@@ -139,6 +139,13 @@ class ScheduledEngine:
         dist.broadcast(tensor, src=self._src, group=self._control)
         return tensor.numpy()
 
+    def _gather(self, values: list[float]) -> np.ndarray:
+        """Every rank's ``values`` (one row per rank, rank order), the same on every rank."""
+        mine = torch.tensor(values, dtype=torch.float64)
+        rows = [torch.empty_like(mine) for _ in range(self.world)]
+        dist.all_gather(rows, mine, group=self._control)
+        return torch.stack(rows).numpy()
+
     # -- dispatcher callables (run on the dispatcher's threads) ----------------------------
 
     def _start(self, partition: int) -> Any:
