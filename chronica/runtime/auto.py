@@ -25,9 +25,12 @@ The trial, in order:
    it moves by more than ``drift`` (or half its value) in ``DRIFT_WINDOWS`` windows in a
    row, the trial starts again from 1 (hysteresis: one odd window changes nothing).
 
-The cost is the step time when compute runs on an accelerator; on CPU-only training the
+The cost is the step time when compute runs on an accelerator. On CPU-only training the
 extra CPU seconds a setting spends per step (its CPU time minus bucketed's) are added to its
-step time, since those cycles are taken from the computation.
+step time, less what the process's cores left idle in the bucketed steps (``cores`` times
+their step time, minus their CPU time): extra CPU that idle cores absorbed took nothing from
+the computation (and its cost, if any, is in the step time already), extra CPU beyond that
+is taken from the computation or from whatever else runs on the machine.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -53,6 +57,7 @@ __all__ = [
     "Window",
     "candidates",
     "check_mode",
+    "usable_cores",
 ]
 
 log = logging.getLogger("chronica")
@@ -88,6 +93,18 @@ def check_mode(mode: object) -> str:
             "schedules only where that can help"
         )
     return mode
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS tells it).
+
+    Example::
+
+        >>> usable_cores() >= 1
+        True
+    """
+    affinity = getattr(os, "sched_getaffinity", None)
+    return max(1, len(affinity(0)) if affinity is not None else os.cpu_count() or 1)
 
 
 def _size(nbytes: int) -> str:
@@ -242,7 +259,9 @@ class AutoTrial:
         min_saving: the share of the step (0 to 1) the bucketed window's ``saving_bound`` must
             reach before the search runs; 1 never searches (and never watches).
         accelerator: compute runs on an accelerator: decide on step time alone (else the
-            extra CPU a setting spends is added to its step time).
+            extra CPU a setting spends beyond the cores' idle time is added to its step time).
+        cores: the cores the process may use, for that idle time (default
+            ``usable_cores()``).
         margin: the least share of the cost a setting must save to be kept.
         drift: the change of the communication's share of the step that starts the trial
             again (or half that share, whichever is larger).
@@ -265,6 +284,7 @@ class AutoTrial:
         min_saving: float = 0.05,
         *,
         accelerator: bool = False,
+        cores: int | None = None,
         margin: float = MARGIN,
         drift: float = DRIFT,
         announce: bool = True,
@@ -282,6 +302,10 @@ class AutoTrial:
         self.settings = settings
         self.min_saving = float(min_saving)
         self.accelerator = bool(accelerator)
+        cores = usable_cores() if cores is None else cores
+        if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+            raise ValueError(f"cores={cores!r} must be an int >= 1 (the cores the process uses)")
+        self.cores = cores
         self.margin = float(margin)
         self.drift = float(drift)
         self.announce = bool(announce)
@@ -414,7 +438,8 @@ class AutoTrial:
             near = [b for b in (before, after) if b is not None]
             step = sum(b.step_time for b in near) / len(near)
             cpu = sum(b.cpu_time for b in near) / len(near)
-            extra = 0.0 if self.accelerator else w.cpu_time - cpu
+            idle = max(0.0, self.cores * step - cpu)
+            extra = 0.0 if self.accelerator else max(0.0, w.cpu_time - cpu - idle)
             ratios.append((w.step_time + extra) / step if step > 0 else 1.0)
         return ratios
 
@@ -430,7 +455,7 @@ class AutoTrial:
     def _conclude(self, best: Candidate) -> None:
         ratios, noise = self._ratios(best), self._noise()
         score, need = float(np.median(ratios)), max(self.margin, noise)
-        basis = "step time" if self.accelerator else "step time with extra CPU counted"
+        basis = "step time" if self.accelerator else "step time, extra CPU beyond idle counted"
         measured = (
             f"cost {score:.3f}x bucketed ({basis}, median of {len(ratios)} windows beside "
             f"bucketed ones; the best of {len(self.settings)} settings searched; noise "

@@ -71,11 +71,19 @@ def test_not_cheaper_than_margin_or_noise_keeps_bucketed():
     assert noisy.current == BUCKETED and "noise between bucketed windows 18.3%" in noisy.decision
 
 
-def test_extra_cpu_counts_against_a_setting_on_cpu_only_training():
-    times, cpu = {A: 0.090}, {A: 0.070}  # 10 ms shorter, 20 ms more CPU per step
-    on_cpu = AutoTrial([A])
-    drive(on_cpu, times, cpu)
-    assert on_cpu.current == BUCKETED and "extra CPU counted" in on_cpu.decision
+def test_extra_cpu_beyond_idle_cores_counts_against_a_setting_on_cpu_only_training():
+    # 10 ms shorter, 20 ms more CPU per step; bucketed steps left 5 ms of their core idle.
+    times, cpu = {A: 0.090}, {BUCKETED: 0.095, A: 0.115}
+    on_cpu = AutoTrial([A], cores=1)
+    drive(on_cpu, times, cpu)  # 90 + (20 - 5) = 105 ms against 100: bucketed
+    assert on_cpu.current == BUCKETED and "extra CPU beyond idle counted" in on_cpu.decision
+    assert "cost 1.050x" in on_cpu.decision
+    two_cores = AutoTrial([A], cores=2)  # 105 ms idle: the extra CPU took nothing
+    drive(two_cores, times, cpu)
+    assert two_cores.current == A and "cost 0.900x" in two_cores.decision
+    idle = AutoTrial([A], cores=1)  # bucketed steps at 50 ms of CPU: 50 ms idle absorbs the 20
+    drive(idle, times, {A: 0.070})
+    assert idle.current == A
     accelerated = AutoTrial([A], accelerator=True)
     drive(accelerated, times, cpu)
     assert accelerated.current == A
@@ -198,6 +206,8 @@ def test_bad_arguments():
         AutoTrial([])
     with pytest.raises(ValueError, match="min_saving"):
         AutoTrial([A], min_saving=1.5)
+    with pytest.raises(ValueError, match="cores"):
+        AutoTrial([A], cores=0)
     with pytest.raises(TypeError, match="margin"):
         AutoTrial([A], margin="2%")
     with pytest.raises(TypeError, match="Window"):

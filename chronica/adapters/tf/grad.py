@@ -249,7 +249,7 @@ class ScheduledAllReduce(GradientViews):
         self._priority_arg = None if priority is None else list(priority)
         self._variables: list[Any] | None = None
         self._priority: list[int] | None = None
-        self._plans: dict[tuple[str, tuple[str, ...]], _Plan] = {}
+        self._plans: dict[tuple[str, tuple[int, int], tuple[str, ...]], _Plan] = {}
         self._plan: _Plan | None = None
         self._sequences: weakref.WeakKeyDictionary[Any, _Sequence] = weakref.WeakKeyDictionary()
         self._last_sequence: _Sequence | None = None

@@ -65,7 +65,7 @@ _REFRESH_STEPS = (1, 3)  # scheduled steps after which ready times and bandwidth
 _BROADCAST_BYTES = 250 << 20  # DDP's broadcast_bucket_size
 # What the scheduled engine runs on, kept aside while mode="auto" measures bucketed steps
 # (see _switch).
-_SCHEDULED_STATE = ("_dispatcher", "_layout", "_packing", "_queue")
+_SCHEDULED_STATE: tuple[str, ...] = ("_dispatcher", "_layout", "_packing", "_queue")
 _SCHEDULED_STATE += ("_parts_per_param", "_part_params", "_record", "_current")
 
 
