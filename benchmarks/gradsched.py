@@ -921,10 +921,14 @@ def _render_auto(result: dict) -> str:
 
 
 def render_markdown(result: dict, img_dir: Path) -> str:
-    """A ``## `` section for docs/benchmarks.md with tables and ``img/gradsched.png`` (the
-    auto target's section for a ``target="auto"`` run)."""
+    """A ``## `` section for docs/benchmarks.md with tables and ``img/gradsched.png``; the
+    auto target's section for a ``target="auto"`` run, or after it when the result holds one
+    (``result["auto_target"]``)."""
     if result.get("target") == "auto":
         return _render_auto(result)
+    if "auto_target" in result:
+        main = {k: v for k, v in result.items() if k != "auto_target"}
+        return render_markdown(main, img_dir) + "\n" + _render_auto(result["auto_target"])
     import matplotlib
 
     matplotlib.use("Agg")
