@@ -544,7 +544,7 @@ def run(
             f"{unknown} are not among the links {LINKS}, models {list(MODELS)} or variants "
             f"{list(VARIANTS)}"
         )
-    steps, repeats = (4, 2) if quick else (4, 3) if auto else (6, 20)  # block steps, rounds
+    steps, repeats = (4, 2) if quick else (3, 4) if auto else (6, 20)  # block steps, rounds
     steps, repeats = (block or steps + 1) - 1, rounds or repeats
     load_before = os.getloadavg()
     use_netns = os.geteuid() == 0 and _netns("down")

@@ -468,7 +468,7 @@ class ScheduledOptimizer(GradientViews, ScheduledEngine):
             param.grad = None
         if self._timeline is not None:
             self._timeline.span("gradients reduced", "gradient wait", now, reduced)
-        self._record_step(now, reduced - now, 0.0, reduced - buckets.started)
+        self._record_step(now, reduced - now, 0.0, buckets.link_busy(reduced))
         if first:
             self._after_first_step()
         else:
