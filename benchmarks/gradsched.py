@@ -775,6 +775,9 @@ def auto_rows(result: dict) -> list[dict]:
                     "link": link["link"],
                     "model": name,
                     "ddp_ms": 1e3 * s["median"]["DDP"],
+                    # the share of its core rank 0 got in DDP's steps: CPU over wall time
+                    "core_share": float(np.median(model["cpu"]["DDP"]))
+                    / float(np.median(model["variants"]["DDP"])),
                     "auto": ratio,
                     "auto_interval": s["interval"]["chronica auto"],
                     "again": again,
@@ -823,9 +826,9 @@ def _render_auto(result: dict) -> str:
     rows = auto_rows(result)
     yes = {True: "yes", False: "**no**"}
     table = [
-        "| link | model | DDP ms | chronica auto / DDP [95%] | DDP again / DDP [95%] | "
-        "best fixed / DDP | auto / best fixed | within 3% | faster than DDP | not worse than "
-        "DDP beyond noise | setting auto kept |",
+        "| link | model | DDP ms (rank 0's core share) | chronica auto / DDP [95%] | DDP again "
+        "/ DDP [95%] | best fixed / DDP | auto / best fixed | within 3% | faster than DDP | "
+        "not worse than DDP beyond noise | setting auto kept |",
         "|---|---|---:|---|---|---|---:|---|---:|---|---|",
     ]
     sim = [
@@ -840,7 +843,8 @@ def _render_auto(result: dict) -> str:
         lo, hi = r["auto_interval"]
         alo, ahi = r["again_interval"]
         table.append(
-            f"| {r['link']} | {r['model']} | {r['ddp_ms']:.1f} | {r['auto']:.3f} [{lo:.3f}, "
+            f"| {r['link']} | {r['model']} | {r['ddp_ms']:.1f} ({r['core_share']:.0%}) | "
+            f"{r['auto']:.3f} [{lo:.3f}, "
             f"{hi:.3f}] | {r['again']:.3f} [{alo:.3f}, {ahi:.3f}] | {r['best_ratio']:.3f} "
             f"({r['best']}) | {r['to_best']:.3f} | {yes[r['within_3']]} | "
             f"{r['speedup']:.2f}x | {yes[r['not_worse']]} (noise {r['noise']:.1%}) | "
@@ -857,6 +861,22 @@ def _render_auto(result: dict) -> str:
             + " |"
         )
     hundred = [r for r in rows if r["link"] == "100mbit"]
+    shares = [r["core_share"] for r in rows]
+    crowded = (
+        [
+            f"Rank 0 got {min(shares):.0%} to {max(shares):.0%} of its core in DDP's steps (its "
+            "CPU time over its step time; the rest of the machine's load took the remainder). "
+            "Where that share is small, a step's length depends on how the kernel shares the "
+            "core as much as on the link: a setting whose threads wake more often can get more "
+            "of the core and look faster than the link allows (a ratio far below what hiding "
+            "the communication could give, e.g. on a link whose all-reduce is a small part of "
+            "the step), and the search then sees the same noise; such ratios say little about "
+            "scheduling.",
+            "",
+        ]
+        if shares and min(shares) < 0.5
+        else []
+    )
     machine = result["machine"]
     before, after = result.get("load_average", [[np.nan] * 3] * 2)
     decisions = [f"- {r['link']}, {r['model']}: {r['decision']}" for r in rows]
@@ -888,6 +908,7 @@ def _render_auto(result: dict) -> str:
             "",
             *table,
             "",
+            *crowded,
             "Every fixed setting over DDP:",
             "",
             *fixed,

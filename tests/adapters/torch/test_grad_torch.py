@@ -27,7 +27,7 @@ def job(tmp_path_factory):
     outs = [tmp / f"rank{r}.json" for r in range(2)]
     worker = str(HELPERS / "grad_torch_worker.py")
     with torch_rendezvous(2) as meeting:
-        run_workers(
+        logs = run_workers(
             [[sys.executable, worker, str(out), str(tmp / "trace.json")] for out in outs],
             [
                 base_env(ROOT, RANK=str(rank), WORLD_SIZE="2", OMP_NUM_THREADS="1", **meeting)
@@ -35,6 +35,7 @@ def job(tmp_path_factory):
             ],
             timeout=120,
         )
+    (tmp / "logs.json").write_text(json.dumps(logs))
     return [json.loads(out.read_text())["results"] for out in outs], tmp
 
 
@@ -157,6 +158,24 @@ def test_auto_mode_searches_and_every_rank_agrees_on_each_switch_and_decision(jo
             assert "priority scheduling would save at most" in stats["verdict"]
         forced = rank_result["ddp-sgd"]["bucketed"]["stats"]
         assert forced["mode"] == "bucketed" and forced["decision"] == ""
+
+
+def test_each_decision_printed_once_by_rank_0_without_any_logging_setup(job):
+    """The workers configure no logging: Python's last-resort handler prints WARNING lines."""
+    results, tmp = job
+    logs = json.loads((tmp / "logs.json").read_text())
+    printed = [line for line in logs[0].splitlines() if "mode='auto'" in line]
+    assert all(line.startswith("chronica gradients: mode='auto' ") for line in printed)
+    expected = [
+        decision
+        for kind in ("ddp-sgd", "ddp-adamw")
+        for variant in ("auto-switch", "auto-stay", "auto-redecide")
+        for decision in results[0][kind][variant]["decisions"]
+    ]
+    assert len(printed) == len(expected) == 8  # one, one and two decisions, for two optimizers
+    assert [line.split("for every rank: ", 1)[1] for line in printed] == expected
+    assert sum("re-decided for every rank" in line for line in printed) == 2
+    assert "mode='auto'" not in logs[1]  # rank 1 decides alike and stays silent
 
 
 def test_timeline_loadable_without_close(job):
