@@ -135,7 +135,8 @@ def _setup(name: str, variant: str | None, batch: int | None = None):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from benchmarks.gradsched import MODELS, _model, knobs_for
+    from benchmarks.grad_models import MODELS, knobs_for
+    from benchmarks.grad_models import model as _model
     from chronica.torch.distributed import ScheduledOptimizer
 
     torch.manual_seed(0)
@@ -470,7 +471,7 @@ def link_fit(allreduce: dict) -> tuple[float, float, float]:
 
 def _policy(variant: str, largest: int):
     """The simulator's policy for one of gradsched's variants (the same knobs)."""
-    from benchmarks.gradsched import VARIANTS, WHOLE
+    from benchmarks.grad_models import VARIANTS, WHOLE
     from chronica.sim.gradients import Policy
 
     knobs = VARIANTS[variant]

@@ -47,58 +47,27 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.grad_models import (
+    AUTO_BATCH,
+    GRID,
+    MODELS,
+    VARIANTS,
+    input_shape,
+    knobs_for,
+)
+from benchmarks.grad_models import model as _model
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 NETNS = HERE / "netns.sh"
 ADDRS = ("10.77.0.1", "10.77.0.2")
 
-__all__ = ["auto_rows", "auto_table", "format_table", "knobs_for", "render_markdown", "run"]
+__all__ = ["auto_rows", "auto_table", "format_table", "render_markdown", "run"]
 
-WHOLE = "whole"  # partition_bytes = the largest gradient's bytes: no tensor is cut
-
-# Each variant: None (no chronica: plain training, see DDP_ARGS) or ScheduledOptimizer's knobs.
-VARIANTS: dict[str, dict | None] = {
-    "no overlap": None,
-    "DDP": None,
-    "DDP static_graph": None,
-    "DDP bucket_cap_mb=2": None,
-    "DDP bucket_cap_mb=0.5": None,
-    "DDP again": None,
-    "chronica auto": {"mode": "auto"},
-    "chronica bucketed": {"mode": "bucketed"},
-    "FIFO": {
-        "mode": "scheduled",
-        "order": "fifo",
-        "partition_bytes": WHOLE,
-        "credit_bytes": 1 << 40,
-    },
-    "priority": {
-        "mode": "scheduled",
-        "order": "priority",
-        "partition_bytes": WHOLE,
-        "credit_bytes": 1,
-    },
-    "priority+partition+credit": {
-        "mode": "scheduled",
-        "order": "priority",
-        "partition_bytes": 256 << 10,
-        "credit_bytes": 1 << 20,
-    },
-    "auto-tuned": {"mode": "scheduled", "order": "priority", "auto_tune": True},
-    # The settings chronica auto searches (chronica.runtime.auto.candidates), each fixed:
-    # partitions no bigger than all the gradients, credit four partitions.
-    "scheduled 256 KiB": {"mode": "scheduled", "partition_bytes": 256 << 10, "credit_bytes": 4},
-    "scheduled 1 MiB": {"mode": "scheduled", "partition_bytes": 1 << 20, "credit_bytes": 4},
-    "scheduled 4 MiB": {"mode": "scheduled", "partition_bytes": 4 << 20, "credit_bytes": 4},
-}
-GRID = ("scheduled 256 KiB", "scheduled 1 MiB", "scheduled 4 MiB")  # credit: 4 partitions
 # The auto target (issue 33): chronica auto against DDP, DDP again (the noise) and every
 # setting it searches, fixed, on shaped links, each variant's block once per round.
 AUTO_TARGET = ("DDP again", "chronica auto", *GRID)
 AUTO_LINKS = ("1gbit", "200mbit", "100mbit", "50mbit")
-# The auto target's batches: compute about as long as vgg's and mlp's all-reduce at 100 Mbit/s
-# on this machine (two ranks on two shared cores), where the order of communication matters.
-AUTO_BATCH = {"vgg": 64, "mlp": 1536}
 DDP_ARGS: dict[str, dict[str, Any]] = {
     "DDP": {},
     "DDP static_graph": {"static_graph": True},
@@ -107,26 +76,10 @@ DDP_ARGS: dict[str, dict[str, Any]] = {
     "DDP again": {},  # a second default DDP: the run's noise, measured like any variant
 }
 AUTO_WARM = 19  # chronica auto: first step, 5 bucketed, a trial of 3 + 5 scheduled, 5 bucketed
-MODELS = {"vgg": 32, "mlp": 1024, "mlp670k": 128}  # name -> per-rank batch
 # Steps per block as a multiple of the run's, so that every model's blocks last about as long
 # (mlp670k's steps are about 5x shorter than vgg's): a block of a few short steps is mostly
 # the machine's noise.
 BLOCK_SCALE = {"mlp670k": 5}
-
-
-def knobs_for(variant: str, model) -> dict:
-    """``ScheduledOptimizer``'s arguments for ``variant`` on ``model`` (empty for DDP and
-    the other plain variants): ``WHOLE`` partitions as big as the largest gradient, the
-    ``GRID`` settings cut as ``chronica.runtime.auto.candidates`` cuts them (partitions no
-    bigger than all the gradients, a credit of four partitions)."""
-    knobs = dict(VARIANTS[variant] or {})
-    sizes = [4 * p.numel() for p in model.parameters()]
-    if knobs.get("partition_bytes") == WHOLE:
-        knobs["partition_bytes"] = max(sizes)
-    if variant in GRID:
-        knobs["partition_bytes"] = min(knobs["partition_bytes"], sum(sizes))
-        knobs["credit_bytes"] *= knobs["partition_bytes"]
-    return knobs
 
 
 MAX_AUTO_BLOCKS = 40  # the auto target's warm-up: chronica auto's blocks until it decided
@@ -202,40 +155,7 @@ def _predict(name: str, result: dict, steps: int, batch: int) -> dict:
     }
 
 
-def input_shape(name: str, batch: int) -> tuple[int, ...]:
-    """The input of ``_model(name)`` for ``batch`` samples."""
-    return {"vgg": (batch, 3, 32, 32), "mlp670k": (batch, 784)}.get(name, (batch, 512))
-
-
 # -- worker side (runs inside a namespace) -------------------------------------------------
-
-
-def _model(name: str):
-    from torch import nn
-
-    if name == "vgg":
-        return nn.Sequential(
-            nn.Conv2d(3, 32, 3, padding=1),
-            nn.ReLU(),
-            nn.Conv2d(32, 32, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Flatten(),
-            nn.Linear(64 * 8 * 8, 256),
-            nn.ReLU(),
-            nn.Linear(256, 256),
-            nn.ReLU(),
-            nn.Linear(256, 10),
-        )
-    if name == "mlp670k":  # 784-512-512-10: 669,706 parameters, an MNIST-sized classifier
-        return nn.Sequential(
-            nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
-        )
-    layers = [m for _ in range(6) for m in (nn.Linear(512, 512), nn.ReLU())]
-    return nn.Sequential(*layers, nn.Linear(512, 10))
 
 
 # Measured per step on rank 0: wall seconds ("variants"), CPU seconds of the process (all its

@@ -7,14 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from benchmarks.gradsched import (  # noqa: E402
-    AUTO_TARGET,
-    GRID,
-    auto_rows,
-    auto_table,
-    knobs_for,
-    render_markdown,
-)
+from benchmarks.grad_models import GRID, knobs_for  # noqa: E402
+from benchmarks.gradsched import AUTO_TARGET, auto_rows, auto_table, render_markdown  # noqa: E402
 
 QUANTITIES = ("variants", "cpu", "thread", "faults")
 
