@@ -168,6 +168,12 @@ class ScheduleConfig:
                 "variable_batch=True is implied by packing= (ranks take as many documents as "
                 "their speed and the token cap allow); drop it"
             )
+        if self.packing.loss == "loss_token":
+            raise ValueError(
+                "Packing(loss='loss_token') needs each document's loss-token count, which a "
+                "sampler is not given: use loss='token' here, or chronica.plan_step(..., "
+                "loss_tokens=) where the trainer holds the batch"
+            )
         if (self.batch_size is None) == (self.packing.tokens_per_step is None):
             raise ValueError(
                 "packing= needs exactly one step size: batch_size= (documents per step) or "

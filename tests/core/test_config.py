@@ -53,6 +53,11 @@ from chronica.core.modes import DYNAMIC, GUIDED, STATIC
             ValueError,
             "exactly one step size",
         ),
+        (
+            dict(num_replicas=4, batch_size=8, packing=Packing(8, loss="loss_token")),
+            ValueError,
+            r"loss_token.*plan_step",
+        ),
     ],
 )
 def test_bad_configuration_is_named_with_the_right_error(kwargs, error, match):

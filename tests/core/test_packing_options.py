@@ -51,7 +51,7 @@ def test_a_wrong_type_is_a_type_error_naming_the_field(kwargs, name):
 def test_choices_are_named_in_the_message():
     with pytest.raises(ValueError, match=r"\('error', 'split', 'truncate'\)"):
         Packing(max_tokens=8, long_documents="drop")
-    with pytest.raises(ValueError, match=r"\('token', 'sample'\)"):
+    with pytest.raises(ValueError, match=r"\('token', 'sample', 'loss_token'\)"):
         Packing(max_tokens=8, loss="mean")
 
 
@@ -60,7 +60,19 @@ def test_packing_fills_in_defaults_and_stores_python_ints():
     assert packing.rows == 3 and packing.length == 3
     assert all(type(v) is int for v in (packing.max_tokens, packing.row_length))
     assert type(packing.micro_batches) is int
-    assert json.loads(json.dumps(packing.to_tuple())) == [10, 3, None, 2, "error", "token"]
+    assert json.loads(json.dumps(packing.to_tuple())) == [
+        10,
+        3,
+        None,
+        2,
+        "error",
+        "token",
+        "rank",
+        1,
+        1,
+        None,
+        None,
+    ]
     flat = Packing(max_tokens=8)
     assert flat.row_length == 8 and flat.rows == 1 and flat.length == 8
 
@@ -91,24 +103,28 @@ def test_packing_is_frozen_and_hashable():
 
 def test_the_package_exports_every_public_name_of_its_rooms():
     import chronica.core.packing as package
-    from chronica.core.packing import documents, epoch, options, step, weights
+    from chronica.core.packing import documents, epoch, options, planner, step, weights
 
     names = {
+        "BALANCES",
         "LONG_DOCUMENTS",
         "LOSS_NORMALISATIONS",
         "PackedEpoch",
         "PackedStep",
         "Packing",
         "Pieces",
+        "StepPlan",
+        "in_pipeline_order",
         "micro_weights",
         "pack_epoch",
         "pack_step",
         "pack_steps",
         "pieces",
+        "plan_step",
         "step_starts",
     }
     assert set(package.__all__) == names
-    rooms = (documents, epoch, options, step, weights)
+    rooms = (documents, epoch, options, planner, step, weights)
     assert names == {name for room in rooms for name in room.__all__}
     for name in names:
         assert any(getattr(room, name, None) is getattr(package, name) for room in rooms)

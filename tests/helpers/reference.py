@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 MASK = (1 << 64) - 1
@@ -304,6 +306,23 @@ PACK_CLOSE_ENOUGH = 1e-7  # refinement stops this close (relative) to the mean t
 PACK_WORTH_MORE = 1e-5  # pair trades and the search of every rank only this far above it
 PACK_PARTNERS = 4  # the lightest ranks a trade partner is looked for among first
 PACK_WIDE_SEARCH_MAX = 16384  # steps up to this many documents search every rank
+PACK_WORK_PER_DOCUMENT = 1024  # refinement's work bound: candidates per document ...
+PACK_WORK_PER_RANK = 4  # ... plus this many per document and rank ...
+PACK_WORK_FLOOR = 1 << 22  # ... and at least this many
+
+
+def pack_work_budget(n: int, w: int) -> int:
+    """``chronica.core.packing.kernels.work_budget``."""
+    return max(PACK_WORK_FLOOR, n * (PACK_WORK_PER_DOCUMENT + PACK_WORK_PER_RANK * w))
+
+
+def pack_trade_work(rank, micro, row, partners, num_mine: int, pairs: bool) -> int:
+    """``chronica.core.packing.kernels.trade_work``: ``num_mine`` times the documents of the
+    ``partners`` ranks, or with ``pairs`` times ``c·(c+1)/2`` summed over their rows."""
+    theirs = [(rank[j], micro[j], row[j]) for j in range(len(rank)) if rank[j] in partners]
+    if not pairs:
+        return num_mine * len(theirs)
+    return num_mine * sum(c * (c + 1) // 2 for c in Counter(theirs).values())
 
 
 def _seq_sum(values) -> float:
@@ -314,39 +333,54 @@ def _seq_sum(values) -> float:
     return total
 
 
-def fit_row(free_rows: list[int], length: int) -> int:
-    """The fullest row that ``length`` fits in (ties: lower row), or -1."""
-    fitting = [(free, k) for k, free in enumerate(free_rows) if free >= length]
+def fit_row(free_rows: list[int], length: int, slots=None, docs: int = 1) -> int:
+    """The fullest row that ``length`` tokens and ``docs`` documents fit in (ties: lower
+    row), or -1; ``slots`` (documents every row can still take) default unlimited."""
+    slots = slots if slots is not None else [docs] * len(free_rows)
+    fitting = [(free, k) for k, free in enumerate(free_rows) if free >= length and slots[k] >= docs]
     return min(fitting)[1] if fitting else -1
 
 
 def fit_micro(
-    free: list[list[int]], micro_loads: list[float], length: int, tight: bool
+    free: list[list[int]], micro_loads: list[float], length: int, tight: bool, slots=None, docs=1
 ) -> tuple[int, int]:
     """Even: the cheapest micro-batch with a row ``length`` fits in (ties: lower index) and
     the fullest such row in it. ``tight``: the fullest row of any micro-batch (ties: lower
     micro-batch, then lower row). ``(-1, -1)`` if none."""
+    slots = slots if slots is not None else [[docs] * len(rows) for rows in free]
     if tight:
         fitting = [
             (free[m][k], m, k)
             for m in range(len(free))
             for k in range(len(free[m]))
-            if free[m][k] >= length
+            if free[m][k] >= length and slots[m][k] >= docs
         ]
         return min(fitting)[1:] if fitting else (-1, -1)
-    fitting = [(micro_loads[m], m) for m in range(len(free)) if fit_row(free[m], length) >= 0]
+    fitting = [
+        (micro_loads[m], m)
+        for m in range(len(free))
+        if fit_row(free[m], length, slots[m], docs) >= 0
+    ]
     if not fitting:
         return -1, -1
     m = min(fitting)[1]
-    return m, fit_row(free[m], length)
+    return m, fit_row(free[m], length, slots[m], docs)
 
 
-def largest_room(free: list[list[int]]) -> int:
-    return max(max(rows) for rows in free)
+def largest_room(free: list[list[int]], slots=None) -> int:
+    """The largest free space of a row that can still take a document, -1 if none can."""
+    slots = slots if slots is not None else [[1] * len(rows) for rows in free]
+    room = [
+        f
+        for rows, left in zip(free, slots, strict=True)
+        for f, s in zip(rows, left, strict=True)
+        if s > 0
+    ]
+    return max(room, default=-1)
 
 
 def pack_best_trade(
-    lengths, costs, speeds, free, rank, micro, row, loads, a, partners, pairs, gain
+    lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, partners, pairs, gain
 ):
     """``chronica.core.packing.kernels.best_trade``: the trade ``(i, j, k)`` (``k`` -1 without a
     second document) of a document ``i`` of rank ``a`` for a cheaper document ``j`` (with
@@ -377,14 +411,19 @@ def pack_best_trade(
     best = None
     for i in mine:
         slot_a = free[a][micro[i]][row[i]] + lengths[i]  # i's row without i
+        docs_a = slots[a][micro[i]][row[i]] + docs[i]
         for group in groups:
             b = rank[group[0]]
             slot_b = free[b][micro[group[0]]][row[group[0]]]  # the free space of j's row
+            docs_b = slots[b][micro[group[0]]][row[group[0]]]
             for x, j in enumerate(group):
                 for k in [-1, *group[x + 1 :]] if pairs else [-1]:
                     taken = lengths[j] + (lengths[k] if k >= 0 else 0)
                     given = costs[j] + (costs[k] if k >= 0 else 0.0)
                     if given >= costs[i] or taken > slot_a or lengths[i] > slot_b + taken:
+                        continue
+                    counted = docs[j] + (docs[k] if k >= 0 else 0)
+                    if counted > docs_a or docs[i] > docs_b + counted:
                         continue
                     d = costs[i] - given
                     new_top = max((loads[a] - d) / speeds[a], (loads[b] + d) / speeds[b])
@@ -393,66 +432,99 @@ def pack_best_trade(
     return best
 
 
-def pack_refine(lengths, costs, speeds, tight, free, micro_loads, room, rank, micro, row, loads):
-    """``chronica.core.packing.kernels.refine`` on lists (mutated in place)."""
+def pack_refine(
+    lengths,
+    costs,
+    docs,
+    speeds,
+    tight,
+    free,
+    slots,
+    micro_loads,
+    room,
+    rank,
+    micro,
+    row,
+    loads,
+    budget=None,
+):
+    """``chronica.core.packing.kernels.refine`` on lists (mutated in place): stops once more
+    than ``budget`` (default ``pack_work_budget``) candidates were looked at (per iteration
+    ``n``, ``W`` per document of the slowest rank, and ``pack_trade_work`` per search)."""
     w, n = len(speeds), len(lengths)
     if w < 2 or n == 0:
         return
     mean = _seq_sum(loads) / _seq_sum(speeds)
     bound = mean * (1.0 + PACK_CLOSE_ENOUGH)
+    budget = pack_work_budget(n, w) if budget is None else budget
+    work = 0
 
     def place(i, b):
-        m, k = fit_micro(free[b], micro_loads[b], lengths[i], tight)
+        m, k = fit_micro(free[b], micro_loads[b], lengths[i], tight, slots[b], docs[i])
         rank[i], micro[i], row[i] = b, m, k
         free[b][m][k] -= lengths[i]
+        slots[b][m][k] -= docs[i]
         micro_loads[b][m] += costs[i]
 
     for _ in range(4 * n + 16):
         times = [loads[r] / speeds[r] for r in range(w)]
         top = max(times)
         a = times.index(top)  # the first slowest rank
-        if top <= bound:
+        if top <= bound or work > budget:
             return
         mine = [i for i in range(n) if rank[i] == a]
+        work += n + len(mine) * w
         # Moves: one document of ``a`` to another rank with a row it fits in.
         gain, best = top * PACK_REL_TOL, None
         for i in mine:
             after_a = (loads[a] - costs[i]) / speeds[a]
             for b in range(w):
                 if b != a and room[b] >= lengths[i]:
+                    if docs[i] > 1 and fit_micro(
+                        free[b], micro_loads[b], lengths[i], tight, slots[b], docs[i]
+                    ) == (-1, -1):
+                        continue
                     new_top = max(after_a, (loads[b] + costs[i]) / speeds[b])
                     if top - new_top > gain:
                         gain, best = top - new_top, (i, b)
         if best is not None:
             i, b = best
             free[a][micro[i]][row[i]] += lengths[i]
+            slots[a][micro[i]][row[i]] += docs[i]
             micro_loads[a][micro[i]] -= costs[i]
             place(i, b)
             loads[a] -= costs[i]
             loads[b] += costs[i]
-            room[a], room[b] = largest_room(free[a]), largest_room(free[b])
+            room[a], room[b] = largest_room(free[a], slots[a]), largest_room(free[b], slots[b])
             continue
         # Trades, each side taking the other's row slot: one for one with the lightest
         # ranks (ties: lower rank); while the top is worth more, one for two of one row
         # with them, then one for one with every rank (more ranks than partners, steps
         # small enough).
         lightest = set(sorted(range(w), key=lambda r: (times[r], r))[:PACK_PARTNERS]) - {a}
-        args = (lengths, costs, speeds, free, rank, micro, row, loads, a)
+        args = (lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a)
+        work += pack_trade_work(rank, micro, row, lightest, len(mine), False)
         trade = pack_best_trade(*args, lightest, False, gain)
         worth = top > mean * (1.0 + PACK_WORTH_MORE)
         if trade is None and worth:
+            work += pack_trade_work(rank, micro, row, lightest, len(mine), True)
             trade = pack_best_trade(*args, lightest, True, gain)
         if trade is None and worth and w > PACK_PARTNERS + 1 and n <= PACK_WIDE_SEARCH_MAX:
-            trade = pack_best_trade(*args, set(range(w)) - {a}, False, gain)
+            everyone = set(range(w)) - {a}
+            work += pack_trade_work(rank, micro, row, everyone, len(mine), False)
+            trade = pack_best_trade(*args, everyone, False, gain)
         if trade is None:
             return
         i, j, k = trade
         b = rank[j]
         taken = lengths[j] + (lengths[k] if k >= 0 else 0)
         given = costs[j] + (costs[k] if k >= 0 else 0.0)
+        counted = docs[j] + (docs[k] if k >= 0 else 0)
         d = costs[i] - given
         free[a][micro[i]][row[i]] += lengths[i] - taken
         free[b][micro[j]][row[j]] += taken - lengths[i]
+        slots[a][micro[i]][row[i]] += docs[i] - counted
+        slots[b][micro[j]][row[j]] += counted - docs[i]
         micro_loads[a][micro[i]] -= d
         micro_loads[b][micro[j]] += d
         slot = (a, micro[i], row[i])
@@ -461,19 +533,34 @@ def pack_refine(lengths, costs, speeds, tight, free, micro_loads, room, rank, mi
             rank[x], micro[x], row[x] = slot
         loads[a] -= d
         loads[b] += d
-        room[a], room[b] = largest_room(free[a]), largest_room(free[b])
+        room[a], room[b] = largest_room(free[a], slots[a]), largest_room(free[b], slots[b])
 
 
-def pack(lengths, costs, speeds, num_micro, rows, row_length, refine=True, tight=False):
+def pack(
+    lengths,
+    costs,
+    speeds,
+    num_micro,
+    rows,
+    row_length,
+    refine=True,
+    tight=False,
+    docs=None,
+    row_docs=None,
+):
     """Reference of ``chronica.core.packing.kernels.pack_attempt``: ``(rank, micro, row,
     loads)`` lists, or ``None`` if LPT finds a document no rank has a row for
     (``refine=False``: LPT only; ``tight``: every document to the fullest row of its rank it
-    fits in)."""
+    fits in; ``docs``: documents per unit, default one; ``row_docs``: the most documents in
+    a row, default unlimited)."""
     lengths = [int(x) for x in lengths]
+    docs = [1] * len(lengths) if docs is None else [int(d) for d in docs]
+    row_docs = sum(docs) + 1 if row_docs is None else row_docs
     costs = [float(c) for c in costs]
     speeds = [float(s) for s in speeds]
     w, n = len(speeds), len(lengths)
     free = [[[row_length] * rows for _ in range(num_micro)] for _ in range(w)]
+    slots = [[[row_docs] * rows for _ in range(num_micro)] for _ in range(w)]
     micro_loads = [[0.0] * num_micro for _ in range(w)]
     room = [row_length] * w
     loads = [0.0] * w
@@ -481,22 +568,27 @@ def pack(lengths, costs, speeds, num_micro, rows, row_length, refine=True, tight
     for i in descending_order(np.asarray(costs, dtype=np.float64)):
         i = int(i)
         # The rank with a row it fits in whose time after taking it is lowest (ties: lower).
-        best, best_time = -1, float("inf")
-        for r in range(w):
-            if room[r] >= lengths[i]:
-                time = (loads[r] + costs[i]) / speeds[r]
-                if time < best_time:
-                    best, best_time = r, time
-        if best < 0:
+        fitting = [
+            ((loads[r] + costs[i]) / speeds[r], r)
+            for r in range(w)
+            if room[r] >= lengths[i]
+            and fit_micro(free[r], micro_loads[r], lengths[i], tight, slots[r], docs[i])[0] >= 0
+        ]
+        if not fitting:
             return None
-        m, k = fit_micro(free[best], micro_loads[best], lengths[i], tight)
+        best = min(fitting)[1]
+        m, k = fit_micro(free[best], micro_loads[best], lengths[i], tight, slots[best], docs[i])
         rank[i], micro[i], row[i] = best, m, k
         free[best][m][k] -= lengths[i]
+        slots[best][m][k] -= docs[i]
         micro_loads[best][m] += costs[i]
         loads[best] += costs[i]
-        room[best] = largest_room(free[best])
+        room[best] = largest_room(free[best], slots[best])
     if refine:
-        pack_refine(lengths, costs, speeds, tight, free, micro_loads, room, rank, micro, row, loads)
+        pack_refine(
+            lengths, costs, docs, speeds, tight, free, slots, micro_loads, room, rank, micro,
+            row, loads,
+        )  # fmt: skip
     return rank, micro, row, loads
 
 

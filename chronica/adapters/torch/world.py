@@ -42,8 +42,8 @@ def torch_world() -> tuple[int, int]:
 
 def gloo_agreement(scheduler: Scheduler) -> Agreement | None:
     """The ranks' ``Agreement``, its sums all-reduced over a gloo group of their own (the
-    key it draws never leaves torch.distributed); ``None`` without a process group (each
-    rank then decides alone)."""
+    key it draws never leaves torch.distributed); ``None`` without a process group (every
+    window is then the static plan)."""
     if not (dist.is_available() and dist.is_initialized()):
         return None
     config = scheduler.config

@@ -10,7 +10,11 @@
    for among the four lightest ranks (one for one; while the slowest rank is more than 1e-5
    above the mean, also one for two of one row), then, as long, among every rank (one for
    one, steps of at most 16384 documents). Trades keep each document's row slot, so the cap
-   holds throughout.
+   holds throughout. The refinement's work is bounded (``work_budget``): it stops once it
+   has looked at more than ``max(2**22, n · (1024 + 4·W))`` candidate moves and trades
+   (``n`` documents, ``W`` ranks; ``trade_work`` counts a trade search), which ordinary
+   steps stay below; steps whose cap leaves little room, where each of many expensive trades
+   gains a little, are cut off there (a few milliseconds, or about 3 µs per document).
 
 The result depends on the lengths, costs and speeds only (deterministic on every machine).
 Pure-Python twins of every kernel are in ``tests/helpers/reference.py``.
@@ -21,7 +25,16 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["best_trade", "fit_micro", "fit_row", "largest_room", "pack_attempt", "refine"]
+__all__ = [
+    "best_trade",
+    "fit_micro",
+    "fit_row",
+    "largest_room",
+    "pack_attempt",
+    "refine",
+    "trade_work",
+    "work_budget",
+]
 
 # Trades that gain less than this fraction of the top time are not worth an iteration.
 _REL_TOL = 1e-9
@@ -34,78 +47,99 @@ _WIDE_SEARCH_MAX = 16384
 # Trades of two documents for one, and searches of every rank, only while the slowest rank
 # is this far above the mean time (relative): below it their cost buys only rounding.
 _WORTH_MORE = 1e-5
+# The refinement's work bound (``work_budget``): candidate moves and trades looked at per
+# document, plus per document and rank (every iteration scans the documents and the ranks,
+# and a step needs about one iteration per rank), and at least the floor (a few
+# milliseconds), which small steps whose cap leaves little room need.
+_WORK_PER_DOCUMENT = 1024
+_WORK_PER_RANK = 4
+_WORK_FLOOR = 1 << 22
 
 
 @njit(cache=True)
-def fit_row(free: np.ndarray, length: int) -> int:
-    """The fullest row that ``length`` tokens fit in, or -1 (ties: the lower row).
+def fit_row(free: np.ndarray, slots: np.ndarray, length: int, docs: int) -> int:
+    """The fullest row that ``length`` tokens and ``docs`` documents fit in, or -1 (ties:
+    the lower row).
 
     Args:
         free: ``int64`` free tokens of every row of one micro-batch.
+        slots: ``int64`` documents every row can still take.
         length: the tokens to place.
+        docs: the documents they are.
 
     Example::
 
-        >>> fit_row(np.array([5, 3, 8]), 3)
+        >>> fit_row(np.array([5, 3, 8]), np.array([1, 1, 1]), 3, 1)
         1
     """
     best = -1
     for k in range(free.shape[0]):
-        if free[k] >= length and (best < 0 or free[k] < free[best]):
+        if free[k] >= length and slots[k] >= docs and (best < 0 or free[k] < free[best]):
             best = k
     return best
 
 
 @njit(cache=True)
 def fit_micro(
-    free: np.ndarray, micro_loads: np.ndarray, length: int, tight: bool
+    free: np.ndarray,
+    slots: np.ndarray,
+    micro_loads: np.ndarray,
+    length: int,
+    docs: int,
+    tight: bool,
 ) -> tuple[int, int]:
-    """Where in one rank ``length`` tokens go: the cheapest micro-batch with a row they fit
-    in, and there the fullest such row; with ``tight``, the fullest row of any micro-batch
-    (best fit). ``(-1, -1)`` if they fit nowhere.
+    """Where in one rank ``length`` tokens (``docs`` documents) go: the cheapest micro-batch
+    with a row they fit in, and there the fullest such row; with ``tight``, the fullest row
+    of any micro-batch (best fit). ``(-1, -1)`` if they fit nowhere.
 
     Args:
         free: ``int64`` ``(micro-batches, rows)``, free tokens of every row of the rank.
+        slots: ``int64`` ``(micro-batches, rows)``, documents every row can still take.
         micro_loads: ``float64``, the cost of every micro-batch of the rank.
         length: the tokens to place.
+        docs: the documents they are.
         tight: best fit over every micro-batch instead of the cheapest one.
 
     Example::
 
-        >>> fit_micro(np.array([[4, 4], [1, 2]]), np.array([0.0, 5.0]), 2, True)
+        >>> fit_micro(np.array([[4, 4], [1, 2]]), np.ones((2, 2), np.int64),
+        ...           np.array([0.0, 5.0]), 2, 1, True)
         (1, 1)
     """
     best_m, best_k = -1, -1
     for m in range(free.shape[0]):
         if tight:
-            k = fit_row(free[m], length)
+            k = fit_row(free[m], slots[m], length, docs)
             if k >= 0 and (best_m < 0 or free[m, k] < free[best_m, best_k]):
                 best_m, best_k = m, k
             continue
         if best_m >= 0 and micro_loads[m] >= micro_loads[best_m]:
             continue
-        k = fit_row(free[m], length)
+        k = fit_row(free[m], slots[m], length, docs)
         if k >= 0:
             best_m, best_k = m, k
     return best_m, best_k
 
 
 @njit(cache=True)
-def largest_room(free: np.ndarray) -> int:
-    """The largest free space of any row of one rank.
+def largest_room(free: np.ndarray, slots: np.ndarray) -> int:
+    """The largest free space of any row of one rank that can still take a document (-1 if
+    none can).
 
     Args:
         free: ``int64`` ``(micro-batches, rows)``, free tokens of every row of the rank.
+        slots: ``int64`` ``(micro-batches, rows)``, documents every row can still take.
 
     Example::
 
-        >>> largest_room(np.array([[1, 3], [2, 0]]))
-        3
+        >>> largest_room(np.array([[1, 3], [2, 0]]), np.array([[1, 0], [1, 1]]))
+        2
     """
-    top = 0
+    top = -1
     for m in range(free.shape[0]):
         for k in range(free.shape[1]):
-            top = max(top, free[m, k])
+            if slots[m, k] > 0:
+                top = max(top, free[m, k])
     return top
 
 
@@ -113,11 +147,13 @@ def largest_room(free: np.ndarray) -> int:
 def pack_attempt(
     lengths: np.ndarray,
     costs: np.ndarray,
+    docs: np.ndarray,
     order: np.ndarray,
     speeds: np.ndarray,
     num_micro: int,
     rows: int,
     row_length: int,
+    row_docs: int,
     tight: bool,
     rank: np.ndarray,
     micro: np.ndarray,
@@ -130,13 +166,15 @@ def pack_attempt(
     fits nowhere (the outputs are then partial).
 
     Args:
-        lengths: ``int64`` tokens per document.
+        lengths: ``int64`` tokens per document (or unit: a group kept whole).
         costs: ``float64`` predicted cost per document.
+        docs: ``int64`` documents per unit (they count against ``row_docs``).
         order: the documents by descending cost (``chronica.core.kernels.argsort_descending``).
         speeds: ``float64`` relative speed per rank (``> 0``).
         num_micro: micro-batches per rank.
         rows: rows per micro-batch.
         row_length: tokens per row.
+        row_docs: the most documents in one row.
         tight: best fit (see ``fit_micro``).
         rank: ``int64`` output, every document's rank.
         micro: ``int64`` output, every document's micro-batch within its rank.
@@ -147,8 +185,8 @@ def pack_attempt(
 
         >>> rank, micro, row = (np.empty(3, np.int64) for _ in range(3))
         >>> loads = np.empty(2)
-        >>> pack_attempt(np.array([3, 2, 2]), np.array([3.0, 2.0, 2.0]), np.arange(3),
-        ...              np.ones(2), 1, 1, 4, False, rank, micro, row, loads)
+        >>> pack_attempt(np.array([3, 2, 2]), np.array([3.0, 2.0, 2.0]), np.ones(3, np.int64),
+        ...              np.arange(3), np.ones(2), 1, 1, 4, 4, False, rank, micro, row, loads)
         True
         >>> rank.tolist(), loads.tolist()
         ([0, 1, 1], [3.0, 4.0])
@@ -156,27 +194,38 @@ def pack_attempt(
     w = speeds.shape[0]
     n = lengths.shape[0]
     free = np.full((w, num_micro, rows), row_length, np.int64)
+    slots = np.full((w, num_micro, rows), row_docs, np.int64)
     micro_loads = np.zeros((w, num_micro))
     room = np.full(w, row_length, np.int64)
+    refused = np.zeros(w, np.bool_)
     loads[:] = 0.0
     for t in range(n):
         i = order[t]
-        best = -1
-        best_time = np.inf
-        for r in range(w):
-            if room[r] >= lengths[i]:
-                time = (loads[r] + costs[i]) / speeds[r]
-                if time < best_time:
-                    best, best_time = r, time
-        if best < 0:
-            return False
-        m, k = fit_micro(free[best], micro_loads[best], lengths[i], tight)
+        m = -1
+        while m < 0:
+            best = -1
+            best_time = np.inf
+            for r in range(w):
+                if room[r] >= lengths[i] and not refused[r]:
+                    time = (loads[r] + costs[i]) / speeds[r]
+                    if time < best_time:
+                        best, best_time = r, time
+            if best < 0:
+                return False
+            # ``room`` counts rows with a free document slot; a group needs more of them.
+            m, k = fit_micro(free[best], slots[best], micro_loads[best], lengths[i], docs[i], tight)
+            refused[best] = m < 0
+        refused[:] = False
         rank[i], micro[i], row[i] = best, m, k
         free[best, m, k] -= lengths[i]
+        slots[best, m, k] -= docs[i]
         micro_loads[best, m] += costs[i]
         loads[best] += costs[i]
-        room[best] = largest_room(free[best])
-    refine(lengths, costs, speeds, tight, free, micro_loads, room, rank, micro, row, loads)
+        room[best] = largest_room(free[best], slots[best])
+    refine(
+        lengths, costs, docs, speeds, tight, free, slots, micro_loads, room, rank, micro, row,
+        loads, work_budget(n, w),
+    )  # fmt: skip
     return True
 
 
@@ -184,32 +233,41 @@ def pack_attempt(
 def refine(
     lengths: np.ndarray,
     costs: np.ndarray,
+    docs: np.ndarray,
     speeds: np.ndarray,
     tight: bool,
     free: np.ndarray,
+    slots: np.ndarray,
     micro_loads: np.ndarray,
     room: np.ndarray,
     rank: np.ndarray,
     micro: np.ndarray,
     row: np.ndarray,
     loads: np.ndarray,
+    budget: int,
 ) -> None:
     """Refinement: while the slowest rank is more than 1e-7 above the mean time and a move of
     one of its documents to another rank, or a trade (see ``best_trade``), lowers the larger
-    of the two ranks' times, make the best such move. Every array is updated in place.
+    of the two ranks' times, make the best such move; stop once more than ``budget``
+    candidates were looked at (each iteration counts ``n`` plus ``W`` per document of the
+    slowest rank for its moves, and ``trade_work`` for each trade search). Every array is
+    updated in place.
 
     Args:
         lengths: ``int64`` tokens per document.
         costs: ``float64`` predicted cost per document.
+        docs: ``int64`` documents per unit.
         speeds: ``float64`` relative speed per rank.
         tight: best fit for moved documents (see ``fit_micro``).
         free: ``int64`` ``(ranks, micro-batches, rows)`` free tokens of every row.
+        slots: ``int64`` ``(ranks, micro-batches, rows)`` documents every row can still take.
         micro_loads: ``float64`` ``(ranks, micro-batches)`` cost of every micro-batch.
         room: ``int64`` per rank, ``largest_room`` of its rows.
         rank: every document's rank.
         micro: every document's micro-batch.
         row: every document's row.
         loads: every rank's total cost.
+        budget: the most candidates to look at (``pack_attempt`` passes ``work_budget``).
 
     Example: ``pack_attempt`` ends with it; ``tests/helpers/reference.py`` holds its
     pure-Python twin.
@@ -220,36 +278,46 @@ def refine(
         return
     mean = loads.sum() / speeds.sum()
     bound = mean * (1.0 + _CLOSE_ENOUGH)
+    work = 0
+    cells = np.zeros(free.size, np.int64)
     for _ in range(4 * n + 16):
         times = loads / speeds
         a = int(np.argmax(times))
         top = times[a]
-        if top <= bound:
+        if top <= bound or work > budget:
             return
         # The best move of one document of ``a`` to another rank with room for it.
         gain, move_i, move_b = top * _REL_TOL, -1, -1
+        num_mine = 0
         for i in range(n):
             if rank[i] != a:
                 continue
+            num_mine += 1
             after_a = (loads[a] - costs[i]) / speeds[a]
             for b in range(w):
                 if b == a or room[b] < lengths[i]:
                     continue
+                if docs[i] > 1 and fit_micro(free[b], slots[b], micro_loads[b], lengths[i],
+                                             docs[i], tight)[0] < 0:  # fmt: skip
+                    continue
                 new_top = max(after_a, (loads[b] + costs[i]) / speeds[b])
                 if top - new_top > gain:
                     gain, move_i, move_b = top - new_top, i, b
+        work += n + num_mine * w
         if move_i >= 0:
             i, b = move_i, move_b
             free[a, micro[i], row[i]] += lengths[i]
+            slots[a, micro[i], row[i]] += docs[i]
             micro_loads[a, micro[i]] -= costs[i]
-            m, k = fit_micro(free[b], micro_loads[b], lengths[i], tight)
+            m, k = fit_micro(free[b], slots[b], micro_loads[b], lengths[i], docs[i], tight)
             rank[i], micro[i], row[i] = b, m, k
             free[b, m, k] -= lengths[i]
+            slots[b, m, k] -= docs[i]
             micro_loads[b, m] += costs[i]
             loads[a] -= costs[i]
             loads[b] += costs[i]
-            room[a] = largest_room(free[a])
-            room[b] = largest_room(free[b])
+            room[a] = largest_room(free[a], slots[a])
+            room[b] = largest_room(free[b], slots[b])
             continue
         # No move helps: trade a document of ``a`` for one cheaper document, or two of one
         # row, of another rank, each side taking the other's row slot. The lightest ranks
@@ -257,29 +325,38 @@ def refine(
         partner = np.zeros(w, np.bool_)
         partner[np.argsort(times, kind="mergesort")[:_PARTNERS]] = True
         partner[a] = False
+        work += trade_work(rank, micro, row, partner, num_mine, cells, free.shape, False)
         trade = best_trade(
-            lengths, costs, speeds, free, rank, micro, row, loads, a, partner, False, gain
-        )
+            lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, partner,
+            False, gain,
+        )  # fmt: skip
         worth = top > mean * (1.0 + _WORTH_MORE)
         if trade[0] < 0 and worth:
+            work += trade_work(rank, micro, row, partner, num_mine, cells, free.shape, True)
             trade = best_trade(
-                lengths, costs, speeds, free, rank, micro, row, loads, a, partner, True, gain
-            )
+                lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, partner,
+                True, gain,
+            )  # fmt: skip
         if trade[0] < 0 and worth and w > _PARTNERS + 1 and n <= _WIDE_SEARCH_MAX:
             partner[:] = True
             partner[a] = False
+            work += trade_work(rank, micro, row, partner, num_mine, cells, free.shape, False)
             trade = best_trade(
-                lengths, costs, speeds, free, rank, micro, row, loads, a, partner, False, gain
-            )
+                lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, partner,
+                False, gain,
+            )  # fmt: skip
         i, j, k = trade
         if i < 0:
             return
         b = rank[j]
         taken = lengths[j] + (lengths[k] if k >= 0 else 0)
+        counted = docs[j] + (docs[k] if k >= 0 else 0)
         given = costs[j] + (costs[k] if k >= 0 else 0.0)
         d = costs[i] - given
         free[a, micro[i], row[i]] += lengths[i] - taken
         free[b, micro[j], row[j]] += taken - lengths[i]
+        slots[a, micro[i], row[i]] += docs[i] - counted
+        slots[b, micro[j], row[j]] += counted - docs[i]
         micro_loads[a, micro[i]] -= d
         micro_loads[b, micro[j]] += d
         slot_micro, slot_row = micro[i], row[i]
@@ -289,16 +366,18 @@ def refine(
             rank[k], micro[k], row[k] = a, slot_micro, slot_row
         loads[a] -= d
         loads[b] += d
-        room[a] = largest_room(free[a])
-        room[b] = largest_room(free[b])
+        room[a] = largest_room(free[a], slots[a])
+        room[b] = largest_room(free[b], slots[b])
 
 
 @njit(cache=True)
 def best_trade(
     lengths: np.ndarray,
     costs: np.ndarray,
+    docs: np.ndarray,
     speeds: np.ndarray,
     free: np.ndarray,
+    slots: np.ndarray,
     rank: np.ndarray,
     micro: np.ndarray,
     row: np.ndarray,
@@ -316,8 +395,10 @@ def best_trade(
     Args:
         lengths: ``int64`` tokens per document.
         costs: ``float64`` predicted cost per document.
+        docs: ``int64`` documents per unit.
         speeds: ``float64`` relative speed per rank.
         free: ``int64`` ``(ranks, micro-batches, rows)`` free tokens of every row.
+        slots: ``int64`` ``(ranks, micro-batches, rows)`` documents every row can still take.
         rank: every document's rank.
         micro: every document's micro-batch.
         row: every document's row.
@@ -355,6 +436,7 @@ def best_trade(
     best_i, best_j, best_k = -1, -1, -1
     for i in mine[:num_mine]:
         slot_a = free[a, micro[i], row[i]] + lengths[i]
+        docs_a = slots[a, micro[i], row[i]] + docs[i]
         start = 0
         while start < num_theirs:
             stop = start + 1
@@ -363,6 +445,7 @@ def best_trade(
             first = grouped[start]
             b = rank[first]
             slot_b = free[b, micro[first], row[first]]
+            docs_b = slots[b, micro[first], row[first]]
             for x in range(start, stop):
                 j = grouped[x]
                 # y == x: j alone; with ``pairs``, also j with a later document of its row.
@@ -372,9 +455,78 @@ def best_trade(
                     given = costs[j] + (costs[k] if k >= 0 else 0.0)
                     if given >= costs[i] or taken > slot_a or lengths[i] > slot_b + taken:
                         continue
+                    counted = docs[j] + (docs[k] if k >= 0 else 0)
+                    if counted > docs_a or docs[i] > docs_b + counted:
+                        continue
                     d = costs[i] - given
                     new_top = max((loads[a] - d) / speeds[a], (loads[b] + d) / speeds[b])
                     if top - new_top > gain:
                         gain, best_i, best_j, best_k = top - new_top, i, j, k
             start = stop
     return best_i, best_j, best_k
+
+
+@njit(cache=True)
+def work_budget(n: int, w: int) -> int:
+    """The refinement's work bound for ``n`` documents on ``w`` ranks:
+    ``max(2**22, n · (1024 + 4·w))`` candidate moves and trades.
+
+    Args:
+        n: documents (units) of the step.
+        w: ranks.
+
+    Example::
+
+        >>> work_budget(8192, 64)
+        10485760
+    """
+    return max(_WORK_FLOOR, n * (_WORK_PER_DOCUMENT + _WORK_PER_RANK * w))
+
+
+@njit(cache=True)
+def trade_work(
+    rank: np.ndarray,
+    micro: np.ndarray,
+    row: np.ndarray,
+    partner: np.ndarray,
+    num_mine: int,
+    cells: np.ndarray,
+    shape: tuple[int, int, int],
+    pairs: bool,
+) -> int:
+    """The candidates ``best_trade`` looks at (the refinement's work bound counts them):
+    ``num_mine`` times the documents of ``partner`` ranks, or with ``pairs``, times the
+    single documents and the pairs of one row, ``c·(c+1)/2`` for a row of ``c`` of them.
+
+    Args:
+        rank: every document's rank.
+        micro: every document's micro-batch.
+        row: every document's row.
+        partner: ``bool`` per rank, the ranks searched.
+        num_mine: the documents of the rank giving one.
+        cells: ``int64`` zeros, one per row of every rank (``ranks · micro-batches · rows``);
+            left zero.
+        shape: ``(ranks, micro-batches, rows)``.
+        pairs: count the pairs of one row too.
+
+    Example::
+
+        >>> trade_work(np.array([0, 1, 1]), np.zeros(3, np.int64), np.zeros(3, np.int64),
+        ...            np.array([False, True]), 2, np.zeros(2, np.int64), (2, 1, 1), True)
+        6
+    """
+    m, r = shape[1], shape[2]
+    total = 0
+    for i in range(rank.shape[0]):
+        if partner[rank[i]]:
+            if pairs:
+                cell = (rank[i] * m + micro[i]) * r + row[i]
+                cells[cell] += 1
+                total += cells[cell]  # the c-th document of a row adds c candidates
+            else:
+                total += 1
+    if pairs:
+        for i in range(rank.shape[0]):
+            if partner[rank[i]]:
+                cells[(rank[i] * m + micro[i]) * r + row[i]] = 0
+    return num_mine * total

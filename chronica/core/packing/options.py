@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from chronica.core.checks import check_int
+import numpy as np
 
-__all__ = ["LONG_DOCUMENTS", "LOSS_NORMALISATIONS", "Packing"]
+from chronica.core.checks import check_int
+from chronica.core.pipeline import Pipeline
+
+__all__ = ["BALANCES", "LONG_DOCUMENTS", "LOSS_NORMALISATIONS", "Packing"]
 
 LONG_DOCUMENTS = ("error", "split", "truncate")
-LOSS_NORMALISATIONS = ("token", "sample")
+LOSS_NORMALISATIONS = ("token", "sample", "loss_token")
+BALANCES = ("rank", "micro")
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
@@ -41,7 +46,27 @@ class Packing:
             ``"split"`` into row-long pieces trained as separate sequences, or
             ``"truncate"`` to its first ``row_length`` tokens.
         loss: ``"token"`` (mean over every token of the global batch, the language-model
-            default) or ``"sample"`` (mean over documents).
+            default), ``"sample"`` (mean over documents) or ``"loss_token"`` (mean over the
+            tokens that carry loss; ``chronica.plan_step(..., loss_tokens=)`` gives their
+            count per document).
+        balance: the step the job runs. ``"rank"`` (default) balances every rank's *sum* of
+            micro-batch costs: DDP with gradient accumulation, ``no_sync``, ZeRO-1/2, where a
+            rank syncs once per step. ``"micro"`` balances micro-batch *k* of every rank
+            against each other (minimises ``sum_k max_r C[r, k]``): FSDP, ZeRO-3, expert and
+            tensor parallelism across data ranks, whose collectives run once per micro-batch
+            so the ranks move in lockstep. See ``docs/step-planner.md`` for the table.
+        micro_batch_multiple: the micro-batch count per rank is a multiple of it (``>= 1``;
+            interleaved pipelines need a multiple of their stages).
+        pad_multiple: every document is padded up to a multiple of it (``>= 1``, dividing
+            ``row_length``; ``2 * cp`` for context parallelism, 8/64/128 for FP8 and
+            tensor-core kernels); the cap and the costs count padded tokens.
+        max_documents_per_row: the most documents in one row (attention kernels' segment
+            limit), ``None`` for no limit.
+        pipeline: a ``chronica.Pipeline`` (stages, virtual stages, schedule) each rank's
+            micro-batches run through: their count obeys its rules (at least ``stages``; a
+            multiple of ``stages`` when interleaved) and they are ordered to shorten its
+            simulated step (``chronica.core.pipeline.order_micro_batches``); ``None``: no
+            pipeline.
 
     Example::
 
@@ -58,6 +83,11 @@ class Packing:
     micro_batches: int | None = None
     long_documents: str = "error"
     loss: str = "token"
+    balance: str = "rank"
+    micro_batch_multiple: int = 1
+    pad_multiple: int = 1
+    max_documents_per_row: int | None = None
+    pipeline: Pipeline | None = None
 
     def __post_init__(self) -> None:
         hint = " (tokens in one micro-batch: the memory cap)"
@@ -81,6 +111,33 @@ class Packing:
             )
         _check_choice("long_documents", self.long_documents, LONG_DOCUMENTS)
         _check_choice("loss", self.loss, LOSS_NORMALISATIONS)
+        _check_choice("balance", self.balance, BALANCES)
+        object.__setattr__(
+            self,
+            "micro_batch_multiple",
+            check_int("micro_batch_multiple", self.micro_batch_multiple, 1),
+        )
+        object.__setattr__(
+            self,
+            "pad_multiple",
+            check_int("pad_multiple", self.pad_multiple, 1, self.length, hint=" (<= row_length)"),
+        )
+        if self.length % self.pad_multiple:
+            raise ValueError(
+                f"pad_multiple={self.pad_multiple} must divide row_length={self.length}, so "
+                "that a padded row-long piece still fits its row"
+            )
+        if self.max_documents_per_row is not None:
+            object.__setattr__(
+                self,
+                "max_documents_per_row",
+                check_int("max_documents_per_row", self.max_documents_per_row, 1),
+            )
+        if self.pipeline is not None and not isinstance(self.pipeline, Pipeline):
+            raise TypeError(
+                f"pipeline={self.pipeline!r} must be a chronica.Pipeline (or None), e.g. "
+                "Pipeline(stages=4)"
+            )
 
     def __repr__(self) -> str:
         """The fields that differ from their defaults (``row_length`` when it is not
@@ -93,6 +150,11 @@ class Packing:
             ("micro_batches", None),
             ("long_documents", "error"),
             ("loss", "token"),
+            ("balance", "rank"),
+            ("micro_batch_multiple", 1),
+            ("pad_multiple", 1),
+            ("max_documents_per_row", None),
+            ("pipeline", None),
         )
         shown += [f"{k}={getattr(self, k)!r}" for k, v in defaults if getattr(self, k) != v]
         return f"Packing({', '.join(shown)})"
@@ -118,4 +180,32 @@ class Packing:
             self.micro_batches,
             self.long_documents,
             self.loss,
+            self.balance,
+            self.micro_batch_multiple,
+            self.pad_multiple,
+            self.max_documents_per_row,
+            None if self.pipeline is None else list(self.pipeline.to_tuple()),
         )
+
+    @property
+    def count_multiple(self) -> int:
+        """What every rank's micro-batch count is a multiple of: ``micro_batch_multiple``
+        and the pipeline's rule together."""
+        if self.pipeline is None:
+            return self.micro_batch_multiple
+        return math.lcm(self.micro_batch_multiple, self.pipeline.micro_batch_multiple)
+
+    def padded(self, lengths: np.ndarray) -> np.ndarray:
+        """``lengths`` rounded up to ``pad_multiple`` (``int64``).
+
+        Args:
+            lengths: tokens per document.
+
+        Example::
+
+            >>> Packing(max_tokens=64, pad_multiple=8).padded(np.array([1, 8, 9])).tolist()
+            [8, 8, 16]
+        """
+        lengths = np.asarray(lengths, dtype=np.int64)
+        m = self.pad_multiple
+        return lengths if m == 1 else -(-lengths // m) * m

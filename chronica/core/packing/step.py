@@ -17,6 +17,14 @@ micro-batches carry similar costs.
 If a document fits nowhere, the same count is tried again with every document in the
 fullest row of its rank it fits in (best fit: tighter, micro-batches less even); if that
 fails too, the step takes one more micro-batch per rank and starts again.
+
+With ``Packing(balance="micro")`` the objective is the lockstep step instead, the sum over
+micro-batches of the slowest rank's micro-batch (``chronica.core.packing.lockstep``); the
+count is then at most what gives every (rank, micro-batch) cell a document, where the
+tokens allow, and grows by one while that shortens the lockstep step by 1%. Counts are
+rounded up to ``Packing.micro_batch_multiple`` (and the pipeline's rule, whose depth is also
+the fewest); documents count ``pad_multiple``-padded tokens. ``in_pipeline_order`` then
+orders a packed step's micro-batches for ``Packing.pipeline``.
 """
 
 from __future__ import annotations
@@ -29,9 +37,11 @@ import numpy as np
 from chronica.core.checks import check_int
 from chronica.core.kernels import argsort_descending
 from chronica.core.packing.kernels import pack_attempt
+from chronica.core.packing.lockstep import lockstep_attempt
 from chronica.core.packing.options import Packing
+from chronica.core.pipeline import order_micro_batches
 
-__all__ = ["PackedStep", "pack_step"]
+__all__ = ["PackedStep", "in_pipeline_order", "pack_step"]
 
 # One more micro-batch per rank than the tokens need is taken while it lowers the slowest
 # rank's time by at least this much (relative) and that time is this far above the bound.
@@ -43,8 +53,9 @@ class PackedStep:
     """One step packed for ``num_replicas`` ranks: document ``i`` (in the step's order) goes
     to rank ``rank[i]``, micro-batch ``micro[i]`` of that rank, row ``row[i]`` of it.
     Every rank runs ``num_micro`` micro-batches; ``loads[r]`` is rank ``r``'s predicted cost
-    (its time is ``loads[r] / speeds[r]``); no micro-batch holds more than ``max_tokens``
-    tokens and no row more than ``row_length``. Built by ``pack_step``.
+    (its time is ``loads[r] / speeds[r]``), ``cells[r, k]`` that of its micro-batch ``k``;
+    no micro-batch holds more than ``max_tokens`` tokens and no row more than
+    ``row_length``. Built by ``pack_step``.
 
     Args:
         rank: ``int64``, every document's rank.
@@ -52,6 +63,7 @@ class PackedStep:
         row: ``int64``, every document's row within its micro-batch.
         num_micro: micro-batches per rank.
         loads: ``float64``, every rank's predicted cost.
+        cells: ``float64`` ``(ranks, num_micro)``, every micro-batch's predicted cost.
 
     Example::
 
@@ -66,6 +78,7 @@ class PackedStep:
     row: np.ndarray
     num_micro: int
     loads: np.ndarray
+    cells: np.ndarray
 
     def order(self) -> np.ndarray:
         """Positions of the step's documents rank after rank, micro-batch after micro-batch,
@@ -80,22 +93,25 @@ def pack_step(
     packing: Packing,
     speeds: np.ndarray | None = None,
     num_micro: int | None = None,
+    docs: np.ndarray | None = None,
 ) -> PackedStep:
-    """Pack one step's documents (token ``lengths`` at most ``packing.row_length`` each,
-    predicted ``costs``, finite and non-negative) for ``num_replicas`` ranks of relative
-    ``speeds`` (positive; default equal); ``num_micro`` micro-batches per rank at least
-    (default ``packing.micro_batches``, else the fewest the tokens need). See the module
-    docstring.
+    """Pack one step's documents (token ``lengths`` at most ``packing.row_length`` each
+    once padded, predicted ``costs``, finite and non-negative) for ``num_replicas`` ranks of
+    relative ``speeds`` (positive; default equal); ``num_micro`` micro-batches per rank at
+    least (default ``packing.micro_batches``, else the fewest the tokens need). See the
+    module docstring.
 
     Args:
-        lengths: tokens per document, each at most ``packing.row_length`` (cut longer
-            documents with ``pieces`` first).
+        lengths: tokens per document (or per group packed as one unit), each at most
+            ``packing.row_length`` once padded (cut longer documents with ``pieces``).
         costs: predicted cost per document, finite and ``>= 0`` (a ``CostModel`` of the
             lengths).
         num_replicas: the ranks sharing the step, ``>= 1``.
-        packing: the token cap, the rows and ``micro_batches``.
+        packing: the token cap, the rows, the objective and the count rules.
         speeds: relative speed per rank, finite and ``> 0`` (default: equal).
         num_micro: the fewest micro-batches per rank (default ``packing.micro_batches``).
+        docs: documents per unit (default one each), counted against
+            ``packing.max_documents_per_row``.
 
     Example::
 
@@ -104,53 +120,129 @@ def pack_step(
         >>> step.num_micro, step.loads.tolist()
         (1, [4.0, 4.0])
     """
-    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    lengths = packing.padded(np.ascontiguousarray(lengths, dtype=np.int64))
     costs = np.ascontiguousarray(costs, dtype=np.float64)
+    n = lengths.shape[0]
+    unit_docs = np.ones(n, np.int64) if docs is None else np.ascontiguousarray(docs, np.int64)
     w = check_int("num_replicas", num_replicas, 1)
     speed = np.ones(w) if speeds is None else np.ascontiguousarray(speeds, dtype=np.float64)
     if costs.shape != lengths.shape or not (np.isfinite(costs).all() and (costs >= 0).all()):
         raise ValueError(
-            f"costs must be finite and >= 0, one per document ({lengths.shape[0]}); use a "
-            "CostModel of the lengths"
+            f"costs must be finite and >= 0, one per document ({n}); use a CostModel of the lengths"
         )
     if speed.shape != (w,) or not (np.isfinite(speed).all() and (speed > 0).all()):
         raise ValueError(f"speeds must be {w} finite numbers > 0 (one per rank), got {speeds!r}")
-    if lengths.shape[0] and int(lengths.max()) > packing.length:
+    if n and int(lengths.max()) > packing.length:
         raise ValueError(
-            f"a document of {int(lengths.max())} tokens is longer than row_length="
+            f"a document of {int(lengths.max())} tokens (padded) is longer than row_length="
             f"{packing.length}; cut documents with chronica.core.packing.pieces first"
         )
+    # Without a limit, more slots than the step has documents: the count never binds.
+    row_docs = packing.max_documents_per_row or int(unit_docs.sum()) + 1
+    if unit_docs.shape != (n,) or (n and int(unit_docs.max()) > row_docs):
+        raise ValueError(
+            f"a unit of {int(unit_docs.max())} documents exceeds max_documents_per_row="
+            f"{packing.max_documents_per_row}; raise the limit or make the groups smaller"
+        )
+    lockstep = packing.balance == "micro"
+    multiple = packing.count_multiple
     fewest = max(1, math.ceil(int(lengths.sum()) / (w * packing.rows * packing.length)))
-    m = max(fewest, num_micro or packing.micro_batches or 1)
+    fixed = num_micro or packing.micro_batches
+    depth = 1 if packing.pipeline is None else packing.pipeline.min_micro_batches
+    m = _round_up(max(fewest, fixed or 1, depth), multiple)
     order = argsort_descending(costs)
-    rank = np.empty(lengths.shape[0], np.int64)
+    rank = np.empty(n, np.int64)
     micro = np.empty_like(rank)
     row = np.empty_like(rank)
     loads = np.zeros(w)
     rows, length = packing.rows, packing.length
 
-    def attempt(count: int) -> bool:
-        # Even micro-batches first, then packed as tightly as it goes.
-        return pack_attempt(
-            lengths, costs, order, speed, count, rows, length, False, rank, micro, row, loads
-        ) or pack_attempt(
-            lengths, costs, order, speed, count, rows, length, True, rank, micro, row, loads
-        )
+    def attempt(num: int) -> PackedStep | None:
+        cells = np.zeros((w, num))
+        # Lockstep cells; or rank sums, even micro-batches first, then packed tightly.
+        fits = (
+            lockstep_attempt(
+                lengths, costs, unit_docs, order, speed, num, rows, length, row_docs, rank,
+                micro, row, cells,
+            )
+            if lockstep
+            else pack_attempt(
+                lengths, costs, unit_docs, order, speed, num, rows, length, row_docs, False,
+                rank, micro, row, loads,
+            )
+            or pack_attempt(
+                lengths, costs, unit_docs, order, speed, num, rows, length, row_docs, True,
+                rank, micro, row, loads,
+            )
+        )  # fmt: skip
+        if not fits:
+            return None
+        if not lockstep:
+            np.add.at(cells, (rank, micro), costs)
+        # The rank kernel's own sums, so that its plans stay bitwise what they were.
+        sums = cells.sum(1) if lockstep else loads.copy()
+        return PackedStep(rank.copy(), micro.copy(), row.copy(), num, sums, cells)
 
     # One micro-batch per document always fits, so the loop ends.
-    while not attempt(m):
-        m += 1
-    best = PackedStep(rank.copy(), micro.copy(), row.copy(), m, loads.copy())
-    if num_micro or packing.micro_batches or not lengths.shape[0]:
+    best = attempt(m)
+    while best is None:
+        m += multiple
+        best = attempt(m)
+    if fixed or not n:
         return best
-    # Free counts: while the token cap, not the costs, keeps the slowest rank more than 1%
-    # above what any split allows, one more micro-batch per rank is worth its overhead.
+    # Free counts: while the token cap, not the costs, keeps the step more than 1% above what
+    # any split allows, ``multiple`` more micro-batches per rank are worth their overhead;
+    # the lockstep objective stops where a cell would be left without a document.
     bound = max(costs.sum() / speed.sum(), costs.max() / speed.max())
-    top = float((loads / speed).max())
-    while top > bound * (1 + _MICRO_GAIN) and m < lengths.shape[0]:
-        m += 1
-        if not attempt(m) or float((loads / speed).max()) > top * (1 - _MICRO_GAIN):
+    top = _figure(best, speed, lockstep)
+    while top > bound * (1 + _MICRO_GAIN) and m + multiple <= n // (w if lockstep else 1):
+        m += multiple
+        more = attempt(m)
+        if more is None or _figure(more, speed, lockstep) > top * (1 - _MICRO_GAIN):
             break
-        best = PackedStep(rank.copy(), micro.copy(), row.copy(), m, loads.copy())
-        top = float((loads / speed).max())
+        best, top = more, _figure(more, speed, lockstep)
     return best
+
+
+def _round_up(count: int, multiple: int) -> int:
+    return -(-count // multiple) * multiple
+
+
+def _figure(step: PackedStep, speeds: np.ndarray, lockstep: bool) -> float:
+    """The step's predicted time under its objective: the slowest rank's sum, or the sum
+    over micro-batches of the slowest rank's micro-batch."""
+    times = step.cells / speeds[:, None]
+    return float(times.max(0).sum() if lockstep else times.sum(1).max())
+
+
+def in_pipeline_order(step: PackedStep, speeds: np.ndarray, packing: Packing) -> PackedStep:
+    """``step`` with every rank's micro-batches renumbered in the order that shortens
+    ``packing.pipeline``'s simulated step (``chronica.core.pipeline.order_micro_batches`` of
+    their times); under ``balance="micro"`` one order for all ranks, from each micro-batch's
+    slowest rank, so micro-batch *k* still runs in lockstep. Unchanged without a pipeline.
+
+    Args:
+        step: a packed step (``pack_step``).
+        speeds: relative speed per rank.
+        packing: the options the step was packed under.
+
+    Example::
+
+        >>> from chronica.core.pipeline import Pipeline
+        >>> packing = Packing(max_tokens=4, pipeline=Pipeline(stages=2))
+        >>> step = pack_step(np.array([4, 1, 1]), np.array([4.0, 1.0, 1.0]), 1, packing)
+        >>> in_pipeline_order(step, np.ones(1), packing).cells.tolist()
+        [[1.0, 4.0]]
+    """
+    if packing.pipeline is None:
+        return step
+    times = step.cells / np.asarray(speeds, dtype=np.float64)[:, None]
+    if packing.balance == "micro":
+        orders = np.tile(order_micro_batches(times.max(0), packing.pipeline), (times.shape[0], 1))
+    else:
+        orders = np.array([order_micro_batches(t, packing.pipeline) for t in times])
+    position = np.empty_like(orders)
+    np.put_along_axis(position, orders, np.arange(step.num_micro)[None, :], axis=1)
+    cells = np.take_along_axis(step.cells, orders, axis=1)
+    micro = position[step.rank, step.micro]
+    return PackedStep(step.rank, micro, step.row, step.num_micro, step.loads, cells)

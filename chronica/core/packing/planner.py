@@ -1,0 +1,421 @@
+"""``plan_step``: one global batch, already in memory, planned for every rank in one call.
+
+RL and SFT trainers hold the step's global batch themselves (rollouts, preference pairs,
+packed SFT batches); they need the micro-batches of every rank, not a sampler. ``plan_step``
+takes the batch's lengths (and optional group ids and loss-token counts) and returns a
+``StepPlan``: per rank, its micro-batches in execution order, their rows, loss weights and
+``cu_seqlens``-ready offsets, plus the predicted figures. It uses the samplers' kernels
+(``pack_step``), so a plan here is the plan a sampler would make for the same step.
+
+Guarantees, wherever the step has at least as many units (documents, or groups kept whole)
+as ranks: every rank runs the same number of micro-batches; no rank is empty; no
+micro-batch holds more than ``max_tokens`` padded tokens, no row more than ``row_length``
+(nor more than ``max_documents_per_row`` documents); a group's documents share one rank
+and one micro-batch; every document appears exactly once; the loss weights make the
+accumulated, rank-averaged update the global mean over the chosen units. A step with fewer
+units than ranks is refused with a ``ValueError`` (no rank runs a dummy forward pass).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from chronica.core.checks import check_int
+from chronica.core.cost import as_cost_model
+from chronica.core.packing.options import Packing
+from chronica.core.packing.step import PackedStep, in_pipeline_order, pack_step
+from chronica.core.pipeline import equal_cost_bound, pipeline_makespan
+
+__all__ = ["StepPlan", "plan_step"]
+
+
+def _integers(name: str, values: Any, n: int | None, hint: str) -> np.ndarray:
+    """``values`` as a 1-D ``int64`` array of non-negative integers (``n`` of them if given):
+    ``TypeError`` for booleans or non-integers, ``ValueError`` for shape or sign."""
+    array = np.asarray(values)
+    if array.dtype == np.bool_ or not (
+        np.issubdtype(array.dtype, np.integer)
+        or (np.issubdtype(array.dtype, np.floating) and np.all(np.mod(array, 1) == 0))
+    ):
+        raise TypeError(f"{name} must be whole numbers{hint}, got dtype {array.dtype}")
+    if array.ndim != 1 or (n is not None and array.shape[0] != n):
+        want = f"{n} of them, one per document" if n is not None else "a 1-D sequence"
+        raise ValueError(f"{name} must be {want}, got shape {array.shape}")
+    if array.size and (not np.all(np.isfinite(array)) or array.min() < 0):
+        raise ValueError(f"{name} must be finite and >= 0{hint}")
+    return array.astype(np.int64)
+
+
+@dataclass(frozen=True, repr=False)
+class StepPlan:
+    """One global batch planned for ``world_size`` ranks (built by ``plan_step``).
+
+    Document ``i`` (an index into the batch) runs on rank ``rank[i]``, in micro-batch
+    ``micro[i]`` of that rank (execution order: every rank runs micro-batch ``k`` as its
+    ``k``-th), in row ``row[i]`` of it. Every rank runs ``num_micro`` micro-batches.
+
+    Args:
+        lengths: ``int64`` tokens per document, unpadded.
+        padded: ``int64`` tokens per document after ``Packing.pad_multiple``.
+        units: ``int64`` weight units per document (tokens, 1, or loss tokens, by
+            ``Packing.loss``).
+        rank: ``int64`` every document's rank.
+        micro: ``int64`` every document's micro-batch within its rank.
+        row: ``int64`` every document's row within its micro-batch.
+        num_micro: micro-batches per rank.
+        micro_costs: ``float64`` ``(world_size, num_micro)`` predicted cost per micro-batch.
+        speeds: ``float64`` relative speed per rank.
+        packing: the options the plan was made under.
+        bound: a lower bound of ``rank_time`` and ``lockstep_time``: the larger of the
+            mean time (the total cost over the summed speeds) and the costliest unit on the
+            fastest rank.
+
+    Example::
+
+        >>> plan = plan_step([300, 200, 200, 100], 2, Packing(max_tokens=400))
+        >>> [m.tolist() for m in plan.micro_batches(0)], plan.rank_costs.tolist()
+        ([[0, 3]], [400.0, 400.0])
+    """
+
+    lengths: np.ndarray
+    padded: np.ndarray
+    units: np.ndarray
+    rank: np.ndarray
+    micro: np.ndarray
+    row: np.ndarray
+    num_micro: int
+    micro_costs: np.ndarray
+    speeds: np.ndarray
+    packing: Packing
+    bound: float
+    _layout: list[list[np.ndarray]] = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        world = self.speeds.shape[0]
+        order = np.lexsort((np.arange(self.rank.shape[0]), self.row, self.micro, self.rank))
+        cut = np.searchsorted(
+            (self.rank * self.num_micro + self.micro)[order], np.arange(1, world * self.num_micro)
+        )
+        cells = np.split(order, cut)
+        layout = [cells[r * self.num_micro : (r + 1) * self.num_micro] for r in range(world)]
+        object.__setattr__(self, "_layout", layout)
+
+    @property
+    def world_size(self) -> int:
+        """The ranks the batch is planned for."""
+        return int(self.speeds.shape[0])
+
+    @property
+    def rank_costs(self) -> np.ndarray:
+        """Predicted cost per rank: the sum of its micro-batches' costs."""
+        return self.micro_costs.sum(1)
+
+    @property
+    def rank_time(self) -> float:
+        """The slowest rank's predicted time, ``max_r rank_costs[r] / speeds[r]``: the step
+        of DDP with gradient accumulation (``balance="rank"``'s objective)."""
+        return float((self.rank_costs / self.speeds).max())
+
+    @property
+    def lockstep_time(self) -> float:
+        """``sum_k max_r micro_costs[r, k] / speeds[r]``: the step when every micro-batch
+        ends in a collective (FSDP, ZeRO-3, experts; ``balance="micro"``'s objective)."""
+        return float((self.micro_costs / self.speeds[:, None]).max(0).sum())
+
+    @property
+    def pipeline_time(self) -> float | None:
+        """With ``Packing.pipeline``: the slowest rank's simulated pipeline step over its
+        micro-batches in execution order (``chronica.core.pipeline.pipeline_makespan``);
+        ``None`` without a pipeline."""
+        if self.packing.pipeline is None:
+            return None
+        times = self.micro_costs / self.speeds[:, None]
+        return max(pipeline_makespan(t, self.packing.pipeline) for t in times)
+
+    @property
+    def pipeline_bound(self) -> float | None:
+        """With ``Packing.pipeline``: the largest over ranks of the step the same micro-batch
+        costs would take if they were equal (``equal_cost_bound``), the figure
+        ``pipeline_time`` is measured against; ``None`` without a pipeline."""
+        if self.packing.pipeline is None:
+            return None
+        times = self.micro_costs / self.speeds[:, None]
+        return max(equal_cost_bound(t, self.packing.pipeline) for t in times)
+
+    def micro_batches(self, rank: int) -> list[np.ndarray]:
+        """Rank ``rank``'s micro-batches in execution order, each the ``int64`` indices of
+        its documents, row after row (batch order within a row).
+
+        Args:
+            rank: a rank in ``0 .. world_size - 1``.
+
+        Example::
+
+            >>> plan = plan_step([5, 4, 3, 2], 2, Packing(max_tokens=8))
+            >>> [m.tolist() for m in plan.micro_batches(1)]
+            [[1, 2]]
+        """
+        return list(self._layout[self._rank(rank)])
+
+    def rows(self, rank: int, micro: int) -> list[np.ndarray]:
+        """The documents of micro-batch ``micro`` of ``rank``, one array per row (``rows``
+        of ``Packing``; empty rows included).
+
+        Args:
+            rank: a rank in ``0 .. world_size - 1``.
+            micro: a micro-batch in ``0 .. num_micro - 1``.
+
+        Example::
+
+            >>> plan = plan_step([3, 2, 2], 1, Packing(max_tokens=8, row_length=4))
+            >>> [r.tolist() for r in plan.rows(0, 0)]
+            [[0], [1, 2]]
+        """
+        docs = self._cell(rank, micro)
+        return [docs[self.row[docs] == q] for q in range(self.packing.rows)]
+
+    def cu_seqlens(self, rank: int, micro: int) -> np.ndarray:
+        """``int32`` offsets of micro-batch ``micro`` of ``rank``'s documents laid end to end
+        (padded lengths, row after row), ``[0, l0, l0 + l1, ...]``: flash-attention's
+        variable-length ``cu_seqlens``.
+
+        Args:
+            rank: a rank in ``0 .. world_size - 1``.
+            micro: a micro-batch in ``0 .. num_micro - 1``.
+
+        Example::
+
+            >>> plan = plan_step([3, 2], 1, Packing(max_tokens=8, pad_multiple=2))
+            >>> plan.cu_seqlens(0, 0).tolist()
+            [0, 4, 6]
+        """
+        docs = self._cell(rank, micro)
+        return np.concatenate(([0], np.cumsum(self.padded[docs]))).astype(np.int32)
+
+    def position_ids(self, rank: int, micro: int) -> np.ndarray:
+        """``int64`` positions of every token of micro-batch ``micro`` of ``rank`` (documents
+        end to end as in ``cu_seqlens``), restarting at 0 at every document.
+
+        Args:
+            rank: a rank in ``0 .. world_size - 1``.
+            micro: a micro-batch in ``0 .. num_micro - 1``.
+
+        Example::
+
+            >>> plan_step([3, 2], 1, Packing(max_tokens=8)).position_ids(0, 0).tolist()
+            [0, 1, 2, 0, 1]
+        """
+        lengths = self.padded[self._cell(rank, micro)]
+        starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+        return np.arange(int(lengths.sum()), dtype=np.int64) - starts
+
+    def loss_weights(self, rank: int) -> np.ndarray:
+        """``float64`` weight per micro-batch of ``rank``: multiply micro-batch ``k``'s *mean*
+        loss (over its tokens, documents or loss tokens, by ``Packing.loss``) by weight
+        ``k``, sum over the rank's micro-batches and average over the ranks (DDP and FSDP
+        do): the result is the global batch's mean over those units. An empty micro-batch
+        weighs 0.
+
+        Args:
+            rank: a rank in ``0 .. world_size - 1``.
+
+        Example::
+
+            >>> plan = plan_step([3, 1], 1, Packing(max_tokens=3))
+            >>> plan.loss_weights(0).tolist()
+            [0.75, 0.25]
+        """
+        total = float(self.units.sum())
+        if total == 0:
+            return np.zeros(self.num_micro)
+        return np.array(
+            [
+                self.units[docs].sum() * self.world_size / total
+                for docs in self._layout[self._rank(rank)]
+            ]
+        )
+
+    def _rank(self, rank: int) -> int:
+        return check_int("rank", rank, 0, self.world_size - 1, hint=" (< world_size)")
+
+    def _cell(self, rank: int, micro: int) -> np.ndarray:
+        k = check_int("micro", micro, 0, self.num_micro - 1, hint=" (< num_micro)")
+        return self._layout[self._rank(rank)][k]
+
+    def __repr__(self) -> str:
+        """The plan's shape and figures."""
+        return (
+            f"StepPlan(world_size={self.world_size}, documents={self.rank.shape[0]}, "
+            f"num_micro={self.num_micro}, balance={self.packing.balance!r}, "
+            f"rank_time={self.rank_time:.6g}, lockstep_time={self.lockstep_time:.6g}, "
+            f"bound={self.bound:.6g})"
+        )
+
+
+def plan_step(
+    lengths: Any,
+    world_size: int,
+    packing: Packing,
+    *,
+    groups: Any = None,
+    loss_tokens: Any = None,
+    cost: Any = "linear",
+    speeds: Any = None,
+) -> StepPlan:
+    """Plan one global batch for ``world_size`` ranks: every document to a rank, a
+    micro-batch and a row, under ``packing``'s cap, objective and constraints (see the
+    module docstring for what is guaranteed). Deterministic: the same arguments give the
+    same plan on every machine, so every rank may call it with the same batch.
+
+    Args:
+        lengths: tokens per document of the global batch (whole numbers ``>= 0``), each at
+            most ``packing.row_length`` once padded to ``packing.pad_multiple``.
+        world_size: the data-parallel ranks, ``>= 1``.
+        packing: the cap, rows, objective (``balance``), padding and count rules.
+        groups: a group id per document (any integers): documents sharing one run on the
+            same rank in the same micro-batch and row, and count as one unit for balance
+            (DPO chosen/rejected pairs, GRPO responses of one prompt); ``None``: every
+            document alone.
+        loss_tokens: the tokens that carry loss per document (``<=`` its length), needed by
+            ``Packing(loss="loss_token")``.
+        cost: predicted cost of a document from its padded length: a
+            ``chronica.CostModel`` or ``"linear"``/``"quadratic"``.
+        speeds: relative speed per rank (finite, ``> 0``); default equal.
+
+    Example::
+
+        >>> plan = plan_step([900, 500, 400, 300, 200, 100], 2,
+        ...                  Packing(max_tokens=1024, balance="micro"))
+        >>> plan.num_micro, [m.tolist() for m in plan.micro_batches(0)]
+        (2, [[0], [3]])
+    """
+    if not isinstance(packing, Packing):
+        raise TypeError(
+            f"packing must be a chronica.Packing, got {type(packing).__name__}; e.g. "
+            "Packing(max_tokens=16384, balance='micro')"
+        )
+    w = check_int("world_size", world_size, 1)
+    raw = _integers("lengths", lengths, None, " (tokens per document)")
+    n = raw.shape[0]
+    padded = packing.padded(raw)
+    model = as_cost_model(cost)
+    doc_costs = np.asarray(model(padded.astype(np.float64)), dtype=np.float64)
+    unit_of = np.arange(n) if groups is None else _group_units(groups, n)
+    units = int(unit_of.max()) + 1 if n else 0
+    if units < w:
+        raise ValueError(
+            f"the batch has {units} unit(s) (documents, or groups kept whole) for "
+            f"world_size={w} ranks: a rank would be left empty; give the step at least "
+            f"{w} units or plan it for fewer ranks"
+        )
+    unit_len = np.bincount(unit_of, weights=padded, minlength=units).astype(np.int64)
+    if int(unit_len.max()) > packing.length:
+        u = int(np.argmax(unit_len))
+        what = "a document" if groups is None else f"group {np.asarray(groups)[unit_of == u][0]}"
+        raise ValueError(
+            f"{what} of {int(unit_len[u])} tokens (padded) is longer than row_length="
+            f"{packing.length}; raise max_tokens/row_length, or cut documents with "
+            "chronica.core.packing.pieces (groups must fit in one row)"
+        )
+    speed = None if speeds is None else np.asarray(speeds, dtype=np.float64)
+    step = pack_step(
+        unit_len,
+        np.bincount(unit_of, weights=doc_costs, minlength=units),
+        w,
+        packing,
+        speed,
+        docs=np.bincount(unit_of, minlength=units),
+    )
+    speed = np.ones(w) if speed is None else speed
+    unit_cost = np.bincount(unit_of, weights=doc_costs, minlength=units)
+    step = in_pipeline_order(_fill_empty(step, unit_cost), speed, packing)
+    return StepPlan(
+        lengths=raw,
+        padded=padded,
+        units=_loss_units(packing, raw, loss_tokens),
+        rank=step.rank[unit_of],
+        micro=step.micro[unit_of],
+        row=step.row[unit_of],
+        num_micro=step.num_micro,
+        micro_costs=step.cells,
+        speeds=speed,
+        packing=packing,
+        bound=max(float(doc_costs.sum()) / float(speed.sum()), unit_cost.max() / speed.max()),
+    )
+
+
+def _fill_empty(step: PackedStep, unit_cost: np.ndarray) -> PackedStep:
+    """The step's placement with no empty rank and no empty micro-batch on a rank that has
+    as many units as micro-batches. The kernels leave a slow rank empty when a faster one
+    finishes its share sooner, and a rank's micro-batch empty when it has few units; the
+    cheapest unit of the rank (or micro-batch) with the most units moves to the empty one's
+    first row, which has room for any unit."""
+    rank, micro, row, cells = (
+        step.rank.copy(),
+        step.micro.copy(),
+        step.row.copy(),
+        step.cells.copy(),
+    )
+    w, m = cells.shape
+
+    def move(unit: int, to_rank: int, to_micro: int) -> None:
+        cells[rank[unit], micro[unit]] -= unit_cost[unit]
+        cells[to_rank, to_micro] += unit_cost[unit]
+        rank[unit], micro[unit], row[unit] = to_rank, to_micro, 0
+
+    counts = np.bincount(rank, minlength=w)
+    for empty in np.flatnonzero(counts == 0).tolist():
+        mine = np.flatnonzero(rank == int(np.argmax(counts)))
+        unit = int(mine[np.argmin(unit_cost[mine])])
+        counts[rank[unit]] -= 1
+        counts[empty] += 1
+        # The same micro-batch: under lockstep, the donor's shrinks as the empty rank's grows.
+        move(unit, empty, int(micro[unit]))
+    for r in range(w):
+        mine = np.flatnonzero(rank == r)
+        per_micro = np.bincount(micro[mine], minlength=m)
+        while mine.size >= m and (per_micro == 0).any():
+            fullest = mine[micro[mine] == int(np.argmax(per_micro))]
+            unit = int(fullest[np.argmin(unit_cost[fullest])])
+            per_micro[micro[unit]] -= 1
+            k = int(np.argmin(per_micro))
+            per_micro[k] += 1
+            move(unit, r, k)
+    return PackedStep(rank, micro, row, step.num_micro, cells.sum(1), cells)
+
+
+def _group_units(groups: Any, n: int) -> np.ndarray:
+    """Unit index per document: groups numbered by first appearance in the batch."""
+    ids = np.asarray(groups)
+    if ids.shape != (n,) or not (np.issubdtype(ids.dtype, np.integer) and ids.dtype != np.bool_):
+        raise TypeError(
+            f"groups must be {n} integer group ids (one per document), got "
+            f"shape {ids.shape}, dtype {ids.dtype}"
+        )
+    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    renumber = np.empty(first.shape[0], np.int64)
+    renumber[np.argsort(first, kind="stable")] = np.arange(first.shape[0])
+    return renumber[inverse.reshape(-1)]
+
+
+def _loss_units(packing: Packing, lengths: np.ndarray, loss_tokens: Any) -> np.ndarray:
+    """What each document counts in the loss normaliser, by ``packing.loss``."""
+    if packing.loss == "loss_token":
+        if loss_tokens is None:
+            raise ValueError(
+                "Packing(loss='loss_token') normalises by the tokens that carry loss: pass "
+                "loss_tokens= (their count per document)"
+            )
+        counted = _integers("loss_tokens", loss_tokens, lengths.shape[0], " (per document)")
+        if np.any(counted > lengths):
+            raise ValueError("loss_tokens must be <= lengths, document by document")
+        return counted
+    if loss_tokens is not None:
+        raise ValueError(
+            f"loss_tokens= is used by Packing(loss='loss_token'); loss={packing.loss!r} "
+            "ignores it: drop it or set loss='loss_token'"
+        )
+    return lengths if packing.loss == "token" else np.ones_like(lengths)
