@@ -244,7 +244,7 @@ def _launch(page: str) -> str:
         runs = [b for b in blocks if b.lang == "python"]
         return "python blocks in one interpreter, in page order" if runs else "sh blocks only"
     launches = [
-        b.code.strip().splitlines()
+        re.sub(r"\\\n\s*", "", b.code).strip().splitlines()  # continuation lines joined
         for b in blocks
         if b.lang != "python" and script in b.code and not b.skip
     ]
