@@ -19,7 +19,14 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["BENCHMARKS", "REPRODUCE", "SECTIONS", "load", "reproduce_command"]
+__all__ = [
+    "BENCHMARKS",
+    "DATA_DIR_BENCHMARKS",
+    "REPRODUCE",
+    "SECTIONS",
+    "load",
+    "reproduce_command",
+]
 
 # Modules that render their own section of the page, in page order. simulate comes after
 # hetero_run: it calibrates on benchmarks/results/hetero_run.json.
@@ -34,11 +41,15 @@ SECTIONS = (
     "grad_sim_validation",
     "scaling",
     "packing",
+    "lockstep",
+    "pipeline",
     "packing_e2e",
     "hf_rebalance",
     "fsdp_micro",
 )
 BENCHMARKS = ("balance", "planning", "movement", "quality", *SECTIONS)
+# The benchmarks that read the real lengths files (``run(quick, data_dir=...)``).
+DATA_DIR_BENCHMARKS = ("balance", "packing", "lockstep")
 # Runs every benchmark from the repository root (`chronica bench` runs the same).
 REPRODUCE = "python -m benchmarks"
 
@@ -59,7 +70,7 @@ def reproduce_command(name: str, quick: bool, data_dir: Path | None = None) -> s
     command = f"{REPRODUCE} --only {name}"
     if quick:
         command += " --quick"
-    if name in ("balance", "packing") and data_dir is not None:
+    if name in DATA_DIR_BENCHMARKS and data_dir is not None:
         command += f" --data-dir {data_dir}"
     return command
 

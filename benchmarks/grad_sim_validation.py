@@ -128,26 +128,25 @@ class _Probe:
         }
 
 
-def _setup(name: str, variant: str | None):
+def _setup(name: str, variant: str | None, batch: int | None = None):
     """Model ``name`` with its probe, data, loss and optimizer, wrapped for ``variant`` of
-    gradsched (``None``: no communication)."""
+    gradsched (``None``: no communication), ``batch`` samples (default gradsched's)."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from benchmarks.gradsched import MODELS, VARIANTS, WHOLE, _model
+    from benchmarks.grad_models import MODELS, knobs_for
+    from benchmarks.grad_models import model as _model
     from chronica.torch.distributed import ScheduledOptimizer
 
     torch.manual_seed(0)
     model = _model(name)
-    batch = MODELS[name]
+    batch = batch or MODELS[name]
     shape = (batch, 3, 32, 32) if name == "vgg" else (batch, 512)
     g = torch.Generator().manual_seed(dist.get_rank())
     x, y = torch.randn(*shape, generator=g), torch.randint(0, 10, (batch,), generator=g)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    knobs = dict(VARIANTS[variant] or {}) if variant else {}
-    if knobs.get("partition_bytes") == WHOLE:
-        knobs["partition_bytes"] = max(4 * p.numel() for p in model.parameters())
+    knobs = knobs_for(variant, model) if variant else {}
     probe = _Probe(model)
     if variant == "DDP":
         model = DistributedDataParallel(model)
@@ -157,7 +156,11 @@ def _setup(name: str, variant: str | None):
 
 
 def _run_steps(
-    name: str, variant: str | None, count: int, running: Callable[[], bool] | None = None
+    name: str,
+    variant: str | None,
+    count: int,
+    running: Callable[[], bool] | None = None,
+    batch: int | None = None,
 ) -> dict:
     """``count`` steps (more while ``running()``) of ``variant`` (``None``: compute only):
     step-to-step seconds (median after the first half), the probe's per-layer times and,
@@ -167,7 +170,7 @@ def _run_steps(
 
     from chronica.torch.distributed import ScheduledOptimizer
 
-    model, probe, x, y, loss_fn, opt = _setup(name, variant)
+    model, probe, x, y, loss_fn, opt = _setup(name, variant, batch)
     params = list(model.parameters())
     stamps: list[float] = [time.perf_counter()]
     update: list[float] = []
@@ -468,7 +471,7 @@ def link_fit(allreduce: dict) -> tuple[float, float, float]:
 
 def _policy(variant: str, largest: int):
     """The simulator's policy for one of gradsched's variants (the same knobs)."""
-    from benchmarks.gradsched import VARIANTS, WHOLE
+    from benchmarks.grad_models import VARIANTS, WHOLE
     from chronica.sim.gradients import Policy
 
     knobs = VARIANTS[variant]

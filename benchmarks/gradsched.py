@@ -47,45 +47,27 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.grad_models import (
+    AUTO_BATCH,
+    GRID,
+    MODELS,
+    VARIANTS,
+    input_shape,
+    knobs_for,
+)
+from benchmarks.grad_models import model as _model
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 NETNS = HERE / "netns.sh"
 ADDRS = ("10.77.0.1", "10.77.0.2")
 
-__all__ = ["format_table", "render_markdown", "run"]
+__all__ = ["auto_rows", "auto_table", "format_table", "render_markdown", "run"]
 
-WHOLE = "whole"  # partition_bytes = the largest gradient's bytes: no tensor is cut
-
-# Each variant: None (no chronica: plain training, see DDP_ARGS) or ScheduledOptimizer's knobs.
-VARIANTS: dict[str, dict | None] = {
-    "no overlap": None,
-    "DDP": None,
-    "DDP static_graph": None,
-    "DDP bucket_cap_mb=2": None,
-    "DDP bucket_cap_mb=0.5": None,
-    "DDP again": None,
-    "chronica auto": {"mode": "auto"},
-    "chronica bucketed": {"mode": "bucketed"},
-    "FIFO": {
-        "mode": "scheduled",
-        "order": "fifo",
-        "partition_bytes": WHOLE,
-        "credit_bytes": 1 << 40,
-    },
-    "priority": {
-        "mode": "scheduled",
-        "order": "priority",
-        "partition_bytes": WHOLE,
-        "credit_bytes": 1,
-    },
-    "priority+partition+credit": {
-        "mode": "scheduled",
-        "order": "priority",
-        "partition_bytes": 256 << 10,
-        "credit_bytes": 1 << 20,
-    },
-    "auto-tuned": {"mode": "scheduled", "order": "priority", "auto_tune": True},
-}
+# The auto target (issue 33): chronica auto against DDP, DDP again (the noise) and every
+# setting it searches, fixed, on shaped links, each variant's block once per round.
+AUTO_TARGET = ("DDP again", "chronica auto", *GRID)
+AUTO_LINKS = ("1gbit", "200mbit", "100mbit", "50mbit")
 DDP_ARGS: dict[str, dict[str, Any]] = {
     "DDP": {},
     "DDP static_graph": {"static_graph": True},
@@ -94,47 +76,86 @@ DDP_ARGS: dict[str, dict[str, Any]] = {
     "DDP again": {},  # a second default DDP: the run's noise, measured like any variant
 }
 AUTO_WARM = 19  # chronica auto: first step, 5 bucketed, a trial of 3 + 5 scheduled, 5 bucketed
-MODELS = {"vgg": 32, "mlp": 1024, "mlp670k": 128}  # name -> per-rank batch
 # Steps per block as a multiple of the run's, so that every model's blocks last about as long
 # (mlp670k's steps are about 5x shorter than vgg's): a block of a few short steps is mostly
 # the machine's noise.
 BLOCK_SCALE = {"mlp670k": 5}
 
 
-def input_shape(name: str, batch: int) -> tuple[int, ...]:
-    """The input of ``_model(name)`` for ``batch`` samples."""
-    return {"vgg": (batch, 3, 32, 32), "mlp670k": (batch, 784)}.get(name, (batch, 512))
+MAX_AUTO_BLOCKS = 40  # the auto target's warm-up: chronica auto's blocks until it decided
+
+
+def _warm_until_decided(runners: dict, chosen: list[str], steps: int, result: dict) -> None:
+    """The auto target's warm-up: a block of every variant, then chronica auto's blocks
+    until its trial settled (the ranks agree on it, so both run as many blocks), at most
+    ``MAX_AUTO_BLOCKS``; how many in ``result["auto_warm_blocks"]``."""
+    for variant in chosen:
+        runners[variant][0](steps + 1)
+    if "chronica auto" not in runners:
+        return
+    block, opt = runners["chronica auto"]
+    blocks = 1
+    while (opt.trial is None or not opt.trial.settled) and blocks < MAX_AUTO_BLOCKS:
+        block(steps + 1)
+        blocks += 1
+    result["auto_warm_blocks"] = blocks
+
+
+def _predict(name: str, result: dict, steps: int, batch: int) -> dict:
+    """The simulator's scheduled/DDP step-time ratio for the best fixed setting of ``GRID``
+    (by rank 0's median ratio, agreed), as ``benchmarks.grad_sim_validation`` predicts it:
+    each variant's in-run layer times (probed steps of its own), compute alone for the
+    time outside the layers and the shim's optimizer, on the link fitted from all-reduce
+    times measured here and now."""
+    import torch.distributed as dist
+
+    from benchmarks.grad_sim_validation import (
+        ALLREDUCE_SIZES,
+        _allreduce_times,
+        _queued_times,
+        _run_steps,
+        link_fit,
+        sim_layers,
+    )
+    from chronica.sim.gradients import Link, Policy, simulate_step
+
+    measured = {
+        v: float(np.median(np.asarray(result["variants"][v]) / result["ddp"]["variants"][v]))
+        for v in GRID
+        if result["variants"].get(v)
+    }
+    pick = [min(measured, key=measured.__getitem__)]
+    dist.broadcast_object_list(pick, src=0)
+    best = pick[0]
+    alone = _run_steps(name, None, steps, batch=batch)
+    runs = {v: _run_steps(name, v, steps + 2, batch=batch) for v in ("DDP", best)}
+    numel = sum(sum(b) for b in alone["tensor_bytes"]) // 4
+    sizes = [*ALLREDUCE_SIZES, numel]
+    dist.barrier()
+    link = {"numel": sizes, "seconds": _allreduce_times(sizes, steps)}
+    link["queued"] = _queued_times(numel, steps)
+    bandwidth, latency, queued = link_fit(link)
+    fitted = Link(bandwidth, latency, 2, queued)
+    part = min((VARIANTS[best] or {})["partition_bytes"], 4 * numel)
+    ddp = simulate_step(sim_layers([runs["DDP"]], None, alone["overhead_s"]), fitted, Policy("ddp"))
+    scheduled = simulate_step(
+        sim_layers([runs[best]], alone["update_s"], alone["overhead_s"]),
+        fitted,
+        Policy("priority", part, 4 * part, label=best),
+    )
+    return {
+        "variant": best,
+        "predicted": scheduled.step_s / ddp.step_s,
+        "sim_ddp_s": ddp.step_s,
+        "sim_scheduled_s": scheduled.step_s,
+        "probed": runs[best]["step_s"] / runs["DDP"]["step_s"],
+        "bandwidth": bandwidth,
+        "latency_s": latency,
+        "queued_latency_s": queued,
+    }
 
 
 # -- worker side (runs inside a namespace) -------------------------------------------------
-
-
-def _model(name: str):
-    from torch import nn
-
-    if name == "vgg":
-        return nn.Sequential(
-            nn.Conv2d(3, 32, 3, padding=1),
-            nn.ReLU(),
-            nn.Conv2d(32, 32, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Flatten(),
-            nn.Linear(64 * 8 * 8, 256),
-            nn.ReLU(),
-            nn.Linear(256, 256),
-            nn.ReLU(),
-            nn.Linear(256, 10),
-        )
-    if name == "mlp670k":  # 784-512-512-10: 669,706 parameters, an MNIST-sized classifier
-        return nn.Sequential(
-            nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
-        )
-    layers = [m for _ in range(6) for m in (nn.Linear(512, 512), nn.ReLU())]
-    return nn.Sequential(*layers, nn.Linear(512, 10))
 
 
 # Measured per step on rank 0: wall seconds ("variants"), CPU seconds of the process (all its
@@ -179,7 +200,8 @@ def _worker(args: argparse.Namespace) -> None:
     warm, repeats = 4, args.repeats  # measured rounds
     out: dict = {}
     for name in args.models.split(","):
-        batch, steps = MODELS[name], args.steps * BLOCK_SCALE.get(name, 1)  # steps per block
+        batch = (AUTO_BATCH if args.rounds_of_all else MODELS)[name]
+        steps = args.steps * BLOCK_SCALE.get(name, 1)  # steps per block
         g = torch.Generator().manual_seed(args.rank)
         x = torch.randn(*input_shape(name, batch), generator=g)
         y = torch.randint(0, 10, (batch,), generator=g)
@@ -192,9 +214,7 @@ def _worker(args: argparse.Namespace) -> None:
             torch.manual_seed(0)
             model = _model(name)
             opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-            knobs = dict(VARIANTS[variant] or {})
-            if knobs.get("partition_bytes") == WHOLE:
-                knobs["partition_bytes"] = max(4 * p.numel() for p in model.parameters())
+            knobs = knobs_for(variant, model)
             if variant in DDP_ARGS:
                 model = DistributedDataParallel(model, **DDP_ARGS[variant])
             elif knobs:
@@ -278,12 +298,31 @@ def _worker(args: argparse.Namespace) -> None:
 
         bounds()
         runners = {v: make(v) for v in chosen}
-        warm_rounds = -(-max(warm_steps(v) for v in chosen) // steps) + 1
-        for r in range(warm_rounds):
-            for variant in chosen[r % len(chosen) :] + chosen[: r % len(chosen)]:
-                runners[variant][0](steps + 1)
+        if args.rounds_of_all:
+            _warm_until_decided(runners, chosen, steps, result)
+        else:
+            warm_rounds = -(-max(warm_steps(v) for v in chosen) // steps) + 1
+            for r in range(warm_rounds):
+                for variant in chosen[r % len(chosen) :] + chosen[: r % len(chosen)]:
+                    runners[variant][0](steps + 1)
         others = chosen[1:]
         for r in range(repeats):
+            if args.rounds_of_all:
+                # Every variant's block once, DDP's among them, the order rotated every
+                # round; each ratio is over the same round's DDP block.
+                order = chosen[r % len(chosen) :] + chosen[: r % len(chosen)]
+                medians = {
+                    v: [float(np.median(m)) for m in runners[v][0](steps + 1)] for v in order
+                }
+                for variant in others:
+                    for q, mine, ddp in zip(
+                        QUANTITIES, medians[variant], medians["DDP"], strict=True
+                    ):
+                        result[q][variant].append(mine)
+                        result["ddp"][q][variant].append(ddp)
+                for q, ddp in zip(QUANTITIES, medians["DDP"], strict=True):
+                    result[q]["DDP"].append(ddp)
+                continue
             # Each variant's block next to a DDP block of its own, in pairs whose order
             # alternates and whose sequence rotates every round: the machine's drift between
             # two neighbouring blocks is all a ratio sees, and it favours neither side.
@@ -304,8 +343,11 @@ def _worker(args: argparse.Namespace) -> None:
                     "decision": exposure.decision,
                     "verdict": exposure.verdict,
                     "saving_bound": exposure.saving_bound,
+                    "setting": str(opt.setting),
                 }
                 opt.close()
+        if args.rounds_of_all:
+            result["sim"] = _predict(name, result, steps, batch)
         bounds()
         dist.barrier()
         n = sum(p.numel() for p in _model(name).parameters())
@@ -340,8 +382,10 @@ def _pair(
     models: tuple[str, ...],
     variants: tuple[str, ...] = (),
     default_malloc: bool = False,
+    rounds_of_all: bool = False,
 ) -> dict:
-    """Run both ranks (in the namespaces if ``use_netns``) and return rank 0's report."""
+    """Run both ranks (in the namespaces if ``use_netns``) and return rank 0's report;
+    ``rounds_of_all``: the auto target's rounds (every variant once per round)."""
     port = 29400 if use_netns else _free_port()
     addr = ADDRS[0] if use_netns else "127.0.0.1"
     env = {**({} if default_malloc else FIXED_HEAP), **os.environ}
@@ -353,7 +397,7 @@ def _pair(
             cmd = [sys.executable, "-m", "benchmarks.gradsched", "--worker", f"--rank={rank}"]
             cmd += [f"--addr={addr}", f"--port={port}", f"--out={out}"]
             cmd += [f"--steps={steps}", f"--repeats={repeats}", f"--models={','.join(models)}"]
-            cmd += [f"--variants={','.join(variants)}"]
+            cmd += [f"--variants={','.join(variants)}"] + ["--rounds-of-all"] * rounds_of_all
             rank_env = env
             if use_netns:
                 cmd = ["bash", str(NETNS), "exec", str(rank), *cmd]
@@ -372,7 +416,7 @@ def _pair(
         return json.loads(out.read_text())
 
 
-LINKS = ("loopback", "fast", "1gbit", "400mbit", "100mbit")
+LINKS = ("loopback", "fast", "1gbit", "400mbit", "200mbit", "100mbit", "50mbit")
 # Every variant lives in the same process, so with glibc's defaults the pages a variant's
 # step faults in depend on where the *other* variants' memory lies (the heap's top is given
 # back to the kernel and faulted in again: 0 to 6,000 faults per vgg step, changing from run
@@ -390,15 +434,23 @@ def run(
     rounds: int | None = None,
     block: int | None = None,
     default_malloc: bool = False,
+    target: str | None = None,
 ) -> dict:
     """Measure every variant (or ``only`` those, always beside DDP) on every link (``links``:
     a subset of ``LINKS``; ``loopback`` is 127.0.0.1 without namespaces, ``fast`` the
     unshaped veth) for ``models`` (default: ``FAST_MODELS`` on loopback and the unshaped
     veth, ``SHAPED_MODELS`` on shaped links), in ``rounds`` measured rounds of blocks of
     ``block`` steps (defaults by mode), with ``FIXED_HEAP`` unless ``default_malloc``;
-    JSON-serialisable."""
+    JSON-serialisable. ``target="auto"``: the auto target instead (``AUTO_TARGET`` on
+    ``AUTO_LINKS`` for ``SHAPED_MODELS`` unless told otherwise, every variant's block once
+    per round, the simulator's prediction per link and model)."""
     from benchmarks.common import machine_info
 
+    auto = target == "auto"
+    if auto:
+        links = links or list(AUTO_LINKS)
+        models = models or list(SHAPED_MODELS)
+        only = only or list(AUTO_TARGET)
     # 400 Mbit/s puts vgg's communication near its computation on this class of machine.
     # Quick mode (part of `chronica bench --quick`, under 5 minutes for every benchmark on 2
     # cores) runs one link (the shaped 400 Mbit/s one with namespaces, else loopback) and
@@ -412,7 +464,7 @@ def run(
             f"{unknown} are not among the links {LINKS}, models {list(MODELS)} or variants "
             f"{list(VARIANTS)}"
         )
-    steps, repeats = (4, 2) if quick else (6, 20)  # steps per block, measured rounds
+    steps, repeats = (4, 2) if quick else (3, 4) if auto else (6, 20)  # block steps, rounds
     steps, repeats = (block or steps + 1) - 1, rounds or repeats
     load_before = os.getloadavg()
     use_netns = os.geteuid() == 0 and _netns("down")
@@ -429,23 +481,27 @@ def run(
         if netns and not _netns("up", rate or "100gbit"):
             raise RuntimeError(f"benchmarks/netns.sh up {rate} failed")
         try:
-            measured = _pair(rate, steps, repeats, netns, chosen, tuple(only or ()), default_malloc)
+            measured = _pair(
+                rate, steps, repeats, netns, chosen, tuple(only or ()), default_malloc, auto
+            )
         finally:
             if netns:
                 _netns("down")
         label = {"loopback": "loopback", "fast": "unshaped veth"}.get(name, name)
         measured_links.append({"link": label, "rate": rate, "models": measured})
     return {
+        "target": target,
         "machine": machine_info(),
         "load_average": [load_before, os.getloadavg()],
         "quick": quick,
         "steps": steps,
         "repeats": repeats,
         "command": "sudo python -m benchmarks.gradsched"
+        + (f" --target {target}" if target else "")
         + (" --quick" * quick)
-        + (f" --links {' '.join(links)}" if links else "")
-        + (f" --model {' '.join(models)}" if models else "")
-        + "".join(f" --only '{v}'" for v in only or ())
+        + (f" --links {' '.join(links)}" if links and not auto else "")
+        + (f" --model {' '.join(models)}" if models and not auto else "")
+        + "".join(f" --only '{v}'" for v in (only or ()) if not auto)
         + (f" --rounds {rounds}" if rounds else "")
         + (f" --block {block}" if block else "")
         + (" --default-malloc" if default_malloc else ""),
@@ -611,8 +667,209 @@ def _target_rows(link: dict, name: str, model: dict) -> list[str]:
     ]
 
 
+def auto_rows(result: dict) -> list[dict]:
+    """Per link and model of an auto-target run: chronica auto, DDP again (the noise) and
+    the best fixed setting (DDP or one of ``GRID``) over DDP, auto over the best fixed one
+    (round by round), the simulator's predicted ratio against the measured one, and
+    whether each target is met."""
+    rows = []
+    for link in result["links"]:
+        for name, model in link["models"].items():
+            s = _summary(model)
+            per_round = {
+                v: np.asarray(model["variants"][v]) / np.asarray(model["ddp"]["variants"][v])
+                for v in s["median"]
+                if v != "DDP"
+            }
+            fixed = {"DDP": 1.0, **{v: s["vs_ddp"][v] for v in GRID if v in s["vs_ddp"]}}
+            best = min(fixed, key=fixed.__getitem__)
+            auto = per_round["chronica auto"]
+            to_best = auto if best == "DDP" else auto / per_round[best]
+            again, (low, high) = s["vs_ddp"]["DDP again"], s["interval"]["DDP again"]
+            noise = max(abs(again - 1.0), high - 1.0, 1.0 - low)
+            ratio = s["vs_ddp"]["chronica auto"]
+            sim = model.get("sim") or {}
+            measured_sim = s["vs_ddp"].get(sim.get("variant", ""), float("nan"))
+            rows.append(
+                {
+                    "link": link["link"],
+                    "model": name,
+                    "ddp_ms": 1e3 * s["median"]["DDP"],
+                    # the share of its core rank 0 got in DDP's steps: CPU over wall time
+                    "core_share": float(np.median(model["cpu"]["DDP"]))
+                    / float(np.median(model["variants"]["DDP"])),
+                    "auto": ratio,
+                    "auto_interval": s["interval"]["chronica auto"],
+                    "again": again,
+                    "again_interval": (low, high),
+                    "noise": noise,
+                    "best": best,
+                    "best_ratio": fixed[best],
+                    "fixed": fixed,
+                    "to_best": float(np.median(to_best)),
+                    "speedup": 1.0 / ratio,
+                    "within_3": float(np.median(to_best)) <= 1.03,
+                    "not_worse": ratio - 1.0 <= noise,
+                    "sim_variant": sim.get("variant", ""),
+                    "sim_predicted": sim.get("predicted", float("nan")),
+                    "sim_measured": measured_sim,
+                    "sim_error": sim.get("predicted", float("nan")) / measured_sim - 1.0,
+                    "decision": model.get("stats", {}).get("chronica auto", {}).get("decision", ""),
+                    "setting": model.get("stats", {}).get("chronica auto", {}).get("setting", ""),
+                    "warm_blocks": model.get("auto_warm_blocks", 0),
+                    "rounds": s["rounds"],
+                }
+            )
+    return rows
+
+
+def auto_table(result: dict) -> str:
+    """The auto target, one line per link and model."""
+    head = (
+        f"{'link':<9}{'model':<6}{'DDP ms':>8}{'auto':>7}{'again':>7}{'noise':>7}"
+        f"{'best fixed':>20}{'auto/best':>10}{'x DDP':>7}{'sim':>7}{'meas':>7}{'err':>7}"
+        "  setting auto kept"
+    )
+    lines = [head]
+    for r in auto_rows(result):
+        lines.append(
+            f"{r['link']:<9}{r['model']:<6}{r['ddp_ms']:>8.1f}{r['auto']:>7.3f}"
+            f"{r['again']:>7.3f}{r['noise']:>7.3f}{r['best']:>14} {r['best_ratio']:.3f}"
+            f"{r['to_best']:>10.3f}{r['speedup']:>7.3f}{r['sim_predicted']:>7.3f}"
+            f"{r['sim_measured']:>7.3f}{r['sim_error']:>+7.1%}  {r['setting']}"
+        )
+    return "\n".join(lines)
+
+
+def _render_auto(result: dict) -> str:
+    """The auto target's ``## `` section for docs/benchmarks.md."""
+    rows = auto_rows(result)
+    yes = {True: "yes", False: "**no**"}
+    table = [
+        "| link | model | DDP ms (rank 0's core share) | chronica auto / DDP [95%] | DDP again "
+        "/ DDP [95%] | best fixed / DDP | auto / best fixed | within 3% | faster than DDP | "
+        "not worse than DDP beyond noise | setting auto kept |",
+        "|---|---|---:|---|---|---|---:|---|---:|---|---|",
+    ]
+    sim = [
+        "| link | model | setting | predicted / DDP | measured / DDP | error | within 10% |",
+        "|---|---|---|---:|---:|---:|---|",
+    ]
+    fixed = [
+        "| link | model | " + " | ".join(GRID) + " |",
+        "|---|---|" + "---:|" * len(GRID),
+    ]
+    for r in rows:
+        lo, hi = r["auto_interval"]
+        alo, ahi = r["again_interval"]
+        table.append(
+            f"| {r['link']} | {r['model']} | {r['ddp_ms']:.1f} ({r['core_share']:.0%}) | "
+            f"{r['auto']:.3f} [{lo:.3f}, "
+            f"{hi:.3f}] | {r['again']:.3f} [{alo:.3f}, {ahi:.3f}] | {r['best_ratio']:.3f} "
+            f"({r['best']}) | {r['to_best']:.3f} | {yes[r['within_3']]} | "
+            f"{r['speedup']:.2f}x | {yes[r['not_worse']]} (noise {r['noise']:.1%}) | "
+            f"{r['setting']} |"
+        )
+        sim.append(
+            f"| {r['link']} | {r['model']} | {r['sim_variant']} | {r['sim_predicted']:.3f} | "
+            f"{r['sim_measured']:.3f} | {r['sim_error']:+.1%} | "
+            f"{yes[abs(r['sim_error']) <= 0.10]} |"
+        )
+        fixed.append(
+            f"| {r['link']} | {r['model']} | "
+            + " | ".join(f"{r['fixed'].get(v, float('nan')):.3f}" for v in GRID)
+            + " |"
+        )
+    hundred = [r for r in rows if r["link"] == "100mbit"]
+    shares = [r["core_share"] for r in rows]
+    crowded = (
+        [
+            f"Rank 0 got {min(shares):.0%} to {max(shares):.0%} of its core in DDP's steps (its "
+            "CPU time over its step time; the rest of the machine's load took the remainder). "
+            "Where that share is small, a step's length depends on how the kernel shares the "
+            "core as much as on the link: a setting whose threads wake more often can get more "
+            "of the core and look faster than the link allows (a ratio far below what hiding "
+            "the communication could give, e.g. on a link whose all-reduce is a small part of "
+            "the step), and the search then sees the same noise; such ratios say little about "
+            "scheduling.",
+            "",
+        ]
+        if shares and min(shares) < 0.5
+        else []
+    )
+    machine = result["machine"]
+    before, after = result.get("load_average", [[np.nan] * 3] * 2)
+    decisions = [f"- {r['link']}, {r['model']}: {r['decision']}" for r in rows]
+    return "\n".join(
+        [
+            '## Gradient scheduling: `mode="auto"` against the best fixed setting',
+            "",
+            "Two torch ranks (gloo, one compute thread each, each pinned to a core) in two "
+            "network namespaces joined by a veth pair (MTU 9000) whose both ends are shaped "
+            "with a `tc` token bucket (`benchmarks/netns.sh`) at 1 Gbit/s, 200, 100 and 50 "
+            "Mbit/s; models `vgg` (a small conv net, 96% of its 1.1 M parameters in the "
+            f"last layers, batch {AUTO_BATCH['vgg']}) and `mlp` (six 512x512 layers, batch "
+            f"{AUTO_BATCH['mlp']}): per-rank batches whose compute lasts about as long as "
+            "the all-reduce at 100 Mbit/s here. Variants: "
+            "default DDP; `DDP again` (a second default DDP: the run's noise); `chronica "
+            "auto` (`ScheduledOptimizer` with its defaults: it searches the settings below "
+            "against bucketed windows, then keeps one, deciding on step time with the extra "
+            "CPU counted, as on any CPU-only run); and each setting it searches, fixed "
+            '(`mode="scheduled"`, priority order, partitions of 256 KiB, 1 MiB, 4 MiB '
+            "capped at all the gradients' bytes, credit four partitions). Warm-up: a block "
+            "of every variant, then chronica auto's blocks until it decided (its whole "
+            f"search is warm-up). Then {result['repeats']} rounds, each running every "
+            f"variant's block of {result['steps'] + 1} steps once, in an order rotated every "
+            "round; a block's time is the median of its step-to-step times, a ratio the "
+            "median over rounds of a block over the same round's DDP block (95% bootstrap "
+            "interval). *Best fixed* is the lowest of DDP and the fixed settings; *auto / "
+            "best fixed* is the median over rounds of their quotient. *Noise*: how far DDP "
+            "again lies from 1, or its interval's far end, whichever is larger.",
+            "",
+            *table,
+            "",
+            *crowded,
+            "Every fixed setting over DDP:",
+            "",
+            *fixed,
+            "",
+            "The targets: chronica auto within 3% of the best fixed setting on every link "
+            f"({sum(r['within_3'] for r in rows)} of {len(rows)}); at least 1.15x faster than "
+            "DDP at 100 Mbit/s ("
+            + ", ".join(f"{r['model']} {r['speedup']:.2f}x" for r in hundred)
+            + "); never worse than DDP by more than the noise "
+            f"({sum(r['not_worse'] for r in rows)} of {len(rows)}).",
+            "",
+            "What chronica auto decided (its `stats().decision`, the line rank 0 printed):",
+            "",
+            *decisions,
+            "",
+            "The simulator (`chronica.sim.gradients`, as `benchmarks/grad_sim_validation.py` "
+            "drives it) predicts the best fixed setting's step time over DDP's from that "
+            "run's own probed steps (each variant's in-run layer times, compute alone for "
+            "the time outside the layers and the shim's optimizer) on the link fitted from "
+            "all-reduce times measured in the same process pair after the rounds:",
+            "",
+            *sim,
+            "",
+            f"Machine: {machine.get('processor')}, {machine.get('cpu_count')} cores shared "
+            f"with other work (load average {before[0]:.1f} when the run started, "
+            f"{after[0]:.1f} when it ended), torch {machine.get('torch')}, "
+            f"{machine.get('date_utc')}. Reproduce: `{result['command']}`.",
+            "",
+        ]
+    )
+
+
 def render_markdown(result: dict, img_dir: Path) -> str:
-    """A ``## `` section for docs/benchmarks.md with tables and ``img/gradsched.png``."""
+    """A ``## `` section for docs/benchmarks.md with tables and ``img/gradsched.png``; the
+    auto target's section for a ``target="auto"`` run, or after it when the result holds one
+    (``result["auto_target"]``)."""
+    if result.get("target") == "auto":
+        return _render_auto(result)
+    if "auto_target" in result:
+        main = {k: v for k, v in result.items() if k != "auto_target"}
+        return render_markdown(main, img_dir) + "\n" + _render_auto(result["auto_target"])
     import matplotlib
 
     matplotlib.use("Agg")
@@ -751,7 +1008,12 @@ def main() -> None:
     parser.add_argument(
         "--default-malloc", action="store_true", help="leave glibc's heap trimming on"
     )
+    parser.add_argument(
+        "--target", choices=["auto"], help="auto: chronica auto against the fixed settings"
+    )
+    parser.add_argument("--markdown", type=Path, help="also write the docs section here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--rounds-of-all", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--addr", default="127.0.0.1", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -773,10 +1035,15 @@ def main() -> None:
         args.rounds,
         args.block,
         args.default_malloc,
+        args.target,
     )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     print(format_table(result))
+    if args.target == "auto":
+        print(auto_table(result))
+    if args.markdown:
+        args.markdown.write_text(render_markdown(result, ROOT / "docs" / "img"))
 
 
 if __name__ == "__main__":

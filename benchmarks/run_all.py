@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.catalog import BENCHMARKS, SECTIONS, load, reproduce_command
+from benchmarks.catalog import BENCHMARKS, DATA_DIR_BENCHMARKS, SECTIONS, load, reproduce_command
 from benchmarks.common import machine_info
 
 __all__ = ["main"]
@@ -90,7 +90,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "--data-dir",
         type=Path,
         default=None,
-        help="folder of the real lengths files used by balance and packing (default: "
+        help="folder of the real lengths files used by balance, packing and lockstep (default: "
         "../shared/data "
         "next to the repository)",
     )
@@ -116,7 +116,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 def _run_one(name: str, args: argparse.Namespace) -> tuple[dict, list[str]]:
     """Run benchmark ``name``; its result (mode, machine, command added) and extra lines."""
     module = load(name)
-    if name in ("balance", "packing"):
+    if name in DATA_DIR_BENCHMARKS:
         result = module.run(args.quick, data_dir=args.data_dir)
     elif name == "simulate":  # calibrates on the hetero_run result beside it
         result = module.run(args.quick, results_dir=args.results_dir)

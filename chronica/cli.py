@@ -1,4 +1,5 @@
-"""The ``chronica`` command: ``chronica demo``, ``chronica bench`` and ``chronica coordinator``.
+"""The ``chronica`` command (also ``python -m chronica``): ``demo``, ``simulate``,
+``bench`` and ``coordinator``.
 
 Framework imports happen inside the subcommand that needs them, so ``chronica --help``
 starts fast and works without any deep-learning framework installed.

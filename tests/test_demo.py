@@ -55,6 +55,7 @@ def test_quick_demo_trains_with_both_samplers_and_prints_the_table(capfd, tmp_pa
     assert re.search(r"held-out loss chronica - torch: [+-]\d\.\d+ \(per seed", out), out
     assert "cost model (CPU seconds)" in out and "simulated, not measured" in out, out
     assert re.search(r"^  ranks\s+2\s+8$", out, re.M), out
+    assert re.search(r"ranks (pinned to cores \d+, \d+|not pinned)", out), out
     # progress by default, with the run time estimated before training
     assert "estimated" in captured.err and "epoch 1/1" in captured.err
     saved = json.loads((tmp_path / "demo.json").read_text())
@@ -64,11 +65,15 @@ def test_quick_demo_trains_with_both_samplers_and_prints_the_table(capfd, tmp_pa
     assert set(_children()) <= set(before)  # no rank left behind
 
 
-def test_demo_with_an_emulated_slow_rank_runs_the_dynamic_sampler(capsys):
+def test_demo_with_an_emulated_slow_rank_runs_the_dynamic_sampler(capfd):
     before = _children()
-    argv = ["--quick", "--no-progress", "--speeds", "1,0.5", "--epochs", "2", "--seeds", "1"]
+    argv = ["--quick", "--quiet", "--speeds", "1,0.5", "--epochs", "2", "--seeds", "1"]
     assert demo.main(argv) == 0
-    out = capsys.readouterr().out
+    captured = capfd.readouterr()
+    out = captured.out
+    # --quiet: the report alone, no progress bar or status lines (clean when piped)
+    assert "\r" not in captured.err and "chronica demo:" not in captured.err
+    assert out.startswith("chronica demo: 2 processes")
     assert "dynamic" in _table(out), out
     assert "rank speeds 1,0.5" in out
     assert re.search(r"^speed-up of dynamic: \d+\.\d+x", out, re.MULTILINE), out
@@ -81,6 +86,16 @@ def test_timeout_stops_every_rank_and_reports_it(capsys):
     assert demo.main(["--quick", "--no-progress", "--timeout", "0.5"]) == 1
     assert "did not finish within" in capsys.readouterr().err
     assert set(_children()) <= set(before)
+
+
+def test_kernels_are_compiled_before_the_ranks_start_and_ranks_pin_only_when_asked():
+    from chronica.demo.placement import pin_rank
+    from chronica.demo.warmup import kernels_cached, warm_up
+
+    config, _ = demo.parse_args(["--quick"])
+    assert warm_up(config) >= 0 and kernels_cached()
+    assert pin_rank(0, 2, wanted=False) == []
+    assert pin_rank(0, 1 << 16, wanted=True) == []  # fewer cores than ranks: not pinned
 
 
 def test_lengths_file(tmp_path: Path):

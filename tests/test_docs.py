@@ -17,8 +17,21 @@ How code blocks run (the convention a docs author follows):
   between pages or into other tests); its current directory is a fresh temporary
   directory, the same for the page's python and sh blocks. If a block fails, the page's
   later blocks are reported as not run.
+* A page whose code is one program launched the way the page says (``torchrun``, two
+  ``TF_CONFIG`` workers, ``accelerate launch``, ``python file.py``) names that program once,
+  anywhere in the page::
+
+      <!-- doc-script: train.py -->
+
+  Then its python blocks are not run one by one: they are written, in page order, to
+  ``train.py`` in the page's directory (what a reader who pastes every block gets), and
+  the page's sh blocks run as shown, launching it. A python block reports the result of
+  the first sh block after it that names the program; a failure names the lines of the
+  program each block became. Such a page has no hidden set-up: whatever it needs is on
+  the page. ``LAUNCHES`` below lists how every page runs.
 * A block may be preceded (blank lines between are fine) by a hidden setup comment, which
-  the site does not show::
+  the site does not show (pages that are not scripts only; they are being moved to
+  scripts)::
 
       <!-- doc-setup: FLAGS
       code run before the block: Python for a python block, bash for an sh block
@@ -91,13 +104,21 @@ SKIP_SH: dict[str, str] = {
 NEEDS = {
     r"\btorch\b": "torch",
     r"\btensorflow\b|\bchronica\.tf\b|\bkeras\b": "tensorflow",
-    r"\bjax\b|\bchronica\.jax\b|\boptax\b": "jax",
+    r"\bjax\b|\bchronica\.jax\b": "jax",
+    r"\boptax\b": "optax",
+    r"\bflax\b": "flax",
+    r"\bgrain\b": "grain",
+    r"\blightning\b": "lightning",
+    r"\btransformers\b|\bchronica\.torch\.hf\b": "transformers",
+    r"\baccelerate\b": "accelerate",
+    r"\bdatasets\b": "datasets",
+    r"\btorchdata\b": "torchdata",
 }
 
 # Limits on a quiet machine, scaled by the load when a page starts (they catch hangs, and a
 # page of TensorFlow blocks took over 240 s on these 2 cores while other jobs ran).
 PAGE_TIMEOUT = 240  # seconds for all blocks of one page
-SH_TIMEOUT = 120  # seconds for one sh block
+SH_TIMEOUT = 180  # seconds for one sh block (a launch of a page's program included)
 
 
 @dataclass
@@ -119,6 +140,13 @@ class Block:
 
 _FENCE = re.compile(r"^(\s*)```([\w+-]*)\s*$")
 _SETUP = re.compile(r"^\s*<!--\s*doc-setup\b:?(.*)$")
+_SCRIPT = re.compile(r"^\s*<!--\s*doc-script:\s*([\w.-]+\.py)\s*-->\s*$", re.MULTILINE)
+
+
+def script_of(path: Path) -> str | None:
+    """The program a page's python blocks make up (``<!-- doc-script: NAME -->``), if any."""
+    found = _SCRIPT.findall(path.read_text(encoding="utf-8"))
+    return found[0] if found else None
 
 
 def parse(path: Path) -> tuple[list[Block], list[str]]:
@@ -205,6 +233,26 @@ def _classify(block: Block) -> Block:
 
 PARSED = {str(p.relative_to(ROOT)): parse(p) for p in _pages()}
 BLOCKS = [_classify(b) for blocks, _ in PARSED.values() for b in blocks]
+SCRIPTS = {str(p.relative_to(ROOT)): script_of(p) for p in _pages()}
+
+
+def _launch(page: str) -> str:
+    """How the docs test runs ``page``'s code (the report in ``LAUNCHES``)."""
+    script = SCRIPTS[page]
+    blocks = [b for b in BLOCKS if b.page == page]
+    if script is None:
+        runs = [b for b in blocks if b.lang == "python"]
+        return "python blocks in one interpreter, in page order" if runs else "sh blocks only"
+    launches = [
+        re.sub(r"\\\n\s*", "", b.code).strip().splitlines()  # continuation lines joined
+        for b in blocks
+        if b.lang != "python" and script in b.code and not b.skip
+    ]
+    lines = [line.strip() for launch in launches for line in launch if script in line]
+    return f"{script}: " + "; ".join(lines)
+
+
+LAUNCHES = {page: _launch(page) for page in PARSED}
 
 
 # -- the per-page runner (a fresh interpreter per page) -------------------------------------
@@ -277,8 +325,23 @@ def run_sh(block):
     return done.stdout
 
 
+script = spec["script"]
+if script:
+    # The page's program: every python block, in page order, as a reader pastes them.
+    with open(script, "w", encoding="utf-8") as f:
+        f.write("\n\n".join(b["code"].rstrip() for b in spec["blocks"] if b["lang"] == "python"))
+        f.write("\n")
+
 for block in spec["blocks"]:
     where = f"{block['page']}:{block['line']}"
+    if script and block["lang"] == "python":
+        try:
+            compiled(block["code"], block["line"])
+            results.append({"status": "part", "message": ""})
+        except BaseException:
+            failed = where
+            results.append({"status": "fail", "message": traceback.format_exc()[-6000:]})
+        continue
     if block["skip"]:
         results.append({"status": "skip", "message": block["skip"]})
         continue
@@ -347,6 +410,7 @@ def _run_page(page: str) -> list[dict]:
             "results": str(results_path),
             "path": str(ROOT / page),
             "sh_timeout": scaled(SH_TIMEOUT),
+            "script": SCRIPTS[page],
         }
         env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONICA_")}
         env.pop("MASTER_ADDR", None)
@@ -372,12 +436,46 @@ def _run_page(page: str) -> list[dict]:
             message = f"the page's process ended with {done.returncode} before reporting:\n{tail}"
             return [{"status": "fail", "message": message} for _ in blocks]
         results = json.loads(results_path.read_text())
+        if SCRIPTS[page]:
+            _script_results(blocks, results, SCRIPTS[page])
         if any(r["status"] == "fail" for r in results):
             tail = (done.stdout + done.stderr)[-3000:]
             for r in results:
                 if r["status"] == "fail":
                     r["message"] += f"\n--- the page's output (tail) ---\n{tail}"
         return results
+
+
+def _script_results(blocks: list[Block], results: list[dict], script: str) -> None:
+    """Give every python block of a script page the result of the first sh block after it
+    that launches the program, with the program's lines it became."""
+    line, where = 1, []
+    for block in blocks:
+        if block.lang == "python":
+            count = block.code.rstrip().count("\n") + 1
+            where.append(f"{script} lines {line}-{line + count - 1}: {block.id}")
+            line += count + 2
+    table = "\n".join(where)
+    for i, (block, result) in enumerate(zip(blocks, results, strict=True)):
+        if result["status"] != "part":
+            continue
+        launch = next(
+            (
+                (later, results[j])
+                for j, later in enumerate(blocks[i + 1 :], start=i + 1)
+                if later.lang != "python" and script in later.code and not later.skip
+            ),
+            None,
+        )
+        if launch is None:
+            result.update(status="fail", message=f"no sh block after {block.id} runs {script}")
+            continue
+        later, outcome = launch
+        result["status"] = "ok" if outcome["status"] == "ok" else outcome["status"]
+        result["message"] = f"part of {script}, run by {later.id}"
+        if outcome["status"] == "fail":
+            result["message"] += f":\n{outcome['message']}\n{table}"
+            outcome["message"] += f"\n{table}"
 
 
 # Pages run two at a time (CI has 2 cores), in the order the tests ask for them, started by
@@ -388,25 +486,32 @@ _FUTURES: dict[str, concurrent.futures.Future] = {}
 _LOCK = threading.Lock()
 
 
-def _start_pages() -> None:
+def _start_pages(session: pytest.Session) -> None:
+    """Start the pages of the code block tests this session runs (only those: a run of one
+    page's tests runs that page alone)."""
     global _POOL
     with _LOCK:
         if _POOL is None:
             _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2)
-            for p in dict.fromkeys(b.page for b in BLOCKS):
+            chosen = {
+                item.callspec.params["block"].page
+                for item in session.items
+                if getattr(item, "originalname", None) == "test_code_block_runs"
+            }
+            for p in dict.fromkeys(b.page for b in BLOCKS if b.page in chosen):
                 _FUTURES[p] = _POOL.submit(_run_page, p)
 
 
-def _page_results(page: str) -> list[dict]:
-    _start_pages()
+def _page_results(page: str, session: pytest.Session) -> list[dict]:
+    _start_pages(session)
     return _FUTURES[page].result()
 
 
 # -- the site builds ----------------------------------------------------------------------------
 
 
-def test_mkdocs_build_strict(tmp_path: Path) -> None:
-    _start_pages()  # the code blocks' pages run in the background meanwhile
+def test_mkdocs_build_strict(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    _start_pages(request.session)  # the code blocks' pages run in the background meanwhile
     if importlib.util.find_spec("mkdocs") is None:
         pytest.fail("mkdocs is not installed: pip install -e '.[dev]'")
     done = subprocess.run(
@@ -505,7 +610,12 @@ def _resolve(dotted: str) -> object:
             and importlib.util.find_spec({"tf": "tensorflow"}.get(framework, framework)) is None
         ):
             pytest.skip(f"{framework} is not installed")
-    return getattr(importlib.import_module(module), attr)
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except ModuleNotFoundError as missing:  # an integration's extra is not installed
+        if (missing.name or "chronica").partition(".")[0] == "chronica":
+            raise
+        pytest.skip(f"{missing.name} is not installed")
 
 
 @pytest.mark.parametrize("dotted", _public_callables())
@@ -592,8 +702,8 @@ def test_configuration_page_lists_every_coordinator_flag() -> None:
 # No limit of its own beyond the suite's: it waits for its page, which may queue behind others
 # that each have a scaled limit.
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
-def test_code_block_runs(block: Block) -> None:
-    results = _page_results(block.page)
+def test_code_block_runs(block: Block, request: pytest.FixtureRequest) -> None:
+    results = _page_results(block.page, request.session)
     index = [b for b in BLOCKS if b.page == block.page].index(block)
     result = results[index]
     if result["status"] == "skip":
@@ -603,6 +713,10 @@ def test_code_block_runs(block: Block) -> None:
 
 def test_code_blocks_follow_the_convention() -> None:
     problems = [p for _, found in PARSED.values() for p in found]
+    for page, script in SCRIPTS.items():
+        hidden = [b.id for b in BLOCKS if b.page == page and (b.setup or b.flags or b.file)]
+        if script and hidden:
+            problems.append(f"{page} is the program {script}: no hidden set-up ({hidden})")
     for b in BLOCKS:
         if b.file and b.lang != "python":
             problems.append(f"{b.id}: file= applies to python blocks")

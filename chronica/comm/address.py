@@ -9,7 +9,9 @@ cannot work with an error that names the setting and the fix. Nothing here opens
 * ``resolve_endpoint``: where ranks connect (``MASTER_ADDR`` or loopback);
 * ``resolve_port``: the ROUTER port (the PUB socket uses the next one);
 * ``external_coordinator``: a standalone coordinator named by ``CHRONICA_COORDINATOR``;
-* ``listens_everywhere``, ``bind_error``: what a bound address means, why a bind failed.
+* ``listens_everywhere``, ``bind_error``: what a bound address means, why a bind failed;
+* ``spans_hosts``: whether the launcher says the world has ranks on other hosts (then a
+  loopback bind is refused: no other host could reach it).
 
 SECURITY.md ("What listens on the network") states the rules in prose.
 """
@@ -35,6 +37,7 @@ __all__ = [
     "resolve_bind",
     "resolve_endpoint",
     "resolve_port",
+    "spans_hosts",
 ]
 
 DEFAULT_PORT = 50051
@@ -158,7 +161,9 @@ def resolve_bind(host: str | None = None) -> tuple[str, str]:
         host: the address or host name to bind; ``None`` reads the environment.
 
     A ``host`` that is not a string is a ``TypeError``; an empty one, a name that does not
-    resolve or a ``MASTER_ADDR`` meaning every interface a ``ValueError`` naming the setting.
+    resolve, a ``MASTER_ADDR`` meaning every interface, or a loopback address while the
+    launcher says the world spans hosts (``spans_hosts``) a ``ValueError`` naming the
+    setting, what it resolved to and the fix.
 
     Example::
 
@@ -184,8 +189,78 @@ def resolve_bind(host: str | None = None) -> tuple[str, str]:
                 f"interface; set MASTER_ADDR to this node's address, or {ENV_BIND}=0.0.0.0 "
                 f"to listen everywhere on purpose (then enable CURVE: see SECURITY.md)"
             )
+        _refuse_loopback(address, value, source)
         return address, source
+    _refuse_loopback("127.0.0.1", "127.0.0.1", "default")
     return "127.0.0.1", "default"
+
+
+# (world size, ranks on this host) as launchers set them: torchrun and torch.distributed,
+# Open MPI, MPICH/Intel MPI (hydra); Slurm says the node count directly.
+_LAUNCHERS = (
+    ("WORLD_SIZE", "LOCAL_WORLD_SIZE"),
+    ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("PMI_SIZE", "MPI_LOCALNRANKS"),
+)
+
+
+def spans_hosts(environ: Mapping[str, str] | None = None) -> str | None:
+    """The launcher's evidence that the job's ranks run on more than one host (e.g.
+    ``"WORLD_SIZE=2 > LOCAL_WORLD_SIZE=1"``), or ``None`` when it says one host or nothing.
+
+    Args:
+        environ: where to read the launcher's variables (default ``os.environ``).
+
+    Example::
+
+        >>> spans_hosts({"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"})
+        'WORLD_SIZE=16 > LOCAL_WORLD_SIZE=8'
+        >>> spans_hosts({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}) is None
+        True
+    """
+    env = os.environ if environ is None else environ
+    for world, local in _LAUNCHERS:
+        try:
+            if int(env[world]) > int(env[local]) > 0:
+                return f"{world}={env[world]} > {local}={env[local]}"
+        except (KeyError, ValueError):
+            continue
+    for nodes in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+        value = env.get(nodes, "")
+        if value.isdigit() and int(value) > 1:
+            return f"{nodes}={value}"
+    return None
+
+
+def _refuse_loopback(address: str, value: str, source: str) -> None:
+    """``ValueError`` if ``address`` is loopback while the launcher says the world spans
+    hosts: the other hosts' ranks could never reach it, and every window would be static."""
+    evidence = spans_hosts()
+    try:
+        loopback = ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        return
+    if evidence is None or not loopback:
+        return
+    how = (
+        f"{source} is unset, so loopback is the default"
+        if source == "default"
+        else (
+            f"{source}={value!r} resolves to {address} on this host"
+            + (
+                " (Debian and Ubuntu map a host's own name to 127.0.1.1 in /etc/hosts)"
+                if value != address
+                else ""
+            )
+        )
+    )
+    raise ValueError(
+        f"chronica coordinator would listen on {address}, a loopback address, but the job "
+        f"spans hosts ({evidence}): ranks on other hosts could never reach it. {how}. Set "
+        f"MASTER_ADDR (or {ENV_BIND}) to this node's address on the network the ranks share "
+        f"(its IP, or a name that resolves to it on every host), or map the name to that "
+        f"address in /etc/hosts"
+    )
 
 
 def _numeric(host: str, source: str) -> str:

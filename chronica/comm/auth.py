@@ -473,8 +473,11 @@ def describe_handshake_failure(event: int, value: int) -> str:
             return "CURVE decryption failed (the client expects another coordinator public key)"
         return f"not a ZeroMQ peer of this protocol (ZMTP error {value:#x})"
     return (
-        "the handshake failed (CURVE settings or keys that do not match, such as a wrong "
-        "coordinator public key, or not a chronica peer)"
+        "the connection ended during its handshake: the coordinator's gate cut it (it keeps "
+        "ranks that said hello first and evicts the oldest other connections when more than "
+        "4096 are open, e.g. under a connection flood; the rank reconnects by itself), the "
+        "coordinator restarted, or the CURVE settings or keys do not match (a wrong "
+        "coordinator public key)"
     )
 
 

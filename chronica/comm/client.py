@@ -23,9 +23,11 @@ No thread: incoming messages queue in ZeroMQ's I/O thread and are read whenever 
 is called (once per step). What a coordinator (or whoever answers in its place) sends costs
 a rank a bounded amount, whatever it sends:
 
-* time: one call reads at most ``DRAIN_FRAMES`` frames per socket and stops at its
-  deadline (``plan()``: the time-out; the other calls: ``DRAIN_SECONDS``), so a flood of
-  garbage or of plans cannot hold the training loop past its time-out;
+* time: one call reads at most ``DRAIN_FRAMES`` frames per socket and checks its deadline
+  (``plan()``: the time-out; the other calls: ``DRAIN_SECONDS``) before reading and
+  decoding each, and the decoder refuses a frame that is no flat map at its first nested
+  byte, so a flood of garbage, of plans or of nested-container bombs cannot hold the
+  training loop past its time-out by more than one decode;
 * memory: ZeroMQ queues at most ``QUEUED_MESSAGES`` messages per socket of at most
   ``max_plan_bytes`` each (``zmq.RCVHWM``, ``zmq.MAXMSGSIZE``); the client holds at most
   ``HELD_PLANS`` plans, for the window it asked for last and those after it up to the end
@@ -41,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +78,12 @@ logger = logging.getLogger("chronica")
 _RETRY_SECONDS = 0.25
 # While connecting, hello is repeated this often: the first may precede the TCP connection.
 _CONNECT_RETRY_SECONDS = 0.1
+# While waiting for a plan, its fetch is sent again this often: a fetch lost with a gate
+# that was replaced (or a reconnection) is answered by the next one.
+_REFETCH_SECONDS = 0.3
+# A connection that drops (a coordinator's gate replaced) is waited for this long before
+# the rank falls back: reconnecting takes ZeroMQ a tenth of a second.
+_RECONNECT_GRACE_SECONDS = 2.0
 # Waits poll in slices this long, so retries and deadlines are honoured.
 _POLL_SLICE_MS = 50
 # Beyond this a plan message is no plan (a window of 2 GiB of indices) but a mistake; below
@@ -121,10 +129,13 @@ class _Inbox:
         self._parts: list[bytes] = []
         self._bad = False
 
-    def read(self, budget: int, until: float) -> list[list[bytes]]:
-        """Complete messages among the next ``budget`` frames read before ``until``."""
-        messages = []
+    def read(self, budget: int, until: float) -> Iterator[list[bytes]]:
+        """Complete messages among the next ``budget`` frames, one at a time: none is read
+        once ``until`` has passed, so the caller's work on each (decoding) counts against
+        the deadline too."""
         for _ in range(budget):
+            if time.monotonic() > until:
+                return
             try:
                 frame = self.sock.recv(zmq.NOBLOCK)
             except zmq.Again:
@@ -134,14 +145,12 @@ class _Inbox:
             else:
                 self._bad = True
             if not self.sock.getsockopt(zmq.RCVMORE):
-                if self._bad or len(self._parts) != self.frames:
+                parts, bad = self._parts, self._bad
+                self._parts, self._bad = [], False
+                if bad or len(parts) != self.frames:
                     self.malformed += 1
                 else:
-                    messages.append(self._parts)
-                self._parts, self._bad = [], False
-            if time.monotonic() > until:
-                break
-        return messages
+                    yield parts
 
 
 class PlanClient:
@@ -225,6 +234,7 @@ class PlanClient:
         self._warned_codes: set[str] = set()
         self._handshake: str | None = None
         self._last_hello = -float("inf")
+        self._dropped_at: float | None = None  # since when sends find no connection
         # Why the coordinator refused this rank (sizes, arguments or world differ), if it did.
         self.refused: str | None = None
         context = context or zmq.Context.instance()
@@ -313,13 +323,16 @@ class PlanClient:
                 return None
             self._failed.discard(key)
             self._fetch(key)
+            sent = time.monotonic()
             while (
                 (plan := self._plans.get(key)) is None
                 and key not in self._failed
                 and (self._attached or self._rejoining)
                 and self._wait(deadline)
             ):
-                pass
+                if time.monotonic() - sent > _REFETCH_SECONDS:
+                    self._fetch(key)  # the first may have gone with a replaced gate
+                    sent = time.monotonic()
             if plan is None:
                 if key not in self._failed and (self._attached or self._rejoining):
                     self._lost(f"sent no plan for epoch {epoch} step {first}")
@@ -403,8 +416,14 @@ class PlanClient:
     def _send(self, payload: bytes) -> None:
         try:
             self._dealer.send(payload, zmq.NOBLOCK)
+            self._dropped_at = None
         except zmq.Again:
-            if self._attached:
+            # Not connected: a replaced gate reconnects within a fraction of a second, so an
+            # attached rank waits a little (fetches are sent again) before falling back.
+            now = time.monotonic()
+            if self._dropped_at is None:
+                self._dropped_at = now
+            if self._attached and now - self._dropped_at > _RECONNECT_GRACE_SECONDS:
                 self._lost("is not connected")
         except zmq.ZMQError as exc:
             self._lost(f"cannot be reached ({exc})")

@@ -329,7 +329,6 @@ class Coordinator:
         poller = zmq.Poller()  # one for the loop: a socket's own poll() builds one per call
         poller.register(link, zmq.POLLIN)
         started = time.thread_time()
-        calm_since = time.monotonic()
         while not self._stop.is_set():
             self.stats.cpu_seconds = time.thread_time() - started
             try:
@@ -342,9 +341,6 @@ class Coordinator:
                 if gate.restarts != self.stats.gate_restarts:
                     self._peers.clear()  # every connection went with the old gate
                     self.stats.gate_restarts = gate.restarts
-                    calm_since = time.monotonic()
-                elif time.monotonic() - calm_since > 10.0:
-                    gate.calm()
                 continue
             for _ in range(1024):  # drain, but let the stop flag be seen now and then
                 try:
@@ -369,9 +365,13 @@ class Coordinator:
         self._refuse(frames[1], "frames", "expected one frame")
 
     def _handshake_failed(self, frames: list[bytes]) -> None:
-        self.stats.handshake_failures += 1
+        # The gate tells each cause once a second, with how many handshakes it failed.
+        count = int(frames[2]) if len(frames) > 2 and frames[2].isdigit() else 1
+        self.stats.handshake_failures += count
         self._throttle.warn(
-            "chronica: coordinator: a connection failed: %s", frames[1].decode(errors="replace")
+            "chronica: coordinator: %d connection(s) failed: %s",
+            count,
+            frames[1].decode(errors="replace"),
         )
 
     def _key_refused(self, frames: list[bytes]) -> None:

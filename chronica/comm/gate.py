@@ -16,8 +16,13 @@ that, so the sockets anyone can reach live in a *gate* process of their own:
   once and ``PEER_BYTES`` per second (measured by the kernel's per-connection byte count,
   ``TCP_INFO``, whenever the gate's memory grows by ``SWEEP_GROWTH`` and at least once a
   second); a connection beyond it is cut, which frees whatever libzmq buffered for it.
-  Requests from connections that have not said a valid ``hello`` pass at most
-  ``STRANGER_RATE`` per second (a burst of ``2 · world + 64``); the link holds at most
+  Connections are admitted so that real ranks win (``chronica.comm.admission``): a full
+  socket evicts its oldest unproven connection instead of refusing the newcomer, one
+  source address holds at most ``PER_SOURCE`` unproven ones, and a ROUTER connection
+  without a valid ``hello`` goes after ``HELLO_SECONDS``. Requests from connections that
+  have not said a valid ``hello`` pass at most ``STRANGER_FIRST`` at once per connection
+  and, beyond each one's first, ``STRANGER_RATE`` per second in all (a burst of
+  ``2 · world + 64``); the link holds at most
   ``2 · LINK_HWM`` bundles of ``BUNDLE`` requests. Past ``SOFT_BYTES`` of resident memory
   the gate exits, and its address space is capped at ``HARD_BYTES`` (``RLIMIT_AS``): the
   parent starts a new one on the same ports and the ranks say ``hello`` again. Nothing a
@@ -41,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +129,8 @@ class Gate:
         self.link: zmq.Socket | None = None
         self._child: subprocess.Popen[bytes] | None = None
         self.restarts = 0
-        self._backoff = 0.0
+        # When the gates of the last minute ended (at most ``restarts_per_minute``).
+        self._ended: deque[float] = deque(maxlen=self.limits.restarts_per_minute)
         self._retry_at = 0.0
 
     def bind(self) -> tuple[int, int]:
@@ -190,9 +197,10 @@ class Gate:
         return False
 
     def alive(self) -> bool:
-        """Whether a gate serves; a gate that died is replaced (after a short, growing
-        pause, so a peer that kills it again and again costs little), and ``False`` is
-        returned until the new one is ready."""
+        """Whether a gate serves; a gate that died is replaced at once, at most
+        ``GateLimits.restarts_per_minute`` times in any minute (beyond, the next start waits until a
+        minute has passed since the oldest of them, and a warning says so), and ``False``
+        is returned until the new one is ready."""
         child = self._child
         if child is not None and child.poll() is None:
             return True
@@ -201,22 +209,29 @@ class Gate:
             self._reap(child)
             self._child = None
             self.restarts += 1
-            self._retry_at = now + self._backoff
-            self._backoff = min(max(2 * self._backoff, 0.05), 2.0)
-            logger.warning(
-                "chronica: coordinator: its gate process ended (status %s, %d restarts); "
-                "starting another on the same ports",
-                child.returncode,
-                self.restarts,
-            )
+            if len(str(self.restarts)) != len(str(self.restarts - 1)) or self.restarts == 2:
+                # 1st, 2nd, 10th, 100th...: a kill a second must not flood the log.
+                logger.warning(
+                    "chronica: coordinator: its gate process ended (status %s, %d restarts "
+                    "so far); starting another on the same ports",
+                    child.returncode,
+                    self.restarts,
+                )
+            if len(self._ended) == self._ended.maxlen and now - self._ended[0] < 60.0:
+                self._retry_at = self._ended[0] + 60.0
+                logger.warning(
+                    "chronica: coordinator: its gate process ended %d times in the last "
+                    "minute, the most it is restarted at once; the next starts in %.1f s "
+                    "(until then the ranks use the static plan). Something kills it on "
+                    "purpose: a peer (see SECURITY.md) or the kernel, short of memory",
+                    len(self._ended),
+                    self._retry_at - now,
+                )
+            self._ended.append(now)
         if now < self._retry_at:
             return False
         self._spawn()
         return self._ready()
-
-    def calm(self) -> None:
-        """The gate has served a while: the next restart comes at once again."""
-        self._backoff = 0.0
 
     def pid(self) -> int | None:
         """The running gate's process id."""

@@ -6,8 +6,10 @@ the parent bound, relays one-frame requests up and answers and plans down over t
 link, and bounds what peers cost (``GateLimits``; the design is in ``chronica.comm.gate``).
 It also holds what both ends share: the limits, their defaults and ``readable``.
 
-This module imports only the standard library and pyzmq (and ``auth.py`` by its path), so
-a gate starts in about 0.1 s instead of loading numpy and numba.
+Which connections it keeps when it must choose (real ranks first) is
+``chronica.comm.admission``. This module imports only the standard library and pyzmq (and
+``auth.py`` and ``admission.py`` by their paths), so a gate starts in about 0.1 s instead of
+loading numpy and numba.
 """
 
 from __future__ import annotations
@@ -32,11 +34,15 @@ from zmq.utils.monitor import recv_monitor_message
 __all__ = [
     "BUNDLE",
     "HARD_BYTES",
+    "HELLO_SECONDS",
     "LINK_HWM",
     "MAX_CONNECTIONS",
     "PEER_BYTES",
+    "PER_SOURCE",
     "PUBLISH_SIZE",
+    "RESTARTS_PER_MINUTE",
     "SOFT_BYTES",
+    "STRANGER_FIRST",
     "STRANGER_RATE",
     "SWEEP_GROWTH",
     "GateLimits",
@@ -52,13 +58,27 @@ SWEEP_GROWTH = 8 << 20
 SOFT_BYTES = 192 << 20
 # The gate's address space (RLIMIT_AS): libzmq aborts rather than pass it.
 HARD_BYTES = 768 << 20
-# Requests a second passed on from connections that have not said a valid hello.
+# Requests a second passed on from connections that have not said a valid hello (beyond
+# each one's first request), and the requests each such connection may send at once (then
+# four a second): a fresh connection's hello never waits behind other strangers' floods.
 STRANGER_RATE = 256
+STRANGER_FIRST = 16
+# A ROUTER connection that has not said a valid hello this long after it was accepted is
+# cut (libzmq's own handshake interval is 30 s): a rank says hello at once.
+HELLO_SECONDS = 5.0
+# Connections of one source address per socket that have not proved themselves; a newer
+# one makes room by cutting that source's oldest.
+PER_SOURCE = 1024
 # Bundles of requests queued on each end of the link between the gate and the
 # coordinator, of at most ``BUNDLE`` requests: 1024 requests (4.5 MB) in all.
 LINK_HWM = 32
 BUNDLE = 16
-# Open TCP connections per socket beyond this are cut, newest first.
+# A gate that died is replaced at once (ranks ride through in a fraction of a second), at
+# most this many times in any minute; beyond, the next start waits and a warning says why:
+# something kills it on purpose (a peer, or the kernel short of memory).
+RESTARTS_PER_MINUTE = 120
+# Open TCP connections per socket: a newcomer beyond it evicts the oldest connection that
+# has not proved itself (``chronica.comm.admission``), never a rank that said hello.
 MAX_CONNECTIONS = 4096
 # The lengths of a window's topics and plans on the link (``struct`` code, native order:
 # both ends run on one machine).
@@ -92,10 +112,16 @@ class GateLimits:
         sweep_growth: memory growth of the gate that makes it measure its connections.
         soft_bytes: resident memory past which the gate restarts.
         hard_bytes: the gate's address space (``RLIMIT_AS``).
-        stranger_rate: requests a second passed on from connections without a hello.
+        stranger_rate: requests a second passed on from connections without a hello
+            (beyond each one's first).
         stranger_burst: the burst of those (``None``: ``2 * world + 64``).
         link_hwm: bundles of requests queued on each end of the link.
-        max_connections: open connections per socket beyond which new ones are cut.
+        max_connections: open connections per socket; a newcomer beyond evicts the oldest
+            unproven one.
+        hello_seconds: how long a ROUTER connection may stay without a valid hello.
+        per_source: unproven connections per socket and source address.
+        stranger_first: requests an unproven connection may send at once (then 4 a second).
+        restarts_per_minute: gates started at once in any minute after one died.
 
     Example::
 
@@ -110,6 +136,10 @@ class GateLimits:
     stranger_burst: int | None = None  # None: 2 * world + 64
     link_hwm: int = LINK_HWM
     max_connections: int = MAX_CONNECTIONS
+    hello_seconds: float = HELLO_SECONDS
+    per_source: int = PER_SOURCE
+    stranger_first: int = STRANGER_FIRST
+    restarts_per_minute: int = RESTARTS_PER_MINUTE
 
 
 def readable(sock: zmq.Socket) -> bool:
@@ -166,6 +196,18 @@ def _received(fd: int) -> int | None:
     return int(struct.unpack_from("<Q", info, _TCPI_BYTES_RECEIVED)[0])
 
 
+def _source(fd: int) -> str:
+    """The peer address of connection ``fd`` (``""`` when it is gone already)."""
+    sock = _socket(fd)
+    if sock is None:
+        return ""
+    with sock:
+        try:
+            return str(sock.getpeername()[0])
+        except OSError:
+            return ""
+
+
 def _cut(fd: int) -> None:
     """Shut connection ``fd`` down: libzmq sees it end and frees what it buffered."""
     sock = _socket(fd)
@@ -200,7 +242,7 @@ class _Serve:
         self.link.setsockopt(zmq.LINGER, 0)
         self.link.setsockopt(zmq.SNDHWM, self.limits.link_hwm)
         self.link.connect(config["link"])
-        auth = _auth_module()
+        auth = _module("auth")
         self.describe = auth.describe_handshake_failure
         self.zap = None
         curve = None
@@ -211,7 +253,9 @@ class _Serve:
             )
             self.zap = auth.ZapGate(self.context, curve)
         self.router = self.context.socket(zmq.ROUTER)
-        self.pub = self.context.socket(zmq.PUB)
+        # XPUB: a rank's subscription (to its own topic) tells its connection apart.
+        self.pub = self.context.socket(zmq.XPUB)
+        self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
         self.monitors = []
         for sock, fd in zip((self.router, self.pub), config["fds"], strict=True):
             sock.setsockopt(zmq.LINGER, 0)
@@ -229,18 +273,36 @@ class _Serve:
         self.router.bind(config["urls"][0])
         self.pub.bind(config["urls"][1])
         self.admitted: set[bytes] = set()
+        # Which connection each routing id arrived on, and back (strangers' and ranks').
+        self.fd_of: dict[bytes, int] = {}
+        self.id_of: dict[int, bytes] = {}
         self.orders: dict[bytes, Any] = {  # the coordinator's orders (see ``_down``)
             b"s": self._relay,
             b"p": lambda frames: self._publish(frames[1], frames[2]),
-            b"a": lambda frames: self.admitted.add(frames[1]),
-            b"d": lambda frames: self.admitted.discard(frames[1]),
+            b"a": self._admit,
+            b"d": self._drop,
         }
-        burst = self.limits.stranger_burst
-        self.burst = float(min(2 * config["world"] + 64, 1 << 16) if burst is None else burst)
-        self.tokens = self.burst
-        self.stamp = time.monotonic()
+        self.world = int(config["world"])
+        limits = self.limits
+        burst = limits.stranger_burst
+        self.table = _module("admission").Admission(
+            limits.max_connections,
+            limits.per_source,
+            limits.hello_seconds,
+            limits.stranger_first,
+            limits.stranger_rate,
+            float(min(2 * self.world + 64, 1 << 16) if burst is None else burst),
+        )
         self.peers: dict[int, _Peer] = {}
-        self.counts = {"dropped": 0, "limited": 0, "cut": 0, "frames": 0}
+        self.failures: dict[str, int] = {}  # failed handshakes not told yet, by cause
+        self.counts = {
+            "dropped": 0,
+            "limited": 0,
+            "cut": 0,
+            "frames": 0,
+            "evicted": 0,
+            "late": 0,
+        }
         # Give what a cut connection held back to the system, so the next one starts low.
         libc = ctypes.util.find_library("c")
         trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
@@ -250,6 +312,7 @@ class _Serve:
     def run(self) -> int:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
+        poller.register(self.pub, zmq.POLLIN)
         poller.register(self.link, zmq.POLLIN)
         poller.register(sys.stdin.fileno(), zmq.POLLIN)
         for monitor in self.monitors:
@@ -262,13 +325,18 @@ class _Serve:
             ready = dict(poller.poll(_TICK_MS))
             if sys.stdin.fileno() in ready:
                 return 0  # the parent closed the pipe, or ended
-            for monitor in self.monitors:
+            for kind, monitor in enumerate(self.monitors):
                 if monitor in ready:
-                    self._events(monitor)
+                    self._events(kind, monitor)
             if self.link in ready:
                 self._down()
             if self.router in ready:
                 self._up()
+            if self.pub in ready:
+                self._subscriptions()
+            for fd in self.table.due(time.monotonic()):
+                self.counts["late"] += 1
+                self._close(fd)
             if self.zap is not None:
                 for key in self.zap.take_refused():
                     self._note(b"k", key)
@@ -279,10 +347,14 @@ class _Serve:
             if rss > self.limits.soft_bytes:
                 self._note(b"x", f"memory reached {rss >> 20} MiB; restarting".encode())
                 return 3
-            if now - reported_at > _REPORT_EVERY_S and self.counts != self.reported:
-                self.reported = dict(self.counts)
-                self._note(b"n", json.dumps(self.counts).encode())
+            if now - reported_at > _REPORT_EVERY_S:
                 reported_at = now
+                for why, count in self.failures.items():
+                    self._note(b"h", why.encode(), str(count).encode())
+                self.failures.clear()
+                if self.counts != self.reported:
+                    self.reported = dict(self.counts)
+                    self._note(b"n", json.dumps(self.counts).encode())
 
     def _note(self, kind: bytes, *frames: bytes) -> None:
         try:
@@ -290,7 +362,7 @@ class _Serve:
         except zmq.Again:
             pass  # the coordinator is busy; notes are best effort
 
-    def _events(self, monitor: zmq.Socket) -> None:
+    def _events(self, socket_kind: int, monitor: zmq.Socket) -> None:
         while True:
             try:
                 event = recv_monitor_message(monitor, zmq.NOBLOCK)
@@ -298,31 +370,85 @@ class _Serve:
                 return
             kind, fd = event["event"], event["value"]
             if kind == zmq.EVENT_ACCEPTED:
-                if len(self.peers) >= 2 * self.limits.max_connections:
-                    self.counts["cut"] += 1
-                    _cut(fd)
-                    continue
-                # Counted from the connection's first byte, read before this event was.
-                self.peers[fd] = _Peer(0, self.limits.peer_bytes, time.monotonic())
+                self._accepted(socket_kind, fd)
             elif kind in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
-                self.peers.pop(fd, None)
+                self._forget(fd)
             else:  # a failed handshake: ``fd`` is its error code
-                self._note(b"h", self.describe(kind, fd).encode())
+                # Told once a second with a count: a flood of failing handshakes must not
+                # fill the link that carries the ranks' requests.
+                why = self.describe(kind, fd)
+                self.failures[why] = self.failures.get(why, 0) + 1
+
+    def _accepted(self, socket_kind: int, fd: int) -> None:
+        """A new connection: make room for it (``Admission.accept``) and budget its bytes."""
+        self._forget(fd)  # a reused descriptor: the connection it was is gone
+        now = time.monotonic()
+        for old in self.table.accept(socket_kind, fd, _source(fd), now):
+            if old == fd:
+                self.counts["cut"] += 1  # every other connection is a vouched rank
+                _cut(fd)
+                return
+            self.counts["evicted"] += 1
+            self._close(old)
+        # Counted from the connection's first byte, read before this event was.
+        self.peers[fd] = _Peer(0, self.limits.peer_bytes, now)
+
+    def _forget(self, fd: int) -> None:
+        """Connection ``fd`` is gone: drop what the gate knew of it."""
+        self.peers.pop(fd, None)
+        self.table.forget(fd)
+        identity = self.id_of.pop(fd, None)
+        if identity is not None and self.fd_of.get(identity) == fd:
+            del self.fd_of[identity]
+
+    def _close(self, fd: int) -> None:
+        """Cut connection ``fd`` and forget it."""
+        self._forget(fd)
+        _cut(fd)
+
+    def _admit(self, frames: list[bytes]) -> None:
+        """The coordinator welcomed a connection: its requests pass unthrottled and it is
+        never evicted to make room."""
+        self.admitted.add(frames[1])
+        fd = self.fd_of.get(frames[1])
+        if fd is not None:
+            self.table.vouch(fd)
+
+    def _drop(self, frames: list[bytes]) -> None:
+        self.admitted.discard(frames[1])
+        fd = self.fd_of.get(frames[1])
+        if fd is not None:
+            self.table.unvouch(fd, time.monotonic())
+
+    def _subscriptions(self) -> None:
+        """Subscriptions on the PUB socket: one to a rank's own topic vouches for the
+        connection (it is never evicted to make room); the rest only queue up."""
+        for _ in range(BUNDLE):
+            if not readable(self.pub):
+                return
+            frame = self.pub.recv(zmq.NOBLOCK, copy=False)
+            data = frame.bytes
+            if _rank_topic(data[1:], self.world) and data[:1] == b"\x01":
+                fd = frame.get(zmq.SRCFD)
+                if fd not in self.table.connections:  # as in ``_up``
+                    self._events(1, self.monitors[1])
+                    if fd not in self.table.connections:
+                        self._accepted(1, fd)
+                self.table.vouch(fd)
 
     def _sweep(self, now: float) -> None:
         limit = self.limits.peer_bytes
         for fd, peer in list(self.peers.items()):
             seen = _received(fd)
             if seen is None:
-                self.peers.pop(fd)
+                self._forget(fd)
                 continue
             peer.allowance = min(limit, peer.allowance + (now - peer.stamp) * limit)
             peer.allowance -= max(seen - peer.seen, 0)
             peer.seen, peer.stamp = seen, now
             if peer.allowance < 0:
                 self.counts["cut"] += 1
-                self.peers.pop(fd)
-                _cut(fd)
+                self._close(fd)
                 self._note(b"x", f"a peer sent more than {limit} bytes a second; cut".encode())
                 self.trim()
 
@@ -333,22 +459,27 @@ class _Serve:
         for _ in range(BUNDLE):
             if not readable(self.router):
                 break
-            frames = self.router.recv_multipart(zmq.NOBLOCK)
+            frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+            identity = frames[0].bytes
             if len(frames) != 2:
                 self.counts["frames"] += 1
-                self._note(b"f", frames[0])
+                self._note(b"f", identity)
                 continue
-            identity = frames[0]
             if identity not in self.admitted:
-                now = time.monotonic()
-                rate = self.limits.stranger_rate
-                self.tokens = min(self.burst, self.tokens + (now - self.stamp) * rate)
-                self.stamp = now
-                if self.tokens < 1:
+                fd = frames[1].get(zmq.SRCFD)
+                if fd not in self.table.connections:
+                    # Its ACCEPTED event is still queued behind others (a flood): read it
+                    # first, or a joining rank's hello would count as no connection's; an
+                    # event the monitor dropped (its queue was full) is made up for here.
+                    self._events(0, self.monitors[0])
+                    if fd not in self.table.connections:
+                        self._accepted(0, fd)
+                if self.fd_of.get(identity) != fd:
+                    self.fd_of[identity], self.id_of[fd] = fd, identity
+                if not self.table.allow(fd, time.monotonic()):
                     self.counts["limited"] += 1
                     continue
-                self.tokens -= 1
-            batch += frames
+            batch += (identity, frames[1].bytes)
         if len(batch) > 1:
             try:
                 self.link.send_multipart(batch, zmq.NOBLOCK)
@@ -387,11 +518,17 @@ class _Serve:
             pass  # the peer is gone or its queue is full: it times out and falls back
 
 
-def _auth_module() -> Any:
-    """``chronica.comm.auth`` loaded by its path: it needs only pyzmq, and importing the
+def _rank_topic(topic: bytes, world: int) -> bool:
+    """Whether ``topic`` is one rank's PUB topic (``chronica.comm.protocol.topic``)."""
+    head, digits, tail = topic[:9], topic[9:16], topic[16:]
+    return head == b"chronica/" and tail == b"/" and digits.isdigit() and int(digits) < world
+
+
+def _module(name: str) -> Any:
+    """``chronica.comm.<name>`` loaded by its path: it needs only pyzmq, and importing the
     package would load numpy and numba for nothing."""
     spec = importlib.util.spec_from_file_location(
-        "_chronica_gate_auth", Path(__file__).with_name("auth.py")
+        f"_chronica_gate_{name}", Path(__file__).with_name(f"{name}.py")
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -405,6 +542,15 @@ def _main() -> int:
     hard = config["limits"]["hard_bytes"]
     resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    # Room for both sockets' connections: with the common soft limit of 1024 descriptors a
+    # thousand idle connections would leave a rank nothing to connect with.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 2 * int(config["limits"]["max_connections"]) + 256
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        raised = wanted if hard == resource.RLIM_INFINITY else min(hard, wanted)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+        if raised < wanted:  # fewer descriptors than the cap: the cap follows them
+            config["limits"]["max_connections"] = max(16, (raised - 256) // 2)
     try:
         return _Serve(config).run()
     except MemoryError:

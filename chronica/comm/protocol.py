@@ -29,10 +29,12 @@ ranks' parts together partition each step, the ranks establish among themselves 
 their framework's channel (``chronica.runtime.window``), never over this protocol.
 
 Limits (what a peer can make the decoder allocate or the planner compute with): a request
-is at most ``MAX_REQUEST_BYTES``; msgpack containers are capped (``max_map_len``,
-``max_array_len``, ``max_str_len``, ``max_bin_len``, no ext types) before anything is
-allocated; ranks and worlds are below ``MAX_WORLD``; epochs and steps at most ``MAX_STEPS``;
-a report's ``seconds`` and ``load`` are 0 or within ``REPORT_SECONDS`` / ``REPORT_LOAD``.
+is at most ``MAX_REQUEST_BYTES``; a message is one flat map (``chronica.comm.flatmap``:
+at most 32 entries, no array or nested map, checked on the raw bytes first); msgpack
+containers are capped (``max_map_len``, ``max_array_len``, ``max_str_len``,
+``max_bin_len``, no ext types) before anything is allocated; ranks and worlds are below
+``MAX_WORLD``; epochs and steps at most ``MAX_STEPS``; a report's ``seconds`` and ``load``
+are 0 or within ``REPORT_SECONDS`` / ``REPORT_LOAD``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ from typing import Any
 
 import msgpack
 import numpy as np
+
+from chronica.comm.flatmap import flat_map_problem
 
 __all__ = [
     "MAX_GENERATION",
@@ -74,10 +78,11 @@ MAX_STEPS = 1 << 40
 # Plan generations are positive 31-bit ints, so every framework can all-reduce them.
 MAX_GENERATION = (1 << 31) - 1
 # A report is a measurement: nanosecond clocks, steps shorter than eleven days, loads of any
-# sane cost unit. Outside these ranges (0 aside) the time fit's arithmetic under- or
+# cost unit the planner accepts (a step of samples costing up to ``core.cost.MAX_COST``,
+# 2**128, each). Outside these ranges (0 aside) the time fit's arithmetic under- or
 # overflows and a single report could stall the planner, so such reports are refused.
 REPORT_SECONDS = (1e-9, 1e6)
-REPORT_LOAD = (1e-12, 1e30)
+REPORT_LOAD = (1e-12, 1e60)
 
 
 class ProtocolError(ValueError):
@@ -431,6 +436,10 @@ def decode(frame: bytes, max_bytes: int = MAX_REQUEST_BYTES) -> dict[str, Any]:
     size = frame.nbytes if isinstance(frame, memoryview) else len(frame)
     if size > max_bytes:
         raise ProtocolError(f"message of {size} bytes exceeds the limit of {max_bytes}")
+    # No message nests containers: refused at their first byte, before msgpack works.
+    problem = flat_map_problem(frame)
+    if problem is not None:
+        raise ProtocolError(problem)
     try:
         message = msgpack.unpackb(
             frame,

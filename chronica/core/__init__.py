@@ -9,6 +9,7 @@ from chronica.core.controller import ControllerOptions
 from chronica.core.cost import CostModel, as_cost_model
 from chronica.core.modes import KINDS, Mode
 from chronica.core.packing import Packing, StepPlan, plan_step
+from chronica.core.pipeline import Pipeline
 from chronica.core.plan import EpochPlan, MicroLayout, PlanStats
 from chronica.core.scheduler import Scheduler
 from chronica.core.shuffle import POLICIES, ShufflePolicy, as_shuffle_policy
@@ -25,6 +26,7 @@ __all__ = [
     "Mode",
     "Movement",
     "Packing",
+    "Pipeline",
     "PlanStats",
     "ScheduleConfig",
     "Scheduler",

@@ -15,9 +15,13 @@ import numpy as np
 
 from chronica.core.checks import check_int
 
-__all__ = ["CostModel", "as_cost_model"]
+__all__ = ["MAX_COST", "CostModel", "as_cost_model"]
 
 _REAL = (int, float, np.integer, np.floating)
+# The largest cost of one sample the balancing and packing kernels take: 2**128. Their sums
+# (a step's, an epoch's: at most 2**63 samples) and the predicted times ``alpha + beta·load``
+# then stay far inside float64, so no finite input overflows a kernel.
+MAX_COST = 2.0**128
 
 
 @dataclass(frozen=True)
@@ -213,18 +217,38 @@ class CostModel:
             )
         return cls(*(float(x) for x in coefficients))
 
-    def __call__(self, sizes: np.ndarray) -> np.ndarray:
-        """Costs of ``sizes`` as a new float64 array.
+    def __call__(self, sizes: np.ndarray, *, name: str = "sizes") -> np.ndarray:
+        """Costs of ``sizes`` as a new float64 array, every one at most ``MAX_COST``
+        (2**128): a larger (or overflowing) cost raises ``ValueError`` naming the sample, its
+        size and this model, so that no step or epoch total can overflow a kernel.
 
         Args:
-            sizes: sample sizes (any shape).
+            sizes: non-negative sample sizes (any shape).
+            name: how the message calls the sizes.
+
+        Example::
+
+            >>> CostModel.quadratic()(np.array([1e100]))  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+            ValueError: cost=CostModel(a=0.0, b=0.0, c=1.0) gives sizes[0]=1e+100 a cost of ...
         """
         s = np.asarray(sizes, dtype=np.float64)
         out = np.full_like(s, self.a)
-        if self.b:
-            out += self.b * s
-        if self.c:
-            out += self.c * s * s
+        with np.errstate(over="ignore"):
+            if self.b:
+                out += self.b * s
+            if self.c:
+                out += self.c * s * s
+        too_big = ~(out <= MAX_COST)
+        if too_big.any():
+            flat = int(np.flatnonzero(too_big.ravel())[0])
+            where = np.unravel_index(flat, s.shape) if s.ndim else ()
+            place = ",".join(str(int(i)) for i in where)
+            raise ValueError(
+                f"cost={self!r} gives {name}[{place}]={s[where].item()!r} a cost of "
+                f"{out[where].item():.3g}, more than 2**128 ({MAX_COST:.2g}); give sizes in a "
+                f"larger unit or scale the coefficients down"
+            )
         return out
 
     def to_tuple(self) -> tuple[float, float, float]:

@@ -12,7 +12,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["defines_sizeof", "resolve_sizes", "sizes_digest", "validate_sizes"]
+__all__ = ["MAX_SIZE", "defines_sizeof", "resolve_sizes", "sizes_digest", "validate_sizes"]
+
+# The largest size accepted: 2**53, the largest float64 below which every whole number is
+# exact (token counts stay whole; packing turns them into int64). With costs bounded too
+# (``chronica.core.cost.MAX_COST``), no step or epoch total can overflow a kernel.
+MAX_SIZE = 2.0**53
 
 
 def validate_sizes(
@@ -21,9 +26,10 @@ def validate_sizes(
     """Return ``sizes`` as a read-only contiguous float64 vector.
 
     Guarantees: the result is one-dimensional, has ``expected_len`` entries when that is
-    given, and every entry is finite and non-negative. Integer and floating inputs are
-    accepted; booleans, strings and objects raise ``TypeError``, a wrong shape, length or
-    entry ``ValueError``, each naming ``name`` (and the entry's position).
+    given, and every entry is finite, non-negative and at most ``MAX_SIZE`` (2**53). Integer
+    and floating inputs are accepted; booleans, complex numbers, strings, dates and objects
+    raise ``TypeError``, a wrong shape, length or entry ``ValueError``, each naming ``name``
+    (and the entry's position).
 
     Args:
         sizes: one number per sample (array-like).
@@ -44,6 +50,8 @@ def validate_sizes(
         raise ValueError(
             f"{name} must be a 1-D array of numbers; could not convert: {exc}"
         ) from exc
+    if raw.dtype == object and raw.ndim == 1:
+        raw = _whole_numbers(raw, name)
     if raw.dtype == np.bool_ or not (
         np.issubdtype(raw.dtype, np.integer) or np.issubdtype(raw.dtype, np.floating)
     ):
@@ -69,7 +77,32 @@ def validate_sizes(
     if neg.any():
         first = int(np.flatnonzero(neg)[0])
         raise ValueError(f"{name}[{first}] is {raw[first].item()!r}; sizes must be non-negative")
+    huge = out > MAX_SIZE
+    if huge.any():
+        first = int(np.flatnonzero(huge)[0])
+        raise ValueError(
+            f"{name}[{first}] is {raw[first].item()!r}; sizes must be at most 2**53 "
+            f"({MAX_SIZE:.0f}) so that no cost total overflows; give sizes in a larger "
+            f"unit (e.g. thousands of tokens)"
+        )
     out.setflags(write=False)
+    return out
+
+
+def _whole_numbers(raw: np.ndarray, name: str) -> np.ndarray:
+    """Python integers too large for int64 make numpy fall back to objects: those are sizes
+    too (then refused as too large, not as the wrong type), anything else stays objects."""
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in raw):
+        return raw
+    out = np.empty(raw.shape[0], dtype=np.float64)
+    for i, value in enumerate(raw):
+        try:
+            out[i] = float(value)
+        except OverflowError:
+            raise ValueError(
+                f"{name}[{i}] is an integer of {int(value).bit_length()} bits; sizes must be "
+                f"at most 2**53 ({MAX_SIZE:.0f}); give sizes in a larger unit"
+            ) from None
     return out
 
 

@@ -25,6 +25,7 @@ from chronica.demo.config import (
 )
 from chronica.demo.launch import DemoError, launch
 from chronica.demo.report import format_report, summarize
+from chronica.demo.warmup import kernels_cached, warm_up
 from chronica.sim.speeds import PROFILE_HELP
 from chronica.sizes_io import SIZES_HELP
 
@@ -45,10 +46,11 @@ def _worlds(text: str) -> tuple[int, ...]:
 def parse_args(argv: list[str] | None) -> tuple[DemoConfig, float]:
     """The checked configuration and the ``--timeout`` in seconds; exits (argparse) on a bad
     argument, raises ``ValueError``/``OSError`` for an unreadable ``--lengths`` file."""
-    return _parse(argv)[:2]
+    config, timeout_s, _, _ = _parse(argv)
+    return config, timeout_s
 
 
-def _parse(argv: list[str] | None) -> tuple[DemoConfig, float, str | None]:
+def _parse(argv: list[str] | None) -> tuple[DemoConfig, float, str | None, bool]:
     parser = argparse.ArgumentParser(
         prog="chronica demo",
         description="Train a small sequence model with attention on variable-length data in a "
@@ -57,7 +59,8 @@ def _parse(argv: list[str] | None) -> tuple[DemoConfig, float, str | None]:
         "several seeds). The cost model is fitted to the ranks' measured CPU time first. "
         "Prints each sampler's measured and predicted per-step balance, the speed-up in the "
         "slowest rank's compute, held-out loss and accuracy, and a simulation of the same job "
-        "on 8 to 1024 ranks. About 2 minutes on 2 cores.",
+        "on 8 to 1024 ranks. A few minutes on 2 cores (it prints an estimate first; the first "
+        "run in an environment also compiles chronica's kernels, once).",
     )
     parser.add_argument("--samples", type=int, default=None, help="samples (default 1024)")
     parser.add_argument("--batch-size", type=int, default=None, help="global batch (default 32)")
@@ -118,6 +121,18 @@ def _parse(argv: list[str] | None) -> tuple[DemoConfig, float, str | None]:
     parser.add_argument("--quick", action="store_true", help="tiny configuration (tests)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print the report only (no progress bar, no status lines): a clean report when "
+        "piped to a file",
+    )
+    parser.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="do not pin each rank to a core of its own (by default they are, where the "
+        "machine has a core per rank)",
+    )
+    parser.add_argument(
         "--timeout", type=float, default=900.0, help="stop everything after this many seconds"
     )
     args = parser.parse_args(argv)
@@ -150,7 +165,8 @@ def _parse(argv: list[str] | None) -> tuple[DemoConfig, float, str | None]:
         dim=32 if quick else 64,
         hidden=64 if quick else 256,
         warmup_steps=1 if quick else 2,
-        progress=not args.no_progress,
+        progress=not (args.no_progress or args.quiet),
+        pin=not args.no_pin,
         speeds=args.speeds,
         samplers=tuple(args.samplers.split(","))
         if args.samplers
@@ -166,7 +182,7 @@ def _parse(argv: list[str] | None) -> tuple[DemoConfig, float, str | None]:
         config.validate()
     except ValueError as exc:
         parser.error(str(exc))
-    return config, args.timeout, args.json
+    return config, args.timeout, args.json, args.quiet
 
 
 def _project(config: DemoConfig, results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -203,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the demo (``chronica demo [options]``); print the table; return the exit code."""
     started = time.perf_counter()
     try:
-        config, timeout_s, json_path = _parse(argv)
+        config, timeout_s, json_path, quiet = _parse(argv)
     except (OSError, ValueError) as exc:  # e.g. a missing or malformed --lengths file
         print(f"chronica demo: {exc}", file=sys.stderr)
         return 2
@@ -216,12 +232,21 @@ def main(argv: list[str] | None = None) -> int:
         if config.calibration_steps
         else "take the a-priori cost model (--calibration-steps 0)"
     )
-    print(
+    say = (lambda text: None) if quiet else (lambda text: print(text, file=sys.stderr, flush=True))
+    cached = kernels_cached()
+    if not cached:
+        say(
+            "chronica demo: first run here: numba compiles chronica's balancing kernels once "
+            "(about 1-2 min on 2 cores; later runs load them from the cache), before the "
+            "processes start"
+        )
+    compiled = warm_up(config)
+    if not cached:
+        say(f"chronica demo: kernels compiled and cached in {compiled:.0f} s")
+    say(
         f"chronica demo: starting {config.world_size} processes; they {first}, then train "
         f"{plural(config.seeds, 'seed')} x ({', '.join(config.samplers)}) with steps "
-        f"interleaved",
-        file=sys.stderr,
-        flush=True,
+        f"interleaved"
     )
     try:
         results = launch(config, timeout_s)
@@ -241,5 +266,5 @@ def main(argv: list[str] | None = None) -> int:
             "results": results,
         }
         Path(json_path).write_text(json.dumps(payload))
-        print(f"-> {json_path}", file=sys.stderr)
+        say(f"-> {json_path}")
     return 0

@@ -114,6 +114,7 @@ class DemoConfig:
     lr: float = 3e-3  # Adam, cosine decay to 0 over each run
     warmup_steps: int = 2
     progress: bool = True
+    pin: bool = True  # each rank on a core of its own, where there is one per rank
     collective_timeout_s: float = 120.0
     samplers: tuple[str, ...] = field(default=SAMPLERS[:2])
     speeds: str = "constant"

@@ -157,6 +157,20 @@ def _projection_lines(projection: list[dict[str, Any]], config: DemoConfig) -> l
     ]
 
 
+def _pinning_line(pinned: list[int], world: int) -> str:
+    if pinned:
+        return (
+            f"ranks pinned to cores {', '.join(map(str, pinned))}, one thread each: a rank "
+            f"that waits cannot lend its core, so the wall clock shows the balance too (other "
+            f"processes on those cores still stretch both samplers' steps alike)"
+        )
+    return (
+        f"ranks not pinned (this machine gives these processes fewer cores than {world} "
+        f"ranks, or --no-pin): a waiting rank lends its core, so the wall clock gains less "
+        f"than the compute"
+    )
+
+
 def format_report(
     config: DemoConfig,
     results: dict[str, Any],
@@ -256,6 +270,7 @@ def format_report(
             f"gains less where ranks share processors with other work, since a rank that "
             f"waits lends its core to the others."
         ),
+        _wrap(_pinning_line(results.get("pinned") or [], config.world_size)),
     ]
     if config.speeds != "constant":
         lines.append(

@@ -46,6 +46,7 @@ from chronica import CostModel, DynamicOptions
 from chronica.demo.calibrate import calibration_batches, fit_cost, predict
 from chronica.demo.config import DemoConfig, cost_model_for, plural
 from chronica.demo.model import PackedClassifier, PackedTokens, collate_packed
+from chronica.demo.placement import pin_rank
 from chronica.torch.utils.data import ComputeTimer
 from chronica.torch.utils.data import DistributedBatchSampler as ChronicaBatchSampler
 from chronica.torch.utils.data import DistributedSampler as ChronicaDistributedSampler
@@ -575,8 +576,10 @@ def _worker(config_path: str, result_path: str) -> int:
     )
     try:
         rank = dist.get_rank()
+        pinned = pin_rank(rank, config.world_size, config.pin)
         dataset = PackedTokens(np.asarray(config.lengths), seed=config.seed)
         results = _train_all(dataset, held_out_set(config), config, rank)
+        results["pinned"] = pinned
         if rank == 0:
             tmp = Path(result_path).with_suffix(".tmp")
             tmp.write_text(json.dumps(results))

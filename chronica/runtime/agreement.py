@@ -103,6 +103,9 @@ class Agreement:
                 "e.g. an all-reduce SUM of the framework's process group"
             )
         self._total = total
+        # After a vote this rank passed a plan's token in: how many ranks voted for the
+        # static plan (``NO_PLAN``), when the sums say so unambiguously; else ``None``.
+        self.without_plan: int | None = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank}, world={self.world})"
@@ -130,7 +133,22 @@ class Agreement:
         sums = np.asarray(self._total(np.concatenate([words, chunks, chunks * chunks])), np.int64)
         balanced = not (sums[:HASH_WORDS] % MODULUS).any()
         same = np.array_equal(sums[HASH_WORDS:], self.world * np.concatenate([chunks, chunks**2]))
+        copies = None if tuple(token) == NO_PLAN else _copies(sums, chunks)
+        self.without_plan = None if copies is None else self.world - copies
         return balanced and same and tuple(token) != NO_PLAN
+
+
+def _copies(sums: np.ndarray, chunks: np.ndarray) -> int | None:
+    """How many ranks passed this rank's token, when the token sums are that many copies of
+    it and nothing else (every other rank passed ``NO_PLAN``, all zeros); else ``None``."""
+    tokens, squares = sums[HASH_WORDS : HASH_WORDS + _CHUNKS], sums[HASH_WORDS + _CHUNKS :]
+    nonzero = np.flatnonzero(chunks)
+    if nonzero.size == 0:
+        return None
+    copies = int(tokens[nonzero[0]] // chunks[nonzero[0]])
+    if np.array_equal(tokens, copies * chunks) and np.array_equal(squares, copies * chunks**2):
+        return copies
+    return None
 
 
 _PREFIXES: Counter[str] = Counter()

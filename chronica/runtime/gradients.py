@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from chronica.core.priority import Layout
+from chronica.runtime.auto import Window
 from chronica.runtime.timeline import Exposure
 
 __all__ = [
@@ -125,6 +126,8 @@ class StepHistory:
             raise ValueError(f"maxlen={maxlen!r} must be at least 1")
         self.steps: deque[tuple[float, float, float]] = deque(maxlen=maxlen)
         self.cpu: deque[float] = deque(maxlen=maxlen)  # process CPU seconds per step
+        self.busy: deque[float] = deque(maxlen=maxlen)  # seconds the link was busy per step
+        self.fresh = 0  # steps recorded since the last restart or window()
         self._last_call: float | None = None
         self._last_cpu = 0.0
 
@@ -140,7 +143,12 @@ class StepHistory:
         return f"StepHistory(steps={len(self.steps)}, maxlen={self.steps.maxlen})"
 
     def record(
-        self, now: float, after_backward: float, forward_wait: float, cpu: bool = False
+        self,
+        now: float,
+        after_backward: float,
+        forward_wait: float,
+        cpu: bool = False,
+        busy: float = 0.0,
     ) -> float | None:
         """A call at ``now``: closes the step begun at the previous call, if any.
 
@@ -150,6 +158,7 @@ class StepHistory:
             forward_wait: seconds the forward pass waited for parameters.
             cpu: also measure the process CPU time per step (reading it costs: only while a
                 decision needs it).
+            busy: seconds the link was busy with this step's gradients (0 where unknown).
 
         Returns the start of the step it closed (``None`` after ``restart``).
 
@@ -162,6 +171,8 @@ class StepHistory:
         start = self._last_call
         if start is not None:
             self.steps.append((now - start, after_backward, forward_wait))
+            self.busy.append(float(busy))
+            self.fresh += 1
             if cpu:
                 self.cpu.append(spent - self._last_cpu)
         self._last_call, self._last_cpu = now, spent
@@ -177,10 +188,39 @@ class StepHistory:
         """
         self.steps.clear()
         self.cpu.clear()
+        self.busy.clear()
+        self.fresh = 0
         self._last_call = None
 
+    def window(self) -> Window:
+        """Medians of the steps recorded since the last ``restart`` or ``window`` (this rank's
+        part of an ``AutoTrial`` window), and start the next window.
+
+        Example::
+
+            >>> history = StepHistory()
+            >>> for now in (0.0, 0.1, 0.2):
+            ...     _ = history.record(now, 0.02, 0.0, busy=0.05)
+            >>> history.window()
+            Window(step_time=0.1, cpu_time=0.0, after_backward=0.02, link_busy=0.05)
+        """
+        n = min(self.fresh, len(self.steps))
+        self.fresh = 0
+        if not n:
+            return Window(0.0)
+        rows = np.asarray(list(self.steps)[-n:], dtype=np.float64)
+        cpu = list(self.cpu)[-n:]
+        busy = list(self.busy)[-n:]
+        return Window(
+            float(np.median(rows[:, 0])),
+            float(np.median(cpu)) if cpu else 0.0,
+            float(np.median(rows[:, 1])),
+            float(np.median(busy)),
+        )
+
     def exposure(self, mode: str, decision: str = "") -> Exposure:
-        """Medians of the kept steps as an ``Exposure`` (what ``stats()`` returns).
+        """Medians of the kept steps as an ``Exposure`` (what ``stats()`` returns), with the
+        link's median busy time per step where it was measured.
 
         Args:
             mode: the engine the steps ran (``"bucketed"`` or ``"scheduled"``).
@@ -191,7 +231,8 @@ class StepHistory:
             >>> StepHistory().exposure("bucketed").steps
             0
         """
-        return Exposure.from_steps(self.steps, mode, decision)
+        busy = float(np.median(self.busy)) if self.busy else 0.0
+        return Exposure.from_steps(self.steps, mode, decision, link_busy=busy)
 
     def median_cpu(self) -> float:
         """Median CPU seconds per measured step (0 if none was measured).

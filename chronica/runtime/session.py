@@ -11,8 +11,8 @@
   source for a window and, for the coordinator's, their parts together are the static
   window. ``agree``, given by the adapter (``chronica.runtime.agreement.Agreement``: two
   small all-reduces over the framework's own process group), decides that on every rank
-  alike; without it a rank decides alone, which is safe unless the coordinator fails while
-  sending a window, or sends the ranks parts that do not fit together;
+  alike; without it (and more than one rank) no rank can prove the others hold the same
+  window, so every window is the static plan and exactly-once holds;
 * ``report(seconds, step)`` sends this rank's own compute time for a step it yielded.
 
 A plan from the coordinator is this rank's part only (its bytes do not grow with the world).
@@ -37,6 +37,7 @@ import logging
 import math
 import threading
 import weakref
+from collections import Counter
 from collections.abc import Iterator
 
 import numpy as np
@@ -81,9 +82,9 @@ class DynamicSession:
 
     ``timeout`` bounds every wait for the coordinator (seconds). Guarantees: ``steps``
     yields every step of the epoch from ``start`` once, in order, each with exactly this
-    rank's samples of either the dynamic or the static plan of that window (the same choice
-    on every rank when ``agree`` is given); it never waits longer than ``timeout`` per
-    window.
+    rank's samples of either the dynamic or the static plan of that window, the same choice
+    on every rank (without ``agree`` and with more than one rank: the static plan, always);
+    it never waits longer than ``timeout`` per window.
 
     Args:
         scheduler: the plans; its mode must open a session (``kind="dynamic"``).
@@ -91,7 +92,8 @@ class DynamicSession:
         host: where the coordinator listens (see ``chronica.runtime.DynamicOptions``).
         port: its port (see ``chronica.runtime.DynamicOptions``).
         timeout: the longest wait for a window's plan, in seconds.
-        agree: the all-ranks agreement, or ``None`` (a single rank votes alone).
+        agree: the all-ranks agreement, or ``None`` (a single rank votes alone; with more
+            ranks, every window is the static plan).
     """
 
     def __init__(
@@ -121,6 +123,14 @@ class DynamicSession:
         self.window = config.window
         # A single rank's part is the whole window: it votes alone (the sum of one rank).
         self.agree = Agreement(np.asarray, 0, 1) if agree is None and world == 1 else agree
+        if self.agree is None:
+            logger.warning(
+                "chronica: rank %d has no agreement between ranks (agree=None), so it cannot "
+                "prove every rank holds the same window: every window uses the static plan; "
+                "initialise the framework's distributed runtime before building the data "
+                "pipeline to balance dynamically",
+                rank,
+            )
         self.coordinator: Coordinator | None = None
         external = external_coordinator()
         if external is not None:
@@ -168,6 +178,7 @@ class DynamicSession:
         self._next_report = 0
         self.windows_dynamic = 0
         self.windows_static = 0
+        self._fallbacks: Counter[str] = Counter()  # windows that fell back, by cause
         self.plans_refused = 0
         with _OPEN_LOCK:
             _OPEN.add(self)
@@ -195,7 +206,9 @@ class DynamicSession:
             if plan is not None and static.micro is not None:
                 packed = self._packed(plan, static, first, stop)
                 plan = None if packed is None else plan
-            use = plan is not None
+            # Without an agreement no rank can prove the others hold the same window: every
+            # window is then the static plan, so exactly-once holds whatever arrives.
+            use = plan is not None and self.agree is not None
             if self.agree is not None:
                 use = self.agree(
                     window.token(plan) if plan is not None else NO_PLAN,
@@ -285,15 +298,39 @@ class DynamicSession:
         return False
 
     def _fall_back(self, epoch: int, first: int, stop: int) -> None:
-        logger.warning(
-            "chronica: rank %d: the ranks' plans for epoch %d steps %d..%d do not fit together "
-            "(another rank's failed its check or differs, or the parts are not the static "
-            "window's samples); the static plan serves the window on every rank",
-            self.rank,
-            epoch,
-            first,
-            stop - 1,
-        )
+        """This rank held a plan that the vote did not take: say why. Another rank without
+        a plan (its link to the coordinator failed, and it says why itself) is told once,
+        then on the 10th, 100th... such window, not once per window; plans that do not fit
+        together (a bug, or tampering) are told for every window."""
+        # An agreement that cannot tell (any callable voting alike) names no missing rank.
+        missing = getattr(self.agree, "without_plan", None)
+        if missing:
+            cause = "missing"
+            text = (
+                f"{missing} other rank(s) had no plan from the coordinator for it (their "
+                "link to it failed: unreachable, missing or wrong CURVE keys, a time-out; "
+                "their own logs say which)"
+            )
+        else:
+            cause = "unfit"
+            text = (
+                "the ranks' plans do not fit together (another rank's failed its check or "
+                "comes from another planning, or the parts are not the static window's "
+                "samples: a bug, or tampering on an unauthenticated network)"
+            )
+        self._fallbacks[cause] += 1
+        n = self._fallbacks[cause]
+        if cause == "unfit" or n == 10 ** (len(str(n)) - 1):
+            logger.warning(
+                "chronica: rank %d: epoch %d steps %d..%d use the static plan on every rank: "
+                "%s (%d window(s) for this cause so far)",
+                self.rank,
+                epoch,
+                first,
+                stop - 1,
+                text,
+                n,
+            )
 
     def _refuse(self, epoch: int, first: int, stop: int, why: str) -> None:
         self.plans_refused += 1

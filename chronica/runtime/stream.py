@@ -90,8 +90,8 @@ class RankStream:
         scheduler: the plans (sizes and plan request).
         rank: this process's rank.
         dynamic: the transport to rank 0's coordinator, when the mode opens a session.
-        agree: the all-ranks agreement (``chronica.runtime.agreement``), required for
-            exactly-once when the coordinator can fail mid-window.
+        agree: the all-ranks agreement (``chronica.runtime.agreement``); without it (and
+            more than one rank) no session opens and every window is the static plan.
         names: words the state's messages in the adapter's terms.
 
     Example::
@@ -127,15 +127,16 @@ class RankStream:
         self._resumed: tuple[tuple[Segment, ...], EpochPlan] | None = None
         self._weights: dict[int, float] = {}
         self.session: DynamicSession | None = None
-        if config.mode.opens_session:
+        if config.mode.opens_session and agree is None and self.num_replicas > 1:
+            # No rank could prove the others hold the same window: the static plan serves
+            # every one (exactly-once), and no coordinator is started for nothing.
+            logger.warning(
+                "chronica: kind='dynamic' without an agreement between ranks: every window "
+                "uses the static plan; initialise the framework's distributed runtime before "
+                "building the data pipeline to balance dynamically"
+            )
+        elif config.mode.opens_session:
             options = dynamic or DynamicOptions()
-            if agree is None and self.num_replicas > 1:
-                logger.warning(
-                    "chronica: kind='dynamic' without an agreement between ranks: if the "
-                    "coordinator fails mid-window, ranks may take different plans for it; "
-                    "initialise the framework's distributed runtime before building the "
-                    "data pipeline"
-                )
             self.session = DynamicSession(
                 scheduler,
                 self.rank,

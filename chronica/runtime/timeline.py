@@ -141,12 +141,14 @@ class Exposure:
     ``step_time``: seconds from one ``step()`` to the next; ``after_backward``: from the end
     of the backward pass (the ``step()`` call) until every gradient was reduced;
     ``forward_wait``: how long the next forward pass waited for parameters still being
-    reduced; ``decision``: why the shim runs in ``mode`` (empty if it was told to). With
-    bucketed all-reduce (``mode="bucketed"``) the step waits for the reduction, so all of
-    ``after_backward`` is exposed; with priority scheduling (``"scheduled"``) the reduction
-    overlaps the next forward and only ``forward_wait`` is exposed. Either way no scheduling
-    of the same messages can hide more than ``after_backward``: overlapping it with the next
-    forward is all priority scheduling does, hence ``saving_bound``.
+    reduced; ``decision``: why the shim runs in ``mode`` (empty if it was told to);
+    ``link_busy``: seconds per step the link was busy with the gradients (0 where not
+    measured). With bucketed all-reduce (``mode="bucketed"``) the step waits for the
+    reduction, so all of ``after_backward`` is exposed; with priority scheduling
+    (``"scheduled"``) the reduction overlaps the next forward and only ``forward_wait`` is
+    exposed. Scheduling can hide no more than what is exposed, and no schedule makes a step
+    shorter than the time the link needs for it: ``saving_bound`` is the smaller of the two,
+    over the step time (what more scheduling could save, in either mode).
 
     Args:
         steps: steps measured.
@@ -155,10 +157,14 @@ class Exposure:
         forward_wait: median seconds the next forward waited.
         mode: ``"bucketed"`` or ``"scheduled"``.
         decision: why the shim runs in ``mode``.
+        link_busy: median seconds per step the link was busy (0 where unknown).
 
     Example::
 
         >>> round(Exposure.from_steps([(0.1, 0.02, 0.0)], "bucketed").saving_bound, 3)
+        0.2
+        >>> busy = Exposure.from_steps([(0.1, 0.05, 0.0)], "bucketed", link_busy=0.08)
+        >>> round(busy.saving_bound, 3)
         0.2
     """
 
@@ -168,16 +174,24 @@ class Exposure:
     forward_wait: float
     mode: str
     decision: str = ""
+    link_busy: float = 0.0
 
     @classmethod
     def from_steps(
-        cls, records: Iterable[tuple[float, float, float]], mode: str, decision: str = ""
+        cls,
+        records: Iterable[tuple[float, float, float]],
+        mode: str,
+        decision: str = "",
+        link_busy: float = 0.0,
     ) -> Exposure:
         """From ``(step_time, after_backward, forward_wait)`` per step (seconds);
-        ``decision`` says why the shim runs in ``mode``."""
+        ``decision`` says why the shim runs in ``mode``, ``link_busy`` is the link's busy
+        seconds per step (0 where unknown)."""
         rows = np.asarray(list(records), dtype=np.float64).reshape(-1, 3)
         med = np.median(rows, axis=0) if len(rows) else np.zeros(3)
-        return cls(len(rows), float(med[0]), float(med[1]), float(med[2]), mode, decision)
+        return cls(
+            len(rows), float(med[0]), float(med[1]), float(med[2]), mode, decision, link_busy
+        )
 
     @property
     def exposed(self) -> float:
@@ -186,8 +200,12 @@ class Exposure:
 
     @property
     def saving_bound(self) -> float:
-        """The largest fraction of step time priority scheduling could save (0 to 1)."""
-        return min(1.0, self.after_backward / self.step_time) if self.step_time > 0 else 0.0
+        """The largest fraction of step time (0 to 1) a schedule could still save: what is
+        exposed, but no more than the step time the link leaves free (``link_busy``)."""
+        if self.step_time <= 0:
+            return 0.0
+        room = self.step_time - self.link_busy if self.link_busy > 0 else self.step_time
+        return max(0.0, min(self.exposed, room)) / self.step_time
 
     @property
     def verdict(self) -> str:
@@ -195,17 +213,21 @@ class Exposure:
         if not self.steps:
             return "no step measured yet: nothing to say about exposed communication"
         ms, share = 1e3 * self.step_time, self.saving_bound
+        link = (
+            f" (the link is busy {1e3 * self.link_busy:.1f} ms per step)" if self.link_busy else ""
+        )
         if self.mode == "scheduled":
             hidden = max(0.0, self.after_backward - self.forward_wait) / self.step_time
             return (
                 f"gradients reduced {1e3 * self.after_backward:.1f} ms after backward, the next "
                 f"forward waited {1e3 * self.forward_wait:.1f} ms per {ms:.1f} ms step: "
-                f"priority scheduling would save at most {share:.1%} of step time "
-                f"and hides about {hidden:.1%} here"
+                f"priority scheduling hides about {hidden:.1%} of step time here and would "
+                f"save at most {share:.1%} more{link}"
             )
         return (
             f"communication exposed after backward: {1e3 * self.after_backward:.1f} ms per "
-            f"{ms:.1f} ms step: priority scheduling would save at most {share:.1%} of step time"
+            f"{ms:.1f} ms step: priority scheduling would save at most {share:.1%} of step "
+            f"time{link}"
         )
 
 

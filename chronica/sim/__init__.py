@@ -17,6 +17,7 @@ from chronica.sim.engine import (
     StrategyResult,
     simulate,
 )
+from chronica.sim.pipeline import PipelineModel
 from chronica.sim.report import format_table, plot
 from chronica.sim.sizes import SizeDistribution, read_sizes, resample
 from chronica.sim.speeds import (
@@ -35,6 +36,7 @@ __all__ = [
     "AllReduceModel",
     "Assignment",
     "ComputeModel",
+    "PipelineModel",
     "SimOptions",
     "SimulationResult",
     "SizeDistribution",

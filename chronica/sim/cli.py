@@ -4,6 +4,7 @@ simulated cluster (see ``docs/simulate.md``)."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import sys
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from chronica.core.checks import is_int
+from chronica.core.pipeline import SCHEDULES, Pipeline
 from chronica.sim.engine import (
     DEFAULT_STRATEGIES,
     SimOptions,
@@ -21,6 +23,7 @@ from chronica.sim.engine import (
     check_simulated,
     simulate,
 )
+from chronica.sim.pipeline import PipelineModel
 from chronica.sim.report import format_table, plot
 from chronica.sim.sizes import SizeDistribution, read_sizes, resample
 from chronica.sim.speeds import PROFILE_HELP
@@ -88,6 +91,30 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="G",
         help="group ranks into nodes of G (data movement, local/partial shuffles)",
+    )
+    pipe = p.add_argument_group("pipeline (every rank a pipelined replica; see docs/pipelines.md)")
+    pipe.add_argument(
+        "--pipeline-stages",
+        type=int,
+        metavar="S",
+        help="pipeline stages per replica: a rank's load becomes its micro-batches' "
+        "makespan (packed configurations: their micro-batches; others: one sample each)",
+    )
+    pipe.add_argument(
+        "--virtual-stages", type=int, default=1, metavar="V", help="chunks per stage (default 1)"
+    )
+    pipe.add_argument(
+        "--pipeline-schedule",
+        choices=SCHEDULES,
+        help="default: interleaved with --virtual-stages >= 2, else 1f1b",
+    )
+    pipe.add_argument(
+        "--backward-ratio", type=float, default=2.0, help="backward over forward time (2.0)"
+    )
+    pipe.add_argument(
+        "--plan-order",
+        action="store_true",
+        help="run micro-batches in the plan's order instead of order_micro_batches's",
     )
     time_model = p.add_argument_group("time model")
     time_model.add_argument(
@@ -188,7 +215,29 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
         allreduce=AllReduceModel(args.latency, args.bandwidth, args.grad_bytes, args.allreduce),
         strategies=tuple(args.config or DEFAULT_STRATEGIES),
         ranks_per_node=args.ranks_per_node,
+        pipeline=_pipeline(args),
     )
+
+
+def _pipeline(args: argparse.Namespace) -> PipelineModel | None:
+    if args.pipeline_stages is None:
+        given = args.virtual_stages != 1 or args.pipeline_schedule or args.plan_order
+        if given or args.backward_ratio != 2.0:
+            raise ValueError(
+                "--virtual-stages, --pipeline-schedule, --backward-ratio and --plan-order "
+                "describe a pipeline: give --pipeline-stages S too"
+            )
+        return None
+    try:
+        pipeline = Pipeline(
+            args.pipeline_stages,
+            args.virtual_stages,
+            args.pipeline_schedule,
+            args.backward_ratio,
+        )
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"--pipeline-stages/--virtual-stages/--pipeline-schedule: {exc}") from None
+    return PipelineModel(pipeline, order=not args.plan_order)
 
 
 def _cost(text: str) -> Any:
@@ -202,7 +251,19 @@ def _cost(text: str) -> Any:
         ) from None
 
 
+def check_plotting(args: argparse.Namespace) -> None:
+    """Raise ``ValueError`` naming the install when a plot is asked for (``--plot``,
+    ``--out-dir``) and matplotlib is missing: before anything is simulated."""
+    if (args.plot or args.out_dir) and importlib.util.find_spec("matplotlib") is None:
+        flag = "--plot" if args.plot else "--out-dir"
+        raise ValueError(
+            f"{flag} draws with matplotlib, which is not installed: pip install matplotlib "
+            '(or pip install -e ".[bench]"), or leave out the flag'
+        )
+
+
 def _write(result: SimulationResult, args: argparse.Namespace) -> list[str]:
+    """Write the JSON result where asked; returns the paths written."""
     written = []
     payload = json.dumps(result.to_dict(), indent=1)
     if args.json == "-":
@@ -215,7 +276,15 @@ def _write(result: SimulationResult, args: argparse.Namespace) -> list[str]:
         folder = Path(args.out_dir)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "simulate.json").write_text(payload)
-        written += [str(folder / "simulate.json"), str(plot(result, folder / "simulate.png"))]
+        written.append(str(folder / "simulate.json"))
+    return written
+
+
+def _plots(result: SimulationResult, args: argparse.Namespace) -> list[str]:
+    """Draw the plots asked for; returns their paths."""
+    written = []
+    if args.out_dir:
+        written.append(str(plot(result, Path(args.out_dir) / "simulate.png")))
     if args.plot:
         written.append(str(plot(result, args.plot)))
     return written
@@ -235,13 +304,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = options_from_args(args)
         sizes = sizes_from_args(args)
+        check_plotting(args)
         result = simulate(sizes, options, progress=False if args.quiet else None)
         written = _write(result, args)
     except (OSError, ValueError) as exc:
         print(f"chronica simulate: error: {exc}", file=sys.stderr)
         return 2
-    if not args.quiet and args.json != "-":
-        print(format_table(result))
+    shown = not args.quiet and args.json != "-"
+    if shown:
+        print(format_table(result), flush=True)  # before the plots, which may fail
+    try:
+        written += _plots(result, args)
+    except (OSError, ValueError) as exc:
+        print(f"chronica simulate: error: {exc}", file=sys.stderr)
+        return 2
+    if shown:
         for path in written:
             print(f"-> {path}")
     logger.info("chronica simulate took %.1f s", time.perf_counter() - started)

@@ -28,6 +28,7 @@ from chronica.core.partition import Owners
 from chronica.core.plan import WindowPlan
 from chronica.core.scheduler import Scheduler, per_replica, step_counts
 from chronica.core.sizes import validate_sizes
+from chronica.sim.pipeline import PipelineModel
 from chronica.sim.speeds import parse_speeds, slowdown_matrix
 from chronica.sim.strategies import Assignment, Strategy
 from chronica.sim.timing import AllReduceModel, ComputeModel, StepEvaluation, evaluate_steps
@@ -88,7 +89,8 @@ class SimOptions:
     ``cost`` the model chronica balances and the simulated compute follows; ``speeds`` a
     ``--speeds`` profile; ``strategies`` what to compare (``torch`` is always added, as the
     reference of every speed-up); ``ranks_per_node`` groups ranks into nodes for data
-    movement and partitioned shuffles.
+    movement and partitioned shuffles; ``pipeline`` (``chronica.sim.pipeline``) makes every
+    rank a pipelined replica whose load is its micro-batches' makespan.
     """
 
     world: int
@@ -101,6 +103,7 @@ class SimOptions:
     allreduce: AllReduceModel = field(default_factory=AllReduceModel)
     strategies: tuple[Any, ...] = DEFAULT_STRATEGIES
     ranks_per_node: int | None = None
+    pipeline: PipelineModel | None = None
 
     def __post_init__(self) -> None:
         world = _positive_int("--world", self.world)
@@ -135,6 +138,8 @@ class SimOptions:
             raise ValueError(f"--config names a configuration twice: {labels}")
         object.__setattr__(self, "strategies", tuple(parsed))
         parse_speeds(self.speeds, world, 1)  # fails early on a bad profile
+        if self.pipeline is not None and not isinstance(self.pipeline, PipelineModel):
+            raise TypeError(f"pipeline={self.pipeline!r} must be a chronica.sim.PipelineModel")
 
     @property
     def global_batch(self) -> int:
@@ -162,6 +167,7 @@ class SimOptions:
             "allreduce": vars(self.allreduce).copy(),
             "ranks_per_node": self.ranks_per_node,
             "configs": [s.label for s in self.strategies],
+            "pipeline": None if self.pipeline is None else self.pipeline.describe(),
         }
 
 
@@ -292,10 +298,18 @@ def _static_epoch(run: _Run, epoch: int, profile: Any, allreduce_s: float, bar: 
         assert sched.pieces is not None
         units, costs = assignment.pieces, sched.piece_costs
         sizes = sched.pieces.length.astype(np.float64)
-    evaluation = evaluate_steps(
-        units, assignment.bounds, costs, sizes, slow, noise, options.compute, allreduce_s
-    )
     micro = sched.plan_epoch(epoch).micro if assignment.pieces is not None else None
+    loads = None
+    if options.pipeline is not None:
+        loads = (
+            options.pipeline.sample_loads(units, assignment.bounds, costs)
+            if micro is None
+            else options.pipeline.packed_loads(micro, costs[units], options.world)
+        )
+    evaluation = evaluate_steps(
+        units, assignment.bounds, costs, sizes, slow, noise, options.compute, allreduce_s,
+        loads=loads,
+    )  # fmt: skip
     if micro is not None:
         # Packed rows, not local batches padded to their longest sample, are what is padded.
         room = float(micro.weights.shape[0]) * micro.capacity
@@ -333,6 +347,9 @@ def _dynamic_epoch(
             options.compute,
             allreduce_s,
             host_work=options.compute.coordinator_s,
+            loads=None
+            if options.pipeline is None
+            else options.pipeline.sample_loads(plan.indices, plan.bounds, sched.costs),
         )
         loads, seconds = plan.loads.tolist(), evaluation.compute.tolist()
         for i, step in enumerate(range(first, stop)):

@@ -151,16 +151,20 @@ def evaluate_steps(
     compute: ComputeModel,
     allreduce_s: float,
     host_work: float = 0.0,
+    loads: np.ndarray | None = None,
 ) -> StepEvaluation:
     """Evaluate steps laid out as in ``chronica.core.EpochPlan``: rank r's samples at step s
     are ``indices[bounds[s, r] : bounds[s, r + 1]]``. ``slowdown`` and ``noise`` have shape
     ``(steps, W)``. ``host_work``: processor seconds per step of other work on the shared
     ``cores`` (the coordinator), which slows the ranks down but sets no step's end.
+    ``loads``: ``(steps, W)`` cost units of every rank's step when it is not the sum of its
+    samples' costs (a pipelined replica's makespan, ``chronica.sim.pipeline``).
     Guarantees: ``step_s[s] == compute[s].max() + allreduce_s + compute.overhead_s`` and a
     rank without samples computes only ``fixed_s``."""
-    per_sample = costs[indices]
-    prefix = np.concatenate([[0.0], np.cumsum(per_sample)])
-    loads = prefix[bounds[:, 1:]] - prefix[bounds[:, :-1]]
+    if loads is None:
+        per_sample = costs[indices]
+        prefix = np.concatenate([[0.0], np.cumsum(per_sample)])
+        loads = prefix[bounds[:, 1:]] - prefix[bounds[:, :-1]]
     work = (compute.fixed_s + compute.seconds_per_cost * loads) * noise
     world = work.shape[1]
     if compute.cores and host_work > 0:

@@ -77,7 +77,17 @@ FACES = {  # each face by its public name
 }
 
 
+# The framework each face needs; a face whose framework is not installed is skipped. (A
+# submodule, since the test folders named after the frameworks import as namespaces.)
+FRAMEWORKS = {"torch": "torch.nn", "jax": "jax.numpy", "tf": "tensorflow"}
+
+
+def _needs(face):
+    pytest.importorskip(FRAMEWORKS[face.split(".")[1]])
+
+
 def _face_class(dotted):
+    _needs(dotted)
     module, _, name = dotted.rpartition(".")
     return getattr(importlib.import_module(module), name)
 
@@ -105,6 +115,7 @@ def test_every_face_signs_and_documents_every_plan_option(face):
 
 @pytest.mark.parametrize("face", FACES)
 def test_every_face_hands_every_plan_option_to_the_plan(face):
+    _needs(face)
     build = FACES[face]
     for name, value in SAMPLES.items():
         if value is None:
@@ -119,6 +130,7 @@ def test_every_face_hands_every_plan_option_to_the_plan(face):
 
 @pytest.mark.parametrize("face", FACES)
 def test_every_face_refuses_an_unknown_option_by_name(face):
+    _needs(face)
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'jiter'; did you mean"):
         FACES[face](jiter=0.2)
     config = ScheduleConfig(num_replicas=2, batch_size=8, seed=9)
@@ -132,6 +144,7 @@ def test_every_face_refuses_an_unknown_option_by_name(face):
 def test_a_dynamic_config_runs_with_transport_options_beside_it(face):
     # config= holds the plan (kind="dynamic", its window), dynamic= the transport: one rank
     # and a real coordinator on an OS-picked port; every sample once.
+    _needs(face)
     from chronica.runtime import DynamicOptions
 
     config = ScheduleConfig(num_replicas=1, batch_size=8, kind="dynamic", window=2)

@@ -17,14 +17,17 @@ from chronica.comm.address import (
     resolve_bind,
     resolve_endpoint,
     resolve_port,
+    spans_hosts,
 )
 
 _ENV = ("MASTER_ADDR", "CHRONICA_BIND", "CHRONICA_PORT", "CHRONICA_COORDINATOR")
+_LAUNCH = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
+_LAUNCH += ("PMI_SIZE", "MPI_LOCALNRANKS", "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
 
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for name in _ENV:
+    for name in _ENV + _LAUNCH:
         monkeypatch.delenv(name, raising=False)
 
 
@@ -187,3 +190,54 @@ def test_a_bind_failure_is_explained_with_its_fix(code, role, says):
     assert says in text
     if code == errno.EADDRINUSE:
         assert "CHRONICA_PORT" in text and "port 0" in text
+
+
+# -- a world that spans hosts ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "env, evidence",
+    [
+        ({"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}, "WORLD_SIZE=16 > LOCAL_WORLD_SIZE=8"),
+        ({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, "OMPI_COMM"),
+        ({"PMI_SIZE": "4", "MPI_LOCALNRANKS": "1"}, "PMI_SIZE=4"),
+        ({"SLURM_JOB_NUM_NODES": "2"}, "SLURM_JOB_NUM_NODES=2"),
+        ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}, None),
+        ({"WORLD_SIZE": "8"}, None),
+        ({"WORLD_SIZE": "x", "LOCAL_WORLD_SIZE": "1"}, None),
+        ({}, None),
+    ],
+)
+def test_the_launcher_tells_whether_the_world_spans_hosts(env, evidence):
+    found = spans_hosts(env)
+    assert found == evidence if evidence is None else evidence in found
+
+
+@pytest.mark.parametrize(
+    "setting, value, resolved",
+    [
+        ("MASTER_ADDR", "localhost", "resolves to 127.0.0.1 on this host"),
+        ("MASTER_ADDR", "127.0.1.1", "MASTER_ADDR='127.0.1.1' resolves to 127.0.1.1"),
+        ("CHRONICA_BIND", "::1", "CHRONICA_BIND='::1'"),
+        (None, None, "unset, so loopback is the default"),
+    ],
+)
+def test_a_loopback_bind_in_a_world_that_spans_hosts_is_refused_naming_the_fix(
+    monkeypatch, setting, value, resolved
+):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    if setting is not None:
+        monkeypatch.setenv(setting, value)
+    with pytest.raises(ValueError) as caught:
+        resolve_bind()
+    message = str(caught.value)
+    assert "spans hosts (WORLD_SIZE=2 > LOCAL_WORLD_SIZE=1)" in message and resolved in message
+    assert "Set MASTER_ADDR (or CHRONICA_BIND) to this node's address" in message
+
+
+def test_a_real_address_or_every_interface_is_bound_in_a_world_that_spans_hosts(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert resolve_bind("10.1.2.3") == ("10.1.2.3", "host")
+    assert resolve_bind("*") == ("0.0.0.0", "host")

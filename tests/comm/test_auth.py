@@ -172,7 +172,7 @@ def test_a_client_expecting_another_server_key_sees_the_handshake_fail():
             "expects another coordinator public key",
         ),
         (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, 0x10000001, "not a ZeroMQ peer of this protocol"),
-        (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0, "the handshake failed"),
+        (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0, "the coordinator's gate cut it"),
     ],
 )
 def test_failed_handshakes_are_explained(event, value, says):

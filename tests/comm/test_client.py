@@ -4,16 +4,19 @@ is back, and checks every argument."""
 
 import logging
 import math
+import time
+import tracemalloc
 
 import numpy as np
 import pytest
+import zmq
 from hypothesis import given
 from hypothesis import strategies as st
 from workers import free_ports, scaled
 
 from chronica.comm.client import PlanClient
 from chronica.comm.coordinator import Coordinator
-from chronica.comm.protocol import MAX_WORLD
+from chronica.comm.protocol import MAX_WORLD, encode, topic
 
 
 def test_an_unreachable_coordinator_falls_back_and_warns_once(scheduler, caplog):
@@ -170,3 +173,55 @@ def test_the_log_names_the_rank(scheduler, caplog):
         client.connect()
     client.close()
     assert any(r.getMessage().startswith("chronica: rank 3:") for r in caplog.records)
+
+
+def _bombs() -> list[bytes]:
+    """Frames of about 800 KB that msgpack accepts (every container within its limits):
+    a map whose value nests empty arrays 400,000 deep, and one holding 3 × 64 × 64 × 64
+    empty arrays; before the decoder checked the shape, each cost seconds and tens of MiB."""
+    head = b"\x82\xa1v\x03\xa1t"
+    deep = head + b"\x91" * 400_000 + b"\x90"
+    cube = b"\xdc\x00\x40" + (b"\xdc\x00\x40" + (b"\xdc\x00\x40" + b"\x90" * 64) * 64) * 64
+    wide = head + b"\x93" + cube * 3
+    return [deep, wide]
+
+
+def test_a_nested_bomb_costs_a_rank_neither_its_deadline_nor_memory(scheduler):
+    """A coordinator (or whoever can publish to the rank) answers with nested-container
+    bombs on both sockets: ``plan(timeout=1)`` returns at its deadline, refusing each bomb
+    at its first nested byte, and the rank's Python memory grows by less than 8 MiB."""
+    context = zmq.Context()
+    router, publisher = context.socket(zmq.ROUTER), context.socket(zmq.XPUB)
+    for sock in (router, publisher):
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    pub_port = publisher.bind_to_random_port("tcp://127.0.0.1")
+    client = PlanClient(
+        0, 2, scheduler.digest, "127.0.0.1", port, pub_port=pub_port, max_plan_bytes=1 << 20
+    )
+    try:
+        assert publisher.poll(scaled(10) * 1000)  # the rank's subscription: PUB reaches it
+        publisher.recv()
+        client.prefetch(0, 0)  # a DEALER frame, so the ROUTER learns the rank's identity
+        assert router.poll(scaled(10) * 1000)
+        identity, _ = router.recv_multipart()
+        router.send_multipart([identity, encode("welcome", window=16, steps=64)])
+        assert client.connect(timeout=scaled(10))
+        bombs = _bombs() * 8
+        for bomb in bombs:
+            router.send_multipart([identity, bomb])
+            publisher.send_multipart([topic(0), bomb])
+        assert client._dealer.poll(scaled(10) * 1000) and client._sub.poll(scaled(10) * 1000)
+        tracemalloc.start()
+        start = time.monotonic()
+        assert client.plan(0, 0, timeout=1.0) is None
+        elapsed = time.monotonic() - start
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert client.stats.rejected >= 2
+        assert peak < 8 << 20, f"decoding the bombs took {peak >> 20} MiB"
+        assert elapsed < scaled(1.2), f"plan(timeout=1) returned after {elapsed:.2f} s"
+    finally:
+        client.close()
+        context.destroy(linger=0)

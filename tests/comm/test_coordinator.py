@@ -322,7 +322,7 @@ def test_a_barrage_of_hostile_frames_leaves_the_coordinator_serving(
     # bounded (both tested in test_security.py); here every hostile frame must reach the
     # coordinator and be answered, even when a busy machine lets the gate forward them one
     # by one (each its own bundle) faster than the coordinator reads.
-    limits = GateLimits(stranger_burst=1 << 12, link_hwm=1 << 10)
+    limits = GateLimits(stranger_burst=1 << 12, stranger_first=1 << 12, link_hwm=1 << 10)
     with Coordinator(scheduler, "127.0.0.1", 0, limits=limits) as coordinator:
         host, port, _ = coordinator.endpoint
         frames = _hostile_frames(random.Random(8), scheduler.digest)

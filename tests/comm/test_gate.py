@@ -4,7 +4,10 @@ What it bounds under attack (byte budgets, strangers' rate, a killed gate) is in
 test_security.py; how it publishes a window, in test_publish.py; the gate's own loop and
 its helpers, in test_gate_process.py."""
 
+import os
+import signal
 import socket
+import time
 
 import pytest
 import zmq
@@ -77,3 +80,28 @@ def test_close_ends_the_gate_process_and_is_idempotent():
     gate.close()
     gate.close()
     assert gate.pid() is None and gate.link is None
+
+
+def test_a_gate_that_keeps_dying_is_restarted_at_once_up_to_its_bound(caplog):
+    """Killed again and again, a gate is replaced at once up to ``restarts_per_minute``
+    times a minute; beyond, the next start waits and one warning says why."""
+    limits = GateLimits(restarts_per_minute=2)
+    gate = Gate(zmq.Context.instance(), "127.0.0.1", (0, 0), world=1, limits=limits)
+    gate.bind()
+    gate.open()
+    try:
+        with caplog.at_level("WARNING", logger="chronica"):
+            for _ in range(2):
+                os.kill(gate.pid(), signal.SIGKILL)
+                gate._child.wait(scaled(30))
+                deadline = time.monotonic() + scaled(30)
+                while not gate.alive():  # started again at once, with no pause
+                    assert time.monotonic() < deadline
+            os.kill(gate.pid(), signal.SIGKILL)
+            gate._child.wait(scaled(30))
+            assert not gate.alive() and not gate.alive()  # the third waits out the minute
+        assert gate.restarts == 3 and gate.pid() is None
+        bound = [r.getMessage() for r in caplog.records if "in the last minute" in r.getMessage()]
+        assert len(bound) == 1 and "ended 2 times in the last minute" in bound[0]
+    finally:
+        gate.close()

@@ -798,3 +798,166 @@ def test_a_killed_gate_is_replaced_on_the_same_ports(scheduler):
         _assert_partition(scheduler, plans, 0, 4)
         for c in ranks:
             c.close()
+
+
+# -- admission: real ranks win over connection floods -------------------------------------
+
+# Idle connections the flood keeps open (``ulimit -n`` must allow them in the flood's
+# process and, up to the gate's cap, in the gate's).
+_FLOOD_IDLE = 10_000
+_FLOOD_HELLOS = 64
+
+
+def _run_two_ranks_through(coordinator, scheduler, monkeypatch, timeout):
+    """A 2-rank job (threads) on ``coordinator``: both join, rank 1 is killed after two
+    windows and resumed by a new session; returns every rank's (step, indices) and the
+    sessions' dynamic and static window counts."""
+    host, port, _ = coordinator.endpoint
+    monkeypatch.setenv("CHRONICA_COORDINATOR", f"{host}:{port}")
+    total = ThreadTotal(2)
+    got: dict[int, list] = {0: [], 1: []}
+    windows = {"dynamic": 0, "static": 0}
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def run(rank: int) -> None:
+        try:
+            start, lives = 0, 2 if rank == 1 else 1
+            for life in range(lives):
+                session = DynamicSession(
+                    scheduler, rank, timeout=timeout, agree=total.agreement(rank)
+                )
+                try:
+                    for step, indices, _, _ in session.steps(0, start):
+                        got[rank].append((step, indices.tolist()))
+                        session.report(1e-3, step)
+                        if life + 1 < lives and step == 2 * scheduler.config.window - 1:
+                            start = step + 1
+                            break  # killed: its connection goes, a new process resumes
+                finally:
+                    session.close()
+                    with lock:
+                        windows["dynamic"] += session.windows_dynamic
+                        windows["static"] += session.windows_static
+        except BaseException as error:  # reported by the test
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(scaled(300))
+    assert not errors and not any(t.is_alive() for t in threads), errors
+    return got, windows
+
+
+@attack(
+    "held",
+    "10,000 idle TCP connections (kept open: each one cut is opened again) plus wrong-digest "
+    "hellos from 64 connections while a 2-rank job joins and a rank is killed and resumed, "
+    "with and without CURVE: every join succeeds and every window is served dynamically",
+)
+@pytest.mark.parametrize("curve", [False, True], ids=["plain", "curve"])
+def test_connection_floods_never_lock_real_ranks_out(monkeypatch, tmp_path, curve):
+    if curve:
+        monkeypatch.setenv("CHRONICA_CURVE_DIR", str(make_keys(tmp_path / "keys")))
+    scheduler = _scheduler(2)
+    with Coordinator(scheduler, "127.0.0.1", 0) as coordinator:
+        host, port, pub = coordinator.endpoint
+        flood = subprocess.Popen(
+            [sys.executable, str(Path(__file__).parents[1] / "helpers" / "flood.py")]
+            + [host, str(port), str(pub), str(_FLOOD_IDLE), str(_FLOOD_HELLOS), "600"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(Path(chronica.__file__).parents[1])},
+        )
+        try:
+            assert flood.stdout is not None and flood.stdout.readline().strip() == "ready"
+            _wait_for(lambda: coordinator.stats.gate.get("evicted", 0) > 0, scaled(60))
+            got, windows = _run_two_ranks_through(coordinator, scheduler, monkeypatch, scaled(10))
+            gate = dict(coordinator.stats.gate)
+        finally:
+            flood.kill()
+            flood.wait()
+    static = scheduler.plan_epoch(0)
+    for rank in (0, 1):
+        assert [step for step, _ in got[rank]] == list(range(static.num_steps))
+    for step in range(static.num_steps):
+        both = sorted(got[0][step][1] + got[1][step][1])
+        assert both == sorted(static.indices[static.bounds[step, 0] : static.bounds[step, -1]])
+    per_rank = -(-static.num_steps // scheduler.config.window)
+    print(f"flood ({'curve' if curve else 'plain'}): gate {gate}, windows {windows}")
+    # Rank 0's windows, rank 1's before it was killed and after it resumed: all dynamic.
+    assert windows == {"dynamic": 2 * per_rank, "static": 0}, (windows, gate)
+    assert gate["evicted"] > 0  # the flood filled the gate, which made room for the ranks
+
+
+@attack(
+    "degraded",
+    "the gate process killed every second for 30 s during a 2-rank job: each time replaced "
+    "at once, at least 90% of windows served dynamically, every sample once per epoch",
+)
+def test_a_gate_killed_every_second_costs_few_windows(monkeypatch):
+    scheduler = _scheduler(2)
+    static = [scheduler.plan_epoch(epoch) for epoch in range(2)]
+    with Coordinator(scheduler, "127.0.0.1", 0) as coordinator:
+        host, port, _ = coordinator.endpoint
+        monkeypatch.setenv("CHRONICA_COORDINATOR", f"{host}:{port}")
+        total = ThreadTotal(2)
+        stop, kills = threading.Event(), [0]
+        go_on = [True]
+        epoch_start = threading.Barrier(2, action=lambda: go_on.__setitem__(0, not stop.is_set()))
+        got: dict[int, list] = {0: [], 1: []}
+        windows = {"dynamic": 0, "static": 0}
+        errors: list[BaseException] = []
+        lock = threading.Lock()
+
+        def run(rank: int) -> None:
+            session = DynamicSession(
+                scheduler, rank, timeout=scaled(5), agree=total.agreement(rank)
+            )
+            try:
+                epoch = 0
+                while epoch_start.wait(scaled(120)) is not None and go_on[0]:
+                    for step, indices, _, _ in session.steps(epoch):
+                        got[rank].append((epoch, step, indices.tolist()))
+                        session.report(1e-3, step)
+                        time.sleep(0.02)  # a step's work
+                    epoch += 1
+            except BaseException as error:  # reported by the test
+                errors.append(error)
+                epoch_start.abort()
+            finally:
+                session.close()
+                with lock:
+                    windows["dynamic"] += session.windows_dynamic
+                    windows["static"] += session.windows_static
+
+        threads = [threading.Thread(target=run, args=(rank,)) for rank in range(2)]
+        for t in threads:
+            t.start()
+        try:
+            end = time.monotonic() + 30.0
+            while time.monotonic() < end and not errors:
+                pid = coordinator._gate.pid()
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+                    kills[0] += 1
+                time.sleep(1.0)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(scaled(300))
+        assert not errors and not any(t.is_alive() for t in threads), errors
+        restarts = coordinator.stats.gate_restarts
+    steps = scheduler.num_steps()
+    epochs = len(got[0]) // steps
+    assert epochs >= 2 and len(got[1]) == len(got[0]) == epochs * steps
+    for (epoch, step, a), (_, _, b) in zip(got[0], got[1], strict=True):
+        plan = static[epoch % 2] if epoch < 2 else scheduler.plan_epoch(epoch)
+        want = plan.indices[plan.bounds[step, 0] : plan.bounds[step, -1]]
+        assert sorted(a + b) == sorted(want.tolist())
+    served = windows["dynamic"] / (windows["dynamic"] + windows["static"])
+    print(f"gate killed {kills[0]} times, {restarts} restarts, windows {windows}, {served:.1%}")
+    assert kills[0] >= 20 and restarts >= kills[0] - 1
+    assert served >= 0.9, windows

@@ -71,10 +71,22 @@ def _owner_ranks(owners: int, w: int) -> list[np.ndarray]:
     owners=st.sampled_from([1, 2]),
     batch_size=st.integers(1, 12),
     split=st.booleans(),
+    balance=st.sampled_from(["rank", "micro"]),
+    pad=st.sampled_from([1, 4]),
+    row_docs=st.sampled_from([None, 2]),
 )
-def test_every_document_is_packed_once_within_the_caps(sizes, w, owners, batch_size, split):
+def test_every_document_is_packed_once_within_the_caps(
+    sizes, w, owners, batch_size, split, balance, pad, row_docs
+):
     owners = min(owners, w)
-    packing = Packing(max_tokens=32, row_length=16, long_documents="split" if split else "truncate")
+    packing = Packing(
+        max_tokens=32,
+        row_length=16,
+        long_documents="split" if split else "truncate",
+        balance=balance,
+        pad_multiple=pad,
+        max_documents_per_row=row_docs,
+    )
     streams = np.array_split(np.arange(len(sizes)), owners)
     table, epoch = _epoch(sizes, streams, w, packing, batch_size)
     steps = epoch.bounds.shape[0]
@@ -89,10 +101,12 @@ def test_every_document_is_packed_once_within_the_caps(sizes, w, owners, batch_s
     for s in range(steps):
         for slot in range(first[s], first[s + 1]):
             span = slice(bounds[slot], bounds[slot + 1])
-            assert epoch.layout["lengths"][span].sum() <= packing.max_tokens
+            padded = packing.padded(epoch.layout["lengths"][span])
+            assert padded.sum() <= packing.max_tokens
             rows = epoch.layout["rows"][span]
             for row in np.unique(rows):
-                assert epoch.layout["lengths"][span][rows == row].sum() <= packing.length
+                assert padded[rows == row].sum() <= packing.length
+                assert (rows == row).sum() <= (row_docs or len(rows))
         # The weights average to the step's mean (a step left empty weighs nothing).
         weights = epoch.layout["weights"][first[s] : first[s + 1]]
         empty = bounds[first[s]] == bounds[first[s + 1]]

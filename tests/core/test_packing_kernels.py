@@ -1,6 +1,7 @@
 """The packing kernels (``chronica.core.packing.kernels``) one by one against their
 pure-Python twins in ``tests/helpers/reference.py``: row and micro-batch fitting, the room
-left, and a whole attempt (LPT under row capacities, then refinement) byte for byte."""
+left, the refinement's work count, and a whole attempt (LPT under row capacities, then
+refinement, also where its work bound stops it) byte for byte."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chronica.core.kernels import argsort_descending
-from chronica.core.packing.kernels import fit_micro, fit_row, largest_room, pack_attempt
+from chronica.core.packing.kernels import (
+    fit_micro,
+    fit_row,
+    largest_room,
+    pack_attempt,
+    refine,
+    trade_work,
+    work_budget,
+)
 
 free_rows = st.lists(st.integers(0, 12), min_size=1, max_size=8)
 
@@ -94,3 +103,68 @@ def test_an_attempt_equals_the_reference(
                 here = (rank == r) & (micro == m) & (row == k)
                 assert lengths[here].sum() <= 16
                 assert docs[here].sum() <= limit
+
+
+@given(
+    cells=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 1), st.integers(0, 1)), max_size=30),
+    partners=st.sets(st.integers(0, 2)),
+    num_mine=st.integers(0, 5),
+    pairs=st.booleans(),
+)
+def test_trade_work_counts_what_best_trade_looks_at(cells, partners, num_mine, pairs):
+    rank, micro, row = (np.array([c[x] for c in cells], np.int64) for x in range(3))
+    partner = np.array([r in partners for r in range(3)])
+    scratch = np.zeros(3 * 2 * 2, np.int64)
+    got = trade_work(rank, micro, row, partner, num_mine, scratch, (3, 2, 2), pairs)
+    assert got == reference.pack_trade_work(
+        rank.tolist(), micro.tolist(), row.tolist(), partners, num_mine, pairs
+    )
+    assert not scratch.any()  # left zero for the next call
+
+
+@given(n=st.integers(0, 1 << 16), w=st.integers(1, 512))
+def test_work_budget_matches_the_reference(n, w):
+    assert work_budget(n, w) == reference.pack_work_budget(n, w)
+
+
+def _refined(lengths, costs, w, num_micro, row_length, budget):
+    """LPT by the reference, then the kernel's and the reference's refinement with
+    ``budget``: both results as ``(rank, micro, row, loads)`` lists."""
+    lpt = reference.pack(lengths, costs, [1.0] * w, num_micro, 1, row_length, refine=False)
+    assert lpt is not None
+    n = lengths.shape[0]
+    free = np.full((w, num_micro, 1), row_length, np.int64)
+    slots = np.full((w, num_micro, 1), n + 1, np.int64)
+    micro_loads = np.zeros((w, num_micro))
+    for i in reference.descending_order(costs):  # the order LPT added them in
+        free[lpt[0][i], lpt[1][i], lpt[2][i]] -= lengths[i]
+        slots[lpt[0][i], lpt[1][i], lpt[2][i]] -= 1
+        micro_loads[lpt[0][i], lpt[1][i]] += costs[i]
+    room = np.array([largest_room(free[r], slots[r]) for r in range(w)])
+    state = [free.tolist(), slots.tolist(), micro_loads.tolist(), room.tolist()]
+    placed = [list(x) for x in lpt]
+    reference.pack_refine(
+        lengths.tolist(), costs.tolist(), [1] * n, [1.0] * w, False, *state, *placed, budget
+    )
+    rank, micro, row = (np.array(x, np.int64) for x in lpt[:3])
+    loads = np.array(lpt[3])
+    ones = np.ones(n, np.int64)
+    refine(
+        lengths, costs, ones, np.ones(w), False, free, slots, micro_loads, room, rank, micro, row,
+        loads, reference.pack_work_budget(n, w) if budget is None else budget,
+    )  # fmt: skip
+    return [rank.tolist(), micro.tolist(), row.tolist(), loads.tolist()], placed
+
+
+def test_the_work_bound_stops_the_refinement_as_in_the_reference():
+    # 100 documents for 4 ranks of 2 flat micro-batches of 2048 tokens: the cap leaves little
+    # room, and many trades each gain a little.
+    rng = np.random.default_rng(12)
+    lengths = np.clip(np.rint(rng.lognormal(4.5, 1.2, 100)), 1, 2048).astype(np.int64)
+    costs = lengths.astype(np.float64) ** 2 + 1000.0 * lengths
+    bounded, expected = _refined(lengths, costs, 4, 2, 2048, 20000)
+    assert bounded == expected
+    unbounded, expected = _refined(lengths, costs, 4, 2, 2048, None)
+    assert unbounded == expected
+    # The bound stopped it: without it, the refinement went on to a lower slowest rank.
+    assert max(unbounded[3]) < max(bounded[3])

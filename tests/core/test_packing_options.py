@@ -71,6 +71,7 @@ def test_packing_fills_in_defaults_and_stores_python_ints():
         1,
         1,
         None,
+        None,
     ]
     flat = Packing(max_tokens=8)
     assert flat.row_length == 8 and flat.rows == 1 and flat.length == 8
@@ -113,6 +114,7 @@ def test_the_package_exports_every_public_name_of_its_rooms():
         "Packing",
         "Pieces",
         "StepPlan",
+        "in_pipeline_order",
         "micro_weights",
         "pack_epoch",
         "pack_step",

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import chronica
-from chronica import CostModel, Packing, plan_step
+from chronica import CostModel, Packing, Pipeline, plan_step
+from chronica.core.pipeline import pipeline_makespan
 
 
 @st.composite
@@ -35,6 +36,9 @@ def steps(draw):
         pad_multiple=pad,
         max_documents_per_row=draw(st.sampled_from([None, None, 2, 8])),
         loss=draw(st.sampled_from(["token", "sample", "loss_token"])),
+        pipeline=draw(
+            st.sampled_from([None, None, Pipeline(stages=2), Pipeline(stages=2, virtual_stages=2)])
+        ),
     )
     n = draw(st.integers(0, 3 * world + 24))
     longest = row_length
@@ -56,7 +60,8 @@ def _check(plan, lengths, world, packing, groups):
     padded = packing.padded(np.array(lengths, np.int64))
     batches = [plan.micro_batches(r) for r in range(world)]
     assert all(len(b) == plan.num_micro for b in batches)
-    assert plan.num_micro % packing.micro_batch_multiple == 0
+    assert plan.num_micro % packing.count_multiple == 0
+    assert plan.num_micro >= (packing.pipeline.min_micro_batches if packing.pipeline else 1)
     everything = np.concatenate([d for b in batches for d in b]) if n else np.array([], int)
     assert sorted(everything.tolist()) == list(range(n)), "every document exactly once"
     unit_of = np.arange(n) if groups is None else np.unique(groups, return_inverse=True)[1]
@@ -208,7 +213,7 @@ def test_refusals_name_the_argument_and_the_fix():
         plan_step([1, 2], 1, packing, loss_tokens=[1, 1])
     with pytest.raises(TypeError, match="groups must be 2 integer group ids"):
         plan_step([1, 2], 1, packing, groups=["a", "b"])
-    with pytest.raises(ValueError, match="overflows"):
+    with pytest.raises(ValueError, match=r"cost=.* more than 2\*\*128"):
         plan_step([60] * 4, 1, packing, cost=CostModel.quadratic(c=1e306))
 
 
@@ -217,3 +222,34 @@ def test_the_plan_shows_its_shape_and_figures():
     text = repr(plan)
     assert text.startswith("StepPlan(world_size=2, documents=4, num_micro=1, balance='micro'")
     assert "lockstep_time=7" in text and "bound=7" in text
+
+
+@pytest.mark.parametrize("balance", ["rank", "micro"])
+@pytest.mark.parametrize("pipeline", [Pipeline(stages=4), Pipeline(stages=4, virtual_stages=2)])
+def test_a_pipeline_sets_the_counts_and_orders_the_micro_batches(balance, pipeline):
+    rng = np.random.default_rng(3)
+    lengths = np.minimum(rng.lognormal(7, 1.5, 400).astype(np.int64) + 1, 8192)
+    cost = CostModel.quadratic(b=24576.0, c=1.0)
+    flat = plan_step(lengths, 4, Packing(max_tokens=8192, balance=balance), cost=cost)
+    piped = plan_step(
+        lengths, 4, Packing(max_tokens=8192, balance=balance, pipeline=pipeline), cost=cost
+    )
+    assert piped.num_micro % pipeline.micro_batch_multiple == 0
+    assert piped.num_micro >= pipeline.min_micro_batches
+    assert flat.pipeline_time is None and flat.pipeline_bound is None
+    # The order never lengthens any rank's simulated step, and micro-batch k's costs are
+    # the costs of its documents.
+    costs = cost(piped.padded.astype(float))
+    for r in range(4):
+        for k, docs in enumerate(piped.micro_batches(r)):
+            assert piped.micro_costs[r, k] == pytest.approx(costs[docs].sum())
+        if balance == "micro":
+            continue  # one order for every rank, chosen for the lockstep maxima (below)
+        unordered = np.sort(piped.micro_costs[r])
+        assert pipeline_makespan(piped.micro_costs[r], pipeline) <= pipeline_makespan(
+            unordered, pipeline
+        ) * (1 + 1e-12)
+    assert piped.pipeline_time <= piped.pipeline_bound * 1.10
+    if balance == "micro":
+        steps = piped.micro_costs.max(0)
+        assert pipeline_makespan(steps, pipeline) <= pipeline_makespan(np.sort(steps), pipeline)

@@ -6,8 +6,9 @@ with ``ScheduledReducer`` (small partitions and credit) and once with a plain ``
 the whole gradient tree followed by the same update, for SGD with momentum (``order="fifo"``,
 a per-leaf update rule with state) and Adam (``order="priority"``, an optax-protocol
 transformation through ``per_leaf``), and reports both; then runs a few auto-tuned steps,
-and ``mode="auto"`` against the plain mean (a trial by measurements, a trial forced to pass,
-and ``min_saving=1``, which never tries scheduling).
+and ``mode="auto"`` against the plain mean (a search of settings decided by measurements,
+the same with a second decision after ``trial.reopen``, and ``min_saving=1``, which never
+tries scheduling).
 """
 
 import functools
@@ -21,10 +22,11 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-import chronica.runtime.auto as auto_module
-
 STEPS = 4
-AUTO_STEPS = 16  # mode="auto": measured window (5 calls), trial (5), bucketed again (5), one more
+# mode="auto" with min_saving=0: a bucketed window, two settings searched (each beside bucketed
+# windows) and a second window of the better one: decided by step 34, whatever it measured;
+# "redecided" reopens the trial at REOPEN_STEP and decides again by step 68.
+AUTO_STEPS, REOPEN_STEP = 70, 36
 
 
 def put(x: np.ndarray) -> jax.Array:
@@ -232,7 +234,7 @@ def auto_tuned(rank: int) -> dict:
     return {"knobs": knobs, "exact": bool(same)}
 
 
-def auto_mode(rank: int, min_saving: float, trial_passes: bool) -> dict:
+def auto_mode(rank: int, min_saving: float, reopen: bool) -> dict:
     """``mode="auto"`` SGD with momentum beside the plain mean and the same update."""
     import chronica.jax as cj
 
@@ -242,26 +244,21 @@ def auto_mode(rank: int, min_saving: float, trial_passes: bool) -> dict:
         mode="auto", min_saving=min_saving, partition_bytes=2048, credit_bytes=3000
     )
     decisions, engines = [], []
-    if trial_passes:  # every comparison holds, so the trial ends resumed (not timing-dependent)
-        auto_module.all = lambda checks: True
-    try:
-        for step in range(AUTO_STEPS):
-            x, y = batch(rank, step)
-            params, state = reducer.apply(GRAD(params, x, y), params, sgd_momentum, state)
-            leaves, treedef = jax.tree.flatten(plain_mean(GRAD(plain, x, y)))
-            new = sgd_momentum(
-                leaves, treedef.flatten_up_to(plain), treedef.flatten_up_to(plain_state)
-            )
-            plain, plain_state = treedef.unflatten(new[0]), treedef.unflatten(new[1])
-            stats = reducer.stats()
-            decisions.append(stats.decision)
-            engines.append(stats.mode)
-    finally:
-        if trial_passes:
-            del auto_module.all
+    for step in range(AUTO_STEPS):
+        x, y = batch(rank, step)
+        params, state = reducer.apply(GRAD(params, x, y), params, sgd_momentum, state)
+        leaves, treedef = jax.tree.flatten(plain_mean(GRAD(plain, x, y)))
+        new = sgd_momentum(leaves, treedef.flatten_up_to(plain), treedef.flatten_up_to(plain_state))
+        plain, plain_state = treedef.unflatten(new[0]), treedef.unflatten(new[1])
+        stats = reducer.stats()
+        decisions.append(stats.decision)
+        engines.append(stats.mode)
+        if reopen and step == REOPEN_STEP:
+            reducer.trial.reopen("reopened by the test")
     stats = reducer.stats()
     return {
         "decisions": decisions,
+        "decided": reducer.trial.decisions if reducer.trial is not None else 0,
         "engines": engines,
         "mode": stats.mode,
         "verdict": stats.verdict,
@@ -289,7 +286,7 @@ def main(port: str, process_id: str, num_processes: str, out_path: str, timeline
     results["auto"] = auto_tuned(rank)
     results["mode-auto"] = {
         "measured": auto_mode(rank, 0.0, False),
-        "resumed": auto_mode(rank, 0.0, True),
+        "redecided": auto_mode(rank, 0.0, True),
         "never": auto_mode(rank, 1.0, False),
     }
     multihost_utils.sync_global_devices("chronica grad test done")

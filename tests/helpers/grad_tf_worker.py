@@ -5,10 +5,11 @@ Usage: ``python tests/grad_tf_worker.py RANK PORT0,PORT1 OUT.json TIMELINE``. Bu
 whose forward order differs from its variable creation order (one sparse embedding gradient),
 for SGD with momentum, Adam and AdamW: plainly (``optimizer.apply_gradients``, which
 all-reduces the whole list), with ``ScheduledAllReduce`` one step per ``tf.function``, and (Adam)
-two unrolled steps per ``tf.function``; then ``mode="auto"`` beside plain steps (a trial by
-measurements through ``multi_step``, a trial forced to pass with eager steps, and
-``min_saving=1``, which never tries scheduling). Writes the variables' bytes, the schedule,
-the decisions and an analysis of the traced graphs to OUT.json.
+two unrolled steps per ``tf.function``; then ``mode="auto"`` beside plain steps (a search
+of settings decided by measurements through ``multi_step``, the same with eager steps and a
+second decision after ``trial.reopen``, and ``min_saving=1``, which never tries
+scheduling). Writes the variables' bytes, the schedule, the decisions and an analysis of
+the traced graphs to OUT.json.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-import chronica.runtime.auto as auto_module
 import chronica.tf
 
 STEPS, BATCH, WORKERS = 4, 16, 2
-AUTO_STEPS = 16  # mode="auto": measured window (5 steps), trial (5), bucketed again (5), one more
+# mode="auto" with min_saving=0: a bucketed window, two settings searched (each beside bucketed
+# windows) and a second window of the better one: decided by step 34, whatever it measured;
+# "redecided" reopens the trial at REOPEN_STEP and decides again by step 68.
+AUTO_STEPS, REOPEN_STEP = 70, 36
 VOCAB, FEATURES, CLASSES = 10, 8, 3
 KNOBS = {"partition_bytes": 2048, "credit_bytes": 3000, "comm_ratio": 4.0}
 COLLECTIVES = ("CollectiveReduceV2", "CollectiveGatherV2")
@@ -215,7 +218,7 @@ def train(strategy, kind: str, mode: str, rank: int, timeline: str | None) -> di
     return report
 
 
-def auto_mode(strategy, rank: int, min_saving: float, trial_passes: bool, eager: bool) -> dict:
+def auto_mode(strategy, rank: int, min_saving: float, reopen: bool, eager: bool) -> dict:
     """``mode="auto"`` SGD with momentum beside plain ``apply_gradients``, step by step."""
     x, tok, y = data(rank, AUTO_STEPS)
     nets, opts = [], []
@@ -255,23 +258,20 @@ def auto_mode(strategy, rank: int, min_saving: float, trial_passes: bool, eager:
     plain, auto = stepper(0), stepper(1)
     its = [iter(tf.data.Dataset.from_tensor_slices((x, tok, y)).batch(BATCH)) for _ in range(2)]
     decisions, engines = [], []
-    if trial_passes:  # every comparison holds, so the trial ends resumed (not timing-dependent)
-        auto_module.all = lambda checks: True
-    try:
-        for _ in range(AUTO_STEPS):
-            plain(its[0])
-            auto(its[1])
-            stats = reducer.stats()
-            decisions.append(stats.decision)
-            engines.append(stats.mode)
-    finally:
-        if trial_passes:
-            del auto_module.all
+    for step in range(AUTO_STEPS):
+        plain(its[0])
+        auto(its[1])
+        stats = reducer.stats()
+        decisions.append(stats.decision)
+        engines.append(stats.mode)
+        if reopen and step == REOPEN_STEP:
+            reducer.trial.reopen("reopened by the test")
     stats = reducer.stats()
     return {
         "exact": hexes(nets[0].trainable_variables) == hexes(nets[1].trainable_variables),
         "slots": hexes(opts[0].variables) == hexes(opts[1].variables),
         "decisions": decisions,
+        "decided": reducer.trial.decisions if reducer.trial is not None else 0,
         "engines": engines,
         "mode": stats.mode,
         "verdict": stats.verdict,
@@ -300,7 +300,7 @@ def main() -> None:
     results["adam"]["multi"] = train(strategy, "adam", "multi", rank, None)
     results["mode-auto"] = {
         "measured": auto_mode(strategy, rank, 0.0, False, eager=False),
-        "resumed": auto_mode(strategy, rank, 0.0, True, eager=True),
+        "redecided": auto_mode(strategy, rank, 0.0, True, eager=True),
         "never": auto_mode(strategy, rank, 1.0, False, eager=False),
     }
     with open(out, "w") as f:

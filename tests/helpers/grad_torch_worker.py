@@ -7,8 +7,9 @@ whose forward order differs from its registration order, once with ``ScheduledOp
 all-reduce-average + ``optimizer.step()``, and reports both. Then, against real
 ``DistributedDataParallel(find_unused_parameters=True)`` (broadcast_buffers on), a model with
 BatchNorm, a layer only rank 1 uses on odd steps and one that no rank uses after the first
-step, in every mode of ``ScheduledOptimizer``. Last, a scheduled loop with a timeline that
-never calls ``close()``: the file must be complete once this process exited.
+step, in every mode of ``ScheduledOptimizer`` (``mode="auto"``: through its whole search of
+settings, and through a second decision after ``trial.reopen``). Last, a scheduled loop with
+a timeline that never calls ``close()``: the file must be complete once this process exited.
 """
 
 import json
@@ -21,7 +22,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-import chronica.runtime.auto as auto_module
 from chronica.torch.distributed import ScheduledOptimizer
 
 STEPS = 4
@@ -119,13 +119,17 @@ def train(kind: str, scheduled: bool, rank: int, world: int, timeline: str | Non
     return report
 
 
-DDP_STEPS = 21  # mode="auto" with min_saving=0 tries scheduling, then settles by step 19
+# mode="auto" with min_saving=0 searches two settings (whole gradients, 1 KiB partitions)
+# and settles by step 34 whatever it measures; "auto-redecide" reopens it at REOPEN_STEP and
+# settles again by step 70.
+DDP_STEPS = 80
+REOPEN_STEP = 40
 VARIANTS = {
     "bucketed": {"mode": "bucketed"},
     "scheduled": {"mode": "scheduled", "partition_bytes": 1024, "credit_bytes": 2048},
     "auto-switch": {"mode": "auto", "min_saving": 0.0, "partition_bytes": 1024},
     "auto-stay": {"mode": "auto", "min_saving": 1.0},
-    "auto-resume": {"mode": "auto", "min_saving": 0.0, "partition_bytes": 1024},
+    "auto-redecide": {"mode": "auto", "min_saving": 0.0, "partition_bytes": 1024},
 }
 
 
@@ -167,26 +171,28 @@ def against_ddp(kind: str, variant: str, rank: int) -> dict:
     else:
         opt = ScheduledOptimizer(model, opt, **VARIANTS[variant])
     loss_fn = nn.CrossEntropyLoss()
-    # auto-resume: every trial's comparison holds (its outcome otherwise depends on timing),
-    # so the scheduled engine is parked, bucketed steps measured again, and scheduling resumed.
-    trial_passes = variant == "auto-resume"
-    if trial_passes:
-        auto_module.all = lambda checks: True
-    try:
-        for step in range(DDP_STEPS):
-            x, y = batch(rank, step)
-            opt.zero_grad()
-            loss_fn(net(x, step, rank), y).backward()
-            opt.step()
-    finally:
-        if trial_passes:
-            del auto_module.all
+    settings: list[str] = []  # the setting in force after each step (mode="auto")
+    decisions: list[str] = []
+    for step in range(DDP_STEPS):
+        x, y = batch(rank, step)
+        opt.zero_grad()
+        loss_fn(net(x, step, rank), y).backward()
+        opt.step()
+        if isinstance(opt, ScheduledOptimizer) and opt.trial is not None:
+            settings.append(str(opt.setting))
+            if opt.trial.settled and opt.trial.decision not in decisions:
+                decisions.append(opt.trial.decision)
+            if variant == "auto-redecide" and step == REOPEN_STEP:
+                opt.trial.reopen("reopened by the test")
     report: dict = {}
     if isinstance(opt, ScheduledOptimizer):
         opt.synchronize()
         stats = opt.stats()
         report["stats"] = {"mode": stats.mode, "steps": stats.steps, "verdict": stats.verdict}
         report["stats"]["decision"] = stats.decision
+        report["settings"] = settings
+        report["decisions"] = decisions
+        report["decided"] = opt.trial.decisions if opt.trial is not None else 0
         state = opt.state_dict()
         opt.close()
     else:

@@ -15,6 +15,13 @@ order the training code received them:
 * ``trainer``: ``chronica.torch.hf.Trainer`` on a ``datasets.Dataset`` with a ``length``
   column, 2 epochs; ``stopped`` and ``resumed``: the same stopped by a callback at
   ``STOP`` (mid-epoch 1) after a checkpoint, then a new Trainer resumed from it;
+* ``custom``: ``chronica.torch.hf.Trainer`` with a ``get_train_dataloader`` of its own (a
+  plain ``DataLoader`` over chronica's sampler, which transformers cannot reach to call
+  ``set_epoch``), 2 epochs; ``refused_custom``: the error a plain ``transformers.Trainer``
+  with the same loader raises when it iterates the loader for its second epoch;
+* ``packed``: ``packed_trainer.train`` (a tiny Llama trained on packed documents by
+  ``chronica.torch.hf.Trainer``): per step the documents, the packed loss and the unpacked
+  reference;
 * ``sizes`` (of the samples) and ``stop``.
 """
 
@@ -27,6 +34,7 @@ import warnings
 
 import datasets
 import numpy as np
+import packed_trainer
 import torch
 import transformers
 from accelerate import Accelerator
@@ -36,6 +44,7 @@ from chronica.torch.hf import Trainer, prepare
 from chronica.torch.utils.data import DistributedBatchSampler, DistributedSampler
 
 N, GLOBAL_BATCH, EPOCHS, SKIP = 84, 8, 2, 4
+WORLD = int(os.environ["WORLD_SIZE"])
 SIZES = (np.random.default_rng(1).lognormal(3, 1, N).round() + 1).astype(np.int64)
 TABLE = datasets.Dataset.from_dict(
     {"idx": np.arange(N), "length": SIZES, "x": np.arange(N, dtype=np.float32) % 5}
@@ -145,12 +154,26 @@ def main(out_path: str, folder: str) -> None:
         results["refused_trainer"] = str(error)
 
     results["trainer"] = train(folder)
+
+    def custom_loader(self):
+        sampler = DistributedSampler(TABLE, batch_size=GLOBAL_BATCH, sizes="length")
+        return DataLoader(TABLE, batch_size=local, sampler=sampler, collate_fn=self.data_collator)
+
+    custom = type("Custom", (Trainer,), {"get_train_dataloader": custom_loader})
+    results["custom"] = train(folder, custom)
+    plain = type("Plain", (transformers.Trainer,), {"get_train_dataloader": custom_loader})
+    try:
+        train(folder, plain)
+        results["refused_custom"] = None
+    except RuntimeError as error:
+        results["refused_custom"] = str(error)
     stop = steps + 3  # mid-epoch 1
     results["stopped"] = train(
         folder, callbacks=[StopAt(stop)], save_strategy="steps", save_steps=10**6
     )
     results["resumed"] = train(folder, resume=True)
     results["stop"] = stop
+    results["packed"] = packed_trainer.train(os.path.join(folder, "packed"), world=WORLD)
     with open(out_path, "w") as f:
         json.dump(results, f)
 

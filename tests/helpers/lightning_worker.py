@@ -11,6 +11,12 @@ to argv[1] as JSON the batches every training step received, for each scenario:
 * ``stopped`` and ``resumed``: a ``StatefulDataLoader`` run stopped mid-epoch 1 by
   ``max_steps`` with a ``ModelCheckpoint`` at that step, then a new Trainer, model, loader
   and sampler resumed from that checkpoint with ``fit(ckpt_path=...)``;
+* ``packed``: a packed ``DistributedBatchSampler`` (``PackedDataset``, ``collate_packed``)
+  with ``use_distributed_sampler=False`` for ``PACKED_EPOCHS`` epochs, whose micro-batch
+  counts differ from epoch to epoch, trained with manual optimization (an optimizer step
+  at every step's last micro-batch): ``[epoch, documents, last, loss weight, tokens]`` of
+  every micro-batch, ``packed_steps`` (optimizer steps per epoch) and ``packed_plan``
+  (the epochs' own micro-batch and step counts);
 * ``refused``: the message of the error a ``DistributedBatchSampler`` under Lightning's
   default ``use_distributed_sampler=True`` raises;
 * ``sizes`` (of the samples) and ``stop`` (the global step the stopped run ended at).
@@ -31,10 +37,20 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from chronica.torch.utils.data import Dataset, DistributedBatchSampler, DistributedSampler
+from chronica import Packing
+from chronica.torch.utils.data import (
+    Dataset,
+    DistributedBatchSampler,
+    DistributedSampler,
+    PackedDataset,
+    collate_packed,
+)
 
 N, GLOBAL_BATCH, EPOCHS = 88, 8, 2
 SIZES = np.random.default_rng(0).lognormal(3, 1, N).round() + 1
+DOCUMENTS, DOCUMENTS_PER_STEP, PACKED_EPOCHS = 200, 20, 3
+LENGTHS = np.random.default_rng(0).integers(5, 120, size=DOCUMENTS)
+PACKING = Packing(max_tokens=256)
 
 
 class Clips(Dataset):
@@ -68,6 +84,57 @@ class Model(L.LightningModule):
         indices, x = batch
         self.seen.append([self.current_epoch, batch_idx, indices.tolist()])
         return self.layer(x).square().mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class Documents(torch.utils.data.Dataset):
+    """Document ``i`` is ``LENGTHS[i]`` tokens."""
+
+    def __len__(self):
+        return DOCUMENTS
+
+    def __getitem__(self, index):
+        return torch.arange(int(LENGTHS[index])) % 50 + 1
+
+
+class PackedModel(L.LightningModule):
+    """A token embedding trained on packed micro-batches with manual optimization: the
+    loss of each micro-batch times its loss weight, one optimizer step at the last
+    micro-batch of every step; records every micro-batch and every optimizer step."""
+
+    def __init__(self, sampler):
+        super().__init__()
+        self.automatic_optimization = False
+        self.embedding = torch.nn.Embedding(64, 1)
+        self.sampler = sampler
+        self.seen: list[list] = []
+        self.steps = [0] * PACKED_EPOCHS
+
+    def train_dataloader(self):
+        return DataLoader(
+            PackedDataset(Documents()), batch_sampler=self.sampler, collate_fn=collate_packed
+        )
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        tokens = batch["input_ids"] if batch["num_tokens"] else torch.zeros(1, dtype=torch.long)
+        loss = self.embedding(tokens).square().mean() * batch["loss_weight"]
+        self.manual_backward(loss)  # an empty micro-batch (weight 0) still takes part
+        self.seen.append(
+            [
+                self.current_epoch,
+                batch["indices"].tolist(),
+                bool(batch["last"]),
+                float(batch["loss_weight"]),
+                int(batch["num_tokens"]),
+            ]
+        )
+        if batch["last"]:
+            optimizer.step()
+            optimizer.zero_grad()
+            self.steps[self.current_epoch] += 1
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -123,6 +190,18 @@ def main(out_path: str, folder: str) -> None:
     )
     (saved,) = glob.glob(os.path.join(folder, "*.ckpt"))  # Trainer.save_checkpoint has a barrier
     results["resumed"] = fit(stateful, ckpt_path=saved)
+
+    packed_sampler = DistributedBatchSampler(
+        Documents(), DOCUMENTS_PER_STEP, sizes=LENGTHS, packing=PACKING
+    )
+    packed = PackedModel(packed_sampler)
+    trainer(max_epochs=PACKED_EPOCHS, use_distributed_sampler=False).fit(packed)
+    results["packed"], results["packed_steps"] = packed.seen, packed.steps
+    counts = []
+    for epoch in range(PACKED_EPOCHS):
+        plan = packed_sampler.plan(epoch)
+        counts.append([int(plan.micro.num_micro.sum()), plan.num_steps])
+    results["packed_plan"] = counts
 
     try:
         fit(batches)

@@ -42,4 +42,89 @@ def lockstep_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row
         count[r][k] += 1
         cells[r][k] += costs[i]
         top[k] = max(top[k], time)
+    level_steps(lengths, costs, docs, speeds, free, slots, rank, micro, row, cells)
     return rank, micro, row, cells
+
+
+def level_steps(lengths, costs, docs, speeds, free, slots, rank, micro, row, cells):
+    """``lockstep.level_steps`` on lists (mutated in place): per micro-batch, at most
+    ``ranks`` changes, each the best move or trade between the slowest cell and the
+    fastest one with a change (the 8 fastest cells in ascending time, ties by rank)."""
+    w, n = len(speeds), len(lengths)
+    if w < 2 or n == 0:
+        return
+    num_micro = len(cells[0])
+    members = [[[] for _ in range(num_micro)] for _ in range(w)]
+    for i in range(n):
+        members[rank[i]][micro[i]].append(i)
+
+    def best_change(k, a, b):
+        best = cells[a][k] / speeds[a] * (1.0 - 1e-12)
+        found = (-1, -1)
+        if len(members[a][k]) > 1:
+            for i in members[a][k]:
+                if reference.fit_row(free[b][k], lengths[i], slots[b][k], docs[i]) >= 0:
+                    pair = max(
+                        (cells[a][k] - costs[i]) / speeds[a], (cells[b][k] + costs[i]) / speeds[b]
+                    )
+                    if pair < best:
+                        best, found = pair, (i, -1)
+        for i in members[a][k]:
+            for j in members[b][k]:
+                if costs[j] >= costs[i]:
+                    continue
+                if lengths[j] > free[a][k][row[i]] + lengths[i]:
+                    continue
+                if lengths[i] > free[b][k][row[j]] + lengths[j]:
+                    continue
+                if (
+                    docs[j] > slots[a][k][row[i]] + docs[i]
+                    or docs[i] > slots[b][k][row[j]] + docs[j]
+                ):
+                    continue
+                d = costs[i] - costs[j]
+                pair = max((cells[a][k] - d) / speeds[a], (cells[b][k] + d) / speeds[b])
+                if pair < best:
+                    best, found = pair, (i, j)
+        return found
+
+    for k in range(num_micro):
+        for _ in range(w):
+            times = [cells[r][k] / speeds[r] for r in range(w)]
+            a = times.index(max(times))
+            change, b = (-1, -1), -1
+            fastest = sorted(range(w), key=lambda r: (times[r], r))[:8]
+            for b in [times.index(min(times)), *fastest]:
+                if times[b] >= times[a]:
+                    break
+                change = best_change(k, a, b)
+                if change[0] >= 0:
+                    break
+            i, j = change
+            if i < 0:
+                break
+            if j < 0:
+                q = reference.fit_row(free[b][k], lengths[i], slots[b][k], docs[i])
+                free[a][k][row[i]] += lengths[i]
+                slots[a][k][row[i]] += docs[i]
+                free[b][k][q] -= lengths[i]
+                slots[b][k][q] -= docs[i]
+                cells[a][k] -= costs[i]
+                cells[b][k] += costs[i]
+                place = members[a][k].index(i)
+                members[a][k][place] = members[a][k][-1]
+                members[a][k].pop()
+                members[b][k].append(i)
+                rank[i], row[i] = b, q
+                continue
+            qa, qb = row[i], row[j]
+            free[a][k][qa] += lengths[i] - lengths[j]
+            free[b][k][qb] += lengths[j] - lengths[i]
+            slots[a][k][qa] += docs[i] - docs[j]
+            slots[b][k][qb] += docs[j] - docs[i]
+            d = costs[i] - costs[j]
+            cells[a][k] -= d
+            cells[b][k] += d
+            members[a][k][members[a][k].index(i)] = j
+            members[b][k][members[b][k].index(j)] = i
+            rank[i], row[i], rank[j], row[j] = b, qb, a, qa

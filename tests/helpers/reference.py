@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 MASK = (1 << 64) - 1
@@ -304,6 +306,23 @@ PACK_CLOSE_ENOUGH = 1e-7  # refinement stops this close (relative) to the mean t
 PACK_WORTH_MORE = 1e-5  # pair trades and the search of every rank only this far above it
 PACK_PARTNERS = 4  # the lightest ranks a trade partner is looked for among first
 PACK_WIDE_SEARCH_MAX = 16384  # steps up to this many documents search every rank
+PACK_WORK_PER_DOCUMENT = 1024  # refinement's work bound: candidates per document ...
+PACK_WORK_PER_RANK = 4  # ... plus this many per document and rank ...
+PACK_WORK_FLOOR = 1 << 22  # ... and at least this many
+
+
+def pack_work_budget(n: int, w: int) -> int:
+    """``chronica.core.packing.kernels.work_budget``."""
+    return max(PACK_WORK_FLOOR, n * (PACK_WORK_PER_DOCUMENT + PACK_WORK_PER_RANK * w))
+
+
+def pack_trade_work(rank, micro, row, partners, num_mine: int, pairs: bool) -> int:
+    """``chronica.core.packing.kernels.trade_work``: ``num_mine`` times the documents of the
+    ``partners`` ranks, or with ``pairs`` times ``c·(c+1)/2`` summed over their rows."""
+    theirs = [(rank[j], micro[j], row[j]) for j in range(len(rank)) if rank[j] in partners]
+    if not pairs:
+        return num_mine * len(theirs)
+    return num_mine * sum(c * (c + 1) // 2 for c in Counter(theirs).values())
 
 
 def _seq_sum(values) -> float:
@@ -414,14 +433,31 @@ def pack_best_trade(
 
 
 def pack_refine(
-    lengths, costs, docs, speeds, tight, free, slots, micro_loads, room, rank, micro, row, loads
+    lengths,
+    costs,
+    docs,
+    speeds,
+    tight,
+    free,
+    slots,
+    micro_loads,
+    room,
+    rank,
+    micro,
+    row,
+    loads,
+    budget=None,
 ):
-    """``chronica.core.packing.kernels.refine`` on lists (mutated in place)."""
+    """``chronica.core.packing.kernels.refine`` on lists (mutated in place): stops once more
+    than ``budget`` (default ``pack_work_budget``) candidates were looked at (per iteration
+    ``n``, ``W`` per document of the slowest rank, and ``pack_trade_work`` per search)."""
     w, n = len(speeds), len(lengths)
     if w < 2 or n == 0:
         return
     mean = _seq_sum(loads) / _seq_sum(speeds)
     bound = mean * (1.0 + PACK_CLOSE_ENOUGH)
+    budget = pack_work_budget(n, w) if budget is None else budget
+    work = 0
 
     def place(i, b):
         m, k = fit_micro(free[b], micro_loads[b], lengths[i], tight, slots[b], docs[i])
@@ -434,9 +470,10 @@ def pack_refine(
         times = [loads[r] / speeds[r] for r in range(w)]
         top = max(times)
         a = times.index(top)  # the first slowest rank
-        if top <= bound:
+        if top <= bound or work > budget:
             return
         mine = [i for i in range(n) if rank[i] == a]
+        work += n + len(mine) * w
         # Moves: one document of ``a`` to another rank with a row it fits in.
         gain, best = top * PACK_REL_TOL, None
         for i in mine:
@@ -466,12 +503,16 @@ def pack_refine(
         # small enough).
         lightest = set(sorted(range(w), key=lambda r: (times[r], r))[:PACK_PARTNERS]) - {a}
         args = (lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a)
+        work += pack_trade_work(rank, micro, row, lightest, len(mine), False)
         trade = pack_best_trade(*args, lightest, False, gain)
         worth = top > mean * (1.0 + PACK_WORTH_MORE)
         if trade is None and worth:
+            work += pack_trade_work(rank, micro, row, lightest, len(mine), True)
             trade = pack_best_trade(*args, lightest, True, gain)
         if trade is None and worth and w > PACK_PARTNERS + 1 and n <= PACK_WIDE_SEARCH_MAX:
-            trade = pack_best_trade(*args, set(range(w)) - {a}, False, gain)
+            everyone = set(range(w)) - {a}
+            work += pack_trade_work(rank, micro, row, everyone, len(mine), False)
+            trade = pack_best_trade(*args, everyone, False, gain)
         if trade is None:
             return
         i, j, k = trade

@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import pytest
 from kv_store import LocalStore
+from thread_total import ThreadTotal
 from workers import scaled
 
 from chronica.core import ScheduleConfig, Scheduler
@@ -189,3 +190,22 @@ def test_key_value_agreement_factory_keys_by_digest_and_needs_a_store():
     assert isinstance(built, KeyValueAgreement)
     assert built.prefix.startswith(f"chronica/agree/{scheduler.digest[:16]}/")
     assert (built.rank, built.world, built.timeout_ms) == (1, 2, 60_000)
+
+
+def test_a_rank_holding_a_plan_learns_how_many_ranks_had_none():
+    world, token = 3, (5, 6, 7, 8)
+    total = ThreadTotal(world)
+    votes = {0: token, 1: token, 2: NO_PLAN}
+    seen: dict[int, int | None] = {}
+
+    def vote(rank: int) -> None:
+        agree = total.agreement(rank)
+        agree(votes[rank], lambda key: np.zeros(HASH_WORDS, np.int64))
+        seen[rank] = agree.without_plan
+
+    threads = [threading.Thread(target=vote, args=(rank,)) for rank in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert seen == {0: 1, 1: 1, 2: None}

@@ -1,109 +1,223 @@
 """chronica.runtime.auto: the mode="auto" trial driven with given windows (no framework, no
-timing): when scheduling is tried, kept or dropped, the margins at their edges, the decision
-made once, its words, and bad arguments."""
+timing): the search's order and halving, the cost on accelerators and on CPU, the noise
+figure, the decision printed once (WARNING, without any logging set-up), the drift watch
+and its hysteresis, the agreed window, candidates and bad arguments."""
 
 import logging
+import subprocess
+import sys
 
 import pytest
 
-from chronica.runtime.auto import MARGIN, MODES, AutoTrial, Window, check_mode
+from chronica.runtime.auto import (
+    BUCKETED,
+    DRIFT_WINDOWS,
+    MODES,
+    WATCH_STEPS,
+    AutoTrial,
+    Candidate,
+    Window,
+    candidates,
+    check_mode,
+)
+
+A = Candidate("scheduled", 256 << 10, 1 << 20)
+B = Candidate("scheduled", 1 << 20, 4 << 20)
+C = Candidate("scheduled", 4 << 20, 16 << 20)
+EXPOSED = Window(0.100, 0.050, after_backward=0.040)  # a bucketed window: 40% exposed
 
 
-def run(trial, *windows, bound=0.5):
-    """Feed ``windows`` in order; the engine after each."""
-    engines = [trial.observe(windows[0], saving_bound=bound)]
-    engines += [trial.observe(w) for w in windows[1:] if not trial.settled]
-    return engines
+def drive(trial, times, cpu=None):
+    """Feed one window per setting the trial asks for: step time ``times[setting]`` (and CPU
+    ``cpu[setting]``), bucketed at 0.100 s unless given; the settings asked for, in order."""
+    asked = []
+    while not trial.settled:
+        current = trial.current
+        asked.append(current)
+        t = times.get(current, 0.100)
+        trial.observe(Window(t, (cpu or {}).get(current, 0.050), after_backward=0.04))
+    return asked
 
 
-def test_scheduling_kept_when_faster_than_bucketed_before_and_after(caplog):
-    trial = AutoTrial(min_saving=0.05)
-    assert (trial.phase, trial.engine, trial.decision) == ("measure", "bucketed", "")
-    with caplog.at_level(logging.INFO, logger="chronica"):
-        engines = run(trial, Window(0.100, 0.050), Window(0.080, 0.050), Window(0.100, 0.050))
-    assert engines == ["scheduled", "bucketed", "scheduled"]
-    assert trial.settled and trial.engine == "scheduled"
-    assert trial.decision == (
-        "scheduled: rank 0 measured 80.0 ms per step scheduled against 100.0 ms bucketed "
-        "before and 100.0 ms after, CPU 50.0 against 50.0 ms and 50.0 ms"
+def test_search_interleaves_bucketed_halves_and_keeps_the_best():
+    trial = AutoTrial([A, B, C], accelerator=True)
+    assert trial.current == BUCKETED and trial.phase == "measure"
+    asked = drive(trial, {A: 0.080, B: 0.090, C: 0.095})
+    # measure; round 1: A B bucketed C bucketed; round 2 (best two): A B bucketed.
+    assert asked == [BUCKETED, A, B, BUCKETED, C, BUCKETED, A, B, BUCKETED]
+    assert trial.current == A and trial.engine == "scheduled"
+    assert trial.decision.startswith(
+        "scheduled: scheduled (256 KiB partitions, 1 MiB credit) cost 0.800x bucketed "
+        "(step time, median of 2 windows"
     )
-    lines = [r.getMessage() for r in caplog.records]
-    assert lines[0].startswith("chronica gradients: trial: rank 0 measured that priority")
-    assert lines[-1].endswith("; switching to priority scheduling")
-    assert len(lines) == 2  # the trial, then the decision: once
 
 
-def test_trial_dropped_when_not_faster_or_dearer_in_cpu():
-    slower = AutoTrial()
-    assert run(slower, Window(0.100, 0.05), Window(0.120, 0.05)) == ["scheduled", "bucketed"]
-    assert slower.settled and slower.decision.startswith("bucketed: rank 0 measured 120.0 ms")
-    assert slower.decision.endswith("(scheduling must save 2% and cost no more CPU)")
-    dearer = AutoTrial()
-    assert run(dearer, Window(0.100, 0.050), Window(0.050, 0.060))[-1] == "bucketed"
-    assert dearer.settled and "CPU 60.0 against 50.0 ms" in dearer.decision
+def test_a_single_setting_gets_two_windows_beside_bucketed_ones():
+    trial = AutoTrial([B], accelerator=True)
+    assert drive(trial, {B: 0.080}) == [BUCKETED, B, BUCKETED, B, BUCKETED]
+    assert trial.current == B
 
 
-def test_bucketed_window_after_the_trial_can_overturn_it():
-    # Bucketed was slow by chance before the trial: measured again, it wins.
-    trial = AutoTrial()
-    engines = run(trial, Window(0.200, 0.05), Window(0.100, 0.05), Window(0.099, 0.05))
-    assert engines == ["scheduled", "bucketed", "bucketed"]
-    assert trial.decision.startswith("bucketed: ") and " 99.0 ms after" in trial.decision
+def test_not_cheaper_than_margin_or_noise_keeps_bucketed():
+    slower = AutoTrial([A, B], accelerator=True)
+    drive(slower, {A: 0.110, B: 0.120})
+    assert slower.current == BUCKETED and slower.decision.startswith("bucketed: the best, ")
+    assert slower.decision.endswith("it must save more than 2.0%")
+    # Bucketed windows that differ by 17-20% from one to the next: an 18% gain is noise.
+    noisy = AutoTrial([A], accelerator=True)
+    steps = iter([0.100, 0.090, 0.120, 0.090, 0.100])
+    while not noisy.settled:
+        noisy.observe(Window(next(steps), after_backward=0.04))
+    assert noisy.current == BUCKETED and "noise between bucketed windows 18.3%" in noisy.decision
 
 
-def test_margin_edges_hold_exactly():
-    at_edge = AutoTrial(margin=0.1)  # exactly 10% shorter and exactly 10% more CPU: kept
-    run(at_edge, Window(1.0, 1.0), Window(0.9, 1.1), Window(1.0, 1.0))
-    assert at_edge.engine == "scheduled"
-    beyond = AutoTrial(margin=0.1)
-    run(beyond, Window(1.0, 1.0), Window(0.91, 1.0))
-    assert beyond.settled and beyond.engine == "bucketed"
-    assert MARGIN == AutoTrial().margin
+def test_extra_cpu_beyond_idle_cores_counts_against_a_setting_on_cpu_only_training():
+    # 10 ms shorter, 20 ms more CPU per step; bucketed steps left 5 ms of their core idle.
+    times, cpu = {A: 0.090}, {BUCKETED: 0.095, A: 0.115}
+    on_cpu = AutoTrial([A], cores=1)
+    drive(on_cpu, times, cpu)  # 90 + (20 - 5) = 105 ms against 100: bucketed
+    assert on_cpu.current == BUCKETED and "extra CPU beyond idle counted" in on_cpu.decision
+    assert "cost 1.050x" in on_cpu.decision
+    two_cores = AutoTrial([A], cores=2)  # 105 ms idle: the extra CPU took nothing
+    drive(two_cores, times, cpu)
+    assert two_cores.current == A and "cost 0.900x" in two_cores.decision
+    idle = AutoTrial([A], cores=1)  # bucketed steps at 50 ms of CPU: 50 ms idle absorbs the 20
+    drive(idle, times, {A: 0.070})
+    assert idle.current == A
+    accelerated = AutoTrial([A], accelerator=True)
+    drive(accelerated, times, cpu)
+    assert accelerated.current == A
+    assert not accelerated.measuring_cpu and AutoTrial([A]).measuring_cpu
 
 
-def test_saving_bound_below_min_saving_or_min_saving_one_never_tries(caplog):
-    low = AutoTrial(min_saving=0.2)
-    with caplog.at_level(logging.INFO, logger="chronica"):
-        assert low.observe(Window(0.1, 0.1), saving_bound=0.15) == "bucketed"
-    assert low.settled and low.decision == (
-        "bucketed: rank 0 measured that priority scheduling would save at most 15.0% of step "
-        "time (< min_saving=20%)"
+def test_bound_below_min_saving_or_min_saving_one_never_searches():
+    low = AutoTrial([A], min_saving=0.5)
+    assert low.observe(Window(0.1, after_backward=0.015)) == BUCKETED and low.settled
+    assert low.decision == (
+        "bucketed: the ranks measured that priority scheduling would save at most 15.0% of "
+        "step time (< min_saving=50%)"
     )
-    assert caplog.records[-1].getMessage().endswith("; staying with bucketed all-reduce")
-    never = AutoTrial(min_saving=1.0)  # a measured bound can read 100%: still never
-    assert never.observe(Window(0.1, 0.1), saving_bound=1.0) == "bucketed"
-    assert "never tried at min_saving=100%" in never.decision
-    equal = AutoTrial(min_saving=0.2)  # a bound equal to min_saving is tried
-    assert equal.observe(Window(0.1, 0.1), saving_bound=0.2) == "scheduled"
-    assert equal.decision.startswith("trial: ") and equal.phase == "trial"
+    assert low.window_steps == WATCH_STEPS  # still watched for drift
+    never = AutoTrial([A], min_saving=1.0)
+    assert never.observe(Window(0.1, after_backward=0.1)) == BUCKETED
+    assert "never searched at min_saving=100%" in never.decision and never.window_steps == 0
+    with pytest.raises(ValueError, match="settled for good"):
+        never.observe(Window(0.1))
 
 
-def test_decided_once_and_deterministic():
-    windows = [Window(0.1, 0.05), Window(0.09, 0.05), Window(0.1, 0.05)]
-    a, b = AutoTrial(), AutoTrial()
-    assert run(a, *windows) == run(b, *windows) and a.decision == b.decision
-    with pytest.raises(ValueError, match="settled"):
-        a.observe(Window(0.1, 0.1))
-    with pytest.raises(ValueError, match="saving_bound"):
-        AutoTrial().observe(Window(0.1, 0.1))
-    assert "phase='settled'" in repr(a) and "engine='scheduled'" in repr(a)
+def test_bound_no_more_than_the_link_leaves_free():
+    """Exposed 60 ms of a 100 ms step, but the link is busy 98 ms: 2% at most, not tried."""
+    trial = AutoTrial([A])
+    window = Window(0.100, after_backward=0.060, link_busy=0.098)
+    assert window.saving_bound == pytest.approx(0.02)
+    assert trial.observe(window) == BUCKETED and "at most 2.0%" in trial.decision
+
+
+def test_decision_printed_once_at_warning_and_deterministic(caplog):
+    runs = []
+    for _ in range(2):
+        trial = AutoTrial([A, B], accelerator=True)
+        with caplog.at_level(logging.INFO, logger="chronica"):
+            caplog.clear()
+            drive(trial, {A: 0.08, B: 0.09})
+        runs.append((trial.decision, trial.current))
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and trial.decision in warnings[0].getMessage()
+    assert runs[0] == runs[1]
+    quiet = AutoTrial([A], min_saving=0.9, announce=False)
+    with caplog.at_level(logging.INFO, logger="chronica"):
+        caplog.clear()
+        quiet.observe(EXPOSED)
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_printed_decision_appears_without_any_logging_setup():
+    """A fresh interpreter that configures no logging still sees the decision on stderr."""
+    code = (
+        "from chronica.runtime.auto import AutoTrial, Candidate, Window\n"
+        "t = AutoTrial([Candidate('scheduled', 1, 4)], min_saving=0.5)\n"
+        "t.observe(Window(0.1, after_backward=0.01))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "mode='auto' decided for every rank: bucketed: the ranks measured" in done.stderr
+
+
+def test_drift_reopens_only_after_consecutive_windows_and_decides_again(caplog):
+    trial = AutoTrial([A], accelerator=True)
+    drive(trial, {A: 0.080})
+    assert trial.current == A and trial.decisions == 1
+    steady = Window(0.080, after_backward=0.020)  # communication: 25% of the step
+    trial.observe(steady)  # the reference
+    trial.observe(Window(0.080, after_backward=0.060))  # one odd window: nothing
+    trial.observe(steady)
+    assert trial.settled and trial.current == A
+    for _ in range(DRIFT_WINDOWS):
+        assert trial.settled
+        trial.observe(Window(0.080, after_backward=0.070))  # the link got slower
+    assert trial.phase == "measure" and trial.current == BUCKETED
+    assert trial.decision.startswith("trial: communication took 87.5% of the step")
+    with caplog.at_level(logging.INFO, logger="chronica"):
+        drive(trial, {A: 0.070})
+    assert trial.decisions == 2 and trial.current == A
+    assert any("re-decided" in r.getMessage() for r in caplog.records)
+
+
+def test_reopen_starts_again_from_bucketed():
+    trial = AutoTrial([A], accelerator=True)
+    drive(trial, {A: 0.080})
+    trial.reopen("the link changed")
+    assert (trial.phase, trial.current, trial.decision) == (
+        "measure",
+        BUCKETED,
+        "trial: the link changed",
+    )
+    with pytest.raises(TypeError, match="why"):
+        trial.reopen(3)
+
+
+def test_agreed_window_is_the_mean_over_ranks_whatever_the_order_of_arrival():
+    rows = [[0.1, 0.2, 0.03, 0.0], [0.3, 0.4, 0.05, 0.0]]
+    agreed = Window.agreed(rows)
+    assert agreed.values() == pytest.approx([0.2, 0.3, 0.04, 0.0])
+    assert Window.agreed(rows) == agreed  # the same rows, the same floats
+    assert Window(0.1, 0.2, 0.03, 0.04).values() == [0.1, 0.2, 0.03, 0.04]
+
+
+def test_candidates_cover_the_grid_and_the_configured_setting_once():
+    found = candidates(8 << 20, 1 << 20, 4 << 20)
+    assert found == [A, B, C]
+    assert candidates(8 << 20, 512 << 10, 1 << 20)[-1] == Candidate("scheduled", 512 << 10, 1 << 20)
+    tiny = candidates(4096, 1024, 2048)  # every partition clipped to the gradients' bytes
+    assert tiny == [Candidate("scheduled", 4096, 16384), Candidate("scheduled", 1024, 2048)]
+    with pytest.raises(ValueError, match=">= 1"):
+        candidates(0, 1, 1)
 
 
 def test_bad_arguments():
-    with pytest.raises(TypeError, match="min_saving"):
-        AutoTrial(min_saving="5%")
+    assert check_mode("auto") == "auto" and "bucketed" in MODES
+    with pytest.raises(ValueError, match="one of"):
+        check_mode("fast")
+    with pytest.raises(TypeError, match="string"):
+        check_mode(1)
+    with pytest.raises(TypeError, match="settings"):
+        AutoTrial([BUCKETED])
+    with pytest.raises(TypeError, match="settings"):
+        AutoTrial([])
     with pytest.raises(ValueError, match="min_saving"):
-        AutoTrial(min_saving=1.5)
-    with pytest.raises(ValueError, match="margin"):
-        AutoTrial(margin=-0.1)
+        AutoTrial([A], min_saving=1.5)
+    with pytest.raises(ValueError, match="cores"):
+        AutoTrial([A], cores=0)
+    with pytest.raises(TypeError, match="margin"):
+        AutoTrial([A], margin="2%")
     with pytest.raises(TypeError, match="Window"):
-        AutoTrial().observe((0.1, 0.1), saving_bound=0.5)
-    with pytest.raises(TypeError, match="step_time"):
-        Window("fast", 0.1)
-    with pytest.raises(ValueError, match="cpu_time"):
-        Window(0.1, float("nan"))
-    assert [check_mode(m) for m in MODES] == list(MODES)
-    with pytest.raises(ValueError, match="mode='ddp' must be one of"):
-        check_mode("ddp")
-    with pytest.raises(TypeError, match="mode=None"):
-        check_mode(None)
+        AutoTrial([A]).observe((0.1, 0.1))
+    with pytest.raises(ValueError, match="non-negative"):
+        Window(-1.0)
+    with pytest.raises(TypeError, match="seconds"):
+        Window(True)
+    with pytest.raises(ValueError, match="engine"):
+        Candidate("fast")
+    with pytest.raises(ValueError, match="partition_bytes"):
+        Candidate("scheduled")
+    assert "phase='measure'" in repr(AutoTrial([A]))

@@ -221,3 +221,74 @@ def test_environment_settings_are_checked(scheduler, monkeypatch, env, value):
 def test_session_arguments_are_checked_before_anything_starts(scheduler, args, error, match):
     with pytest.raises(error, match=match):
         DynamicSession(scheduler, **args)
+
+
+def test_without_an_agreement_a_coordinator_answering_one_rank_costs_no_sample(caplog):
+    """No agreement between two ranks (``agree=None``) and a coordinator that answers rank
+    0 only: nothing proves both hold the same window, so both take the static plan for
+    every window, every step holds its samples exactly once, and each rank says why."""
+    scheduler = _scheduler(2, n=120)
+    static = scheduler.plan_epoch(0)
+    got: dict[int, list] = {}
+    sessions: list[DynamicSession] = []
+    dead = free_ports(2)[0]
+    with caplog.at_level("WARNING", logger="chronica"):
+        session0 = DynamicSession(scheduler, 0, host="127.0.0.1", port=0, timeout=scaled(5))
+        session1 = DynamicSession(scheduler, 1, host="127.0.0.1", port=dead, timeout=0.2)
+        sessions += [session0, session1]
+        try:
+            for rank, session in enumerate(sessions):
+                got[rank] = [(step, indices.tolist()) for step, indices, _, _ in session.steps(0)]
+        finally:
+            for session in sessions:
+                session.close()
+    for step in range(static.num_steps):
+        assert Counter(got[0][step][1]) + Counter(got[1][step][1]) == _step_samples(static, step)
+    for session in sessions:
+        assert session.windows_dynamic == 0
+        assert session.windows_static == -(-static.num_steps // WINDOW)
+    warned = [r.getMessage() for r in caplog.records if "agreement between ranks" in r.getMessage()]
+    assert len(warned) == 2 and all("static plan" in m for m in warned)
+
+
+def test_a_rank_without_plans_is_named_once_by_the_ranks_that_have_them(caplog):
+    """Rank 1 cannot reach the coordinator (it says so itself, once); rank 0 holds every
+    window's plan, the vote takes the static plan, and rank 0 says why once, naming the
+    cause (another rank had no plan), not once per window."""
+    scheduler = _scheduler(2, n=200)
+    static = scheduler.plan_epoch(0)
+    total = ThreadTotal(2)
+    got: dict[int, list] = {}
+    ports = {0: 0, 1: free_ports(2)[0]}  # rank 0 starts the coordinator; rank 1: nobody there
+    sessions: list[DynamicSession] = []
+
+    def run(rank: int) -> None:
+        session = DynamicSession(
+            scheduler,
+            rank,
+            host="127.0.0.1",
+            port=ports[rank],
+            timeout=0.3 if rank else scaled(10),
+            agree=total.agreement(rank),
+        )
+        sessions.append(session)
+        got[rank] = [(step, indices.tolist()) for step, indices, _, _ in session.steps(0)]
+
+    with caplog.at_level("WARNING", logger="chronica"):
+        threads = [threading.Thread(target=run, args=(rank,)) for rank in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(scaled(120))
+    for session in sessions:
+        session.close()
+    for step in range(static.num_steps):
+        assert Counter(got[0][step][1]) + Counter(got[1][step][1]) == _step_samples(static, step)
+    windows = -(-static.num_steps // WINDOW)
+    assert windows >= 3 and all(s.windows_static == windows for s in sessions)
+    rank0 = [
+        r.getMessage() for r in caplog.records if r.getMessage().startswith("chronica: rank 0")
+    ]
+    told = [m for m in rank0 if "use the static plan on every rank" in m]
+    assert len(told) == 1 and "1 other rank(s) had no plan from the coordinator" in told[0]
+    assert not any("do not fit together" in m for m in rank0)

@@ -510,3 +510,12 @@ def test_numpy_integers_plan_and_save_as_python_ints_do():
     assert a.scheduler.digest == b.scheduler.digest
     assert [x.indices.tolist() for x in a.batches()] == [x.indices.tolist() for x in b.batches()]
     assert json.dumps(a.state()) == json.dumps(b.state())
+
+
+def test_dynamic_without_an_agreement_opens_no_session_and_plans_statically(caplog):
+    scheduler = Scheduler(_sizes(), ScheduleConfig(2, 8, kind="dynamic", window=4))
+    with caplog.at_level("WARNING", logger="chronica"):
+        stream = RankStream(scheduler, 1, dynamic=DynamicOptions(port=free_ports(2)[0]))
+    assert stream.session is None and not stream.dynamic
+    assert any("every window uses the static plan" in r.getMessage() for r in caplog.records)
+    stream.close()

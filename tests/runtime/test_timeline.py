@@ -18,8 +18,22 @@ def test_exposure_medians_bound_and_verdict():
     assert "would save at most 10.0% of step time" in bucketed.verdict
     scheduled = Exposure.from_steps([(0.2, 0.05, 0.01)], "scheduled", decision="told")
     assert scheduled.exposed == 0.01 and scheduled.decision == "told"
-    assert "hides about 20.0% here" in scheduled.verdict
+    assert "hides about 20.0% of step time here" in scheduled.verdict
+    # In scheduled mode the bound is what is still exposed: the forward's wait, 5%.
+    assert scheduled.saving_bound == pytest.approx(0.05)
+    assert "would save at most 5.0% more" in scheduled.verdict
     assert "no step measured" in Exposure.from_steps([], "bucketed").verdict
+
+
+def test_saving_bound_no_more_than_the_link_leaves_free():
+    """A link busy 90 ms of a 100 ms step leaves 10 ms to save, however much is exposed."""
+    slow = Exposure.from_steps([(0.1, 0.06, 0.0)], "bucketed", link_busy=0.09)
+    assert slow.saving_bound == pytest.approx(0.1)
+    assert "at most 10.0% of step time (the link is busy 90.0 ms per step)" in slow.verdict
+    saturated = Exposure.from_steps([(0.1, 0.06, 0.0)], "bucketed", link_busy=0.12)
+    assert saturated.saving_bound == 0.0
+    free = Exposure.from_steps([(0.1, 0.03, 0.0)], "bucketed", link_busy=0.02)
+    assert free.saving_bound == pytest.approx(0.3)  # the exposed part is the smaller one
 
 
 def test_timeline_finished_when_collected_and_exposure_read_back(tmp_path):

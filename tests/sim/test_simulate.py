@@ -297,6 +297,33 @@ def test_bad_input_fails_early_naming_the_argument(tmp_path, capsys, content, ar
     assert re.search(message, err), err
 
 
+def test_a_plot_without_matplotlib_stops_before_simulating(tmp_path, capsys, monkeypatch):
+    import chronica.sim.cli as cli
+
+    real = cli.importlib.util.find_spec
+    monkeypatch.setattr(
+        cli.importlib.util, "find_spec", lambda name: None if name == "matplotlib" else real(name)
+    )
+    monkeypatch.setattr(cli, "simulate", lambda *a, **k: pytest.fail("simulated"))
+    (tmp_path / "s.txt").write_text("3\n4\n")
+    assert simulate_main(["--sizes", str(tmp_path / "s.txt"), "--plot", "x.png"]) == 2
+    assert "--plot draws with matplotlib, which is not installed" in capsys.readouterr().err
+
+
+def test_the_table_is_printed_before_a_plot_that_fails(tmp_path, capsys, monkeypatch):
+    import chronica.sim.cli as cli
+
+    def fails(result, path):
+        raise OSError(f"cannot write {path}")
+
+    monkeypatch.setattr(cli, "plot", fails)
+    (tmp_path / "s.txt").write_text("\n".join(str(n) for n in range(1, 65)))
+    args = ["--sizes", str(tmp_path / "s.txt"), "--world", "2", "--batch-size", "8"]
+    assert simulate_main([*args, "--plot", str(tmp_path / "x.png")]) == 2
+    captured = capsys.readouterr()
+    assert "speed-up" in captured.out and "cannot write" in captured.err
+
+
 def test_missing_file_and_empty_column(tmp_path, capsys) -> None:
     assert simulate_main(["--sizes", str(tmp_path / "none.txt"), "--quiet"]) == 2
     assert "no such file" in capsys.readouterr().err

@@ -76,7 +76,7 @@ from chronica.adapters.jax.grad_plan import (
 )
 from chronica.adapters.jax.grad_tree import PerLeaf, forward_order, path_name, per_leaf
 from chronica.core.checks import check_number
-from chronica.runtime.auto import MEASURE_STEPS, AutoTrial, Window, check_mode
+from chronica.runtime.auto import BUCKETED, AutoTrial, Candidate, Window, candidates, check_mode
 from chronica.runtime.dispatcher import AutoTuner, SchedulingOptions
 from chronica.runtime.gradients import (
     GradientViews,
@@ -115,7 +115,7 @@ class ScheduledReducer(GradientViews):
         order: ``"priority"`` (first layers first) or ``"fifo"`` (backward order).
         auto_tune: search partition and credit sizes online (``CHRONICA_AUTOTUNE=1``).
         timeline: Chrome-trace path (``CHRONICA_TIMELINE``; ``{rank}`` is replaced).
-        mode: ``"auto"`` (measure, then decide once: ``chronica.runtime.auto.AutoTrial``),
+        mode: ``"auto"`` (measure, search, decide: ``chronica.runtime.auto.AutoTrial``),
             ``"scheduled"`` (priority scheduling) or ``"bucketed"`` (DDP's buckets).
         min_saving: in ``"auto"``, try scheduling only if it could save this fraction of the
             step time (0 to 1; 1 never tries).
@@ -171,7 +171,9 @@ class ScheduledReducer(GradientViews):
         self._timeline: Timeline | None = None
         # mode="auto": bucketed (DDP's buckets, backward order) until the trial decides.
         self._engine = "scheduled" if mode == "scheduled" else "bucketed"
-        self._trial = AutoTrial(self.min_saving) if mode == "auto" else None
+        self._trial: AutoTrial | None = None  # mode="auto": set up with the first plan
+        self._setting: Candidate = BUCKETED  # mode="auto": the setting in force
+        self._generation = 0  # the trial's generation the history's window belongs to
         self._history = StepHistory()
         self._reduced_in = 0.0  # seconds from the latest step's call to its last partition
         if self.world > 1:
@@ -328,6 +330,12 @@ class ScheduledReducer(GradientViews):
         decision = self._trial.decision if self._trial is not None else ""
         return self._history.exposure(self._engine, decision)
 
+    @property
+    def trial(self) -> AutoTrial | None:
+        """``mode="auto"``'s trial (``None`` in other modes and before the first plan);
+        ``trial.reopen(why)`` in every process at the same step decides again."""
+        return self._trial
+
     def _dispatched(self) -> list[int]:
         return self._issued
 
@@ -402,15 +410,27 @@ class ScheduledReducer(GradientViews):
                 "every process must reduce the same structure with the same priority"
             )
         plan.options = knobs_from_words(self.options, agreed[0, 4:])
-        if self._tuner is None and plan.options.auto_tune:
-            numel = [int(np.prod(s)) for s in plan.shapes]
-            total = sum(n * leaves[i].dtype.itemsize for i, n in enumerate(numel))
+        numel = [int(np.prod(s)) for s in plan.shapes]
+        total = sum(n * leaves[i].dtype.itemsize for i, n in enumerate(numel))
+        if self.mode == "auto" and self._trial is None:
+            opts = plan.options  # process 0's knobs: every process searches the same settings
+            self._trial = AutoTrial(
+                candidates(max(1, total), opts.partition_bytes, opts.credit_bytes),
+                self.min_saving,
+                accelerator=jax.default_backend() != "cpu",
+                announce=self.rank == 0,
+            )
+        if self._tuner is None and plan.options.auto_tune and self.mode != "auto":
             self._tuner = AutoTuner.default_grid(total)
             plan.options = plan.options.with_knobs(*self._tuner.current)
         self._layout(plan)
         return plan
 
     def _knobs(self) -> SchedulingOptions:
+        if self._setting.engine == "scheduled":  # mode="auto"'s setting in force
+            return self.options.with_knobs(
+                self._setting.partition_bytes, self._setting.credit_bytes
+            )
         if self._tuner is not None:
             return self.options.with_knobs(*self._tuner.current)
         return self.options
@@ -425,10 +445,11 @@ class ScheduledReducer(GradientViews):
 
     def _step_boundary(self) -> None:
         """At a step boundary: measure the step that ended, feed the tuner (scheduled engine)
-        and the ``mode="auto"`` trial; on a switch, take rank 0's knobs or decision and replan."""
+        and the ``mode="auto"`` trial (every process's window gathered, their mean fed alike);
+        on a switch, take the tuner's (process 0's) knobs or the trial's setting and replan."""
         now = time.perf_counter()
         trial = self._trial
-        measuring = trial is not None and not trial.settled
+        measuring = trial is not None and trial.measuring_cpu
         start = self._history.record(now, self._reduced_in, 0.0, cpu=measuring)
         if start is None:
             return
@@ -441,15 +462,22 @@ class ScheduledReducer(GradientViews):
             for plan in self._plans.values():
                 plan.options = opts
             self._relayout()
-        if trial is None or not measuring or len(self._history) < MEASURE_STEPS:
+        if trial is None:
             return
-        exposure = self._history.exposure(self._engine)
-        measured = [exposure.saving_bound, exposure.step_time, self._history.median_cpu()]
-        words = np.ascontiguousarray(measured, dtype=np.float64).view(np.uint32)
-        bound, step_time, cpu = self._agree(words)[0].copy().view(np.float64).tolist()
-        engine = trial.observe(Window(step_time, cpu), bound)
-        if engine != self._engine:  # every process switches here: the decision is rank 0's
-            self._engine = engine
+        if trial.generation != self._generation:  # reopened: a fresh window
+            self._generation = trial.generation
+            self._history.restart()
+        elif trial.current == self._setting and 0 < trial.window_steps <= self._history.fresh:
+            # Every process's window, gathered: every process feeds the same mean.
+            words = np.ascontiguousarray(self._history.window().values(), dtype=np.float64)
+            rows = self._agree(words.view(np.uint32)).copy().view(np.float64)
+            trial.observe(Window.agreed(rows))
+        if trial.current != self._setting:  # every process switches at this step
+            self._setting = trial.current
+            self._engine = trial.current.engine
+            opts = self._knobs()
+            for plan in self._plans.values():
+                plan.options = opts
             self._relayout()
             self._history.restart()
 

@@ -96,9 +96,10 @@ class Schedule(StreamFace):
     ``RuntimeError`` before. Applying the same ``Schedule`` to the same data set object again
     reuses that pass; applying it to another data set reads that one afresh. Every iteration
     of the output starts at ``epoch`` (``set_epoch`` changes it) or at the position of the
-    last ``set_state``; iterate one output of a ``Schedule`` at a time. An iteration that
-    starts without ``set_epoch`` or ``set_state`` since the previous one repeats its epochs:
-    it logs a warning (an error with ``x=``/``y=``).
+    last ``set_state`` (a static output's cardinality is its steps; a ``set_state`` that
+    changes them needs the schedule applied again); iterate one output at a time. An
+    iteration that starts without ``set_epoch`` or ``set_state`` since the previous one
+    repeats its epochs: it logs a warning (an error with ``x=``/``y=``).
 
     Saving and resuming: ``get_state(delivered=batch)`` is the exact position after the
     last element the training loop took, whatever ``tf.data`` prefetched; ``set_state``
@@ -240,6 +241,7 @@ class Schedule(StreamFace):
         self._store: ExampleStore | None = None
         self._streams: list[RankStream] = []
         self._start: dict[str, Any] | None = None  # where every iteration begins (set_state)
+        self._cardinality: int | None = None  # elements of every iteration of a static output
         self._epoch_starts: dict[int, dict[str, Any]] = {}  # state at each produced epoch's start
         self._unreported: deque[tuple[int, int]] = deque(maxlen=1 << 16)
         # Whether the next iteration was selected (set_epoch, set_state, or none yet): an
@@ -383,6 +385,13 @@ class Schedule(StreamFace):
             stream.load_state(state)
         self._start = copy.deepcopy(state)
         self._selected = True
+        if self._cardinality is not None and self._iteration_steps() != self._cardinality:
+            raise ValueError(
+                f"the output applied before this set_state has {self._cardinality} elements "
+                f"(its cardinality), and from this state an iteration has "
+                f"{self._iteration_steps()}; apply the schedule again after set_state "
+                "(dataset.apply(schedule)), or call set_state before applying it"
+            )
 
     def report(self, seconds: float, step: int | None = None, epoch: int | None = None) -> None:
         """Tell the dynamic scheduler this replica's own compute time for a step: forward
@@ -535,6 +544,7 @@ class Schedule(StreamFace):
 
             >>> batches = dataset.apply(schedule)  # the same as schedule(dataset)
         """
+        self._cardinality = None
         store = self._prepare(dataset)
         if self.config.packing is not None:
             # One Python call per micro-batch lays out its rows (chronica.runtime.rows); the
@@ -556,7 +566,19 @@ class Schedule(StreamFace):
         if self.keras is not None:
             # model.fit sizes an epoch by the cardinality: one epoch per iteration.
             batches = batches.apply(tf.data.experimental.assert_cardinality(self.steps_per_epoch))
+        elif self.epochs is not None:
+            # The plan knows every iteration's steps: len() and Keras can size the output.
+            self._cardinality = self._iteration_steps()
+            batches = batches.apply(tf.data.experimental.assert_cardinality(self._cardinality))
         return batches.prefetch(tf.data.AUTOTUNE)
+
+    def _iteration_steps(self) -> int:
+        """Elements (per replica and step) of every iteration of a static output."""
+        assert self.epochs is not None
+        epoch, step, steps = self._next_iteration()
+        later = range(epoch + 1, self.first_epoch + self.epochs)
+        steps += sum(self.stream.scheduler.num_steps(e) for e in later)
+        return (steps - step) * len(self._streams)
 
     def _epoch_tables(self) -> Iterator[tuple[np.ndarray, ...]]:
         """``_batches`` grouped by epoch, one ``epoch_table`` each. With ``x=``/``y=`` an

@@ -68,6 +68,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from chronica.adapters.tf.grad_agree import agreed_window, worker_rank
 from chronica.adapters.tf.grad_graph import (
     first_use,
     forward_order,
@@ -82,7 +83,7 @@ from chronica.adapters.tf.grad_graph import (
 )
 from chronica.core.checks import check_number
 from chronica.core.priority import Layout, bucket_layout, build_layout, fifo_order, simulate_order
-from chronica.runtime.auto import MEASURE_STEPS, AutoTrial, Window, check_mode
+from chronica.runtime.auto import BUCKETED, AutoTrial, Candidate, candidates, check_mode
 from chronica.runtime.dispatcher import SchedulingOptions
 from chronica.runtime.gradients import (
     BUCKET_BYTES,
@@ -185,7 +186,7 @@ class ScheduledAllReduce(GradientViews):
         comm_ratio: seconds to reduce a gradient byte over seconds of backward per byte.
         reduce_op: ``ReduceOp.SUM`` (as Keras) or ``ReduceOp.MEAN`` (or their names).
         communication_options: passed to the strategy's all-reduce.
-        mode: ``"auto"`` (measure, then decide once: ``chronica.runtime.auto.AutoTrial``),
+        mode: ``"auto"`` (measure, search, decide: ``chronica.runtime.auto.AutoTrial``),
             ``"scheduled"`` (priority scheduling) or ``"bucketed"`` (DDP's buckets).
         min_saving: in ``"auto"``, try scheduling only if it could save this fraction of the
             step time (0 to 1; 1 never tries).
@@ -248,7 +249,7 @@ class ScheduledAllReduce(GradientViews):
         self._priority_arg = None if priority is None else list(priority)
         self._variables: list[Any] | None = None
         self._priority: list[int] | None = None
-        self._plans: dict[tuple[str, tuple[str, ...]], _Plan] = {}
+        self._plans: dict[tuple[str, tuple[int, int], tuple[str, ...]], _Plan] = {}
         self._plan: _Plan | None = None
         self._sequences: weakref.WeakKeyDictionary[Any, _Sequence] = weakref.WeakKeyDictionary()
         self._last_sequence: _Sequence | None = None
@@ -256,7 +257,9 @@ class ScheduledAllReduce(GradientViews):
         self._timeline_opened = False
         # mode="auto": bucketed (DDP's buckets, backward order) until the trial decides.
         self._engine = "scheduled" if mode == "scheduled" else "bucketed"
-        self._trial = AutoTrial(self.min_saving) if mode == "auto" else None
+        self._trial: AutoTrial | None = None  # mode="auto": set up at the first call
+        self._setting: Candidate = BUCKETED  # mode="auto": the setting in force
+        self._generation = 0  # the trial's generation the history's window belongs to
         self._history = StepHistory()
         self._reduced_in = 0.0  # seconds from a step's gradients to its last partition
         self._strategy: Any = None
@@ -301,9 +304,10 @@ class ScheduledAllReduce(GradientViews):
         kinds = tuple(
             "n" if g is None else "s" if isinstance(g, tf.IndexedSlices) else "d" for g in grads
         )
-        plan = self._plans.get((self._engine, kinds))
+        key = (self._engine, self._knob_pair(), kinds)
+        plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[(self._engine, kinds)] = self._build(kinds, variables)
+            plan = self._plans[key] = self._build(kinds, variables)
         self._plan = plan
         self._record = plan.record
         timeline = self._open_timeline(ctx)
@@ -319,7 +323,7 @@ class ScheduledAllReduce(GradientViews):
         credit = plan.record.credit_bytes or 1 << 62  # bucketed: nothing bounds them
         layout = plan.layout
         flat = [tf.reshape(grads[i], [-1]) for i in plan.slots]
-        measuring = self._trial is not None and not self._trial.settled and bool(flat)
+        measuring = self._trial is not None and self._trial.window_steps > 0 and bool(flat)
         if measuring:  # when every dense gradient exists: the step's boundary
             started = tf.numpy_function(
                 self._mark_step, [f[:1] for f in flat], tf.float64, stateful=False
@@ -424,17 +428,26 @@ class ScheduledAllReduce(GradientViews):
             False
         """
         trial = self._trial
-        if trial is None or trial.settled or len(self._history) < MEASURE_STEPS:
+        if trial is None:
             return False
-        exposure = self._history.exposure(self._engine)
-        measured = [exposure.saving_bound, exposure.step_time, self._history.median_cpu()]
-        bound, step_time, cpu = self._agree(measured, ctx)
-        engine = trial.observe(Window(step_time, cpu), bound)
-        if engine == self._engine:
+        if trial.generation != self._generation:  # reopened: a fresh window
+            self._generation = trial.generation
+            self._history.restart()
+        elif trial.current == self._setting and 0 < trial.window_steps <= self._history.fresh:
+            mine = self._history.window()
+            trial.observe(agreed_window(mine, self._replicas, ctx, self._strategy))
+        if trial.current == self._setting:
             return False
-        self._engine = engine
+        self._setting = trial.current  # every worker switches here, to the same setting
+        self._engine = trial.current.engine
         self._history.restart()
         return True
+
+    @property
+    def trial(self) -> AutoTrial | None:
+        """``mode="auto"``'s trial (``None`` in other modes and before the first call);
+        ``trial.reopen(why)`` on every worker at the same step decides again."""
+        return self._trial
 
     @property
     def priority(self) -> list[str]:
@@ -480,6 +493,13 @@ class ScheduledAllReduce(GradientViews):
 
     # -- planning --------------------------------------------------------------------------
 
+    def _knob_pair(self) -> tuple[int, int]:
+        """The partition and credit bytes in force: ``mode="auto"``'s setting, else the
+        options'."""
+        if self._setting.engine == "scheduled":
+            return self._setting.partition_bytes, self._setting.credit_bytes
+        return self.options.partition_bytes, self.options.credit_bytes
+
     def _replica_context(self) -> tf.distribute.ReplicaContext | None:
         """The replica context, or ``None`` when there is nothing to communicate."""
         ctx = tf.distribute.get_replica_context()
@@ -497,6 +517,15 @@ class ScheduledAllReduce(GradientViews):
             self._variables = variables
             self._priority = self._discover_priority(variables)
             log.debug("chronica tf priority: %s", self.priority)
+            if self.mode == "auto":
+                total = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in variables)
+                opts = self.options
+                self._trial = AutoTrial(
+                    candidates(max(1, total), opts.partition_bytes, opts.credit_bytes),
+                    self.min_saving,
+                    accelerator=bool(tf.config.list_logical_devices("GPU")),
+                    announce=worker_rank() == 0,
+                )
         elif [id(v) for v in variables] != [id(v) for v in self._variables]:
             raise ValueError(
                 "variables differ from those of the first call; use one ScheduledAllReduce "
@@ -528,12 +557,12 @@ class ScheduledAllReduce(GradientViews):
         # Backward produces gradients in reverse priority order, one byte per unit of time.
         nbytes = (numel * itemsize).astype(np.float64)
         ready = np.cumsum(nbytes[::-1])[::-1]
-        credit = self.options.credit_bytes
+        partition_bytes, credit = self._knob_pair()
         if self._engine == "bucketed":  # DDP's buckets, backward order, no credit gates
             layout = bucket_layout(numel, itemsize, BUCKET_BYTES, FIRST_BUCKET_BYTES, keys)
             credit = 0
         else:
-            layout = build_layout(numel, itemsize, self.options.partition_bytes, keys)
+            layout = build_layout(numel, itemsize, partition_bytes, keys)
         if self._engine == "bucketed" or self.options.order == "fifo" or not layout.num_partitions:
             order = fifo_order(layout, ready)
         else:
@@ -547,38 +576,20 @@ class ScheduledAllReduce(GradientViews):
     def _mark_step(self, *_: Any) -> np.float64:
         now = time.perf_counter()
         trial = self._trial
-        self._history.record(now, self._reduced_in, 0.0, cpu=trial is not None)
+        self._history.record(
+            now, self._reduced_in, 0.0, cpu=trial is not None and trial.measuring_cpu
+        )
         return np.float64(now)
 
     def _mark_reduced(self, started: np.ndarray, *_: Any) -> np.float64:
         self._reduced_in = time.perf_counter() - float(started)
         return np.float64(0.0)
 
-    def _rank(self) -> int:
-        resolver = getattr(tf.distribute.get_strategy(), "cluster_resolver", None)
-        return int(getattr(resolver, "task_id", None) or 0)
-
-    def _agree(self, values: list[float], ctx: Any) -> list[float]:
-        """Rank 0's ``values`` on every worker (one all-reduce of a few numbers)."""
-        chief = 1.0 if self._rank() == 0 else 0.0
-        tensor = tf.constant(values, tf.float64) * chief
-        if ctx is not None:
-            return [float(v) for v in ctx.all_reduce(tf.distribute.ReduceOp.SUM, tensor).numpy()]
-        strategy = self._strategy
-
-        def reduce() -> tf.Tensor:
-            replica = tf.distribute.get_replica_context()
-            return replica.all_reduce(tf.distribute.ReduceOp.SUM, tensor)
-
-        with strategy.scope():
-            out = strategy.experimental_local_results(strategy.run(reduce))[0]
-        return [float(v) for v in out.numpy()]
-
     def _open_timeline(self, ctx: tf.distribute.ReplicaContext) -> Timeline | None:
         if not self._timeline_opened:
             self._timeline_opened = True
             if self.options.timeline:
-                rank = self._rank()
+                rank = worker_rank()
                 world = ctx.num_replicas_in_sync
                 path = timeline_path(self.options.timeline, rank, world)
                 self._timeline = Timeline(path, rank)

@@ -23,28 +23,29 @@ and torch's ``Sampler`` protocol.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 import operator
-import sys
-import warnings
 from collections.abc import Iterator, Sequence
-from types import FrameType, FunctionType
 from typing import Any
 
-import numpy as np
-import torch
-import torch.distributed as dist
-from torch.utils.data import Dataset as _TorchDataset
 from torch.utils.data import Sampler
+from torch.utils.data.dataloader import _BaseDataLoaderIter
 from torch.utils.data.distributed import DistributedSampler as _TorchDistributedSampler
 
-from chronica.adapters.hf import arrow_sizes, size_columns
+from chronica.adapters.hf import arrow_sizes
+from chronica.adapters.torch.consumers import (
+    Delivery,
+    advanced,
+    check_consumers,
+    consumers,
+    prefetching_loader,
+)
+from chronica.adapters.torch.dataset import Dataset, check_sizes_source
 from chronica.adapters.torch.packed import PackedDataset, collate_packed, packed_indices
-from chronica.core import ScheduleConfig, Scheduler, resolve_sizes
-from chronica.core.sizes import defines_sizeof
-from chronica.runtime import Agreement, DynamicOptions
+from chronica.adapters.torch.packed_length import EMPTY, PackedLength
+from chronica.adapters.torch.world import gloo_agreement, torch_world
+from chronica.core import ScheduleConfig, resolve_sizes
+from chronica.runtime import DynamicOptions
 from chronica.runtime.face import StreamFace
 from chronica.runtime.request import given_options, open_stream, plan_face, plan_request
 from chronica.runtime.stream import state_format
@@ -61,134 +62,12 @@ logger = logging.getLogger("chronica")
 
 _NAMES = state_format("sampler", "batch_size")
 
-# How many frames above a sampler's iteration ``_check_consumers`` looks at: enough for
-# DataLoader -> accelerate's shard -> torch's BatchSampler -> the sampler, and Lightning's
-# sampler wrapper -> its data set wrapper -> the sampler.
-_CONSUMER_FRAMES = 6
 
-
-class Dataset(_TorchDataset):
-    """A ``torch.utils.data.Dataset`` whose samples can say how big they are.
-
-    Override ``__sizeof__(self, index)`` to return the relative size of sample ``index``
-    (frames, tokens, seconds); chronica calls it once per sample when a sampler is built.
-    The default makes every sample size 1. Called without an index it is Python's usual
-    ``__sizeof__``, so ``sys.getsizeof`` keeps working, also for a subclass whose override
-    takes the index only (``def __sizeof__(self, index)``, as in the quick start): such an
-    override is wrapped when the subclass is defined.
-
-    Example::
-
-        class Clips(chronica.torch.utils.data.Dataset):
-            def __sizeof__(self, index):
-                return self.frames[index]
-    """
-
-    def __sizeof__(self, index: int | None = None) -> int:
-        if index is None:
-            return object.__sizeof__(self)
-        return 1
-
-    __sizeof__.__chronica_default__ = True  # type: ignore[attr-defined]
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        method = vars(cls).get("__sizeof__")
-        if isinstance(method, FunctionType) and not hasattr(method, "__chronica_wrapped__"):
-            cls.__sizeof__ = _memory_size_without_index(method)  # type: ignore[method-assign]
-
-
-def _memory_size_without_index(method: Any) -> Any:
-    """``method`` (a ``__sizeof__(self, index)``) that, called without an index as
-    ``sys.getsizeof`` does, gives the object's memory size instead of a ``TypeError``."""
-
-    @functools.wraps(method)
-    def __sizeof__(self: Any, index: int | None = None) -> Any:
-        if index is None:
-            return object.__sizeof__(self)
-        return method(self, index)
-
-    __sizeof__.__chronica_wrapped__ = True  # type: ignore[attr-defined]
-    return __sizeof__
-
-
-def _check_sizes_source(dataset: Any, sizes: Any, warn_missing: bool) -> None:
-    """Warn, naming the fix, when a balancing sampler's sizes would silently be one per
-    sample, or when the data set's ``__sizeof__(self, index)`` breaks ``sys.getsizeof``."""
-    if defines_sizeof(dataset):
-        method = type(dataset).__sizeof__
-        if not hasattr(method, "__chronica_wrapped__") and not _index_optional(method):
-            warnings.warn(
-                f"{type(dataset).__name__}.__sizeof__(self, index) makes sys.getsizeof("
-                "dataset) raise a TypeError (Python calls it without an index); write "
-                "def __sizeof__(self, index=None) returning object.__sizeof__(self) for "
-                "None, or subclass chronica.torch.utils.data.Dataset, which does that",
-                stacklevel=4,
-            )
-        return
-    if sizes is not None or getattr(dataset, "sizes", None) is not None or not warn_missing:
-        return
-    columns = size_columns(dataset)
-    hint = f" (a column name: one of {columns})" if columns else ""
-    warnings.warn(
-        f"chronica: no sample sizes for {type(dataset).__name__}, so every sample weighs 1: "
-        "nothing can be balanced and stats() reports a perfect balance that is not real. "
-        f"Pass sizes= (one number per sample{hint}), give the data set a sizes attribute, "
-        "or define __sizeof__(self, index)",
-        stacklevel=4,
-    )
-
-
-def _index_optional(method: Any) -> bool:
-    """Whether ``method(self)``, without an index, is a valid call."""
-    try:
-        signature = inspect.signature(method)
-    except (TypeError, ValueError):
-        return True
-    params = list(signature.parameters.values())[1:]
-    return (
-        not params
-        or params[0].default is not inspect.Parameter.empty
-        or params[0].kind
-        in (
-            inspect.Parameter.VAR_POSITIONAL,
-            inspect.Parameter.VAR_KEYWORD,
-        )
-    )
-
-
-def _torch_world() -> tuple[int, int]:
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(
-            "num_replicas and rank were not given and torch.distributed is not "
-            "initialized; call dist.init_process_group(...) first or pass both (under "
-            "Lightning, build the sampler in train_dataloader(), where the group exists; "
-            "under accelerate or the transformers Trainer, after Accelerator() or "
-            "TrainingArguments(...))"
-        )
-    return dist.get_world_size(), dist.get_rank()
-
-
-def _gloo_agreement(scheduler: Scheduler) -> Agreement | None:
-    """The ranks' ``Agreement``, its sums all-reduced over a gloo group of their own (the
-    key it draws never leaves torch.distributed); ``None`` without a process group (each
-    rank then decides alone)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    config = scheduler.config
-    if dist.get_world_size() != config.num_replicas:
-        raise ValueError(
-            f"num_replicas={config.num_replicas} differs from the process group's world size "
-            f"{dist.get_world_size()}; kind='dynamic' needs one rank per replica"
-        )
-    group = dist.new_group(backend="gloo")
-
-    def total(vector: np.ndarray) -> np.ndarray:
-        summed = torch.from_numpy(np.array(vector, np.int64))
-        dist.all_reduce(summed, op=dist.ReduceOp.SUM, group=group)
-        return summed.numpy()
-
-    return Agreement(total, dist.get_rank(), config.num_replicas)
+def _loader_batch(loader: Any) -> int:
+    """Samples per batch of ``loader`` (a ``DataLoader`` iterator over a sample-level
+    sampler, or ``None``): its ``BatchSampler``'s batch size, else 1."""
+    size = getattr(getattr(loader, "_index_sampler", None), "batch_size", None)
+    return size if isinstance(size, int) and size > 0 else 1
 
 
 class _ScheduledSampler(StreamFace):
@@ -226,7 +105,7 @@ class _ScheduledSampler(StreamFace):
             face=type(self).__name__,
             config=config,
             dynamic=dynamic,
-            detect=_torch_world,
+            detect=torch_world,
             needs_step=needs_step,
         )
         self._check_config(cfg)
@@ -235,7 +114,7 @@ class _ScheduledSampler(StreamFace):
         )
         sizes = arrow_sizes(dataset, sizes)
         if cfg.batch_size is not None or cfg.packing is not None:
-            _check_sizes_source(dataset, sizes, missing is None)
+            check_sizes_source(dataset, sizes, missing is None)
         self.stream = open_stream(
             resolve_sizes(dataset, sizes, missing),
             cfg,
@@ -243,11 +122,13 @@ class _ScheduledSampler(StreamFace):
             labels=labels,
             partitions=partitions,
             dynamic=dynamic,
-            agree=_gloo_agreement,
+            agree=gloo_agreement,
             names=_NAMES,
         )
         self.dataset = dataset
         self.global_batch_size = cfg.batch_size
+        self._epoch_ended = False  # an iteration ran to the end of the current epoch
+        self._delivery: Delivery | None = None
         self.shuffle = cfg.shuffle
         self.seed = cfg.seed
         self.drop_last = cfg.drop_last
@@ -270,48 +151,98 @@ class _ScheduledSampler(StreamFace):
             return None
         return config.batch_size // config.num_replicas
 
-    def _check_consumers(self, batch_size: int | None) -> None:
-        """Fail loudly when the objects iterating this sampler (found on the call stack at
-        the start of an iteration) would silently change its plan: a batch sampler whose
-        batches straddle or merge steps (``batch_size`` is the size that fits), or a second
-        sharding (accelerate's ``BatchSamplerShard``, a foreign ``DistributedSampler``)."""
-        # The frame that asked the sampler's generator for more, then its callers.
-        frame: FrameType | None = sys._getframe(2)
-        for _ in range(_CONSUMER_FRAMES):
-            if frame is None:
-                return
-            owner = frame.f_locals.get("self")
-            frame = frame.f_back
-            if owner is None or owner is self:
-                continue
-            if getattr(owner, "sampler", None) is self and batch_size is not None:
-                size = getattr(owner, "batch_size", None)
-                if isinstance(size, int) and (size > batch_size or batch_size % size):
-                    raise ValueError(
-                        f"the DataLoader's batch_size={size} does not fit chronica's local batch "
-                        f"of {batch_size} samples per step (batch_size={self.global_batch_size} "
-                        f"is the global batch over {self.num_replicas} ranks): its batches would "
-                        f"{'merge' if size > batch_size else 'straddle'} balanced steps; use "
-                        f"DataLoader(batch_size={batch_size}) (or a divisor of it for "
-                        f"micro-batches), or DistributedBatchSampler as batch_sampler="
-                    )
-            processes = getattr(owner, "num_processes", None)
-            foreign = isinstance(owner, _TorchDistributedSampler) and not isinstance(
-                owner, _ScheduledSampler
+    def _begin_iteration(self, batch_size: int | None) -> Any:
+        """Start an iteration: fail loudly when the objects iterating this sampler (found
+        on the call stack) would silently change its plan (``check_consumers``) or when the
+        epoch is iterated again without ``set_epoch``/``set_state`` after it ended; returns
+        the ``DataLoader`` iterator that prefetches from this sampler, if any (its count of
+        batches handed to the loop is then the position of ``get_state``).
+
+        Args:
+            batch_size: the local batch per step that a ``DataLoader``'s batches must fit.
+        """
+        owners = list(consumers(self, depth=3))
+        check_consumers(self, owners, batch_size, self.global_batch_size)
+        if self._epoch_ended:
+            loader = any(isinstance(owner, _BaseDataLoaderIter) for owner in owners)
+            what = (
+                f"chronica's {type(self).__name__} is iterated again at epoch {self.epoch} "
+                "without set_epoch or set_state since that epoch ended, so it would repeat "
+                "the same order; call sampler.set_epoch(epoch) before every epoch (with "
+                "the transformers Trainer and a get_train_dataloader of your own, return "
+                "the loader through self.accelerator.prepare(...), which passes the epoch "
+                "on, or call set_epoch from a TrainerCallback's on_epoch_begin)"
             )
-            if (isinstance(processes, int) and processes > 1) or (
-                foreign and getattr(owner, "num_replicas", 1) > 1
-            ):
-                raise ValueError(
-                    f"{type(owner).__module__}.{type(owner).__name__} shards the batches of "
-                    f"chronica's {type(self).__name__} a second time, so every rank would "
-                    "train a fraction of its samples. With accelerate, prepare the loader with "
-                    "chronica.torch.hf.prepare(accelerator, ...) (or call "
-                    "chronica.torch.hf.unshard(loader) on the prepared loader); with the "
-                    "transformers Trainer use chronica.torch.hf.Trainer; with Lightning keep "
-                    "chronica's sampler as it is (it is a torch DistributedSampler) or pass "
-                    "Trainer(use_distributed_sampler=False)"
-                )
+            if loader:
+                raise RuntimeError(what)
+            logger.warning("chronica: %s", what)
+        self._epoch_ended = False
+        self._delivery = None
+        return next((owner for owner in owners if prefetching_loader(owner)), None)
+
+    def _delivered(self, loader: Any, start: tuple[int, int], per_batch: int) -> None:
+        """Record that ``loader`` (a prefetching ``DataLoader`` iterator, or ``None``)
+        iterates from ``start``, ``per_batch`` units in every batch it hands out."""
+        if loader is not None:
+            self._delivery = Delivery(loader, start, per_batch)
+
+    def _received_position(self) -> tuple[int, int] | None:
+        """``(step, offset)`` up to which the training loop has received this iteration's
+        batches from a prefetching ``DataLoader``; ``None`` when the sampler's own position
+        is what the loop received (no such loader, or the epoch's batches all went out and
+        the loader is gone). Raises ``RuntimeError`` when that loader was dropped mid-epoch:
+        how many of its prefetched batches were trained is then unknown."""
+        delivery = self._delivery
+        if delivery is None:
+            return None
+        received = delivery.received()
+        if received is None:
+            if delivery.fetched_all:
+                return None
+            raise RuntimeError(
+                "the DataLoader with workers that iterated this sampler was dropped mid-epoch, "
+                "so how many of the batches its workers prefetched reached training is "
+                "unknown; take state_dict() while the loader is being iterated (inside the "
+                "training loop, after the batch you trained), or use torchdata's "
+                "StatefulDataLoader and save its state_dict()"
+            )
+        return advanced(delivery.start, self._units_per_step(), received * delivery.per_batch)
+
+    def _units_per_step(self) -> Sequence[int]:
+        """What one loader batch counts in, at every step of the current plan."""
+        raise NotImplementedError
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch to iterate next; call it before each epoch, as with torch.
+        Selecting the current epoch again keeps a position loaded by ``set_state``.
+
+        Args:
+            epoch: the epoch, an int >= 0.
+        """
+        super().set_epoch(epoch)
+        self._epoch_ended = False
+        self._delivery = None
+
+    def get_state(self) -> dict[str, Any]:
+        """Resumable position, a small JSON-ready dict that does not depend on the rank.
+        Under a ``DataLoader`` with workers, which asks for indices ahead of the training
+        loop, it is the position of the last batch the loop received, not of the
+        prefetch."""
+        state = super().get_state()
+        position = self._received_position()
+        if position is not None:
+            state["step"], state["offset"] = position
+        return state
+
+    def set_state(self, state: Any) -> None:
+        """Continue from ``state`` (``get_state`` of any rank, from any adapter).
+
+        Args:
+            state: what ``get_state`` returned (any rank's, any adapter's).
+        """
+        super().set_state(state)
+        self._epoch_ended = False
+        self._delivery = None
 
     @property
     def num_samples(self) -> int:
@@ -327,10 +258,7 @@ class _ScheduledSampler(StreamFace):
         return self.get_state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """torch's name for ``set_state``: continue from ``state`` (see ``set_state``).
-
-        A ``DataLoader`` with workers prefetches, so a state taken from the sampler during
-        training runs ahead of the steps trained by that prefetch."""
+        """torch's name for ``set_state``: continue from ``state`` (see ``set_state``)."""
         self.set_state(state)
 
 
@@ -429,9 +357,13 @@ class DistributedSampler(_ScheduledSampler, _TorchDistributedSampler):
         return self.global_batch_size
 
     def __iter__(self) -> Iterator[int]:
-        self._check_consumers(self.local_batch_size)
+        loader = self._begin_iteration(self.local_batch_size)
         stream = self.stream
+        first = True
         for batch in stream.batches(whole=False):
+            if first:
+                self._delivered(loader, (batch.step, stream.offset), _loader_batch(loader))
+                first = False
             rest = batch.indices[stream.offset :].tolist()
             # The position is counted when asked for (``_count_taken``), not per index: the
             # list iterator knows how many indices the consumer has taken.
@@ -439,6 +371,12 @@ class DistributedSampler(_ScheduledSampler, _TorchDistributedSampler):
             yield from self._taking[0]
             self._count_taken()
             self._taking = None
+        self._epoch_ended = True
+        if self._delivery is not None:
+            self._delivery.fetched_all = True
+
+    def _units_per_step(self) -> Sequence[int]:
+        return self.stream.step_counts().tolist()
 
     def _count_taken(self) -> None:
         if self._taking is not None:
@@ -543,6 +481,8 @@ class DistributedBatchSampler(_ScheduledSampler, Sampler[list[int]]):
             needs_step=True,
         )
         self.sampler = _BatchIndices(self)
+        self._length = PackedLength(self.stream)
+        self._padded = 0  # empty micro-batches this iteration put in its last step
 
     @property
     def batch_size(self) -> int | None:
@@ -551,26 +491,71 @@ class DistributedBatchSampler(_ScheduledSampler, Sampler[list[int]]):
         return self.local_batch_size
 
     def __iter__(self) -> Iterator[list[int]]:
-        self._check_consumers(None)
+        loader = self._begin_iteration(None)
         stream = self.stream
-        if not stream.packed:
-            for batch in stream.batches():
-                yield batch.indices.tolist()
-            return
+        batches = self._packed() if stream.packed else self._steps()
+        first = True
+        for step, offset, indices in batches:
+            if first:
+                self._delivered(loader, (step, offset), 1)
+                first = False
+            yield indices
+        self._epoch_ended = True
+        if self._delivery is not None:
+            self._delivery.fetched_all = True
+
+    def _steps(self) -> Iterator[tuple[int, int, list[int]]]:
+        for batch in self.stream.batches():
+            yield batch.step, 0, batch.indices.tolist()
+
+    def _packed(self) -> Iterator[tuple[int, int, list[int]]]:
+        """Every micro-batch left of the epoch, with the position it starts from; an epoch
+        shorter than the promised ``len`` first pads its last step with empty ones."""
+        stream = self.stream
+        padding = self._length.padding()  # raises before anything is yielded
+        last = stream.num_steps - 1
+        self._padded = 0
         for batch in stream.batches(whole=False):
             micro = batch.micro
-            for m in range(stream.offset, len(micro)):
+            offset = stream.offset
+            extra = padding if batch.step == last and offset == 0 else 0
+            count = len(micro) + (padding if batch.step == last else 0)
+            self._padded = extra
+            for m in range(extra):  # loss weight 0: the step's update is unchanged
+                yield batch.step, 0, packed_indices(EMPTY, batch.step, m, count)
+            for m in range(offset, len(micro)):
                 # Counted before it is handed out: a state taken once the consumer holds
                 # the micro-batch resumes with the next one.
                 stream.advance(1)
-                yield packed_indices(micro[m], batch.step, m, len(micro))
+                yield (
+                    batch.step,
+                    offset,
+                    packed_indices(micro[m], batch.step, count - len(micro) + m, count),
+                )
+
+    def _units_per_step(self) -> Sequence[int]:
+        plan = self.stream.plan()
+        if plan.micro is None:
+            return [1] * plan.num_steps
+        units = plan.micro.num_micro.tolist()
+        if units:
+            units[-1] += self._padded
+        return units
+
+    def _received_position(self) -> tuple[int, int] | None:
+        position = super()._received_position()
+        if position is None or not self._padded or position[0] != self.stream.num_steps - 1:
+            return position
+        return position[0], max(0, position[1] - self._padded)  # padding is not trained
 
     def __len__(self) -> int:
         """Batches one iteration of the current epoch yields, equal on every rank: the
-        epoch's steps (micro-batches, when packed), or after an elastic ``set_state`` those
-        of its remainder."""
-        micro = self.stream.plan().micro
-        return self.stream.num_steps if micro is None else int(micro.num_micro.sum())
+        epoch's steps or, when packed, the micro-batches promised for every epoch when
+        ``len`` is first read (see ``chronica.adapters.torch.packed_length``); after an
+        elastic ``set_state``, those of the epoch's remainder."""
+        if self.stream.packed:
+            return self._length.length()
+        return self.stream.num_steps
 
 
 class _BatchIndices(Sampler[int]):

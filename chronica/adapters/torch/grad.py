@@ -18,11 +18,12 @@ gradients, a parameter no rank used left untouched). Two engines:
   one call of the optimizer (so on a fast link, one call per step, as with buckets).
 
 ``mode="auto"`` (the default) runs bucketed, measures how much communication the steps
-expose, and switches to scheduling only where that could save at least ``min_saving`` of
-the step time. The first step discovers the priority (order of first use in the forward
-pass) and reduces everything in one all-reduce before updating; rank 0's priority, measured
-ready times, bandwidth and decisions are broadcast so every rank builds the same partitions
-and order.
+expose and, only where that could save at least ``min_saving`` of the step time, searches
+a few partition and credit sizes against bucketed windows (``chronica.runtime.auto``); the
+windows are gathered from every rank, so all decide alike. The first step discovers the
+priority (order of first use in the forward pass) and reduces everything in one all-reduce
+before updating; rank 0's priority, measured ready times and bandwidth are broadcast so every
+rank builds the same partitions and order.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from chronica.core.priority import (
     bucket_layout,
     fifo_order,
 )
-from chronica.runtime.auto import MEASURE_STEPS, MODES, AutoTrial, Window, check_mode
+from chronica.runtime.auto import MODES, AutoTrial, Candidate, Window, candidates, check_mode
 from chronica.runtime.dispatcher import AutoTuner, Dispatcher, SchedulingOptions
 from chronica.runtime.gradients import (
     BUCKET_BYTES,
@@ -62,18 +63,10 @@ log = logging.getLogger("chronica")
 
 _REFRESH_STEPS = (1, 3)  # scheduled steps after which ready times and bandwidth are re-measured
 _BROADCAST_BYTES = 250 << 20  # DDP's broadcast_bucket_size
-# What the scheduled engine runs on, kept aside while bucketed steps are measured after its
-# trial (see _conclude).
-_SCHEDULED_STATE = (
-    "_dispatcher",
-    "_layout",
-    "_packing",
-    "_queue",
-    "_parts_per_param",
-    "_part_params",
-    "_record",
-    "_current",
-)
+# What the scheduled engine runs on, kept aside while mode="auto" measures bucketed steps
+# (see _switch).
+_SCHEDULED_STATE: tuple[str, ...] = ("_dispatcher", "_layout", "_packing", "_queue")
+_SCHEDULED_STATE += ("_parts_per_param", "_part_params", "_record", "_current")
 
 
 class ScheduledOptimizer(GradientViews, ScheduledEngine):
@@ -90,9 +83,12 @@ class ScheduledOptimizer(GradientViews, ScheduledEngine):
     one rank alone cannot hang). Collectives are issued in the same order on every rank, in
     every mode. ``mode``: ``"bucketed"`` always runs DDP's bucketed all-reduce, ``"scheduled"``
     always priority scheduling, ``"auto"`` starts bucketed and runs the trial of
-    ``chronica.runtime.auto.AutoTrial``: scheduling is tried only if rank 0's measurements say
-    it could save at least ``min_saving`` of the step time, and kept only if it was faster
-    (``stats()`` and a log line say which and why).
+    ``chronica.runtime.auto.AutoTrial``: where the ranks' measurements say scheduling could
+    save at least ``min_saving`` of the step time, a few partition and credit sizes are
+    searched against bucketed windows and the cheapest kept only if it beat them by more than
+    their noise (on step time when the model is on an accelerator, else with its extra CPU
+    counted against it); re-decided if the communication's share of the step drifts.
+    ``stats().decision`` says which and why; rank 0 prints it once (WARNING).
 
     When scheduling, ``step()`` returns while gradients may still be in flight and the next
     forward waits, module by module, for exactly the parameters it uses. Gradients are
@@ -113,7 +109,7 @@ class ScheduledOptimizer(GradientViews, ScheduledEngine):
         order: ``"priority"`` (first layers first) or ``"fifo"`` (backward order).
         auto_tune: search partition and credit sizes online (``CHRONICA_AUTOTUNE=1``).
         timeline: Chrome-trace path (``CHRONICA_TIMELINE``; ``{rank}`` is replaced).
-        mode: ``"auto"`` (measure, then decide once: ``chronica.runtime.auto.AutoTrial``),
+        mode: ``"auto"`` (measure, search, decide: ``chronica.runtime.auto.AutoTrial``),
             ``"scheduled"`` (priority scheduling) or ``"bucketed"`` (DDP's buckets).
         min_saving: in ``"auto"``, try scheduling only if it could save this fraction of the
             step time (0 to 1; 1 never tries).
@@ -178,7 +174,8 @@ class ScheduledOptimizer(GradientViews, ScheduledEngine):
         self._forward_hooks: list[Any] = []
         self._modules: list[torch.nn.Module] = []
         self._engine: str | None = None  # None until the first step() set up an engine
-        self._trial = AutoTrial(self.min_saving) if mode == "auto" else None
+        self._trial: AutoTrial | None = None  # mode="auto": set up after the first step
+        self._generation = 0  # the trial's generation the history's window belongs to
         self._history = StepHistory()
         self._dispatcher: Dispatcher | None = None
         self._buckets: Buckets | None = None
@@ -205,6 +202,7 @@ class ScheduledOptimizer(GradientViews, ScheduledEngine):
         self._scheduled_steps = 0
         self._last_done = self._reduced_at = 0.0
         self._forward_wait = 0.0
+        self._link_busy = 0.0  # seconds the link was busy with the last scheduled step
         # The scheduled engine, parked while bucketed steps are measured again after its trial.
         self._parked: dict[str, Any] | None = None
         self._tuner: AutoTuner | None = None
@@ -277,6 +275,21 @@ class ScheduledOptimizer(GradientViews, ScheduledEngine):
             return Exposure(0, 0.0, 0.0, 0.0, "bucketed", "one process: nothing to communicate")
         decision = self._trial.decision if self._trial is not None else ""
         return self._history.exposure(self._engine or "bucketed", decision)
+
+    @property
+    def trial(self) -> AutoTrial | None:
+        """``mode="auto"``'s trial (``None`` in other modes and before the first step);
+        ``trial.reopen(why)`` on every rank at the same step decides again."""
+        return self._trial
+
+    @property
+    def setting(self) -> Candidate | None:
+        """The setting in force (engine, partition and credit); ``None`` before the first step."""
+        if self._engine is None or self.world == 1:
+            return None
+        if self._engine == "bucketed":
+            return Candidate("bucketed")
+        return Candidate("scheduled", self._current.partition_bytes, self._current.credit_bytes)
 
     def state_dict(self) -> dict[str, Any]:
         """The wrapped optimizer's state, after ``synchronize()``.
@@ -455,15 +468,11 @@ class ScheduledOptimizer(GradientViews, ScheduledEngine):
             param.grad = None
         if self._timeline is not None:
             self._timeline.span("gradients reduced", "gradient wait", now, reduced)
-        self._record_step(now, reduced - now, 0.0)
-        trial = self._trial
+        self._record_step(now, reduced - now, 0.0, buckets.link_busy(reduced))
         if first:
             self._after_first_step()
-        elif trial is not None and not trial.settled and len(self._history) >= MEASURE_STEPS:
-            if trial.phase == "measure":
-                self._decide()
-            else:
-                self._conclude()  # bucketed steps measured again after the trial
+        else:
+            self._maybe_observe()
 
     def _after_first_step(self) -> None:
         ready = np.asarray(self._first_ready, dtype=np.float64)
@@ -474,62 +483,68 @@ class ScheduledOptimizer(GradientViews, ScheduledEngine):
         if self.mode == "scheduled":
             self._start_scheduling(ready)
             return
+        if self.mode == "auto":
+            total = int((self._numel * self._itemsize).sum())
+            settings = candidates(total, self.options.partition_bytes, self.options.credit_bytes)
+            accelerator = any(p.device.type != "cpu" for p in self._params)
+            self._trial = AutoTrial(
+                settings, self.min_saving, accelerator=accelerator, announce=self.rank == 0
+            )
         self._use_buckets(*self._bucket_plan)
         self._history.restart()
 
-    def _decide(self) -> None:
-        """mode="auto", after measured bucketed steps: rank 0's measurements decide, for every
-        rank, whether priority scheduling gets a trial (``AutoTrial``)."""
-        assert self._trial is not None
-        exposure = self._history.exposure("bucketed")
-        ready = np.nan_to_num(self._ready_at[self._priority] - np.nanmin(self._ready_at))
-        measured = [exposure.saving_bound, exposure.step_time, self._history.median_cpu()]
-        agreed = self._agree(np.concatenate([measured, ready]))
-        window = Window(float(agreed[1]), float(agreed[2]))
-        if self._trial.observe(window, float(agreed[0])) == "scheduled":
-            self._start_scheduling(agreed[3:])
-
-    def _conclude(self) -> None:
-        """End of the trial (after its scheduled steps, then after bucketed ones again): feed
-        rank 0's window to the trial and switch engines as it says."""
-        assert self._trial is not None and self._dispatcher is not None
-        step_time = self._history.exposure("bucketed").step_time
-        agreed = self._agree([step_time, self._history.median_cpu()])
-        if self._trial.observe(Window(float(agreed[0]), float(agreed[1]))) == "scheduled":
-            self._resume_scheduling()  # it beat bucketed steps before and after it
+    def _maybe_observe(self) -> None:
+        """mode="auto": once the trial's window is measured, gather every rank's medians,
+        feed their mean to the trial and switch to the setting it names."""
+        trial = self._trial
+        if trial is None:
             return
-        dispatcher = self._dispatcher
-        if self._engine == "scheduled":
-            dispatcher.wait_all()
+        if trial.generation != self._generation:  # reopened: a fresh bucketed window
+            self._generation = trial.generation
+            self._switch(trial.current)
+            self._history.restart()
+            return
+        if not trial.window_steps or self._history.fresh < trial.window_steps:
+            return
+        mine = self._history.window().values()
+        window = Window.agreed(self._gather(mine))
+        self._switch(trial.observe(window))
+
+    def _switch(self, target: Candidate) -> None:
+        """At a step boundary, run ``target`` from the next step on (every rank alike)."""
+        if target == self.setting:
+            return
+        knobs = (target.partition_bytes, target.credit_bytes)
+        if target.engine == "bucketed":  # park the scheduled engine, measure bucketed steps
+            assert self._dispatcher is not None
+            self._dispatcher.wait_all()
             self._apply_reduced()
             self._released = False
             self._parked = {name: getattr(self, name) for name in _SCHEDULED_STATE}
             self._use_buckets(*self._bucket_plan)
-            self._history.restart()
-        if not self._trial.settled:  # measure bucketed steps again before keeping it
-            return
-        self._parked = None
-        dispatcher.close(timeline=False)
-        self._dispatcher = None
-
-    def _resume_scheduling(self) -> None:
-        """Back to the parked scheduled engine, with the plan its trial re-measured."""
-        assert self._parked is not None
-        for name, value in self._parked.items():
-            setattr(self, name, value)
-        self._parked = self._buckets = None
-        self._engine = "scheduled"
-        self._watch_forward(True)
-        assert self._dispatcher is not None
-        self._begin_step(self._dispatcher)
+        elif self._engine == "scheduled":
+            assert self._dispatcher is not None
+            self._replan(self._dispatcher, knobs)
+        elif self._parked is not None:  # back to the parked engine, with target's knobs
+            for name, value in self._parked.items():
+                setattr(self, name, value)
+            self._parked = self._buckets = None
+            self._engine = "scheduled"
+            self._watch_forward(True)
+            assert self._dispatcher is not None
+            self._replan(self._dispatcher, knobs)
+            self._begin_step(self._dispatcher)
+        else:
+            ready = np.nan_to_num(self._ready_at[self._priority] - np.nanmin(self._ready_at))
+            self._start_scheduling(self._agree(ready), knobs)
         self._history.restart()
 
-    def _start_scheduling(self, ready: np.ndarray) -> None:
+    def _start_scheduling(self, ready: np.ndarray, knobs: tuple[int, int] | None = None) -> None:
         self._buckets = None
         self._engine = "scheduled"
         self._watch_forward(True)
-        opts = self.options
-        if opts.auto_tune:
+        opts = self.options if knobs is None else self.options.with_knobs(*knobs)
+        if opts.auto_tune and knobs is None:
             self._tuner = AutoTuner.default_grid(int((self._numel * self._itemsize).sum()))
             opts = opts.with_knobs(*self._tuner.current)
         self._dispatcher = Dispatcher(
@@ -540,11 +555,13 @@ class ScheduledOptimizer(GradientViews, ScheduledEngine):
         self._released = False
         self._history.restart()
 
-    def _record_step(self, now: float, after_backward: float, forward_wait: float) -> None:
-        # CPU time only while mode="auto" still measures: with many threads busy on a loaded
-        # machine, reading it took milliseconds (profiled), a step's cost for nothing.
-        measuring = self._trial is not None and not self._trial.settled
-        start = self._history.record(now, after_backward, forward_wait, cpu=measuring)
+    def _record_step(
+        self, now: float, after_backward: float, forward_wait: float, busy: float
+    ) -> None:
+        # CPU time only while mode="auto" decides on CPU-only training: with many threads
+        # busy on a loaded machine, reading it took milliseconds (profiled), a step's cost.
+        measuring = self._trial is not None and self._trial.measuring_cpu
+        start = self._history.record(now, after_backward, forward_wait, measuring, busy)
         if start is not None and self._timeline is not None:
             mode = self._engine or "bucketed"
             self._timeline.step(start, now, after_backward, forward_wait, mode)
@@ -566,7 +583,7 @@ class ScheduledOptimizer(GradientViews, ScheduledEngine):
         self._apply_reduced()
         # This forward waited for the previous step's gradients, all reduced at _reduced_at.
         after = max(0.0, self._reduced_at - previous) if previous is not None else 0.0
-        self._record_step(now, after, self._forward_wait)
+        self._record_step(now, after, self._forward_wait, self._link_busy)
         self._forward_wait = 0.0
         self._scheduled_steps += 1
         knobs = None
@@ -576,10 +593,5 @@ class ScheduledOptimizer(GradientViews, ScheduledEngine):
             self._replan(dispatcher, knobs)
             if self._scheduled_steps in _REFRESH_STEPS:  # the re-plan's wait is no step's
                 self._history.restart()
-        if (
-            self._trial is not None
-            and self._trial.phase == "trial"
-            and self._scheduled_steps > _REFRESH_STEPS[-1]
-            and len(self._history) >= MEASURE_STEPS
-        ):
-            self._conclude()
+        if self._scheduled_steps > _REFRESH_STEPS[-1]:
+            self._maybe_observe()

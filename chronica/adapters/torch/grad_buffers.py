@@ -11,6 +11,7 @@ information carried by the gradients' own collectives, without an extra one.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -182,6 +183,9 @@ class Buckets:
         self.order = [int(p) for p in order]
         self.issued: list[int] = []  # this step's buckets in the order they were started
         self.last_issued: list[int] = []  # the last finished step's
+        self.started = 0.0  # perf_counter() when this step's first bucket was started
+        self.last_started = 0.0  # ... and its last one
+        self.last_bytes = 0  # the last bucket's bytes
         self._group = group
         self._bucket_of = [0] * layout.num_tensors
         for k, t in enumerate(layout.seg_tensor.tolist()):
@@ -213,9 +217,32 @@ class Buckets:
         order, issued = self.order, self.issued
         while len(issued) < len(order) and not self._missing[order[len(issued)]]:
             p = order[len(issued)]
+            self.last_started = time.perf_counter()
+            self.last_bytes = int(self.packing.layout.part_bytes[p])
+            if not issued:
+                self.started = self.last_started
             work = dist.all_reduce(self.packing.buffers[p], group=self._group, async_op=True)
             self._works.append((p, work))
             issued.append(p)
+
+    def link_busy(self, reduced: float) -> float:
+        """Seconds the link needed for this step's buckets, all reduced at ``reduced``: the
+        last bucket's bytes went from its start to ``reduced``, all the bytes at that rate;
+        no more than the time since the first bucket started.
+
+        Args:
+            reduced: ``time.perf_counter()`` once ``finish`` returned.
+
+        Example::
+
+            >>> buckets.link_busy(time.perf_counter())   # doctest: +SKIP
+            0.036
+        """
+        if not self.last_bytes:
+            return 0.0
+        total = float(self.packing.layout.part_bytes.sum())
+        at_rate = (reduced - self.last_started) * total / self.last_bytes
+        return max(0.0, min(reduced - self.started, at_rate))
 
     def finish(self) -> None:
         """Wait for every bucket (all must have been posted), average and deliver them, and

@@ -71,12 +71,17 @@ class ScheduledEngine:
     _current: SchedulingOptions
     _parts_per_param: np.ndarray
     _part_params: list[list[int]]
+    _link_busy: float
 
     def _label(self, layout: Layout, credit_bytes: int) -> None:
         raise NotImplementedError
 
     def _begin_step(self, dispatcher: Dispatcher) -> None:
         dispatcher.wait_all()
+        # The link's busy time with the step just finished: its bytes over the measured rate.
+        rate = dispatcher.stats().bytes_per_second
+        nbytes = float(self._layout.part_bytes.sum())
+        self._link_busy = nbytes / rate if 0 < rate < float("inf") else 0.0
         if self._released:  # parameters the forward did not use are still to update
             self._apply_reduced()
         self._reduced_at = self._last_done  # when the previous step's last partition arrived
@@ -133,6 +138,13 @@ class ScheduledEngine:
         tensor = torch.from_numpy(array)
         dist.broadcast(tensor, src=self._src, group=self._control)
         return tensor.numpy()
+
+    def _gather(self, values: list[float]) -> np.ndarray:
+        """Every rank's ``values`` (one row per rank, rank order), the same on every rank."""
+        mine = torch.tensor(values, dtype=torch.float64)
+        rows = [torch.empty_like(mine) for _ in range(self.world)]
+        dist.all_gather(rows, mine, group=self._control)
+        return torch.stack(rows).numpy()
 
     # -- dispatcher callables (run on the dispatcher's threads) ----------------------------
 

@@ -13,7 +13,8 @@ TRL's) train on a ``DistributedSampler`` built from the training arguments: the 
 ``per_device_train_batch_size × world_size``, the data seed, ``dataloader_drop_last``, and
 sizes from the data set's ``length_column_name`` column when it has one. The Trainer's own
 checkpoints resume it exactly: ``resume_from_checkpoint`` skips the epoch's trained batches
-of the same plan.
+of the same plan. With ``packing`` in ``scheduling`` it trains on packed micro-batches, one
+Trainer batch per step (``chronica.adapters.torch.hf_packed``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from chronica.adapters.torch.data import (
     DistributedSampler,
     _ScheduledSampler,
 )
+from chronica.adapters.torch.packed import PackedDataset
 
 __all__ = ["Trainer", "TrainerMixin", "prepare", "unshard"]
 
@@ -161,19 +163,22 @@ class TrainerMixin:
                 "global batch (per_device_train_batch_size x world size), the world and the rank"
             )
         self.scheduling = options
-        self.train_sampler: DistributedSampler | None = None
+        self.train_sampler: DistributedSampler | DistributedBatchSampler | None = None
         super().__init__(*args, **kwargs)
 
-    def _get_train_sampler(self, train_dataset: Any = None) -> DistributedSampler:
-        """chronica's ``DistributedSampler`` for the training loader (transformers' hook)."""
+    def _sampler_arguments(self, dataset: Any) -> dict[str, Any]:
+        """The sampler's arguments: ``scheduling``, with the world, rank, global batch,
+        seed, ``drop_last`` and sizes from the training arguments and the data set."""
         args = self.args
-        dataset = self.train_dataset if train_dataset is None else train_dataset
         options = dict(self.scheduling)
         sizes = options.pop("sizes", None)
         original = self.train_dataset
         if sizes is None and hf_dataset(original):
-            if args.length_column_name in original.column_names:
+            columns = original.column_names
+            if args.length_column_name in columns:
                 sizes = args.length_column_name
+            elif "packing" in options and "input_ids" in columns:
+                sizes = "input_ids"  # a packed document's size is its length in tokens
         if isinstance(sizes, str) and hf_dataset(original) and len(original) == len(dataset):
             sizes = arrow_sizes(original, sizes)  # before unused columns were removed
         # transformers 5 names the strategy; 4.x has a group_by_length flag.
@@ -184,25 +189,101 @@ class TrainerMixin:
             warnings.warn(
                 f"train_sampling_strategy={strategy!r} is replaced by chronica's "
                 "DistributedSampler; leave it at 'random'",
-                stacklevel=2,
+                stacklevel=3,
             )
         options.setdefault("seed", args.data_seed if args.data_seed is not None else args.seed)
         options.setdefault("drop_last", args.dataloader_drop_last)
         world = max(1, args.world_size)
         local = getattr(self, "_train_batch_size", args.per_device_train_batch_size)
-        self.train_sampler = DistributedSampler(
-            dataset,
+        return dict(
             num_replicas=world,
             rank=args.process_index if world > 1 else 0,
             batch_size=local * world,
             sizes=sizes,
             **options,
         )
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> DistributedSampler:
+        """chronica's ``DistributedSampler`` for the training loader (transformers' hook)."""
+        dataset = self.train_dataset if train_dataset is None else train_dataset
+        self.train_sampler = DistributedSampler(dataset, **self._sampler_arguments(dataset))
         return self.train_sampler
 
     def get_train_dataloader(self) -> Any:
-        """The Trainer's training loader, passed through ``unshard``."""
-        return unshard(super().get_train_dataloader())  # type: ignore[misc]
+        """The Trainer's training loader, passed through ``unshard``; with ``packing`` in
+        ``scheduling``, a loader of whole packed steps (``hf_packed.PackedSteps``)."""
+        if "packing" not in self.scheduling:
+            return unshard(super().get_train_dataloader())  # type: ignore[misc]
+        from chronica.adapters.torch.hf_packed import PackedSteps, collate_steps
+
+        packing = self.scheduling["packing"]
+        if getattr(packing, "tokens_per_step", None) is not None:
+            raise ValueError(
+                "chronica.torch.hf.Trainer with packing= takes the documents per step from "
+                "per_device_train_batch_size x world size, so every epoch has the steps the "
+                "Trainer counted; use Packing(tokens_per_step=None)"
+            )
+        if self.args.gradient_accumulation_steps != 1:
+            raise ValueError(
+                "with packing=, every Trainer batch is one whole chronica step (its "
+                "micro-batches are accumulated inside it): use gradient_accumulation_steps=1"
+            )
+        dataset = self.train_dataset
+        batches = DistributedBatchSampler(dataset, **self._sampler_arguments(dataset))
+        self.train_sampler = batches
+        return torch.utils.data.DataLoader(
+            PackedDataset(dataset),
+            batch_sampler=PackedSteps(batches),
+            collate_fn=collate_steps,
+            num_workers=self.args.dataloader_num_workers,
+        )
+
+    def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        """transformers' training step; a packed step (a list of micro-batches) runs every
+        micro-batch's forward and backward (``hf_packed.packed_step_loss``)."""
+        if not isinstance(inputs, list):
+            return super().training_step(model, inputs, *args, **kwargs)  # type: ignore[misc]
+        from chronica.adapters.torch.hf_packed import packed_step_loss, step_norms
+
+        model.train()
+        sampler = self.train_sampler
+        assert isinstance(sampler, DistributedBatchSampler)
+        accelerator = self.accelerator  # type: ignore[attr-defined]
+        return packed_step_loss(
+            model,
+            inputs,
+            step_norms(sampler, inputs[0]["step"]),
+            sampler.num_replicas,
+            accelerator.backward,
+            lambda: accelerator.no_sync(model),
+            self.args.device,
+        )
+
+    def _run_epoch(self, *args: Any, **kwargs: Any) -> Any:
+        """transformers' one pass over the training loader (``epoch``, ``train_dataloader``
+        by keyword), after selecting the epoch on a chronica sampler found in that loader:
+        also one that a ``get_train_dataloader`` of your own built, which transformers
+        cannot reach (a plain ``DataLoader`` has no ``set_epoch``)."""
+        sampler = _chronica_sampler(kwargs.get("train_dataloader"))
+        epoch = kwargs.get("epoch")
+        if sampler is not None and isinstance(epoch, int):
+            sampler.set_epoch(epoch)
+        return super()._run_epoch(*args, **kwargs)  # type: ignore[misc]
+
+
+def _chronica_sampler(loader: Any) -> _ScheduledSampler | None:
+    """The chronica sampler or batch sampler that ``loader`` (a ``DataLoader``, maybe
+    wrapped by accelerate) draws from, if any."""
+    batches = getattr(loader, "batch_sampler", None)
+    for candidate in (
+        getattr(loader, "sampler", None),
+        batches,
+        getattr(batches, "sampler", None),
+        getattr(batches, "batch_sampler", None),
+    ):
+        if isinstance(candidate, _ScheduledSampler):
+            return candidate
+    return None
 
 
 def __getattr__(name: str) -> Any:

@@ -14,7 +14,9 @@ package's rooms, each one job:
 ``epoch``     ``step_starts``, ``pack_epoch``, ``pack_steps``: steps cut from owners' streams
               and assembled into the arrays of a packed ``EpochPlan``;
 ``planner``   ``plan_step``/``StepPlan``: one in-memory global batch planned in one call
-              (groups kept whole, loss weights, ``cu_seqlens``), for trainers.
+              (groups kept whole, loss weights, ``cu_seqlens``), for trainers;
+``context_parallel``  ``context_layout``: one micro-batch over a context-parallel group,
+              sharded documents in head-tail chunks (equal causal work per rank).
 
 Loss normalisation: ``micro_weights`` gives each micro-batch the factor that turns its mean
 loss (per token or per document) into its share of the global batch's mean, so that summing
@@ -34,7 +36,7 @@ from chronica.core.packing.documents import Pieces, pieces
 from chronica.core.packing.epoch import PackedEpoch, pack_epoch, pack_steps, step_starts
 from chronica.core.packing.options import BALANCES, LONG_DOCUMENTS, LOSS_NORMALISATIONS, Packing
 from chronica.core.packing.planner import StepPlan, plan_step
-from chronica.core.packing.step import PackedStep, pack_step
+from chronica.core.packing.step import PackedStep, in_pipeline_order, pack_step
 from chronica.core.packing.weights import micro_weights
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     "Packing",
     "Pieces",
     "StepPlan",
+    "in_pipeline_order",
     "micro_weights",
     "pack_epoch",
     "pack_step",

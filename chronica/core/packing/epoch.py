@@ -13,7 +13,7 @@ from numba import njit
 
 from chronica.core.packing.documents import Pieces
 from chronica.core.packing.options import Packing
-from chronica.core.packing.step import pack_step
+from chronica.core.packing.step import in_pipeline_order, pack_step
 from chronica.core.packing.weights import micro_weights
 
 __all__ = ["PackedEpoch", "pack_epoch", "pack_steps", "step_starts"]
@@ -206,6 +206,7 @@ def pack_steps(
             if step.num_micro < m:
                 costs = piece_costs[owned]
                 step = pack_step(lengths, costs, ranks.shape[0], packing, speed[ranks], m)
+            step = in_pipeline_order(step, speed[ranks], packing)
             loads[s, ranks] = step.loads
             columns = (owned, ranks[step.rank], step.micro, step.row)
             for part, values in zip(parts[:4], columns, strict=True):

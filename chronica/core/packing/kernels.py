@@ -10,7 +10,11 @@
    for among the four lightest ranks (one for one; while the slowest rank is more than 1e-5
    above the mean, also one for two of one row), then, as long, among every rank (one for
    one, steps of at most 16384 documents). Trades keep each document's row slot, so the cap
-   holds throughout.
+   holds throughout. The refinement's work is bounded (``work_budget``): it stops once it
+   has looked at more than ``max(2**22, n · (1024 + 4·W))`` candidate moves and trades
+   (``n`` documents, ``W`` ranks; ``trade_work`` counts a trade search), which ordinary
+   steps stay below; steps whose cap leaves little room, where each of many expensive trades
+   gains a little, are cut off there (a few milliseconds, or about 3 µs per document).
 
 The result depends on the lengths, costs and speeds only (deterministic on every machine).
 Pure-Python twins of every kernel are in ``tests/helpers/reference.py``.
@@ -21,7 +25,16 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["best_trade", "fit_micro", "fit_row", "largest_room", "pack_attempt", "refine"]
+__all__ = [
+    "best_trade",
+    "fit_micro",
+    "fit_row",
+    "largest_room",
+    "pack_attempt",
+    "refine",
+    "trade_work",
+    "work_budget",
+]
 
 # Trades that gain less than this fraction of the top time are not worth an iteration.
 _REL_TOL = 1e-9
@@ -34,6 +47,13 @@ _WIDE_SEARCH_MAX = 16384
 # Trades of two documents for one, and searches of every rank, only while the slowest rank
 # is this far above the mean time (relative): below it their cost buys only rounding.
 _WORTH_MORE = 1e-5
+# The refinement's work bound (``work_budget``): candidate moves and trades looked at per
+# document, plus per document and rank (every iteration scans the documents and the ranks,
+# and a step needs about one iteration per rank), and at least the floor (a few
+# milliseconds), which small steps whose cap leaves little room need.
+_WORK_PER_DOCUMENT = 1024
+_WORK_PER_RANK = 4
+_WORK_FLOOR = 1 << 22
 
 
 @njit(cache=True)
@@ -204,7 +224,7 @@ def pack_attempt(
         room[best] = largest_room(free[best], slots[best])
     refine(
         lengths, costs, docs, speeds, tight, free, slots, micro_loads, room, rank, micro, row,
-        loads,
+        loads, work_budget(n, w),
     )  # fmt: skip
     return True
 
@@ -224,10 +244,14 @@ def refine(
     micro: np.ndarray,
     row: np.ndarray,
     loads: np.ndarray,
+    budget: int,
 ) -> None:
     """Refinement: while the slowest rank is more than 1e-7 above the mean time and a move of
     one of its documents to another rank, or a trade (see ``best_trade``), lowers the larger
-    of the two ranks' times, make the best such move. Every array is updated in place.
+    of the two ranks' times, make the best such move; stop once more than ``budget``
+    candidates were looked at (each iteration counts ``n`` plus ``W`` per document of the
+    slowest rank for its moves, and ``trade_work`` for each trade search). Every array is
+    updated in place.
 
     Args:
         lengths: ``int64`` tokens per document.
@@ -243,6 +267,7 @@ def refine(
         micro: every document's micro-batch.
         row: every document's row.
         loads: every rank's total cost.
+        budget: the most candidates to look at (``pack_attempt`` passes ``work_budget``).
 
     Example: ``pack_attempt`` ends with it; ``tests/helpers/reference.py`` holds its
     pure-Python twin.
@@ -253,17 +278,21 @@ def refine(
         return
     mean = loads.sum() / speeds.sum()
     bound = mean * (1.0 + _CLOSE_ENOUGH)
+    work = 0
+    cells = np.zeros(free.size, np.int64)
     for _ in range(4 * n + 16):
         times = loads / speeds
         a = int(np.argmax(times))
         top = times[a]
-        if top <= bound:
+        if top <= bound or work > budget:
             return
         # The best move of one document of ``a`` to another rank with room for it.
         gain, move_i, move_b = top * _REL_TOL, -1, -1
+        num_mine = 0
         for i in range(n):
             if rank[i] != a:
                 continue
+            num_mine += 1
             after_a = (loads[a] - costs[i]) / speeds[a]
             for b in range(w):
                 if b == a or room[b] < lengths[i]:
@@ -274,6 +303,7 @@ def refine(
                 new_top = max(after_a, (loads[b] + costs[i]) / speeds[b])
                 if top - new_top > gain:
                     gain, move_i, move_b = top - new_top, i, b
+        work += n + num_mine * w
         if move_i >= 0:
             i, b = move_i, move_b
             free[a, micro[i], row[i]] += lengths[i]
@@ -295,12 +325,14 @@ def refine(
         partner = np.zeros(w, np.bool_)
         partner[np.argsort(times, kind="mergesort")[:_PARTNERS]] = True
         partner[a] = False
+        work += trade_work(rank, micro, row, partner, num_mine, cells, free.shape, False)
         trade = best_trade(
             lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, partner,
             False, gain,
         )  # fmt: skip
         worth = top > mean * (1.0 + _WORTH_MORE)
         if trade[0] < 0 and worth:
+            work += trade_work(rank, micro, row, partner, num_mine, cells, free.shape, True)
             trade = best_trade(
                 lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, partner,
                 True, gain,
@@ -308,6 +340,7 @@ def refine(
         if trade[0] < 0 and worth and w > _PARTNERS + 1 and n <= _WIDE_SEARCH_MAX:
             partner[:] = True
             partner[a] = False
+            work += trade_work(rank, micro, row, partner, num_mine, cells, free.shape, False)
             trade = best_trade(
                 lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, partner,
                 False, gain,
@@ -431,3 +464,69 @@ def best_trade(
                         gain, best_i, best_j, best_k = top - new_top, i, j, k
             start = stop
     return best_i, best_j, best_k
+
+
+@njit(cache=True)
+def work_budget(n: int, w: int) -> int:
+    """The refinement's work bound for ``n`` documents on ``w`` ranks:
+    ``max(2**22, n · (1024 + 4·w))`` candidate moves and trades.
+
+    Args:
+        n: documents (units) of the step.
+        w: ranks.
+
+    Example::
+
+        >>> work_budget(8192, 64)
+        10485760
+    """
+    return max(_WORK_FLOOR, n * (_WORK_PER_DOCUMENT + _WORK_PER_RANK * w))
+
+
+@njit(cache=True)
+def trade_work(
+    rank: np.ndarray,
+    micro: np.ndarray,
+    row: np.ndarray,
+    partner: np.ndarray,
+    num_mine: int,
+    cells: np.ndarray,
+    shape: tuple[int, int, int],
+    pairs: bool,
+) -> int:
+    """The candidates ``best_trade`` looks at (the refinement's work bound counts them):
+    ``num_mine`` times the documents of ``partner`` ranks, or with ``pairs``, times the
+    single documents and the pairs of one row, ``c·(c+1)/2`` for a row of ``c`` of them.
+
+    Args:
+        rank: every document's rank.
+        micro: every document's micro-batch.
+        row: every document's row.
+        partner: ``bool`` per rank, the ranks searched.
+        num_mine: the documents of the rank giving one.
+        cells: ``int64`` zeros, one per row of every rank (``ranks · micro-batches · rows``);
+            left zero.
+        shape: ``(ranks, micro-batches, rows)``.
+        pairs: count the pairs of one row too.
+
+    Example::
+
+        >>> trade_work(np.array([0, 1, 1]), np.zeros(3, np.int64), np.zeros(3, np.int64),
+        ...            np.array([False, True]), 2, np.zeros(2, np.int64), (2, 1, 1), True)
+        6
+    """
+    m, r = shape[1], shape[2]
+    total = 0
+    for i in range(rank.shape[0]):
+        if partner[rank[i]]:
+            if pairs:
+                cell = (rank[i] * m + micro[i]) * r + row[i]
+                cells[cell] += 1
+                total += cells[cell]  # the c-th document of a row adds c candidates
+            else:
+                total += 1
+    if pairs:
+        for i in range(rank.shape[0]):
+            if partner[rank[i]]:
+                cells[(rank[i] * m + micro[i]) * r + row[i]] = 0
+    return num_mine * total

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from chronica.core.checks import check_int
+from chronica.core.pipeline import Pipeline
 
 __all__ = ["BALANCES", "LONG_DOCUMENTS", "LOSS_NORMALISATIONS", "Packing"]
 
@@ -55,11 +57,16 @@ class Packing:
             so the ranks move in lockstep. See ``docs/step-planner.md`` for the table.
         micro_batch_multiple: the micro-batch count per rank is a multiple of it (``>= 1``;
             interleaved pipelines need a multiple of their stages).
-        pad_multiple: every document is padded up to a multiple of it (``>= 1``; ``2 * cp``
-            for context parallelism, 8/64/128 for FP8 and tensor-core kernels); the cap and
-            the costs count padded tokens.
+        pad_multiple: every document is padded up to a multiple of it (``>= 1``, dividing
+            ``row_length``; ``2 * cp`` for context parallelism, 8/64/128 for FP8 and
+            tensor-core kernels); the cap and the costs count padded tokens.
         max_documents_per_row: the most documents in one row (attention kernels' segment
             limit), ``None`` for no limit.
+        pipeline: a ``chronica.Pipeline`` (stages, virtual stages, schedule) each rank's
+            micro-batches run through: their count obeys its rules (at least ``stages``; a
+            multiple of ``stages`` when interleaved) and they are ordered to shorten its
+            simulated step (``chronica.core.pipeline.order_micro_batches``); ``None``: no
+            pipeline.
 
     Example::
 
@@ -80,6 +87,7 @@ class Packing:
     micro_batch_multiple: int = 1
     pad_multiple: int = 1
     max_documents_per_row: int | None = None
+    pipeline: Pipeline | None = None
 
     def __post_init__(self) -> None:
         hint = " (tokens in one micro-batch: the memory cap)"
@@ -114,11 +122,21 @@ class Packing:
             "pad_multiple",
             check_int("pad_multiple", self.pad_multiple, 1, self.length, hint=" (<= row_length)"),
         )
+        if self.length % self.pad_multiple:
+            raise ValueError(
+                f"pad_multiple={self.pad_multiple} must divide row_length={self.length}, so "
+                "that a padded row-long piece still fits its row"
+            )
         if self.max_documents_per_row is not None:
             object.__setattr__(
                 self,
                 "max_documents_per_row",
                 check_int("max_documents_per_row", self.max_documents_per_row, 1),
+            )
+        if self.pipeline is not None and not isinstance(self.pipeline, Pipeline):
+            raise TypeError(
+                f"pipeline={self.pipeline!r} must be a chronica.Pipeline (or None), e.g. "
+                "Pipeline(stages=4)"
             )
 
     def __repr__(self) -> str:
@@ -136,6 +154,7 @@ class Packing:
             ("micro_batch_multiple", 1),
             ("pad_multiple", 1),
             ("max_documents_per_row", None),
+            ("pipeline", None),
         )
         shown += [f"{k}={getattr(self, k)!r}" for k, v in defaults if getattr(self, k) != v]
         return f"Packing({', '.join(shown)})"
@@ -165,7 +184,16 @@ class Packing:
             self.micro_batch_multiple,
             self.pad_multiple,
             self.max_documents_per_row,
+            None if self.pipeline is None else list(self.pipeline.to_tuple()),
         )
+
+    @property
+    def count_multiple(self) -> int:
+        """What every rank's micro-batch count is a multiple of: ``micro_batch_multiple``
+        and the pipeline's rule together."""
+        if self.pipeline is None:
+            return self.micro_batch_multiple
+        return math.lcm(self.micro_batch_multiple, self.pipeline.micro_batch_multiple)
 
     def padded(self, lengths: np.ndarray) -> np.ndarray:
         """``lengths`` rounded up to ``pad_multiple`` (``int64``).

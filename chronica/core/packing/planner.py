@@ -26,7 +26,8 @@ import numpy as np
 from chronica.core.checks import check_int
 from chronica.core.cost import as_cost_model
 from chronica.core.packing.options import Packing
-from chronica.core.packing.step import PackedStep, pack_step
+from chronica.core.packing.step import PackedStep, in_pipeline_order, pack_step
+from chronica.core.pipeline import equal_cost_bound, pipeline_makespan
 
 __all__ = ["StepPlan", "plan_step"]
 
@@ -123,6 +124,26 @@ class StepPlan:
         """``sum_k max_r micro_costs[r, k] / speeds[r]``: the step when every micro-batch
         ends in a collective (FSDP, ZeRO-3, experts; ``balance="micro"``'s objective)."""
         return float((self.micro_costs / self.speeds[:, None]).max(0).sum())
+
+    @property
+    def pipeline_time(self) -> float | None:
+        """With ``Packing.pipeline``: the slowest rank's simulated pipeline step over its
+        micro-batches in execution order (``chronica.core.pipeline.pipeline_makespan``);
+        ``None`` without a pipeline."""
+        if self.packing.pipeline is None:
+            return None
+        times = self.micro_costs / self.speeds[:, None]
+        return max(pipeline_makespan(t, self.packing.pipeline) for t in times)
+
+    @property
+    def pipeline_bound(self) -> float | None:
+        """With ``Packing.pipeline``: the largest over ranks of the step the same micro-batch
+        costs would take if they were equal (``equal_cost_bound``), the figure
+        ``pipeline_time`` is measured against; ``None`` without a pipeline."""
+        if self.packing.pipeline is None:
+            return None
+        times = self.micro_costs / self.speeds[:, None]
+        return max(equal_cost_bound(t, self.packing.pipeline) for t in times)
 
     def micro_batches(self, rank: int) -> list[np.ndarray]:
         """Rank ``rank``'s micro-batches in execution order, each the ``int64`` indices of
@@ -281,13 +302,7 @@ def plan_step(
     n = raw.shape[0]
     padded = packing.padded(raw)
     model = as_cost_model(cost)
-    with np.errstate(over="ignore"):
-        doc_costs = np.asarray(model(padded.astype(np.float64)), dtype=np.float64)
-    if n and not np.isfinite(doc_costs.sum()):
-        raise ValueError(
-            f"cost={model!r} of these lengths overflows (the step's total cost is not "
-            "finite); rescale the cost model"
-        )
+    doc_costs = np.asarray(model(padded.astype(np.float64)), dtype=np.float64)
     unit_of = np.arange(n) if groups is None else _group_units(groups, n)
     units = int(unit_of.max()) + 1 if n else 0
     if units < w:
@@ -316,25 +331,23 @@ def plan_step(
     )
     speed = np.ones(w) if speed is None else speed
     unit_cost = np.bincount(unit_of, weights=doc_costs, minlength=units)
-    rank, micro, row, cells = _fill_empty(step, unit_cost)
+    step = in_pipeline_order(_fill_empty(step, unit_cost), speed, packing)
     return StepPlan(
         lengths=raw,
         padded=padded,
         units=_loss_units(packing, raw, loss_tokens),
-        rank=rank[unit_of],
-        micro=micro[unit_of],
-        row=row[unit_of],
+        rank=step.rank[unit_of],
+        micro=step.micro[unit_of],
+        row=step.row[unit_of],
         num_micro=step.num_micro,
-        micro_costs=cells,
+        micro_costs=step.cells,
         speeds=speed,
         packing=packing,
         bound=max(float(doc_costs.sum()) / float(speed.sum()), unit_cost.max() / speed.max()),
     )
 
 
-def _fill_empty(
-    step: PackedStep, unit_cost: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _fill_empty(step: PackedStep, unit_cost: np.ndarray) -> PackedStep:
     """The step's placement with no empty rank and no empty micro-batch on a rank that has
     as many units as micro-batches. The kernels leave a slow rank empty when a faster one
     finishes its share sooner, and a rank's micro-batch empty when it has few units; the
@@ -354,13 +367,13 @@ def _fill_empty(
         rank[unit], micro[unit], row[unit] = to_rank, to_micro, 0
 
     counts = np.bincount(rank, minlength=w)
-    for r in np.flatnonzero(counts == 0):
+    for empty in np.flatnonzero(counts == 0).tolist():
         mine = np.flatnonzero(rank == int(np.argmax(counts)))
         unit = int(mine[np.argmin(unit_cost[mine])])
         counts[rank[unit]] -= 1
-        counts[r] += 1
-        # The same micro-batch: under lockstep, the donor's micro-batch shrinks as r's grows.
-        move(unit, int(r), int(micro[unit]))
+        counts[empty] += 1
+        # The same micro-batch: under lockstep, the donor's shrinks as the empty rank's grows.
+        move(unit, empty, int(micro[unit]))
     for r in range(w):
         mine = np.flatnonzero(rank == r)
         per_micro = np.bincount(micro[mine], minlength=m)
@@ -371,7 +384,7 @@ def _fill_empty(
             k = int(np.argmin(per_micro))
             per_micro[k] += 1
             move(unit, r, k)
-    return rank, micro, row, cells
+    return PackedStep(rank, micro, row, step.num_micro, cells.sum(1), cells)
 
 
 def _group_units(groups: Any, n: int) -> np.ndarray:

@@ -22,8 +22,9 @@ With ``Packing(balance="micro")`` the objective is the lockstep step instead, th
 micro-batches of the slowest rank's micro-batch (``chronica.core.packing.lockstep``); the
 count is then at most what gives every (rank, micro-batch) cell a document, where the
 tokens allow, and grows by one while that shortens the lockstep step by 1%. Counts are
-rounded up to ``Packing.micro_batch_multiple``; documents count ``pad_multiple``-padded
-tokens.
+rounded up to ``Packing.micro_batch_multiple`` (and the pipeline's rule, whose depth is also
+the fewest); documents count ``pad_multiple``-padded tokens. ``in_pipeline_order`` then
+orders a packed step's micro-batches for ``Packing.pipeline``.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ from chronica.core.kernels import argsort_descending
 from chronica.core.packing.kernels import pack_attempt
 from chronica.core.packing.lockstep import lockstep_attempt
 from chronica.core.packing.options import Packing
+from chronica.core.pipeline import order_micro_batches
 
-__all__ = ["PackedStep", "pack_step"]
+__all__ = ["PackedStep", "in_pipeline_order", "pack_step"]
 
 # One more micro-batch per rank than the tokens need is taken while it lowers the slowest
 # rank's time by at least this much (relative) and that time is this far above the bound.
@@ -143,10 +145,11 @@ def pack_step(
             f"{packing.max_documents_per_row}; raise the limit or make the groups smaller"
         )
     lockstep = packing.balance == "micro"
-    multiple = packing.micro_batch_multiple
+    multiple = packing.count_multiple
     fewest = max(1, math.ceil(int(lengths.sum()) / (w * packing.rows * packing.length)))
     fixed = num_micro or packing.micro_batches
-    m = _round_up(max(fewest, fixed or 1), multiple)
+    depth = 1 if packing.pipeline is None else packing.pipeline.min_micro_batches
+    m = _round_up(max(fewest, fixed or 1, depth), multiple)
     order = argsort_descending(costs)
     rank = np.empty(n, np.int64)
     micro = np.empty_like(rank)
@@ -210,3 +213,36 @@ def _figure(step: PackedStep, speeds: np.ndarray, lockstep: bool) -> float:
     over micro-batches of the slowest rank's micro-batch."""
     times = step.cells / speeds[:, None]
     return float(times.max(0).sum() if lockstep else times.sum(1).max())
+
+
+def in_pipeline_order(step: PackedStep, speeds: np.ndarray, packing: Packing) -> PackedStep:
+    """``step`` with every rank's micro-batches renumbered in the order that shortens
+    ``packing.pipeline``'s simulated step (``chronica.core.pipeline.order_micro_batches`` of
+    their times); under ``balance="micro"`` one order for all ranks, from each micro-batch's
+    slowest rank, so micro-batch *k* still runs in lockstep. Unchanged without a pipeline.
+
+    Args:
+        step: a packed step (``pack_step``).
+        speeds: relative speed per rank.
+        packing: the options the step was packed under.
+
+    Example::
+
+        >>> from chronica.core.pipeline import Pipeline
+        >>> packing = Packing(max_tokens=4, pipeline=Pipeline(stages=2))
+        >>> step = pack_step(np.array([4, 1, 1]), np.array([4.0, 1.0, 1.0]), 1, packing)
+        >>> in_pipeline_order(step, np.ones(1), packing).cells.tolist()
+        [[1.0, 4.0]]
+    """
+    if packing.pipeline is None:
+        return step
+    times = step.cells / np.asarray(speeds, dtype=np.float64)[:, None]
+    if packing.balance == "micro":
+        orders = np.tile(order_micro_batches(times.max(0), packing.pipeline), (times.shape[0], 1))
+    else:
+        orders = np.array([order_micro_batches(t, packing.pipeline) for t in times])
+    position = np.empty_like(orders)
+    np.put_along_axis(position, orders, np.arange(step.num_micro)[None, :], axis=1)
+    cells = np.take_along_axis(step.cells, orders, axis=1)
+    micro = position[step.rank, step.micro]
+    return PackedStep(step.rank, micro, step.row, step.num_micro, step.loads, cells)

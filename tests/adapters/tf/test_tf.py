@@ -422,7 +422,11 @@ def test_state_of_the_torch_batch_sampler_resumes_in_tf():
         lengths, global_batch_size=batch, num_replicas=world, rank=rank, seed=4, epochs=2
     )
     out = make_dataset(lengths).apply(t)
-    t.set_state(state)
+    assert int(out.cardinality()) == 2 * t.steps_per_epoch  # the plan knows its steps
+    with pytest.raises(ValueError, match="apply the schedule again after set_state"):
+        t.set_state(state)  # the applied output's cardinality would be wrong
+    out = make_dataset(lengths).apply(t)
+    assert int(out.cardinality()) == len(rest)
     assert tf_steps(out) == rest
 
 

@@ -2,7 +2,8 @@
 plain all-reduce + optimizer.step() for SGD, Adam and AdamW, identical dispatch order on both
 ranks, bounded bytes in flight, a loadable timeline (closed or not), and bitwise equality
 with real DistributedDataParallel for unused parameters and BatchNorm statistics in every
-mode, with the exposed-communication diagnostic."""
+mode, with the exposed-communication diagnostic; mode="auto" searches, switches and decides alike on
+both ranks, re-decides after ``trial.reopen`` and stays exact throughout."""
 
 import json
 import sys
@@ -17,7 +18,7 @@ from workers import HELPERS, ROOT, base_env, run_workers, torch_rendezvous  # no
 from chronica.runtime.timeline import read_exposure  # noqa: E402
 from chronica.torch.distributed import ScheduledOptimizer  # noqa: E402
 
-DDP_VARIANTS = ("bucketed", "scheduled", "auto-switch", "auto-stay", "auto-resume")
+DDP_VARIANTS = ("bucketed", "scheduled", "auto-switch", "auto-stay", "auto-redecide")
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,7 @@ def job(tmp_path_factory):
     outs = [tmp / f"rank{r}.json" for r in range(2)]
     worker = str(HELPERS / "grad_torch_worker.py")
     with torch_rendezvous(2) as meeting:
-        run_workers(
+        logs = run_workers(
             [[sys.executable, worker, str(out), str(tmp / "trace.json")] for out in outs],
             [
                 base_env(ROOT, RANK=str(rank), WORLD_SIZE="2", OMP_NUM_THREADS="1", **meeting)
@@ -34,6 +35,7 @@ def job(tmp_path_factory):
             ],
             timeout=120,
         )
+    (tmp / "logs.json").write_text(json.dumps(logs))
     return [json.loads(out.read_text())["results"] for out in outs], tmp
 
 
@@ -126,25 +128,54 @@ def test_unused_parameter_untouched_after_its_last_use(job):
         assert len(runs["ddp"]["state"]) == len(runs["bucketed"]["state"])
 
 
-def test_auto_mode_decides_once_and_says_why(job):
+def test_auto_mode_searches_and_every_rank_agrees_on_each_switch_and_decision(job):
     results, _ = job
+    for kind in ("ddp-sgd", "ddp-adamw"):
+        for variant in ("auto-switch", "auto-stay", "auto-redecide"):
+            a, b = (r[kind][variant] for r in results)
+            # The same setting after every step and the same words: one decision per job.
+            assert a["settings"] == b["settings"]
+            assert (
+                a["decisions"] == b["decisions"]
+                and a["stats"]["decision"] == b["stats"]["decision"]
+            )
     for rank_result in results:
-        switch = rank_result["ddp-sgd"]["auto-switch"]["stats"]
-        stay = rank_result["ddp-sgd"]["auto-stay"]["stats"]
-        # It tried scheduling, then kept whichever engine was faster: either way, exact.
-        assert switch["mode"] in ("scheduled", "bucketed")
-        assert switch["decision"].startswith(switch["mode"] + ": rank 0 measured")
-        assert "ms bucketed" in switch["decision"]
-        assert stay["mode"] == "bucketed" and stay["decision"].startswith("bucketed:")
-        assert "min_saving=100%" in stay["decision"]
-        for stats in (switch, stay):
+        switch = rank_result["ddp-sgd"]["auto-switch"]
+        # It searched (both settings were run), then kept whichever cost less: either way exact.
+        searched = set(switch["settings"])
+        assert {"bucketed", "scheduled (1 KiB partitions, 4 MiB credit)"} <= searched
+        assert len(searched) == 3, searched  # and the whole gradients in one partition
+        assert switch["decided"] == 1
+        assert switch["stats"]["decision"].startswith(switch["stats"]["mode"] + ": ")
+        assert "bucketed windows" in switch["stats"]["decision"]
+        stay = rank_result["ddp-sgd"]["auto-stay"]
+        assert set(stay["settings"]) == {"bucketed"} and stay["stats"]["mode"] == "bucketed"
+        assert "min_saving=100%" in stay["stats"]["decision"]
+        redecided = rank_result["ddp-sgd"]["auto-redecide"]
+        assert redecided["decided"] == 2  # decided, reopened at step 40, decided again
+        for stats in (switch["stats"], stay["stats"]):
             assert stats["steps"] >= 1
             assert "priority scheduling would save at most" in stats["verdict"]
-        resumed = rank_result["ddp-sgd"]["auto-resume"]["stats"]  # every comparison passed
-        assert resumed["mode"] == "scheduled", resumed["decision"]
-        assert " ms bucketed before and " in resumed["decision"]
         forced = rank_result["ddp-sgd"]["bucketed"]["stats"]
         assert forced["mode"] == "bucketed" and forced["decision"] == ""
+
+
+def test_each_decision_printed_once_by_rank_0_without_any_logging_setup(job):
+    """The workers configure no logging: Python's last-resort handler prints WARNING lines."""
+    results, tmp = job
+    logs = json.loads((tmp / "logs.json").read_text())
+    printed = [line for line in logs[0].splitlines() if "mode='auto'" in line]
+    assert all(line.startswith("chronica gradients: mode='auto' ") for line in printed)
+    expected = [
+        decision
+        for kind in ("ddp-sgd", "ddp-adamw")
+        for variant in ("auto-switch", "auto-stay", "auto-redecide")
+        for decision in results[0][kind][variant]["decisions"]
+    ]
+    assert len(printed) == len(expected) == 8  # one, one and two decisions, for two optimizers
+    assert [line.split("for every rank: ", 1)[1] for line in printed] == expected
+    assert sum("re-decided for every rank" in line for line in printed) == 2
+    assert "mode='auto'" not in logs[1]  # rank 1 decides alike and stays silent
 
 
 def test_timeline_loadable_without_close(job):

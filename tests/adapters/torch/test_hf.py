@@ -40,7 +40,7 @@ def _split(batches: list, plan_of_rank: list) -> list[list]:
     return [batches[:first], batches[first:]]
 
 
-@pytest.mark.parametrize("scenario", ["accelerate", "accelerate_batches", "trainer"])
+@pytest.mark.parametrize("scenario", ["accelerate", "accelerate_batches", "trainer", "custom"])
 def test_hf_trains_every_sample_once_per_epoch_in_new_orders(job, plan, scenario):
     n = len(job[0]["sizes"])
     received = [_split(result[scenario], plan[rank]) for rank, result in enumerate(job)]
@@ -50,7 +50,7 @@ def test_hf_trains_every_sample_once_per_epoch_in_new_orders(job, plan, scenario
         assert rank[0] != rank[1]
 
 
-@pytest.mark.parametrize("scenario", ["accelerate", "accelerate_batches", "trainer"])
+@pytest.mark.parametrize("scenario", ["accelerate", "accelerate_batches", "trainer", "custom"])
 def test_hf_training_receives_the_planned_balanced_batches(job, plan, scenario):
     for rank in range(WORLD):
         assert job[rank][scenario] == plan[rank][0] + plan[rank][1]
@@ -65,6 +65,17 @@ def test_hf_resumes_exactly_mid_epoch(job, plan):
         assert len(plan[rank][0]) < stop < len(whole)  # mid-epoch 1
         assert result["stopped"] == whole[:stop]
         assert result["resumed"] == whole[stop:]  # Trainer(resume_from_checkpoint=True)
+
+
+def test_a_plain_trainer_with_its_own_loader_fails_loudly_instead_of_repeating_an_epoch(job):
+    for result in job:
+        assert "without set_epoch" in result["refused_custom"]
+
+
+def test_packed_trainer_on_2_processes_trains_every_document_once_with_the_unpacked_loss(job):
+    from packed_trainer import DOCUMENTS, EPOCHS
+
+    assert_packed_steps([result["packed"] for result in job], DOCUMENTS, EPOCHS)
 
 
 def test_hf_second_sharding_fails_loudly(job):
@@ -159,7 +170,8 @@ def test_stateful_dataloader_resumes_the_sampler_mid_epoch(batches, workers):
     resumed = loader()  # a new process: a new loader and sampler at epoch 0
     resumed.load_state_dict(state)
     assert head + take(resumed) == expected
-    assert take(resumed) == expected  # iterated again, the epoch starts from its beginning
+    with pytest.raises(RuntimeError, match="without set_epoch"):
+        take(resumed)  # the same epoch again would repeat its order: refused
 
 
 @pytest.mark.parametrize("batches", [False, True])
@@ -222,3 +234,23 @@ def test_trainer_builds_the_sampler_from_its_arguments(tmp_path):
     ]
     with pytest.raises(ValueError, match=r"cannot set \['batch_size'\]"):
         Trainer(model=model, args=args, train_dataset=table, scheduling={"batch_size": 8})
+
+
+def test_packed_trainer_trains_every_document_once_with_the_unpacked_loss(tmp_path):
+    from packed_trainer import DOCUMENTS, EPOCHS, train
+
+    steps = train(str(tmp_path))
+    assert_packed_steps([steps], DOCUMENTS, EPOCHS)
+
+
+def assert_packed_steps(ranks: list[list[list]], documents: int, epochs: int) -> None:
+    """Every document once per epoch over the ranks, every rank the same steps, and every
+    step's packed loss equal to the unpacked reference within 1e-5."""
+    for epoch in range(epochs):
+        mine = [[s for s in steps if s[0] == epoch] for steps in ranks]
+        assert len({len(m) for m in mine}) == 1
+        trained = sorted(d for m in mine for s in m for d in s[2])
+        assert trained == list(range(documents))
+    for steps in ranks:
+        for _, _, _, packed, reference in steps:
+            assert abs(packed - reference) <= 1e-5 * max(1.0, abs(reference))

@@ -61,6 +61,22 @@ def test_lightning_resumes_mid_epoch_from_its_checkpoint(job, plan):
         assert stopped + resumed == plan[rank][0] + plan[rank][1]
 
 
+def test_lightning_packed_trains_every_document_once_and_every_update_in_3_epochs(job):
+    counts = job[0]["packed_plan"]  # [micro-batches, steps] of each epoch's own plan
+    assert len({micro for micro, _ in counts}) > 1  # the epochs' counts differ
+    promised = max(micro for micro, _ in counts)
+    for epoch, (_, steps) in enumerate(counts):
+        received = [[m for m in result["packed"] if m[0] == epoch] for result in job]
+        assert [len(r) for r in received] == [promised] * WORLD  # none dropped
+        documents = [i for rank in received for m in rank for i in m[1]]
+        assert sorted(documents) == list(range(len(documents))) == list(range(200))
+        for rank, result in enumerate(job):
+            assert result["packed_steps"][epoch] == steps  # every step's update happened
+            assert received[rank][-1][2]  # the epoch ends with a step's last micro-batch
+            padding = [m for m in received[rank] if m[4] == 0]
+            assert all(m[3] == 0 and not m[2] for m in padding)
+
+
 def test_lightning_refuses_to_rebuild_a_batch_sampler(job):
     for result in job:
         assert "Trainer(use_distributed_sampler=False)" in result["refused"]

@@ -62,9 +62,13 @@ def _check_plan(plan, lengths, packing, num_replicas):
         assert layout.first[s + 1] - layout.first[s] == m * num_replicas
         for j in range(layout.first[s], layout.first[s + 1]):
             span = slice(layout.bounds[j], layout.bounds[j + 1])
-            assert layout.lengths[span].sum() <= packing.max_tokens
-            rows = np.bincount(layout.rows[span], weights=layout.lengths[span])
+            padded = packing.padded(layout.lengths[span])
+            assert padded.sum() <= packing.max_tokens
+            rows = np.bincount(layout.rows[span], weights=padded)
             assert rows.shape[0] <= packing.rows and (rows <= packing.length).all()
+            documents = np.bincount(layout.rows[span])
+            assert (documents <= (packing.max_documents_per_row or span.stop)).all()
+        assert m % packing.micro_batch_multiple == 0
         assert plan.loss_weights[s].sum() == pytest.approx(num_replicas)
 
 
@@ -76,6 +80,17 @@ def _check_plan(plan, lengths, packing, num_replicas):
         (Packing(MAX_TOKENS, row_length=64, long_documents="truncate"), 40),
         (Packing(MAX_TOKENS, tokens_per_step=3000), None),
         (Packing(MAX_TOKENS, tokens_per_step=3000, micro_batches=3, loss="sample"), None),
+        (Packing(MAX_TOKENS, balance="micro", micro_batch_multiple=2, pad_multiple=8), 40),
+        (
+            Packing(
+                MAX_TOKENS,
+                row_length=64,
+                long_documents="split",
+                max_documents_per_row=3,
+                balance="micro",
+            ),
+            40,
+        ),
     ],
 )
 @pytest.mark.parametrize("shuffle", [True, "local", ShufflePolicy.partial(0.3)])

@@ -69,8 +69,16 @@ def test_a_world_of_a_million_ranks_is_refused_at_once():
         DistributedSampler(range(1000), num_replicas=1 << 20, rank=0, batch_size=1 << 21)
 
 
-def test_world_required_without_process_group():
-    with pytest.raises(RuntimeError, match="init_process_group"):
+def test_one_process_without_a_process_group_is_a_world_of_one(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    sampler = DistributedSampler(range(10), batch_size=4, sizes=np.arange(1, 11))
+    assert (sampler.num_replicas, sampler.rank) == (1, 0)
+    assert sorted(sampler) == list(range(10))
+
+
+def test_a_launched_process_without_its_process_group_names_init_process_group(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match=r"WORLD_SIZE=2 .*init_process_group"):
         DistributedSampler(range(10))
 
 

@@ -1,0 +1,90 @@
+"""benchmarks.gradsched's auto target, read from a result built here (no run, no timing): the
+best fixed setting, auto over it round by round, the noise figure, the simulator's error,
+each target's verdict, the page section, and the knobs of the fixed settings."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from benchmarks.grad_models import GRID, knobs_for  # noqa: E402
+from benchmarks.gradsched import AUTO_TARGET, auto_rows, auto_table, render_markdown  # noqa: E402
+
+QUANTITIES = ("variants", "cpu", "thread", "faults")
+
+
+def model_result(ratios: dict[str, list[float]], ddp_s: float = 0.4) -> dict:
+    """One model's rounds: DDP at ``ddp_s`` every round, each variant at ``ratios`` of it."""
+    rounds = len(next(iter(ratios.values())))
+    out: dict = {q: {"DDP": [ddp_s] * rounds} for q in QUANTITIES}
+    out["ddp"] = {q: {} for q in QUANTITIES}
+    for variant, values in ratios.items():
+        for q in QUANTITIES:
+            out[q][variant] = [ddp_s * r for r in values]
+            out["ddp"][q][variant] = [ddp_s] * rounds
+    out |= {"compute": [0.3], "comm": [0.38], "auto_warm_blocks": 11}
+    out["stats"] = {"chronica auto": {"decision": "scheduled: it won", "setting": "s"}}
+    out["sim"] = {"variant": "scheduled 256 KiB", "predicted": 0.90}
+    return out
+
+
+RATIOS = {
+    "DDP again": [1.01, 0.99, 1.02],
+    "chronica auto": [0.81, 0.83, 0.82],
+    "scheduled 256 KiB": [0.80, 0.80, 0.80],
+    "scheduled 1 MiB": [0.90, 0.92, 0.91],
+    "scheduled 4 MiB": [0.97, 0.95, 0.96],
+}
+
+
+def result(ratios=RATIOS) -> dict:
+    machine = {"processor": "x", "cpu_count": 2, "torch": "2", "date_utc": "today"}
+    models = {"vgg": model_result(ratios)}
+    return {
+        "target": "auto",
+        "machine": machine,
+        "load_average": [[1.0] * 3, [2.0] * 3],
+        "repeats": 3,
+        "steps": 4,
+        "command": "sudo python -m benchmarks.gradsched --target auto",
+        "links": [{"link": "100mbit", "rate": "100mbit", "models": models}],
+    }
+
+
+def test_rows_find_the_best_fixed_setting_and_judge_every_target():
+    (row,) = auto_rows(result())
+    assert row["best"] == "scheduled 256 KiB" and row["best_ratio"] == pytest.approx(0.80)
+    assert row["to_best"] == pytest.approx(np.median([0.81, 0.83, 0.82]) / 0.80)
+    assert row["within_3"]  # 0.82 / 0.80 = 1.025
+    assert row["speedup"] == pytest.approx(1 / 0.82)
+    assert row["not_worse"] and row["noise"] >= 0.01
+    assert row["sim_error"] == pytest.approx(0.90 / 0.80 - 1)
+    assert "scheduled 256 KiB" in auto_table(result())
+
+
+def test_ddp_is_the_best_fixed_setting_when_no_schedule_beats_it():
+    slow = {**RATIOS, **{v: [1.1, 1.1, 1.1] for v in GRID}, "chronica auto": [1.0, 1.0, 1.0]}
+    (row,) = auto_rows(result(slow))
+    assert row["best"] == "DDP" and row["within_3"] and row["to_best"] == pytest.approx(1.0)
+
+
+def test_page_section_states_targets_decisions_and_the_command(tmp_path):
+    page = render_markdown(result(), tmp_path)
+    assert page.startswith('## Gradient scheduling: `mode="auto"` against the best fixed')
+    assert "sudo python -m benchmarks.gradsched --target auto" in page
+    assert "- 100mbit, vgg: scheduled: it won" in page
+    assert "| 100mbit | vgg | scheduled 256 KiB | 0.900 | 0.800 | +12.5% | **no** |" in page
+    assert set(AUTO_TARGET) >= set(GRID)
+
+
+def test_fixed_settings_cut_as_auto_cuts_them():
+    model = torch.nn.Linear(512, 512)  # 1 MiB + 2 KiB of gradients
+    total = 4 * (512 * 512 + 512)
+    assert knobs_for("scheduled 256 KiB", model) == {
+        "mode": "scheduled",
+        "partition_bytes": 256 << 10,
+        "credit_bytes": 1 << 20,
+    }
+    assert knobs_for("scheduled 4 MiB", model)["partition_bytes"] == total
+    assert knobs_for("scheduled 4 MiB", model)["credit_bytes"] == 4 * total
+    assert knobs_for("DDP", model) == {}

@@ -1,0 +1,90 @@
+"""The peers of the lockstep benchmark (``benchmarks/lockstep_peers.py``) on small cases, and
+the benchmark's figures on a hand-made plan.
+
+Each peer places every document exactly once and gives every rank the same number of
+micro-batches; NeMo-RL's packing and the LPT reference keep the token cap; NeMo-RL leaves no
+bin empty and deals a multiple of W bins; verl orders a rank's micro-batches with the light
+ones at both ends.
+"""
+
+import numpy as np
+import pytest
+
+from benchmarks import lockstep
+from benchmarks import lockstep_peers as peers
+from benchmarks.packing_peers import MicroBatches
+
+W = 3
+MAX_TOKENS = 16
+COST = lockstep.COSTS["quadratic"]
+
+
+def _lengths(seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.integers(1, MAX_TOKENS + 1, size=W * int(rng.integers(2, 12))).astype(np.int64)
+
+
+def _plan(key: str, lengths: np.ndarray) -> MicroBatches:
+    if key == "verl":
+        return peers.verl(lengths, COST(lengths), W, MAX_TOKENS)
+    if key == "nemo_rl":
+        return peers.nemo_rl(lengths, W, MAX_TOKENS)
+    return peers.lpt(lengths, COST(lengths), W, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("key", ["verl", "nemo_rl", "lpt"])
+@pytest.mark.parametrize("seed", range(10))
+def test_every_document_once_and_equal_micro_batch_counts(key, seed):
+    lengths = _lengths(seed)
+    mb = _plan(key, lengths)
+    n = lengths.shape[0]
+    assert mb.rank.shape == mb.micro.shape == (n,)
+    assert mb.rank.min() >= 0 and mb.rank.max() < W
+    assert mb.micro.min() >= 0 and mb.micro.max() < mb.num_micro
+    assert mb.tokens(W).sum() == lengths.sum()
+    if key != "verl":  # verl's micro-batch split balances workload, not tokens
+        assert mb.tokens(W).max() <= MAX_TOKENS
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_nemo_rl_deals_a_multiple_of_w_bins_none_empty(seed):
+    lengths = _lengths(seed)
+    mb = peers.nemo_rl(lengths, W, MAX_TOKENS)
+    per_cell = np.bincount(mb.rank * mb.num_micro + mb.micro, minlength=W * mb.num_micro)
+    assert (per_cell > 0).all()
+
+
+def test_nemo_rl_adds_bins_from_the_fullest_ones():
+    # Three documents fit one bin (packed 6, 5, 4); W=3 needs three bins: the last one
+    # packed (4) moves to bin 1, then 5 to bin 2; bin b goes to rank b mod 3.
+    mb = peers.nemo_rl(np.array([4, 6, 5]), W, MAX_TOKENS)
+    assert mb.num_micro == 1
+    assert mb.rank.tolist() == [1, 0, 2]
+
+
+def test_verl_orders_micro_batches_light_at_both_ends():
+    workload = np.array([5.0, 1.0, 4.0, 2.0, 3.0])
+    parts = [[i] for i in range(5)]
+    order = peers._interleaved(parts, workload)
+    # Heaviest first: 5, 4, 3, 2, 1; even positions reversed, then the odd ones.
+    assert [workload[p[0]] for p in order] == [1.0, 3.0, 5.0, 4.0, 2.0]
+
+
+def test_lpt_fills_the_micro_batch_maxima_before_raising_them():
+    # Two ranks, one micro-batch each: 6 goes first, then 5 to the other rank (no rise),
+    # then 1 to the rank of 5 (no rise, lower rank sum after).
+    mb = peers.lpt(np.array([6, 5, 1]), np.array([6.0, 5.0, 1.0]), 2, 16)
+    assert mb.num_micro == 1
+    assert mb.rank.tolist() == [0, 1, 1]
+
+
+def test_figures_of_a_hand_made_plan():
+    # Rank 0: micro-batches costing 4 and 1; rank 1: 1 and 4. Rank sums are equal (5), the
+    # lockstep step is 4 + 4 = 8: a figure of 8 / 5.
+    costs = np.array([4.0, 1.0, 1.0, 4.0])
+    mb = MicroBatches(np.array([0, 0, 1, 1]), np.array([0, 1, 0, 1]), 2, np.ones(4))
+    got = lockstep.figures(mb, costs, 2, 16)
+    assert got["lockstep"] == pytest.approx(8 / 5)
+    assert got["ranksum"] == pytest.approx(1.0)
+    assert got["bound"] == pytest.approx(1.0)
+    assert got["micro"] == 2 and got["violations"] == 0
