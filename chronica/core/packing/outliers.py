@@ -117,7 +117,9 @@ class _Queue:
         joined = _take(new, held_back)
         joined["since"] = np.full(joined["ids"].shape[0], step, np.int64)
         pool = _concat(self.held, joined)
-        forced = np.full(pool["ids"].shape[0], last) | (pool["since"] + self.delay.max_delay <= step)
+        forced = np.full(pool["ids"].shape[0], last) | (
+            pool["since"] + self.delay.max_delay <= step
+        )
         waiting = np.flatnonzero(~forced)
         excess = waiting.shape[0] - self.delay.queue_bound(self.ranks)
         if excess > 0:
