@@ -135,8 +135,12 @@ def test_a_heavy_document_waits_for_company_and_goes_with_it():
     costs = np.array([1.0, 1.0, 9.0, 1.0, 1.0, 9.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
     steps = [np.arange(0, 4), np.arange(4, 8), np.arange(8, 12)]
     out, delays = delay_outliers(steps, costs, costs, 2, OutlierDelay(max_delay=4))
-    assert [s.tolist() for s in out] == [[0, 1, 3], [2, 5, 4, 6, 7], [8, 9, 10, 11]]
-    assert [d.tolist() for d in delays] == [[0, 0, 0], [1, 0, 0, 0, 0], [0, 0, 0, 0]]
+    assert [s.tolist() for s in out] == [[0, 1, 3], [4, 6, 7], [8, 9, 10, 11, 2, 5]]
+    assert [d.tolist() for d in delays] == [[0, 0, 0], [0, 0, 0], [0, 0, 0, 0, 2, 1]]
+    # With one step of delay at most, no document waits longer.
+    out, delays = delay_outliers(steps, costs, costs, 2, OutlierDelay(max_delay=1))
+    assert sorted(np.concatenate(out).tolist()) == list(range(12))
+    assert max(d.max() for d in delays) == 1
 
 
 # -- packed plans -----------------------------------------------------------------------------

@@ -1,32 +1,38 @@
-"""Outlier delay: documents too heavy for their step wait, in a bounded queue, for a later
-step of the same epoch where they fit.
+"""Outlier delay: documents too heavy for their step wait, within bounds, for a later step
+of the same epoch where they fit.
 
 A step can never be shorter than its heaviest document. With long-tailed lengths and
 attention cost that *wall* sets the step time whenever few documents share a rank.
 ``OutlierDelay`` (given as ``Packing(outliers=...)``, or driving an ``OutlierQueue`` beside
-``chronica.plan_step``) holds such documents back and releases them together with others of
-their kind, so that a step which trains heavy documents trains several of them side by side
-(one per rank) instead of one that every other rank waits for.
+``chronica.plan_step``) moves such documents to later steps so that heavy documents train
+side by side, one per rank, instead of one that every other rank waits for.
 
-The rule, step by step (``W`` ranks; a document's *weight* is its heaviest piece's predicted
-cost, its *cost* the sum of its pieces'):
+A document's *weight* is its heaviest piece's predicted cost, its *cost* the sum of its
+pieces'. A step's *fair share* is the cost of the documents the epoch's order puts in it
+divided by its ranks ``W``. A document heavier than ``threshold`` times its step's fair share
+is an *outlier*; only outliers move, never earlier, at most ``max_delay`` steps later, never
+past the epoch's last step (whose own documents stay), with at most ``max_queue`` documents
+waiting at any step boundary.
 
-1. *Fair share* ``F`` = the cost of the step's new documents (those the epoch's order puts
-   in it) / ``W``. A new document whose weight exceeds ``threshold · F`` is an *outlier*:
-   it joins the queue, unless the step is the epoch's last (nothing is held past it).
-2. *Forced*: a held document that has waited ``max_delay`` steps, every held document at
-   the epoch's last step, and the oldest ones beyond ``max_queue`` must go into this step.
-3. *Released*: the forced documents, plus the queue's documents of weight at most a *top*
-   chosen as the largest for which the step stays within its fair share: ``W · (heaviest
-   weight in the step) <= (the step's total cost)``, i.e. no released document is heavier
-   than a rank's mean load. If no top achieves that, the held documents no heavier than
-   the forced ones (or than the step's own heaviest) come along, at no cost to the step.
+Where they go:
 
-Guarantees: every document is trained exactly once in its epoch, in the step the epoch's
-order puts it in or at most ``max_delay`` steps later; at most ``max_queue`` documents wait
-at once; the queue is empty after the epoch's last step. The steps are a pure function of
-the epoch's document order, costs and the option (equal inputs, equal bytes on every
-rank), so the queue at any step is implied by the plan and needs no state of its own.
+* **A packed epoch** (``Packing(outliers=...)``, ``delay_outliers``): the epoch's order is
+  known, so the outliers are placed heaviest first, each into the step of its window where
+  it lengthens the step's predicted time least, the earliest among near-equals. A step's
+  predicted time is ``max(total / W, heaviest, the two outliers one rank must take once a
+  step has more outliers than ranks)``: heavy documents gather in the same steps, one per
+  rank, and light ones fill the steps whose time a heavy document already sets.
+* **Step by step** (``OutlierQueue``, the future unknown): outliers join a queue; every step
+  releases the documents that have waited ``max_delay`` steps (all of them at the epoch's
+  last step, and the oldest beyond ``max_queue``), plus the held documents no heavier than
+  the largest *top* that keeps the step within its fair share (``W · heaviest <= total``).
+
+Guarantees (both): every document is trained exactly once in its epoch, in the step the
+epoch's order puts it in or at most ``max_delay`` steps later; at most ``max_queue``
+documents wait at once; none waits past the epoch's last step. A packed epoch's steps are a
+pure function of its document order, costs and the option (equal inputs, equal bytes on
+every rank), so the queue at any step is implied by the plan and needs no state of its own;
+``OutlierQueue`` checkpoints its queue with ``state_dict``.
 """
 
 from __future__ import annotations
@@ -44,12 +50,13 @@ __all__ = ["OutlierDelay", "OutlierQueue", "Released", "delay_outliers"]
 
 # Relative slack of the fair-share test: float sums in another order must not flip it.
 _SLACK = 1e-12
+_EARLIER = 0.05  # within this share of a document's fair cost, the earliest step wins
 
 
 @dataclass(frozen=True)
 class OutlierDelay:
-    """Hold documents heavier than a rank's fair share of their step in a bounded queue and
-    release them into later steps of the same epoch (module docstring: the rule). Validated
+    """Move documents heavier than a share of their step's fair share to later steps of the
+    same epoch, within bounds (module docstring: the rule). Validated
     on construction: ``TypeError`` for a wrong type, ``ValueError`` for a wrong value.
 
     Args:
@@ -195,9 +202,9 @@ def delay_outliers(
     ranks: int,
     delay: OutlierDelay,
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """One owner's steps with outliers delayed (module docstring: the rule): the documents
-    of every step (released held ones first, oldest first, then the step's own in order)
-    and each one's delay in steps. Pure: equal arguments give equal arrays.
+    """One owner's steps with outliers delayed (module docstring: a packed epoch): the
+    documents of every step (the step's own in order, then the delayed ones by the step
+    they came from) and each one's delay in steps. Pure: equal arguments give equal arrays.
 
     Args:
         steps: the documents of every step, in the epoch's order.
@@ -212,22 +219,68 @@ def delay_outliers(
         >>> steps, delays = delay_outliers(
         ...     [np.arange(4), np.arange(4, 8)], costs, costs, 2, OutlierDelay())
         >>> [s.tolist() for s in steps], [d.tolist() for d in delays]
-        ([[0, 1, 3], [2, 4, 5, 6, 7]], [[0, 0, 0], [1, 0, 0, 0, 0]])
+        ([[0, 1, 3], [4, 5, 6, 7, 2]], [[0, 0, 0], [0, 0, 0, 0, 1]])
     """
-    queue = _Queue(ranks, delay)
-    out, delays = [], []
-    for s, docs in enumerate(steps):
-        docs = np.asarray(docs, dtype=np.int64)
-        new = {
-            "ids": docs,
-            "costs": costs[docs].astype(np.float64),
-            "weights": weights[docs].astype(np.float64),
-            "payload": np.zeros(docs.shape[0], np.int64),
-        }
-        released, delayed = queue.step(new, s, s == len(steps) - 1)
-        out.append(released["ids"])
-        delays.append(delayed)
+    num = len(steps)
+    docs = [np.asarray(d, dtype=np.int64) for d in steps]
+    origin = np.concatenate(
+        [np.full(d.shape[0], s, np.int64) for s, d in enumerate(docs)] or [np.empty(0, np.int64)]
+    )
+    every = np.concatenate(docs or [np.empty(0, np.int64)])
+    cost, weight = costs[every].astype(np.float64), weights[every].astype(np.float64)
+    fair = np.array([costs[d].sum() for d in docs]) / ranks
+    outlier = weight > delay.threshold * fair[origin] * (1 + _SLACK) if num else origin > 0
+    outlier &= origin < num - 1  # the last step's own documents have nowhere to go
+    regular = ~outlier
+    total = np.bincount(origin[regular], weights=cost[regular], minlength=num)
+    heaviest = np.zeros(num)
+    np.maximum.at(heaviest, origin[regular], weight[regular])
+    waiting = np.zeros(num + 1, np.int64)  # documents held when step ``s`` starts
+    placed: list[list[float]] = [[] for _ in range(num)]  # outliers' weights, descending
+    pair = np.zeros(num)  # the heaviest two outliers one rank must take (more than ranks)
+    bound = delay.queue_bound(ranks)
+    step_of = origin.copy()
+    for i in np.flatnonzero(outlier)[np.argsort(-weight[outlier], kind="stable")]:
+        first = int(origin[i])
+        last = min(first + delay.max_delay, num - 1)
+        full = np.flatnonzero(waiting[first + 1 : last + 1] >= bound)
+        if full.shape[0]:
+            last = first + int(full[0])
+        span = slice(first, last + 1)
+        w, c = float(weight[i]), float(cost[i])
+        doubled = np.array(
+            [_doubled(placed[s], w, ranks) for s in range(first, last + 1)], dtype=np.float64
+        )
+        before = np.maximum(np.maximum(total[span] / ranks, heaviest[span]), pair[span])
+        after = np.maximum(
+            np.maximum((total[span] + c) / ranks, np.maximum(heaviest[span], w)),
+            np.maximum(pair[span], doubled),
+        )
+        grow = after - before
+        s = first + int(np.argmax(grow <= grow.min() + _EARLIER * c / ranks))
+        step_of[i] = s
+        total[s] += c
+        heaviest[s] = max(heaviest[s], w)
+        pair[s] = max(pair[s], _doubled(placed[s], w, ranks))
+        placed[s].append(w)
+        waiting[first + 1 : s + 1] += 1
+    # Every step: its own documents in order, then the delayed ones by the step they left.
+    order = np.lexsort((np.arange(every.shape[0]), origin * outlier, outlier, step_of))
+    cuts = np.cumsum(np.bincount(step_of, minlength=num))[:-1]
+    out = np.split(every[order], cuts)
+    delays = np.split((step_of - origin)[order], cuts)
     return out, delays
+
+
+def _doubled(placed: list[float], weight: float, ranks: int) -> float:
+    """What the rank that takes a document of ``weight`` carries, after ``placed`` heavier
+    ones (descending) in a step of ``ranks`` ranks: 0 while every rank has one at most, else
+    that document with the one it joins (largest-first packing pairs them head to tail)."""
+    k = len(placed)
+    if k < ranks:
+        return 0.0
+    partner = 2 * ranks - 1 - k
+    return weight + placed[partner] if partner >= 0 else weight + placed[-1]
 
 
 class Released(NamedTuple):
@@ -250,7 +303,7 @@ _STATE_VERSION = 1
 class OutlierQueue:
     """Outlier delay for trainers that plan step by step (``chronica.plan_step``): give
     every step's candidate documents to ``step``, plan what it returns. Heavy documents
-    (module docstring: the rule, with a document's weight its predicted cost) wait at most
+    (module docstring: step by step, with a document's weight its predicted cost) wait at most
     ``max_delay`` steps, at most ``max_queue`` at once; ``step(..., last=True)`` at the
     epoch's last step releases every held one. ``state_dict()`` / ``load_state_dict()``
     checkpoint the queue (JSON-ready), so a resumed job releases the same documents at
