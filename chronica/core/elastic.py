@@ -26,6 +26,11 @@ trained steps, the new world's ``num_padded``), the only samples left out the ne
 ``num_dropped``. The remainder is a pure function of (sizes, configuration, epoch,
 segments, new world and batch size): byte-identical on every rank and after any restart.
 
+A packed plan with outlier delay (``Packing(outliers=...)``) trains some documents in later
+steps than the epoch's order put them in; its order (step 1) follows the plan's steps, so the
+documents still waiting when the state was saved are part of the remainder, and the remainder
+is planned with outlier delay again, its own order its delays' origin.
+
 A resumed epoch can be saved and resumed again: its history is a chain of ``Segment``s,
 one per world the epoch ran at, each planning the remainder left by the one before.
 
