@@ -67,6 +67,13 @@ class Packing:
             multiple of ``stages`` when interleaved) and they are ordered to shorten its
             simulated step (``chronica.core.pipeline.order_micro_batches``); ``None``: no
             pipeline.
+        context_parallel: the context-parallel size ``g`` (``>= 1``; default 1, none). The
+            plan's ``world_size`` then counts devices, ``W = DP · g``, laid out as torch's
+            device mesh ``("dp", "cp")``: device ``r`` is CP rank ``r % g`` of DP group
+            ``r // g``. Per step the planner shards the documents that would exceed a
+            device's fair share over their group (head-tail chunks, ``1/g`` of the
+            document's tokens and cost on each CP rank) and packs the others whole; needs
+            ``pad_multiple`` a multiple of ``2 · g``. See ``docs/context-parallel.md``.
 
     Example::
 
@@ -88,6 +95,7 @@ class Packing:
     pad_multiple: int = 1
     max_documents_per_row: int | None = None
     pipeline: Pipeline | None = None
+    context_parallel: int = 1
 
     def __post_init__(self) -> None:
         hint = " (tokens in one micro-batch: the memory cap)"
@@ -139,6 +147,18 @@ class Packing:
                 "Pipeline(stages=4)"
             )
 
+        self._check_context_parallel()
+
+    def _check_context_parallel(self) -> None:
+        g = check_int("context_parallel", self.context_parallel, 1)
+        object.__setattr__(self, "context_parallel", g)
+        if g > 1 and self.pad_multiple % (2 * g):
+            raise ValueError(
+                f"context_parallel={g} cuts a sharded document into {2 * g} equal chunks: "
+                f"pad_multiple={self.pad_multiple} must be a multiple of {2 * g}, e.g. "
+                f"Packing(context_parallel={g}, pad_multiple={2 * g})"
+            )
+
     def __repr__(self) -> str:
         """The fields that differ from their defaults (``row_length`` when it is not
         ``max_tokens``), as a call that builds an equal ``Packing``."""
@@ -155,6 +175,7 @@ class Packing:
             ("pad_multiple", 1),
             ("max_documents_per_row", None),
             ("pipeline", None),
+            ("context_parallel", 1),
         )
         shown += [f"{k}={getattr(self, k)!r}" for k, v in defaults if getattr(self, k) != v]
         return f"Packing({', '.join(shown)})"
@@ -185,6 +206,8 @@ class Packing:
             self.pad_multiple,
             self.max_documents_per_row,
             None if self.pipeline is None else list(self.pipeline.to_tuple()),
+            # Appended only when set, so that the digests of existing configurations stay.
+            *(() if self.context_parallel == 1 else (("context_parallel", self.context_parallel),)),
         )
 
     @property
