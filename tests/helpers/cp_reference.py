@@ -25,7 +25,9 @@ def place_loaded(lengths, costs, docs, speeds, tight, refined, free, slots, micr
             ((loads[r] + costs[i]) / speeds[r], r)
             for r in range(w)
             if room[r] >= lengths[i]
-            and reference.fit_micro(free[r], micro_loads[r], lengths[i], tight, slots[r], docs[i])[0]
+            and reference.fit_micro(free[r], micro_loads[r], lengths[i], tight, slots[r], docs[i])[
+                0
+            ]
             >= 0
         ]
         if not fitting:

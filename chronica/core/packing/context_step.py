@@ -10,12 +10,12 @@ cost; a *whole* document lives on one device.
 Which documents are sharded (``shard_choice``): those whose cost exceeds half a device's
 fair share of the step (``total cost / W``), and those longer than a row (up to ``g`` rows
 long), single documents only (groups stay whole); if the slowest device then stays more than
-5% above the mean, a quarter of the fair share is tried too and the better plan kept. The sharded documents are placed first,
-costliest first, onto the groups (the same micro-batch and row slot on every CP rank of
-the group); then the whole documents onto the devices from that load, by the rank kernel's
-LPT and refinement (``chronica.core.packing.context_kernels.place_loaded``). The
-micro-batch count follows ``pack_step``'s rules (fewest that fit, one more while it lowers
-the slowest device by 1%).
+5% above the mean, a quarter of the fair share is tried too and the better plan kept. The
+sharded documents are placed first, costliest first, onto the groups (the same micro-batch
+and row slot on every CP rank of the group); then the whole documents onto the devices from
+that load, by the rank kernel's LPT and refinement
+(``chronica.core.packing.context_kernels.place_loaded``). The micro-batch count follows
+``pack_step``'s rules (fewest that fit, one more while it lowers the slowest device by 1%).
 
 The result is a ``PackedStep`` over *pieces*: every whole unit is one piece, every sharded
 document ``g`` pieces (one per CP rank of its group, ``1/g`` of its cost each).
@@ -57,9 +57,10 @@ class ContextStep:
     Example::
 
         >>> packing = Packing(max_tokens=8, context_parallel=2, pad_multiple=4)
-        >>> out = pack_context_step(np.array([8, 4, 4]), np.array([8.0, 2.0, 2.0]), 4, packing)
+        >>> out = pack_context_step(np.array([8, 4, 4, 4, 4]), np.ones(5) + [7, 0, 0, 0, 0], 4,
+        ...                         packing)
         >>> out.sharded.tolist(), out.step.rank.tolist(), out.step.cells.sum(1).tolist()
-        ([True, False, False], [2, 3, 0, 1], [4.0, 4.0, 2.0, 2.0])
+        ([True, False, False, False, False], [2, 3, 2, 3, 0, 1], [4.0, 4.0, 2.0, 2.0])
     """
 
     step: PackedStep
@@ -137,7 +138,7 @@ def pack_context_step(
         >>> packing = Packing(max_tokens=8, context_parallel=2, pad_multiple=4)
         >>> pack_context_step(np.array([16, 4, 4]), np.array([16.0, 1.0, 1.0]), 2,
         ...                   packing).step.cells.tolist()
-        [[9.0], [9.0]]
+        [[8.0, 1.0], [8.0, 1.0]]
     """
     g = packing.context_parallel
     w = check_int("world_size", devices, g)
@@ -250,9 +251,7 @@ def _place(
     for tight in (False, True):
         # Every CP rank of a group starts from the group's rows and load.
         state = [np.repeat(a, g, axis=0) for a in (free, slots, micro_loads, loads)]
-        if place_loaded(
-            w_len, w_cost, w_docs, order, speed, tight, True, *state, rank, micro, row
-        ):
+        if place_loaded(w_len, w_cost, w_docs, order, speed, tight, True, *state, rank, micro, row):
             return g_rank, g_micro, g_row, rank, micro, row
     return None
 

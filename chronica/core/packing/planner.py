@@ -104,7 +104,9 @@ class StepPlan:
             split = np.flatnonzero(self.sharded)
             g = self.context_parallel
             doc = np.concatenate((doc, np.repeat(split, g - 1)))
-            rank = np.concatenate((rank, np.repeat(rank[split], g - 1) + np.tile(np.arange(1, g), split.size)))
+            rank = np.concatenate(
+                (rank, np.repeat(rank[split], g - 1) + np.tile(np.arange(1, g), split.size))
+            )
         micro, row = self.micro[doc], self.row[doc]
         order = np.lexsort((doc, row, micro, rank))
         cut = np.searchsorted(
@@ -252,7 +254,10 @@ class StepPlan:
         if self.context_parallel > 1:
             # A device's mean runs over its local tokens (within their documents' lengths).
             return np.array(
-                [self._local_units(rank, k) * self.world_size / total for k in range(self.num_micro)]
+                [
+                    self._local_units(rank, k) * self.world_size / total
+                    for k in range(self.num_micro)
+                ]
             )
         return np.array(
             [
@@ -305,7 +310,7 @@ class StepPlan:
             >>> packing = Packing(max_tokens=16, context_parallel=2, pad_multiple=4)
             >>> plan = plan_step([16, 4, 4, 3], 2, packing, cost="quadratic")
             >>> [s.cu_seqlens.tolist() for s in plan.context_shards(0, 0)]
-            [[0, 4, 8, 12], [0, 4, 8, 12, 16]]
+            [[0, 4, 8, 12, 16], [0, 4, 8, 12]]
         """
         docs = self.context_documents(group, micro)
         g = self.context_parallel
@@ -326,7 +331,8 @@ class StepPlan:
         Example::
 
             >>> packing = Packing(max_tokens=16, context_parallel=2, pad_multiple=4)
-            >>> plan_step([16, 4, 4, 3], 2, packing, cost="quadratic").global_cu_seqlens(0, 0).tolist()
+            >>> plan = plan_step([16, 4, 4, 3], 2, packing, cost="quadratic")
+            >>> plan.global_cu_seqlens(0, 0).tolist()
             [0, 16, 20, 24, 28]
         """
         docs = self.context_documents(group, micro)
