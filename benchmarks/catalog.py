@@ -42,6 +42,7 @@ SECTIONS = (
     "scaling",
     "packing",
     "lockstep",
+    "context_parallel",
     "pipeline",
     "packing_e2e",
     "hf_rebalance",
@@ -49,7 +50,7 @@ SECTIONS = (
 )
 BENCHMARKS = ("balance", "planning", "movement", "quality", *SECTIONS)
 # The benchmarks that read the real lengths files (``run(quick, data_dir=...)``).
-DATA_DIR_BENCHMARKS = ("balance", "packing", "lockstep")
+DATA_DIR_BENCHMARKS = ("balance", "packing", "lockstep", "context_parallel")
 # Runs every benchmark from the repository root (`chronica bench` runs the same).
 REPRODUCE = "python -m benchmarks"
 
