@@ -1,6 +1,6 @@
 """``chronica simulate context-parallel``: chronica's step plans with and without context
 parallelism on ``W`` simulated devices, timed with the CP groups' key/value exchange
-(``chronica.sim.context``; see ``docs/context-parallel.md``)."""
+(``chronica.sim.context``; see ``docs/step-planner.md``, "Context parallelism")."""
 
 from __future__ import annotations
 

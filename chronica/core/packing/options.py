@@ -70,10 +70,12 @@ class Packing:
         context_parallel: the context-parallel size ``g`` (``>= 1``; default 1, none). The
             plan's ``world_size`` then counts devices, ``W = DP · g``, laid out as torch's
             device mesh ``("dp", "cp")``: device ``r`` is CP rank ``r % g`` of DP group
-            ``r // g``. Per step the planner shards the documents that would exceed a
-            device's fair share over their group (head-tail chunks, ``1/g`` of the
-            document's tokens and cost on each CP rank) and packs the others whole; needs
-            ``pad_multiple`` a multiple of ``2 · g``. See ``docs/context-parallel.md``.
+            ``r // g``. Per step ``chronica.plan_step`` shards the documents costlier than
+            half a device's fair share over their group (head-tail chunks, ``1/g`` of the
+            document's tokens and cost on each CP rank; documents up to ``g`` rows long) and
+            packs the others whole; needs ``pad_multiple`` a multiple of ``2 · g``,
+            ``balance="rank"``, no pipeline, ``loss="token"``; the samplers refuse it so far.
+            See ``docs/step-planner.md``, "Context parallelism".
 
     Example::
 

@@ -14,6 +14,12 @@ micro-batch holds more than ``max_tokens`` padded tokens, no row more than ``row
 and one micro-batch; every document appears exactly once; the loss weights make the
 accumulated, rank-averaged update the global mean over the chosen units. A step with fewer
 units than ranks is refused with a ``ValueError`` (no rank runs a dummy forward pass).
+
+Under ``Packing(context_parallel=g)`` the ranks are the devices of a data-parallel ×
+context-parallel mesh and some documents are sharded over a CP group
+(``chronica.core.packing.context_step``): every token of every document is then held by
+exactly one device, the caps hold per device, and ``context_shards`` gives each CP rank's
+layout (``chronica.core.packing.context_parallel``).
 """
 
 from __future__ import annotations
@@ -55,7 +61,9 @@ def _integers(name: str, values: Any, n: int | None, hint: str) -> np.ndarray:
 class StepPlan:
     """One global batch planned for ``world_size`` ranks (built by ``plan_step``).
 
-    Document ``i`` (an index into the batch) runs on rank ``rank[i]``, in micro-batch
+    Under ``Packing(context_parallel=g)`` a rank is a device of the ``("dp", "cp")`` mesh
+    (module ``chronica.core.packing.context_step``). Document ``i`` (an index into the
+    batch) runs on rank ``rank[i]``, in micro-batch
     ``micro[i]`` of that rank (execution order: every rank runs micro-batch ``k`` as its
     ``k``-th), in row ``row[i]`` of it. Every rank runs ``num_micro`` micro-batches.
 
@@ -74,6 +82,9 @@ class StepPlan:
         bound: a lower bound of ``rank_time`` and ``lockstep_time``: the larger of the
             mean time (the total cost over the summed speeds) and the costliest unit on the
             fastest rank.
+        sharded: under ``Packing(context_parallel=g)``, ``bool`` per document: whether it
+            is sharded over its CP group (``rank`` is then CP rank 0 of the group, and every
+            CP rank of it holds ``1/g`` of it, ``context_shards``); ``None`` otherwise.
 
     Example::
 
@@ -253,12 +264,8 @@ class StepPlan:
             return np.zeros(self.num_micro)
         if self.context_parallel > 1:
             # A device's mean runs over its local tokens (within their documents' lengths).
-            return np.array(
-                [
-                    self._local_units(rank, k) * self.world_size / total
-                    for k in range(self.num_micro)
-                ]
-            )
+            units = [self._local_units(rank, k) for k in range(self.num_micro)]
+            return np.array(units) * self.world_size / total
         return np.array(
             [
                 self.units[docs].sum() * self.world_size / total
@@ -381,8 +388,10 @@ def plan_step(
 
     Args:
         lengths: tokens per document of the global batch (whole numbers ``>= 0``), each at
-            most ``packing.row_length`` once padded to ``packing.pad_multiple``.
-        world_size: the data-parallel ranks, ``>= 1``.
+            most ``packing.row_length`` once padded to ``packing.pad_multiple`` (``g`` rows
+            under ``Packing(context_parallel=g)``: longer documents are sharded).
+        world_size: the data-parallel ranks, ``>= 1``; under ``Packing(context_parallel=g)``
+            every device, ``DP · g`` (``("dp", "cp")`` mesh order).
         packing: the cap, rows, objective (``balance``), padding and count rules.
         groups: a group id per document (any integers): documents sharing one run on the
             same rank in the same micro-batch and row, and count as one unit for balance
