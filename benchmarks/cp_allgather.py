@@ -46,26 +46,34 @@ def _worker(rank: int, size: int, store: str, nbytes: list[int], repeats: int, o
     dist.destroy_process_group()
 
 
-def measure(sizes: list[int], nbytes: list[int], repeats: int) -> list[dict]:
+def measure(sizes: list[int], nbytes: list[int], repeats: int, sessions: int = 1) -> list[dict]:
     """Median (``seconds``) and least (``fastest``) seconds of one gloo all-gather for every
     group size and total byte count.
 
     Args:
         sizes: group sizes ``g`` (processes started per size).
         nbytes: total bytes gathered (every rank's share ``bytes / g``).
-        repeats: calls timed per point (after two warm-up calls).
+        repeats: calls timed per point (after two warm-up rounds).
+        sessions: process groups started one after another per size (a burst of load
+            elsewhere rarely spans them all); the median of their medians and the least of
+            their fastest calls are kept.
     """
     import torch.multiprocessing as mp
 
     out = []
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     for size in sizes:
-        with tempfile.TemporaryDirectory() as folder:
-            store, result = f"{folder}/store", f"{folder}/result"
-            mp.spawn(_worker, args=(size, store, nbytes, repeats, result), nprocs=size)
-            medians = [x.split(",") for x in Path(result).read_text().split()]
-        out += [
-            {"size": size, "bytes": b, "seconds": float(m), "fastest": float(low)}
-            for b, (m, low) in zip(nbytes, medians, strict=True)
-        ]
+        runs = []
+        for _ in range(sessions):
+            with tempfile.TemporaryDirectory() as folder:
+                store, result = f"{folder}/store", f"{folder}/result"
+                mp.spawn(_worker, args=(size, store, nbytes, repeats, result), nprocs=size)
+                runs.append([x.split(",") for x in Path(result).read_text().split()])
+        for j, b in enumerate(nbytes):
+            out.append({
+                "size": size,
+                "bytes": b,
+                "seconds": float(np.median([float(run[j][0]) for run in runs])),
+                "fastest": min(float(run[j][1]) for run in runs),
+            })  # fmt: skip
     return out

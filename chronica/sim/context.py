@@ -128,8 +128,9 @@ class CommModel:
     @classmethod
     def fit(cls, sizes: Iterable[int], total_bytes: Iterable[float], seconds: Iterable[float],
             **fields: object) -> CommModel:  # fmt: skip
-        """The latency and bandwidth that fit measured collectives best (least squares of
-        ``seconds ≈ (g - 1) · latency + (g - 1) / g · bytes / bandwidth``).
+        """The latency and bandwidth that fit measured collectives best: least squares of the
+        relative error of ``seconds ≈ (g - 1) · latency + (g - 1) / g · bytes / bandwidth``
+        (every measurement counts alike, small or large).
 
         Args:
             sizes: the group size of every measurement.
@@ -146,8 +147,8 @@ class CommModel:
         g = np.asarray(list(sizes), dtype=np.float64)
         b = np.asarray(list(total_bytes), dtype=np.float64)
         t = np.asarray(list(seconds), dtype=np.float64)
-        design = np.stack([g - 1, (g - 1) / g * b], axis=1)
-        (latency, per_byte), *_ = np.linalg.lstsq(design, t, rcond=None)
+        design = np.stack([g - 1, (g - 1) / g * b], axis=1) / t[:, None]
+        (latency, per_byte), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
         if per_byte <= 0:
             raise ValueError("the measurements do not grow with the bytes: no bandwidth fits")
         return cls(latency=max(float(latency), 0.0), bandwidth=1.0 / float(per_byte), **fields)  # type: ignore[arg-type]
