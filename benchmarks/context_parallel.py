@@ -39,14 +39,16 @@ __all__ = ["CASES", "check_targets", "format_table", "render_markdown", "run", "
 DATA_SEED = 2029
 COST = CostModel(0.0, 24576.0, 1.0)
 SIZES = (1, 2, 4, 8)  # 1: chronica today, whole documents only
-WALL = (2.1, 4.5)  # today's bound where the target applies (its lower end)
+WALL = (2.1, 4.5)  # today's bound where the target applies
 TARGET = 1.15
 PLAN_TARGET = (16384, 256, 0.100)  # documents, devices, CPU seconds
 COMM_TARGET = 0.10
-# Buffers of 0.5-8 MiB: above them this 2-core VM's copies leave the caches and slow down
-# (16 MiB took 3x the time of 8). The check runs at g = 2, the group this machine runs
-# without oversubscribing its cores; g = 4 (four processes on two cores) is reported beside.
-COMM_BYTES = (1 << 19, 1 << 20, 1 << 21, 1 << 22, 1 << 23)
+# Buffers of 1-8 MiB (a layer's keys and values of 256-2048 tokens at 4 KiB a token): above
+# them this 2-core VM's copies leave the caches and slow down (16 MiB took 3x the time of 8);
+# below, scheduling noise on the shared machine dominates. The check runs at g = 2, the group
+# this machine runs without oversubscribing its cores; g = 4 (four processes on two cores) is
+# reported beside.
+COMM_BYTES = (1 << 20, 1 << 21, 1 << 22, 1 << 23)
 COMM_CHECKED = 2
 SIM_WORLDS = (64, 256, 1024)
 
@@ -155,7 +157,7 @@ def _run_case(case: Case, pool: np.ndarray | None, num_steps: int) -> dict:
             "plan_worst": float(max(s[f"g{g}"]["seconds"] for s in steps)),
         }
     best = min(methods[f"g{g}"]["mean"] for g in SIZES if g > 1)
-    applies = float(np.mean(bound)) >= WALL[0]
+    applies = WALL[0] <= float(np.mean(bound)) <= WALL[1]
     return {
         "name": case.name,
         "data": case.data,
@@ -170,27 +172,36 @@ def _run_case(case: Case, pool: np.ndarray | None, num_steps: int) -> dict:
 
 
 def _planning(quick: bool) -> list[dict]:
-    """Worst-step CPU time of ``plan_step`` at 16,384 documents for 256 devices."""
+    """Worst-step CPU time of ``plan_step`` at 16,384 documents for 256 devices, with
+    ``context_parallel=g`` and, on the same steps, today's plan under the same padding
+    (``pad_multiple=2·g``: padding alone changes the instance the refinement works on)."""
     n, w, target = PLAN_TARGET
     out = []
     for key in ("ln6-1.0", "ln7-1.5"):
+        rng = np.random.default_rng([DATA_SEED, n, w])
+        steps = [_draw(DATA[key], None, n, 16384, rng) for _ in range(2 if quick else 5)]
         for g in SIZES:
-            rng = np.random.default_rng([DATA_SEED, n, w])
-            times = []
-            for _ in range(2 if quick else 5):
-                lengths = _draw(DATA[key], None, n, 16384, rng)
-                start = time.process_time()
-                plan_step(lengths, w, _packing(16384, g), cost=COST)
-                times.append(time.process_time() - start)
-            out.append({"data": key, "g": g, "worst": max(times), "median": float(np.median(times)),
-                        "target": target, "ok": max(times) <= target})  # fmt: skip
+            times: dict[str, list[float]] = {"cp": [], "same_padding": []}
+            for lengths in steps:
+                for which, packing in (
+                    ("cp", _packing(16384, g)),
+                    ("same_padding", Packing(16384, pad_multiple=2 * g)),
+                ):
+                    start = time.process_time()
+                    plan_step(lengths, w, packing, cost=COST)
+                    times[which].append(time.process_time() - start)  # fmt: skip
+            worst = max(times["cp"])
+            out.append({"data": key, "g": g, "worst": worst,
+                        "median": float(np.median(times["cp"])),
+                        "same_padding_worst": max(times["same_padding"]),
+                        "target": target, "ok": worst <= target})  # fmt: skip
     return out
 
 
 def _comm(quick: bool) -> dict:
     """gloo all-gathers measured here, the model fitted to the fastest calls at
     ``COMM_CHECKED``, every point's relative error (the check: those at ``COMM_CHECKED``)."""
-    points = measure([COMM_CHECKED, 4], list(COMM_BYTES), 11 if quick else 31)
+    points = measure([COMM_CHECKED, 4], list(COMM_BYTES), 11 if quick else 31, 1 if quick else 3)
     fitted = [p for p in points if p["size"] == COMM_CHECKED]
     model = CommModel.fit([p["size"] for p in fitted], [p["bytes"] for p in fitted],
                           [p["fastest"] for p in fitted])  # fmt: skip
@@ -268,13 +279,15 @@ def check_targets(result: dict) -> list[str]:
         state = ("PASS" if ch["ok"] else "FAIL") if ch["applies"] else "INFO"
         lines.append(
             f"{state} {c['name']}: today's bound {c['bound']['mean']:.2f}, best CP (g <= 8) "
-            f"{ch['best']:.3f} (target {TARGET} where the bound is >= {WALL[0]})"
+            f"{ch['best']:.3f}, g = 8 ideal {c['methods']['g8']['ideal']:.3f} (target {TARGET} "
+            f"where the bound is {WALL[0]}-{WALL[1]})"
         )
     for p in result["planning"]:
         lines.append(
             f"{'PASS' if p['ok'] else 'FAIL'} plan_step {PLAN_TARGET[0]} documents W="
             f"{PLAN_TARGET[1]} {p['data']} g={p['g']}: worst {1e3 * p['worst']:.1f} ms of CPU "
-            f"(target {1e3 * p['target']:.0f} ms)"
+            f"(target {1e3 * p['target']:.0f} ms; today with the same padding "
+            f"{1e3 * p['same_padding_worst']:.1f} ms)"
         )
     comm = result["comm"]
     lines.append(
@@ -326,8 +339,8 @@ def render_markdown(result: dict, img_dir: Path) -> str:
         "bound max(mean, largest document) / mean. Reproduce: "
         f"`{result.get('command', 'python -m benchmarks --only context_parallel')}`.",
         "",
-        "| case | bound | today (g=1) | g=2 | g=4 | g=8 | sharded/step (g=8) |",
-        "|---|---|---|---|---|---|---|",
+        "| case | bound | today (g=1) | g=2 | g=4 | g=8 | g=8 ideal | sharded/step (g=8) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for c in cases:
         m = c["methods"]
@@ -339,19 +352,23 @@ def render_markdown(result: dict, img_dir: Path) -> str:
         best = [c["check"]["best"] for c in applying]
         lines += [
             "",
-            f"Where today's bound is at least {WALL[0]} ({len(applying)} of {len(cases)} cases, "
-            f"bound {min(c['bound']['mean'] for c in applying):.2f}–"
-            f"{max(c['bound']['mean'] for c in applying):.2f}), the best CP plan with g ≤ 8 "
-            f"has a mean figure of {min(best):.3f}–{max(best):.3f} (target {TARGET}; "
-            f"{sum(b <= TARGET for b in best)} of {len(applying)} meet it). Where g = 8 misses "
-            "it the largest document alone costs more than 1.15 means after an 8-way split "
-            "(the g = 8 ideal is in the JSON).",
+            f"Where today's bound is {WALL[0]}–{WALL[1]} ({len(applying)} of {len(cases)} "
+            f"cases), the best CP plan with g ≤ 8 has a mean figure of {min(best):.3f}–"
+            f"{max(best):.3f} (target {TARGET}; {sum(b <= TARGET for b in best)} of "
+            f"{len(applying)} meet it). Above that bound (heavy tails at 32k) the largest "
+            "document alone, split 8 ways, still costs more than the mean: the *g=8 ideal* "
+            "column, max(mean, largest / 8) / mean, is what no g = 8 plan can beat, and the "
+            "plans sit at it.",
         ]
-    lines += ["", "Planning CPU time, worst step of the case (16,384 documents, 256 devices):", "",
-              "| data | g | worst ms | median ms |", "|---|---|---|---|"]  # fmt: skip
+    lines += ["", "Planning CPU time, worst step (16,384 documents, 256 devices; this 2-core "
+              "machine was shared with other work, so compare g > 1 with g = 1 of the same "
+              "run):", "",
+              "| data | g | worst ms | median ms | today, same padding: worst ms |",
+              "|---|---|---|---|---|"]  # fmt: skip
     for p in result["planning"]:
         lines.append(
-            f"| {p['data']} | {p['g']} | {1e3 * p['worst']:.1f} | {1e3 * p['median']:.1f} |"
+            f"| {p['data']} | {p['g']} | {1e3 * p['worst']:.1f} | {1e3 * p['median']:.1f} | "
+            f"{1e3 * p['same_padding_worst']:.1f} |"
         )
     comm = result["comm"]
     lines += [
@@ -359,14 +376,17 @@ def render_markdown(result: dict, img_dir: Path) -> str:
         "The exchange model of `chronica simulate context-parallel` (`chronica.sim.context."
         "CommModel`: (g − 1)·latency + (g − 1)/g · bytes / bandwidth per all-gather) against "
         "gloo all-gathers measured on this machine (processes on 127.0.0.1, the fastest of "
-        f"the timed calls per point; fitted and checked at g = {COMM_CHECKED}, the group this "
-        "2-core machine runs without oversubscribing it; g = 4 shown beside): latency "
+        "the timed calls per point over three process groups; buffers of 1–8 MiB; fitted "
+        "and checked at g = "
+        f"{COMM_CHECKED}, the group this 2-core machine runs without oversubscribing it; "
+        "g = 4 shown beside): latency "
         f"{1e6 * comm['latency']:.0f} µs, "
         f"bandwidth {comm['bandwidth'] / 1e9:.2f} GB/s; worst error "
         f"{100 * comm['worst_error']:.1f}% at g = {COMM_CHECKED} (target "
-        f"{100 * COMM_TARGET:.0f}%). Buffers of 0.5–8 MiB: larger ones leave this VM's caches "
-        "and take disproportionately longer, which the model (and a real interconnect) does "
-        "not show.",
+        f"{100 * COMM_TARGET:.0f}%). Larger buffers leave this VM's caches and take "
+        "disproportionately longer (16 MiB about 3× the time of 8), smaller ones drown in the "
+        "shared machine's scheduling noise; at g = 4 four processes share two cores, so the "
+        "measured times there are the cores', not the exchange's.",
         "",
         "| g | bytes | measured ms | model ms | error |",
         "|---|---|---|---|---|",
