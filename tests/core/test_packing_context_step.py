@@ -187,3 +187,18 @@ def test_refusals_name_the_fix():
         pack_step(np.array([4] * 6), np.ones(6), 2, Packing(**cp))
     with pytest.raises(ValueError, match="speeds"):
         pack_context_step(np.array([4] * 6), np.ones(6), 2, Packing(**cp), np.array([1.0]))
+
+
+def test_device_speeds_are_respected_and_no_device_is_left_empty():
+    rng = np.random.default_rng(3)
+    lengths = np.clip(np.rint(rng.lognormal(6, 1.5, 48)), 1, 2048).astype(np.int64)
+    speeds = np.array([1.0, 1.0, 1.0, 1.0, 4.0, 4.0, 4.0, 4.0])
+    packing = Packing(max_tokens=2048, context_parallel=4, pad_multiple=8)
+    plan = plan_step(lengths, 8, packing, cost="quadratic", speeds=speeds)
+    held = _tokens(plan)
+    assert sorted(held) == [(i, p) for i in range(48) for p in range(int(plan.padded[i]))]
+    assert (plan.rank_costs > 0).all()
+    assert plan.rank_costs[4:].sum() > plan.rank_costs[:4].sum()
+    assert plan.rank_time <= plan_step(lengths, 8, packing, cost="quadratic").rank_costs.max()
+    slow = plan_step(lengths, 8, packing, cost="quadratic", speeds=[1.0] * 7 + [1e-3])
+    assert (slow.rank_costs > 0).all()
