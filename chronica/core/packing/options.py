@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from chronica.core.checks import check_int
+from chronica.core.packing.outliers import OutlierDelay
 from chronica.core.pipeline import Pipeline
 
 __all__ = ["BALANCES", "LONG_DOCUMENTS", "LOSS_NORMALISATIONS", "Packing"]
@@ -67,6 +68,10 @@ class Packing:
             multiple of ``stages`` when interleaved) and they are ordered to shorten its
             simulated step (``chronica.core.pipeline.order_micro_batches``); ``None``: no
             pipeline.
+        outliers: a ``chronica.OutlierDelay``: documents heavier than a rank's fair share of
+            their step wait (at most ``max_delay`` steps, at most ``max_queue`` at once) for
+            a later step of the same epoch where they fit (``chronica.core.packing.outliers``);
+            ``None``: every document trains in the step the epoch's order puts it in.
         context_parallel: the context-parallel size ``g`` (``>= 1``; default 1, none). The
             plan's ``world_size`` then counts devices, ``W = DP · g``, laid out as torch's
             device mesh ``("dp", "cp")``: device ``r`` is CP rank ``r % g`` of DP group
@@ -97,6 +102,7 @@ class Packing:
     pad_multiple: int = 1
     max_documents_per_row: int | None = None
     pipeline: Pipeline | None = None
+    outliers: OutlierDelay | None = None
     context_parallel: int = 1
 
     def __post_init__(self) -> None:
@@ -148,6 +154,11 @@ class Packing:
                 f"pipeline={self.pipeline!r} must be a chronica.Pipeline (or None), e.g. "
                 "Pipeline(stages=4)"
             )
+        if self.outliers is not None and not isinstance(self.outliers, OutlierDelay):
+            raise TypeError(
+                f"outliers={self.outliers!r} must be a chronica.OutlierDelay (or None), e.g. "
+                "OutlierDelay(max_delay=4)"
+            )
 
         self._check_context_parallel()
 
@@ -177,6 +188,7 @@ class Packing:
             ("pad_multiple", 1),
             ("max_documents_per_row", None),
             ("pipeline", None),
+            ("outliers", None),
             ("context_parallel", 1),
         )
         shown += [f"{k}={getattr(self, k)!r}" for k, v in defaults if getattr(self, k) != v]
@@ -208,6 +220,8 @@ class Packing:
             self.pad_multiple,
             self.max_documents_per_row,
             None if self.pipeline is None else list(self.pipeline.to_tuple()),
+            # Only when set, so that the digests of configurations without it stay as they were.
+            *(() if self.outliers is None else (list(self.outliers.to_tuple()),)),
             # Appended only when set, so that the digests of existing configurations stay.
             *(() if self.context_parallel == 1 else (("context_parallel", self.context_parallel),)),
         )
