@@ -43,6 +43,7 @@ SECTIONS = (
     "packing",
     "lockstep",
     "outliers",
+    "context_parallel",
     "pipeline",
     "packing_e2e",
     "hf_rebalance",
@@ -50,7 +51,7 @@ SECTIONS = (
 )
 BENCHMARKS = ("balance", "planning", "movement", "quality", *SECTIONS)
 # The benchmarks that read the real lengths files (``run(quick, data_dir=...)``).
-DATA_DIR_BENCHMARKS = ("balance", "packing", "lockstep", "outliers")
+DATA_DIR_BENCHMARKS = ("balance", "packing", "lockstep", "outliers", "context_parallel")
 # Runs every benchmark from the repository root (`chronica bench` runs the same).
 REPRODUCE = "python -m benchmarks"
 

@@ -120,6 +120,12 @@ def pack_step(
         >>> step.num_micro, step.loads.tolist()
         (1, [4.0, 4.0])
     """
+    if packing.context_parallel > 1:
+        raise ValueError(
+            f"Packing(context_parallel={packing.context_parallel}) steps are planned by "
+            "chronica.plan_step (chronica.core.packing.context_step); the samplers do not "
+            "plan context-parallel steps yet"
+        )
     lengths = packing.padded(np.ascontiguousarray(lengths, dtype=np.int64))
     costs = np.ascontiguousarray(costs, dtype=np.float64)
     n = lengths.shape[0]
