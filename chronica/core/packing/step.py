@@ -238,7 +238,7 @@ def in_pipeline_order(step: PackedStep, speeds: np.ndarray, packing: Packing) ->
         >>> packing = Packing(max_tokens=4, pipeline=Pipeline(stages=2))
         >>> step = pack_step(np.array([4, 1, 1]), np.array([4.0, 1.0, 1.0]), 1, packing)
         >>> in_pipeline_order(step, np.ones(1), packing).cells.tolist()
-        [[1.0, 4.0]]
+        [[4.0, 2.0]]
     """
     if packing.pipeline is None:
         return step
