@@ -1,0 +1,89 @@
+"""The source protocol's helpers and the in-memory source: global ids, checks, errors."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from chronica.runtime.sources import ListSource, ShardedSource, locate, shard_offsets
+from chronica.runtime.sources.base import check_rows, column_length, no_random_access
+
+SHARDS = [[{"tokens": np.arange(n)} for n in sizes] for sizes in ([3, 1], [], [4, 2, 5])]
+
+
+def test_global_ids_are_prefix_sums_of_the_shard_sizes():
+    source = ListSource(SHARDS, length="tokens")
+    offsets = shard_offsets(source)
+    assert offsets.tolist() == [0, 2, 2, 5]
+    ids = [offsets[s] + row for s in range(3) for row in range(source.shard_size(s))]
+    assert ids == list(range(5))
+    assert [locate(offsets, i) for i in ids] == [(0, 0), (0, 1), (2, 0), (2, 1), (2, 2)]
+
+
+def test_locate_rejects_an_id_past_the_stream():
+    with pytest.raises(ValueError, match="sample=5"):
+        locate(np.array([0, 2, 2, 5]), 5)
+
+
+def test_list_source_follows_the_protocol_and_reads_from_any_row():
+    source = ListSource(SHARDS, length="tokens")
+    assert isinstance(source, ShardedSource)
+    assert source.random_access and source.num_shards == 3
+    lengths = [source.length(r) for r in source.read(2)]
+    assert lengths == [4, 2, 5]
+    assert [source.length(r) for r in source.read(2, start=1)] == [2, 5]
+    assert list(source.read(2, start=3)) == []
+    assert source.read_rows(2, [2, 0, 2]) == [SHARDS[2][2], SHARDS[2][0], SHARDS[2][2]]
+    assert pickle.loads(pickle.dumps(list(source.read(0))))[1]["tokens"].tolist() == [0]
+    assert "sizes=[2, 0, 3]" in repr(source)
+
+
+def test_list_source_with_a_length_function():
+    source = ListSource([[b"abc", b""]])
+    assert [source.length(r) for r in source.read(0)] == [3, 0]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "words"),
+    [
+        (lambda s: s.shard_size(3), ValueError, "shard=3"),
+        (lambda s: s.read(-1), ValueError, "shard=-1"),
+        (lambda s: s.read("0"), TypeError, "shard="),
+        (lambda s: s.read(0, start=3), ValueError, "start=3"),
+        (lambda s: s.read_rows(0, [2]), ValueError, "the shard has 2 rows"),
+        (lambda s: s.read_rows(0, 1), TypeError, "rows="),
+        (lambda s: s.read_rows(0, [1.0]), TypeError, "integers"),
+    ],
+)
+def test_bad_arguments_name_the_argument(call, error, words):
+    with pytest.raises(error, match=words):
+        call(ListSource(SHARDS, length="tokens"))
+
+
+def test_bad_construction_names_the_argument():
+    with pytest.raises(ValueError, match="at least one shard"):
+        ListSource([])
+    with pytest.raises(TypeError, match=r"shards\[1\]"):
+        ListSource([[1], 2])
+    with pytest.raises(TypeError, match="length"):
+        ListSource([[1]], length=3)
+
+
+def test_column_length_reads_a_length_or_a_size_and_names_missing_columns():
+    assert column_length({"n": np.int32(7)}, "n") == 7
+    assert column_length({"n": np.array(7)}, "n") == 7
+    assert column_length({"t": "héllo"}, "t") == 5
+    with pytest.raises(ValueError, match="'tokens' is not in the record"):
+        column_length({"text": "a"}, "tokens")
+    with pytest.raises(TypeError, match="neither an integer"):
+        column_length({"x": 1.5}, "x")
+
+
+def test_rows_accept_numpy_arrays():
+    assert check_rows(np.array([1, 0]), 2) == [1, 0]
+
+
+def test_the_no_random_access_error_names_the_all_to_all_path():
+    assert "all-to-all" in str(no_random_access(object()))
