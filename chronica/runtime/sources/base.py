@@ -14,7 +14,9 @@ row or column is reported the same way by all of them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -24,13 +26,16 @@ from chronica.core.checks import check_int, is_int
 __all__ = [
     "ListSource",
     "ShardedSource",
+    "check_length",
     "check_rows",
     "check_shard",
     "check_start",
     "column_length",
     "locate",
     "no_random_access",
+    "record_length",
     "shard_offsets",
+    "shard_paths",
 ]
 
 
@@ -229,6 +234,73 @@ def column_length(record: Any, column: str) -> int:
         ) from None
 
 
+def record_length(record: Any, length: Callable[[Any], int] | str) -> int:
+    """A record's size by a source's ``length`` argument: a column (``column_length``) or a
+    function of the record.
+
+    Args:
+        record: the record.
+        length: a column name or a function of the record.
+    """
+    if isinstance(length, str):
+        return column_length(record, length)
+    return int(length(record))
+
+
+def check_length(length: Any) -> Callable[[Any], int] | str:
+    """A source's ``length`` argument if it is a column name or a function; else
+    ``TypeError`` naming it.
+
+    Args:
+        length: the argument given.
+    """
+    if not (callable(length) or isinstance(length, str)):
+        raise TypeError(f"length={length!r} must be a column name or a function of a record")
+    return length
+
+
+def shard_paths(files: Any, suffixes: tuple[str, ...], argument: str = "files") -> list[Path]:
+    """The shard files a source reads, in order: ``files`` itself if it is a sequence of
+    paths, or the files of folder ``files`` whose names end with one of ``suffixes``,
+    sorted by name. ``TypeError``/``FileNotFoundError``/``ValueError`` name ``argument``.
+
+    Args:
+        files: a folder, or a sequence of file paths (one shard each).
+        suffixes: the file endings a folder's shards have (e.g. ``(".parquet",)``).
+        argument: the argument's name in messages.
+
+    Example::
+
+        >>> shard_paths(["b.tar", "a.tar"], (".tar",))
+        [PosixPath('b.tar'), PosixPath('a.tar')]
+    """
+    if isinstance(files, (str, os.PathLike)):
+        folder = Path(files)
+        if not folder.is_dir():
+            raise FileNotFoundError(
+                f"{argument}={str(files)!r} is not a folder; pass the folder holding the "
+                f"shards ({', '.join(suffixes)}) or a list of shard files"
+            )
+        paths = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(suffixes))
+        if not paths:
+            raise ValueError(
+                f"{argument}={str(files)!r} holds no file ending with {' or '.join(suffixes)}"
+            )
+        return paths
+    if not isinstance(files, Sequence) or isinstance(files, bytes):
+        raise TypeError(f"{argument} must be a folder or a list of shard files; got {files!r}")
+    if not files:
+        raise ValueError(f"{argument} is empty; give at least one shard file")
+    paths = []
+    for file in files:
+        if not isinstance(file, (str, os.PathLike)):
+            raise TypeError(f"{argument} must hold paths; got {file!r}")
+        if not Path(file).is_file():
+            raise FileNotFoundError(f"{argument} names {str(file)!r}, which is not a file")
+        paths.append(Path(file))
+    return paths
+
+
 class ListSource:
     """A source kept in memory: shard ``s`` is the list ``shards[s]`` of records. For
     tests and examples; it has random access.
@@ -258,10 +330,8 @@ class ListSource:
         for s, shard in enumerate(shards):
             if isinstance(shard, (str, bytes)) or not isinstance(shard, Sequence):
                 raise TypeError(f"shards[{s}] must be a sequence of records")
-        if not (callable(length) or isinstance(length, str)):
-            raise TypeError("length must be a function of a record or a column name")
         self._shards = [list(shard) for shard in shards]
-        self._length = length
+        self._length = check_length(length)
 
     @property
     def num_shards(self) -> int:
@@ -302,9 +372,7 @@ class ListSource:
         Args:
             record: a record of this source.
         """
-        if isinstance(self._length, str):
-            return column_length(record, self._length)
-        return int(self._length(record))
+        return record_length(record, self._length)
 
     def __repr__(self) -> str:
         sizes = [len(shard) for shard in self._shards]

@@ -21,7 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from chronica.runtime.sources.base import check_rows, check_shard, check_start, column_length
+from chronica.runtime.sources.base import (
+    check_length,
+    check_rows,
+    check_shard,
+    check_start,
+    record_length,
+)
 from chronica.runtime.sources.mds_format import (
     ColumnCodec,
     codec,
@@ -101,11 +107,9 @@ class MDSSource:
         self.directory = _dataset_folder(directory)
         index = _read_index(self.directory)
         self._shards_info: list[dict[str, Any]] = index["shards"]
-        if not (callable(length) or isinstance(length, str)):
-            raise TypeError(f"length={length!r} must be a column name or a function of a record")
         if columns is not None and (isinstance(columns, str) or not isinstance(columns, Sequence)):
             raise TypeError(f"columns={columns!r} must be a list of column names, or None")
-        self._length = length
+        self._length = check_length(length)
         self.columns = None if columns is None else list(columns)
         self.allow_unsafe_types = bool(allow_unsafe_types)
         self._layouts = [self._layout(i, info) for i, info in enumerate(self._shards_info)]
@@ -215,9 +219,7 @@ class MDSSource:
         Args:
             record: a record of this source.
         """
-        if isinstance(self._length, str):
-            return column_length(record, self._length)
-        return int(self._length(record))
+        return record_length(record, self._length)
 
     def __getstate__(self) -> dict[str, Any]:
         # Mapped files and codecs do not pickle; a copy (e.g. in a worker process) builds
