@@ -2,8 +2,11 @@
 
 ``ShardedSource`` (``base``) is the protocol; a sample's global id is
 ``shard_offsets(source)[shard] + row``. ``ListSource`` keeps shards in memory (tests,
-examples). The readers of real formats live in this package's other modules and import
-their format's library only when a source is built.
+examples). The readers of real formats: ``MDSSource`` (Mosaic Streaming MDS shards, read
+without the package), ``ParquetSource`` (parquet row groups through pyarrow),
+``HFStreamingSource`` (jsonl or parquet through HF ``datasets`` streaming) and
+``WebDatasetSource`` (WebDataset tars). Each imports its format's library only when a
+source is built or read.
 """
 
 from chronica.runtime.sources.base import (
@@ -13,5 +16,20 @@ from chronica.runtime.sources.base import (
     locate,
     shard_offsets,
 )
+from chronica.runtime.sources.hf import HFStreamingSource
+from chronica.runtime.sources.mds import MDSSource, write_mds
+from chronica.runtime.sources.parquet import ParquetSource
+from chronica.runtime.sources.webdataset import WebDatasetSource
 
-__all__ = ["ListSource", "ShardedSource", "column_length", "locate", "shard_offsets"]
+__all__ = [
+    "HFStreamingSource",
+    "ListSource",
+    "MDSSource",
+    "ParquetSource",
+    "ShardedSource",
+    "WebDatasetSource",
+    "column_length",
+    "locate",
+    "shard_offsets",
+    "write_mds",
+]
