@@ -66,6 +66,21 @@ def test_random_access_equals_the_sequential_read(tmp_path):
     assert set(whole[0]) == {"tokens", "n"}
 
 
+def test_the_row_group_cache_is_bounded_and_left_out_of_a_pickle(tmp_path):
+    import pickle
+
+    from chronica.runtime.sources.parquet import CACHED_ROW_GROUPS
+
+    _write(tmp_path / "data", sizes=(40,), row_group_size=2)
+    source = ParquetSource(tmp_path / "data", length="tokens")
+    whole = [_plain(r) for r in source.read(0)]
+    rows = list(range(39, -1, -3))
+    assert [_plain(r) for r in source.read_rows(0, rows)] == [whole[r] for r in rows]
+    assert len(source._cache) == CACHED_ROW_GROUPS
+    copy = pickle.loads(pickle.dumps(source))
+    assert not copy._cache and [_plain(r) for r in copy.read_rows(0, [5])] == [whole[5]]
+
+
 def test_records_equal_what_hf_datasets_streams(tmp_path):
     datasets = pytest.importorskip("datasets")
     _write(tmp_path / "data", sizes=(9,))

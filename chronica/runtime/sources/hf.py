@@ -88,6 +88,7 @@ class HFStreamingSource:
                     "field holding the tokens or the length"
                 )
         self._sizes: dict[int, int] = {}
+        self._streams: dict[int, Any] = {}
 
     @property
     def num_shards(self) -> int:
@@ -119,17 +120,21 @@ class HFStreamingSource:
         return islice(self._stream(shard), start, None)
 
     def _stream(self, shard: int) -> Iterator[dict[str, Any]]:
-        from datasets import load_dataset
+        # Built once per file (``load_dataset`` resolves the files and the builder, which
+        # costs more than reading a small shard); every iteration starts at the file's top.
+        if shard not in self._streams:
+            from datasets import load_dataset
 
-        stream = load_dataset(
-            self.builder, data_files=[str(self.files[shard])], split="train", streaming=True
-        )
-        if self.columns is not None:
-            try:
-                stream = stream.select_columns(self.columns)
-            except ValueError as error:
-                raise ValueError(f"columns={self.columns!r}: {error}") from None
-        yield from stream
+            stream = load_dataset(
+                self.builder, data_files=[str(self.files[shard])], split="train", streaming=True
+            )
+            if self.columns is not None:
+                try:
+                    stream = stream.select_columns(self.columns)
+                except ValueError as error:
+                    raise ValueError(f"columns={self.columns!r}: {error}") from None
+            self._streams[shard] = stream
+        yield from self._streams[shard]
 
     def read_rows(self, shard: int, rows: Sequence[int]) -> NoReturn:
         """Not available: ``datasets`` streaming reads a file in order only.

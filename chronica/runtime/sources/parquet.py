@@ -13,6 +13,7 @@ through ``datasets`` itself.
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from itertools import pairwise
 from pathlib import Path
@@ -30,6 +31,9 @@ from chronica.runtime.sources.base import (
 )
 
 __all__ = ["ParquetSource", "batch_records"]
+
+# Decoded row groups kept for the next reads (random access touches a row group many times).
+CACHED_ROW_GROUPS = 8
 
 
 def batch_records(batch: Any) -> list[dict[str, Any]]:
@@ -70,8 +74,9 @@ class ParquetSource:
     on first use); ``read(s, start)`` yields the rows from ``start`` in file order, reading
     one row group at a time; ``read_rows`` reads each row group its rows fall in once and
     equals ``read`` at those rows. Records are ``{column: value}`` (``batch_records``).
-    Memory: one row group of the columns read (per ``read`` in progress, or per distinct row
-    group a ``read_rows`` call touches).
+    The last ``CACHED_ROW_GROUPS`` (8) row groups read stay decoded, so ``read_rows`` calls
+    that fall in the same row groups read the file once. Memory: those row groups of the
+    columns read, plus one per ``read`` in progress.
 
     Args:
         files: the folder holding the ``.parquet`` files (sorted by name), or a list of
@@ -118,6 +123,7 @@ class ParquetSource:
                 "holding the tokens or the length, or pass a function of the record"
             )
         self._starts: dict[int, np.ndarray] = {}
+        self._cache: OrderedDict[tuple[int, int], list[dict[str, Any]]] = OrderedDict()
 
     @property
     def num_shards(self) -> int:
@@ -160,11 +166,22 @@ class ParquetSource:
             skip = 0
 
     def _group(self, shard: int, group: int) -> list[dict[str, Any]]:
+        if (shard, group) in self._cache:
+            self._cache.move_to_end((shard, group))
+            return self._cache[shard, group]
         import pyarrow.parquet as pq
 
         with pq.ParquetFile(self.files[shard]) as file:
             table = file.read_row_group(group, columns=self.columns)
-        return [r for batch in table.to_batches() for r in batch_records(batch)]
+        records = [r for batch in table.to_batches() for r in batch_records(batch)]
+        self._cache[shard, group] = records
+        if len(self._cache) > CACHED_ROW_GROUPS:
+            self._cache.popitem(last=False)
+        return records
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (e.g. in a worker process) starts with no row group decoded.
+        return {**self.__dict__, "_cache": OrderedDict()}
 
     def read_rows(self, shard: int, rows: Sequence[int]) -> list[dict[str, Any]]:
         """The rows of file ``shard`` at ``rows``, in the order of ``rows``; each row group
