@@ -87,3 +87,82 @@ def test_rows_accept_numpy_arrays():
 
 def test_the_no_random_access_error_names_the_all_to_all_path():
     assert "all-to-all" in str(no_random_access(object()))
+
+
+def _every_reader(folder):
+    """Every reader of the package over the same 3 shards of token records (sizes 4, 0, 5)."""
+    import io
+    import json
+    import tarfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from chronica.runtime.sources import (
+        HFStreamingSource,
+        MDSSource,
+        ParquetSource,
+        WebDatasetSource,
+        write_mds,
+    )
+
+    shards = [
+        [np.arange(3 * s + r + 1, dtype=np.int32) for r in range(n)]
+        for s, n in enumerate((4, 0, 5))
+    ]
+    write_mds(
+        folder / "mds",
+        [[{"tokens": t} for t in shard] for shard in shards],
+        {"tokens": "ndarray:int32"},
+    )
+    for s, shard in enumerate(shards):
+        pq.write_table(
+            pa.table({"tokens": pa.array([t.tolist() for t in shard], pa.list_(pa.int32()))}),
+            folder / f"{s}.parquet",
+            row_group_size=2,
+        )
+        (folder / f"{s}.jsonl").write_text(
+            "".join(json.dumps({"tokens": t.tolist()}) + "\n" for t in shard)
+        )
+        with tarfile.open(folder / f"{s}.tar", "w") as tar:
+            for r, t in enumerate(shard):
+                data = io.BytesIO()
+                np.save(data, t)
+                info = tarfile.TarInfo(f"{r:04d}.tokens.npy")
+                info.size = data.tell()
+                data.seek(0)
+                tar.addfile(info, data)
+    files = lambda suffix: [folder / f"{s}{suffix}" for s in range(3)]  # noqa: E731
+    return {
+        "list": ListSource([[{"tokens": t} for t in shard] for shard in shards], length="tokens"),
+        "mds": MDSSource(folder / "mds", length="tokens"),
+        "parquet": ParquetSource(files(".parquet"), length="tokens"),
+        "hf": HFStreamingSource(files(".jsonl"), length="tokens"),
+        "webdataset": WebDatasetSource(files(".tar"), length="tokens.npy"),
+    }, [len(t) for shard in shards for t in shard]
+
+
+def test_every_reader_keeps_the_protocol_on_the_same_data(tmp_path):
+    pytest.importorskip("datasets")
+    readers, lengths = _every_reader(tmp_path)
+    for name, source in readers.items():
+        assert isinstance(source, ShardedSource), name
+        assert shard_offsets(source).tolist() == [0, 4, 4, 9], name
+        read = [source.length(r) for s in range(3) for r in source.read(s)]
+        assert read == lengths, name
+        for s in range(3):
+            whole = pickle.dumps(list(source.read(s)))  # records travel between ranks
+            size = source.shard_size(s)
+            for start in range(size + 1):
+                assert pickle.dumps(list(source.read(s, start))) == pickle.dumps(
+                    pickle.loads(whole)[start:]
+                ), (name, s, start)
+            if source.random_access and size:
+                rows = list(range(size))[::-1]
+                lengths_by_row = [source.length(r) for r in source.read_rows(s, rows)]
+                assert lengths_by_row == [read[shard_offsets(source)[s] + r] for r in rows], name
+            elif size:
+                with pytest.raises(NotImplementedError, match="all-to-all"):
+                    source.read_rows(s, [0])
+        copy = pickle.loads(pickle.dumps(source))  # e.g. into a data-loading worker
+        assert [copy.length(r) for r in copy.read(2, 3)] == lengths[-2:], name
