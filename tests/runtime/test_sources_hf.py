@@ -70,7 +70,7 @@ def test_errors_name_the_argument_and_the_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"files=.* is not a folder"):
         HFStreamingSource(tmp_path / "nope", length="tokens")
     jsonl = sorted((tmp_path / "data").glob("*.jsonl"))
-    with pytest.raises(ValueError, match=r"length='tokens' is not in columns=\['id'\]"):
+    with pytest.raises(ValueError, match=r"length='tokens' is not in columns \['id'\]"):
         HFStreamingSource(jsonl, length="tokens", columns=["id"])
     with pytest.raises(ValueError, match="start=5"):
         HFStreamingSource(jsonl, length="tokens").read(0, start=5)

@@ -132,7 +132,7 @@ def test_errors_name_the_argument_and_the_fix(tmp_path):
         MDSSource(tmp_path, length="n")
     with pytest.raises(TypeError, match="directory="):
         MDSSource(3, length="n")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="length='tokens' is not in"):
+    with pytest.raises(ValueError, match=r"length='tokens' is not in columns \['n'\]"):
         MDSSource(WRITTEN_BY_STREAMING, length="tokens", columns=["n"])
     with pytest.raises(ValueError, match=r"columns=\['nope'\] names \['nope'\]"):
         MDSSource(WRITTEN_BY_STREAMING, length="n", columns=["nope"])

@@ -109,7 +109,7 @@ def test_errors_name_the_argument_and_the_fix(tmp_path):
         ParquetSource(tmp_path, length="tokens")
     with pytest.raises(FileNotFoundError, match="not a file"):
         ParquetSource([tmp_path / "nope.parquet"], length="tokens")
-    with pytest.raises(ValueError, match="length='ids' is not a column read"):
+    with pytest.raises(ValueError, match=r"length='ids' is not in its columns \['tokens'"):
         ParquetSource(tmp_path / "data", length="ids")
     with pytest.raises(ValueError, match=r"names \['x'\]"):
         ParquetSource(tmp_path / "data", length="tokens", columns=["tokens", "x"])

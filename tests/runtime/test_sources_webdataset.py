@@ -141,7 +141,7 @@ def test_errors_name_the_argument_and_the_fix(tmp_path):
         WebDatasetSource(tmp_path / "none", length="txt")
     with pytest.raises(ValueError, match="holds no file ending with"):
         WebDatasetSource(_empty(tmp_path), length="txt")
-    with pytest.raises(ValueError, match=r"length='txt' is not in fields=\['cls'\]"):
+    with pytest.raises(ValueError, match=r"length='txt' is not in fields \['cls'\]"):
         WebDatasetSource([tmp_path / "dup.tar"], length="txt", fields=["cls"])
     (tmp_path / "x.zip").write_bytes(b"")
     with pytest.raises(ValueError, match="not tar shards"):

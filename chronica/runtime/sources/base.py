@@ -27,10 +27,13 @@ __all__ = [
     "ListSource",
     "ShardedSource",
     "check_length",
+    "check_length_kept",
+    "check_names",
     "check_rows",
     "check_shard",
     "check_start",
     "column_length",
+    "length_label",
     "locate",
     "no_random_access",
     "record_length",
@@ -257,6 +260,45 @@ def check_length(length: Any) -> Callable[[Any], int] | str:
     if not (callable(length) or isinstance(length, str)):
         raise TypeError(f"length={length!r} must be a column name or a function of a record")
     return length
+
+
+def check_names(argument: str, names: Any) -> list[str] | None:
+    """``names`` (the columns or fields a reader keeps) as a list, or ``None`` (all); else
+    ``TypeError`` naming ``argument``.
+
+    Args:
+        argument: the argument's name in messages (``"columns"``, ``"fields"``).
+        names: the argument given.
+    """
+    if names is None:
+        return None
+    if isinstance(names, (str, bytes)) or not isinstance(names, Sequence):
+        raise TypeError(f"{argument}={names!r} must be a list of names, or None")
+    return list(names)
+
+
+def check_length_kept(length: Callable[[Any], int] | str, kept: Sequence[str], where: str) -> None:
+    """``ValueError`` when ``length`` names a column that a record will not hold.
+
+    Args:
+        length: a source's ``length`` argument.
+        kept: the columns (fields) a record holds.
+        where: how the message names ``kept`` (e.g. ``"columns"``).
+    """
+    if isinstance(length, str) and length not in kept:
+        raise ValueError(
+            f"length={length!r} is not in {where} {list(kept)}; name the column holding the "
+            "tokens or the length, or pass a function of the record"
+        )
+
+
+def length_label(length: Callable[[Any], int] | str) -> str:
+    """How a ``__repr__`` shows a source's ``length``: the column, or ``<function>``.
+
+    Args:
+        length: a source's ``length`` argument.
+    """
+    return length if isinstance(length, str) else "<function>"
 
 
 def shard_paths(files: Any, suffixes: tuple[str, ...], argument: str = "files") -> list[Path]:

@@ -20,8 +20,11 @@ from typing import Any, NoReturn
 
 from chronica.runtime.sources.base import (
     check_length,
+    check_length_kept,
+    check_names,
     check_shard,
     check_start,
+    length_label,
     no_random_access,
     record_length,
     shard_paths,
@@ -78,15 +81,9 @@ class HFStreamingSource:
             )
         self.builder = BUILDERS[endings.pop()]
         self._length = check_length(length)
-        if columns is not None and (isinstance(columns, str) or not isinstance(columns, Sequence)):
-            raise TypeError(f"columns={columns!r} must be a list of field names, or None")
-        self.columns = None if columns is None else list(columns)
-        if isinstance(self._length, str) and self.columns is not None:
-            if self._length not in self.columns:
-                raise ValueError(
-                    f"length={self._length!r} is not in columns={self.columns!r}; keep the "
-                    "field holding the tokens or the length"
-                )
+        self.columns = check_names("columns", columns)
+        if self.columns is not None:
+            check_length_kept(self._length, self.columns, "columns")
         self._sizes: dict[int, int] = {}
         self._streams: dict[int, Any] = {}
 
@@ -154,7 +151,7 @@ class HFStreamingSource:
         return record_length(record, self._length)
 
     def __repr__(self) -> str:
-        length = self._length if isinstance(self._length, str) else "<function>"
+        length = length_label(self._length)
         folder = str(Path(self.files[0]).parent)
         return (
             f"HFStreamingSource({folder!r}, builder={self.builder!r}, "

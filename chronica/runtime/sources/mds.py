@@ -23,9 +23,12 @@ import numpy as np
 
 from chronica.runtime.sources.base import (
     check_length,
+    check_length_kept,
+    check_names,
     check_rows,
     check_shard,
     check_start,
+    length_label,
     record_length,
 )
 from chronica.runtime.sources.mds_format import (
@@ -107,10 +110,8 @@ class MDSSource:
         self.directory = _dataset_folder(directory)
         index = _read_index(self.directory)
         self._shards_info: list[dict[str, Any]] = index["shards"]
-        if columns is not None and (isinstance(columns, str) or not isinstance(columns, Sequence)):
-            raise TypeError(f"columns={columns!r} must be a list of column names, or None")
         self._length = check_length(length)
-        self.columns = None if columns is None else list(columns)
+        self.columns = check_names("columns", columns)
         self.allow_unsafe_types = bool(allow_unsafe_types)
         self._layouts = [self._layout(i, info) for i, info in enumerate(self._shards_info)]
         self._open: OrderedDict[int, _Shard] = OrderedDict()
@@ -132,12 +133,9 @@ class MDSSource:
                 f"columns={self.columns!r} names {missing}, not columns of the dataset "
                 f"{self.directory} (its columns: {names})"
             )
-        if isinstance(self._length, str) and self._length not in wanted:
-            where = "the dataset's columns" if self.columns is None else "columns"
-            raise ValueError(
-                f"length={self._length!r} is not in {where} ({wanted}); name the column "
-                "holding the tokens or the length, or pass a function of the record"
-            )
+        check_length_kept(
+            self._length, wanted, "columns" if self.columns is not None else "its columns"
+        )
         codecs = []
         for name, encoding, size in zip(
             names, info["column_encodings"], info["column_sizes"], strict=True
@@ -232,10 +230,9 @@ class MDSSource:
         self._open = OrderedDict()
 
     def __repr__(self) -> str:
-        length = self._length if isinstance(self._length, str) else "<function>"
         return (
-            f"MDSSource({str(self.directory)!r}, length={length!r}, columns={self.columns!r}, "
-            f"num_shards={self.num_shards})"
+            f"MDSSource({str(self.directory)!r}, length={length_label(self._length)!r}, "
+            f"columns={self.columns!r}, num_shards={self.num_shards})"
         )
 
 

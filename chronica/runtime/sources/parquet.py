@@ -23,9 +23,12 @@ import numpy as np
 
 from chronica.runtime.sources.base import (
     check_length,
+    check_length_kept,
+    check_names,
     check_rows,
     check_shard,
     check_start,
+    length_label,
     record_length,
     shard_paths,
 )
@@ -106,9 +109,7 @@ class ParquetSource:
 
         self.files = shard_paths(files, (".parquet",))
         self._length = check_length(length)
-        if columns is not None and (isinstance(columns, str) or not isinstance(columns, Sequence)):
-            raise TypeError(f"columns={columns!r} must be a list of column names, or None")
-        self.columns = None if columns is None else list(columns)
+        self.columns = check_names("columns", columns)
         names = pq.read_schema(self.files[0]).names
         wanted = names if self.columns is None else self.columns
         missing = [c for c in wanted if c not in names]
@@ -117,11 +118,9 @@ class ParquetSource:
                 f"columns={self.columns!r} names {missing}, not columns of {self.files[0]} "
                 f"(its columns: {names})"
             )
-        if isinstance(self._length, str) and self._length not in wanted:
-            raise ValueError(
-                f"length={self._length!r} is not a column read ({wanted}); name the column "
-                "holding the tokens or the length, or pass a function of the record"
-            )
+        check_length_kept(
+            self._length, wanted, "columns" if self.columns is not None else "its columns"
+        )
         self._starts: dict[int, np.ndarray] = {}
         self._cache: OrderedDict[tuple[int, int], list[dict[str, Any]]] = OrderedDict()
 
@@ -206,9 +205,9 @@ class ParquetSource:
         return record_length(record, self._length)
 
     def __repr__(self) -> str:
-        length = self._length if isinstance(self._length, str) else "<function>"
         first = str(Path(self.files[0]).parent)
         return (
-            f"ParquetSource({first!r}, num_shards={self.num_shards}, length={length!r}, "
+            f"ParquetSource({first!r}, num_shards={self.num_shards}, "
+            f"length={length_label(self._length)!r}, "
             f"columns={self.columns!r})"
         )

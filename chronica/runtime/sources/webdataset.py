@@ -34,9 +34,12 @@ import numpy as np
 
 from chronica.runtime.sources.base import (
     check_length,
+    check_length_kept,
+    check_names,
     check_rows,
     check_shard,
     check_start,
+    length_label,
     no_random_access,
     record_length,
     shard_paths,
@@ -150,15 +153,9 @@ class WebDatasetSource:
             raise ValueError(f"files names {unknown}, not tar shards (.tar, .tar.gz, .tgz)")
         self._length = check_length(length)
         self.decode = bool(decode)
-        if fields is not None and (isinstance(fields, str) or not isinstance(fields, Sequence)):
-            raise TypeError(f"fields={fields!r} must be a list of field names, or None")
-        self.fields = None if fields is None else list(fields)
-        if isinstance(self._length, str) and self.fields is not None:
-            if self._length not in self.fields:
-                raise ValueError(
-                    f"length={self._length!r} is not in fields={self.fields!r}; keep the "
-                    "field holding the tokens or the length"
-                )
+        self.fields = check_names("fields", fields)
+        if self.fields is not None:
+            check_length_kept(self._length, self.fields, "fields")
         self._indexes: dict[int, _Index] = {}
 
     @property
@@ -248,7 +245,7 @@ class WebDatasetSource:
         return record_length(record, self._length)
 
     def __repr__(self) -> str:
-        length = self._length if isinstance(self._length, str) else "<function>"
+        length = length_label(self._length)
         folder = str(Path(self.files[0]).parent)
         return (
             f"WebDatasetSource({folder!r}, num_shards={self.num_shards}, length={length!r}, "
