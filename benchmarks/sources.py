@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import tarfile
 import tempfile
@@ -212,6 +213,7 @@ def run(quick: bool) -> dict[str, Any]:
     docs = _documents(n)
     shards = [docs[i::num_shards] for i in range(num_shards)]
     expected_tokens = int(sum(len(d) for d in docs))
+    load_before = os.getloadavg()[0]
     folder = Path(tempfile.mkdtemp(prefix="chronica-sources-"))
     try:
         files = _write_all(folder, shards)
@@ -270,6 +272,8 @@ def run(quick: bool) -> dict[str, Any]:
         "sequential": rows,
         "random": random_rows,
         "versions": _versions(),
+        # The machine's 1-minute load average before and after: other jobs share its cores.
+        "load_average": [load_before, os.getloadavg()[0]],
     }
 
 
@@ -303,6 +307,21 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _range(samples: int, seconds: list[float]) -> str:
+    return f"{samples / max(seconds):,.0f}–{samples / min(seconds):,.0f}"
+
+
+def _load_note(result: dict[str, Any]) -> str:
+    if "load_average" not in result:
+        return ""
+    before, after = result["load_average"]
+    return (
+        f" The machine's {result['machine']['cpu_count']} cores were shared with other jobs "
+        f"(1-minute load average {before:.1f} before the run, {after:.1f} after): compare "
+        "readers within a run, and read the range over repeats as the noise."
+    )
+
+
 def render_markdown(result: dict[str, Any], img_dir: Path) -> str:
     """The section of docs/benchmarks.md."""
     del img_dir
@@ -319,28 +338,32 @@ def render_markdown(result: dict[str, Any], img_dir: Path) -> str:
         f"and WebDataset tars with one `tokens.npy` per sample ({mib['WebDataset']:.0f} MiB), "
         "on local disk (page cache warm). Every reader reads every shard in order and takes "
         "each record's token count; samples per second, the median of "
-        f"{result['repeats']} repeats run in turn. ({versions}.)",
+        f"{result['repeats']} repeats run in turn. ({versions}.)" + _load_note(result),
         "",
-        "| format | reader | samples/s | vs the package |",
-        "|---|---|---:|---:|",
+        "| format | reader | samples/s | range over repeats | vs the package |",
+        "|---|---|---:|---:|---:|",
     ]
     for row in result["sequential"]:
         if "error" in row:
-            lines.append(f"| {row['format']} | {row['reader']} | not run here | |")
+            lines.append(f"| {row['format']} | {row['reader']} | not run here | | |")
             continue
         ratio = f"{row['vs_package']:.2f}x" if "vs_package" in row else ""
         lines.append(
-            f"| {row['format']} | {row['reader']} | {row['samples_per_s']:,.0f} | {ratio} |"
+            f"| {row['format']} | {row['reader']} | {row['samples_per_s']:,.0f} | "
+            f"{_range(result['samples'], row['seconds'])} | {ratio} |"
         )
     lines += [
         "",
         f"Random access (`read_rows` of {RANDOM_BATCH} random rows of a shard at a time, "
         "every row once, as a planning window fetches its samples by index):",
         "",
-        "| reader | samples/s |",
-        "|---|---:|",
+        "| reader | samples/s | range over repeats |",
+        "|---|---:|---:|",
     ]
-    lines += [f"| {r['reader']} | {r['samples_per_s']:,.0f} |" for r in result["random"]]
+    lines += [
+        f"| {r['reader']} | {r['samples_per_s']:,.0f} | {_range(result['samples'], r['seconds'])} |"
+        for r in result["random"]
+    ]
     missing = [r for r in result["sequential"] if "error" in r]
     if missing:
         lines += [

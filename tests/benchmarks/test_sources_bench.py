@@ -32,11 +32,14 @@ def test_the_page_section_names_what_did_not_run():
         "versions": {"datasets": "5"},
         "sequential": [
             {**row, "reader": "mosaic", "error": "ImportError('x')"},
-            {**row, "reader": "ours", "package": False, "samples_per_s": 5.0},
+            {**row, "reader": "ours", "package": False, "samples_per_s": 5.0, "seconds": [2, 3]},
         ],
-        "random": [{"reader": "ours", "samples_per_s": np.float64(3.0)}],
+        "random": [{"reader": "ours", "samples_per_s": np.float64(3.0), "seconds": [3.0]}],
+        "load_average": [1.0, 2.0],
+        "machine": {"cpu_count": 2},
     }
     page = sources.render_markdown(result, img_dir=None)
     assert page.startswith("## Stream sources") and "Not run here: mosaic" in page
     assert "python -m benchmarks --only sources" in page
+    assert "| 3–5 |" in page and "load average 1.0 before" in page
     assert "not run" in sources.format_table(result)
