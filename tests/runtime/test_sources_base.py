@@ -166,3 +166,21 @@ def test_every_reader_keeps_the_protocol_on_the_same_data(tmp_path):
                     source.read_rows(s, [0])
         copy = pickle.loads(pickle.dumps(source))  # e.g. into a data-loading worker
         assert [copy.length(r) for r in copy.read(2, 3)] == lengths[-2:], name
+
+
+def test_recently_used_keeps_the_last_values_and_copies_empty():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from chronica.runtime.sources.base import RecentlyUsed
+
+    recent: RecentlyUsed[int] = RecentlyUsed(2)
+    made = []
+    for key in ("a", "b", "a", "c", "b"):
+        recent.get(key, lambda k=key: made.append(k) or len(made))
+    assert made == ["a", "b", "c", "b"] and len(recent) == 2  # "b" was dropped for "c"
+    assert len(pickle.loads(pickle.dumps(recent))) == 0
+    with ThreadPoolExecutor(4) as pool:  # shared between threads
+        values = list(pool.map(lambda i: recent.get(i % 3, lambda: i % 3), range(300)))
+    assert values == [i % 3 for i in range(300)] and len(recent) == 2
+    with pytest.raises(ValueError, match="capacity=0"):
+        RecentlyUsed(0)

@@ -15,9 +15,11 @@ row or column is reported the same way by all of them.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -25,6 +27,7 @@ from chronica.core.checks import check_int, is_int
 
 __all__ = [
     "ListSource",
+    "RecentlyUsed",
     "ShardedSource",
     "check_length",
     "check_length_kept",
@@ -112,6 +115,60 @@ class ShardedSource(Protocol):
             record: a record this source yielded.
         """
         ...
+
+
+Value = TypeVar("Value")
+
+
+class RecentlyUsed(Generic[Value]):
+    """The last ``capacity`` values a reader used (open files, decoded row groups), by key;
+    safe to share between threads (a background reader and the training loop). A copy
+    (pickle) starts empty.
+
+    Args:
+        capacity: how many values are kept (the least recently used is dropped).
+
+    Example::
+
+        >>> recent = RecentlyUsed(2)
+        >>> recent.get("a", lambda: 1), recent.get("a", lambda: 2), len(recent)
+        (1, 1, 1)
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = check_int("capacity", capacity, 1)
+        self._items: OrderedDict[Hashable, Value] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, make: Callable[[], Value]) -> Value:
+        """The value kept for ``key``, or ``make()`` (called outside the lock), then kept.
+
+        Args:
+            key: what the value is of (e.g. ``(shard, row_group)``).
+            make: builds the value when it is not kept.
+        """
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        value = make()
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"capacity": self.capacity}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["capacity"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"RecentlyUsed(capacity={self.capacity}, kept={len(self._items)})"
 
 
 def shard_offsets(source: ShardedSource) -> np.ndarray:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import mmap
 import os
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from chronica.runtime.sources.base import (
+    RecentlyUsed,
     check_length,
     check_length_kept,
     check_names,
@@ -114,7 +114,7 @@ class MDSSource:
         self.columns = check_names("columns", columns)
         self.allow_unsafe_types = bool(allow_unsafe_types)
         self._layouts = [self._layout(i, info) for i, info in enumerate(self._shards_info)]
-        self._open: OrderedDict[int, _Shard] = OrderedDict()
+        self._open: RecentlyUsed[_Shard] = RecentlyUsed(OPEN_SHARDS)
 
     def _layout(
         self, shard: int, info: Mapping[str, Any]
@@ -190,9 +190,10 @@ class MDSSource:
             yield decode_sample(opened.sample(row), codecs, names, wanted)
 
     def _shard(self, shard: int) -> _Shard:
-        if shard in self._open:
-            self._open.move_to_end(shard)
-            return self._open[shard]
+        # A reader still iterating a shard dropped from ``_open`` keeps its own reference.
+        return self._open.get(shard, lambda: self._map(shard))
+
+    def _map(self, shard: int) -> _Shard:
         info = self._shards_info[shard]
         raw = info.get("raw_data") or {}
         path = self.directory / str(raw.get("basename", ""))
@@ -205,11 +206,7 @@ class MDSSource:
                 else "copy the whole dataset folder"
             )
             raise FileNotFoundError(f"MDS shard {shard} has no file {path}; {hint}")
-        opened = _Shard(path, raw.get("bytes"), int(info["samples"]))
-        self._open[shard] = opened
-        if len(self._open) > OPEN_SHARDS:  # a reader still iterating keeps its own reference
-            self._open.popitem(last=False)
-        return opened
+        return _Shard(path, raw.get("bytes"), int(info["samples"]))
 
     def length(self, record: Any) -> int:
         """The size of ``record`` in tokens (the ``length`` column or function).
@@ -220,14 +217,13 @@ class MDSSource:
         return record_length(record, self._length)
 
     def __getstate__(self) -> dict[str, Any]:
-        # Mapped files and codecs do not pickle; a copy (e.g. in a worker process) builds
-        # its own from the index it carries.
-        return {k: v for k, v in self.__dict__.items() if k not in ("_open", "_layouts")}
+        # Codecs do not pickle (mapped files are left out by RecentlyUsed); a copy (e.g. in
+        # a worker process) builds its own from the index it carries.
+        return {k: v for k, v in self.__dict__.items() if k != "_layouts"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._layouts = [self._layout(i, info) for i, info in enumerate(self._shards_info)]
-        self._open = OrderedDict()
 
     def __repr__(self) -> str:
         return (

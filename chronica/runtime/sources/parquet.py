@@ -13,7 +13,6 @@ through ``datasets`` itself.
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from itertools import pairwise
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from chronica.runtime.sources.base import (
+    RecentlyUsed,
     check_length,
     check_length_kept,
     check_names,
@@ -122,7 +122,7 @@ class ParquetSource:
             self._length, wanted, "columns" if self.columns is not None else "its columns"
         )
         self._starts: dict[int, np.ndarray] = {}
-        self._cache: OrderedDict[tuple[int, int], list[dict[str, Any]]] = OrderedDict()
+        self._cache: RecentlyUsed[list[dict[str, Any]]] = RecentlyUsed(CACHED_ROW_GROUPS)
 
     @property
     def num_shards(self) -> int:
@@ -165,22 +165,14 @@ class ParquetSource:
             skip = 0
 
     def _group(self, shard: int, group: int) -> list[dict[str, Any]]:
-        if (shard, group) in self._cache:
-            self._cache.move_to_end((shard, group))
-            return self._cache[shard, group]
+        return self._cache.get((shard, group), lambda: self._decode(shard, group))
+
+    def _decode(self, shard: int, group: int) -> list[dict[str, Any]]:
         import pyarrow.parquet as pq
 
         with pq.ParquetFile(self.files[shard]) as file:
             table = file.read_row_group(group, columns=self.columns)
-        records = [r for batch in table.to_batches() for r in batch_records(batch)]
-        self._cache[shard, group] = records
-        if len(self._cache) > CACHED_ROW_GROUPS:
-            self._cache.popitem(last=False)
-        return records
-
-    def __getstate__(self) -> dict[str, Any]:
-        # A copy (e.g. in a worker process) starts with no row group decoded.
-        return {**self.__dict__, "_cache": OrderedDict()}
+        return [r for batch in table.to_batches() for r in batch_records(batch)]
 
     def read_rows(self, shard: int, rows: Sequence[int]) -> list[dict[str, Any]]:
         """The rows of file ``shard`` at ``rows``, in the order of ``rows``; each row group
