@@ -184,3 +184,25 @@ def test_recently_used_keeps_the_last_values_and_copies_empty():
     assert values == [i % 3 for i in range(300)] and len(recent) == 2
     with pytest.raises(ValueError, match="capacity=0"):
         RecentlyUsed(0)
+
+
+def test_read_ids_reads_by_global_id_in_the_order_asked():
+    from chronica.runtime.sources import read_ids
+
+    source = ListSource(SHARDS, length="tokens")
+    offsets = shard_offsets(source)
+    ids = [4, 0, 2, 4, 1]
+    expected = [source.read_rows(s, [r])[0] for s, r in (locate(offsets, i) for i in ids)]
+    assert read_ids(source, offsets, ids) == expected
+    assert read_ids(source, offsets, []) == []
+    with pytest.raises(ValueError, match=r"ids must be global ids in \[0, 5\)"):
+        read_ids(source, offsets, [5])
+
+
+def test_read_ids_from_a_source_without_random_access_names_the_all_to_all_path(tmp_path):
+    pytest.importorskip("datasets")
+    from chronica.runtime.sources import read_ids
+
+    readers, _ = _every_reader(tmp_path)
+    with pytest.raises(NotImplementedError, match="all-to-all"):
+        read_ids(readers["hf"], shard_offsets(readers["hf"]), [0])

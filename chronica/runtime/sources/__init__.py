@@ -1,7 +1,8 @@
 """The readers of streamed data: records in shards, each shard read in order from any row.
 
 ``ShardedSource`` (``base``) is the protocol; a sample's global id is
-``shard_offsets(source)[shard] + row``. ``ListSource`` keeps shards in memory (tests,
+``shard_offsets(source)[shard] + row``; ``read_ids`` reads records by global id.
+``ListSource`` keeps shards in memory (tests,
 examples). The readers of real formats: ``MDSSource`` (Mosaic Streaming MDS shards, read
 without the package), ``ParquetSource`` (parquet row groups through pyarrow),
 ``HFStreamingSource`` (jsonl or parquet through HF ``datasets`` streaming) and
@@ -14,6 +15,7 @@ from chronica.runtime.sources.base import (
     ShardedSource,
     column_length,
     locate,
+    read_ids,
     shard_offsets,
 )
 from chronica.runtime.sources.hf import HFStreamingSource
@@ -30,6 +32,7 @@ __all__ = [
     "WebDatasetSource",
     "column_length",
     "locate",
+    "read_ids",
     "shard_offsets",
     "write_mds",
 ]

@@ -39,6 +39,7 @@ __all__ = [
     "length_label",
     "locate",
     "no_random_access",
+    "read_ids",
     "record_length",
     "shard_offsets",
     "shard_paths",
@@ -206,6 +207,37 @@ def locate(offsets: np.ndarray, sample: int) -> tuple[int, int]:
     sample = check_int("sample", sample, 0, total - 1, " (a global id: offsets[shard] + row)")
     shard = int(np.searchsorted(offsets, sample, side="right")) - 1
     return shard, sample - int(offsets[shard])
+
+
+def read_ids(source: ShardedSource, offsets: np.ndarray, ids: Sequence[int]) -> list[Any]:
+    """The records of global ids ``ids``, in the order of ``ids``, read by row: one
+    ``read_rows`` call per shard the ids fall in (how a rank fetches the samples a plan
+    gave it from a source with random access; ``NotImplementedError`` from one without).
+
+    Args:
+        source: the source read.
+        offsets: the source's ``shard_offsets``.
+        ids: global ids in ``[0, offsets[-1])``; repeats allowed.
+
+    Example::
+
+        >>> source = ListSource([[b"a", b"b"], [b"c"]])
+        >>> read_ids(source, shard_offsets(source), [2, 0])
+        [b'c', b'a']
+    """
+    wanted = np.asarray(ids, dtype=np.int64)
+    if wanted.size and (wanted.min() < 0 or wanted.max() >= offsets[-1]):
+        raise ValueError(
+            f"ids must be global ids in [0, {int(offsets[-1])}); got {wanted.tolist()}"
+        )
+    shards = np.searchsorted(offsets, wanted, side="right") - 1
+    records: list[Any] = [None] * len(wanted)
+    for shard in np.unique(shards):
+        at = np.flatnonzero(shards == shard)
+        rows = (wanted[at] - offsets[shard]).tolist()
+        for i, record in zip(at.tolist(), source.read_rows(int(shard), rows), strict=True):
+            records[i] = record
+    return records
 
 
 def check_shard(shard: Any, num_shards: int) -> int:
