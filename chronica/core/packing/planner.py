@@ -415,6 +415,12 @@ def plan_step(
             f"packing must be a chronica.Packing, got {type(packing).__name__}; e.g. "
             "Packing(max_tokens=16384, balance='micro')"
         )
+    if packing.outliers is not None:
+        raise ValueError(
+            "Packing(outliers=...) moves documents between the steps of an epoch, and "
+            "plan_step plans one step: drop outliers= here and let chronica.OutlierQueue "
+            "choose each step's documents before plan_step plans them"
+        )
     w = check_int("world_size", world_size, 1)
     raw = _integers("lengths", lengths, None, " (tokens per document)")
     n = raw.shape[0]
