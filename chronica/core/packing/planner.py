@@ -34,7 +34,7 @@ from chronica.core.cost import as_cost_model
 from chronica.core.packing.context_parallel import ContextShard, context_layout
 from chronica.core.packing.context_step import pack_context_step
 from chronica.core.packing.options import Packing
-from chronica.core.packing.step import PackedStep, in_pipeline_order, pack_step
+from chronica.core.packing.step import fill_empty, in_pipeline_order, pack_step
 from chronica.core.pipeline import equal_cost_bound, pipeline_makespan
 
 __all__ = ["StepPlan", "plan_step"]
@@ -459,7 +459,7 @@ def plan_step(
     )
     speed = np.ones(w) if speed is None else speed
     unit_cost = np.bincount(unit_of, weights=doc_costs, minlength=units)
-    step = in_pipeline_order(_fill_empty(step, unit_cost), speed, packing)
+    step = in_pipeline_order(fill_empty(step, unit_cost), speed, packing)
     return StepPlan(
         lengths=raw,
         padded=padded,
@@ -501,7 +501,7 @@ def _plan_context(
     speed = np.ones(devices) if speed is None else speed
     g = packing.context_parallel
     piece_cost = np.where(cp.sharded, unit_cost / g, unit_cost)[cp.unit]
-    step = _fill_empty(cp.step, piece_cost, cp.pinned)
+    step = fill_empty(cp.step, piece_cost, cp.pinned)
     # The first piece of every unit: a whole unit's only one, a sharded unit's CP rank 0.
     first = np.unique(cp.unit, return_index=True)[1]
     return StepPlan(
@@ -518,55 +518,6 @@ def _plan_context(
         bound=max(float(doc_costs.sum()) / float(speed.sum()), piece_cost.max() / speed.max()),
         sharded=cp.sharded[unit_of],
     )
-
-
-def _fill_empty(
-    step: PackedStep, unit_cost: np.ndarray, pinned: np.ndarray | None = None
-) -> PackedStep:
-    """The step's placement with no empty rank and no empty micro-batch on a rank that has
-    as many units as micro-batches. The kernels leave a slow rank empty when a faster one
-    finishes its share sooner, and a rank's micro-batch empty when it has few units; the
-    cheapest movable unit of the rank (or micro-batch) with the most units moves to the
-    empty one's first row, which has room for any unit. ``pinned`` units (chunks of
-    sharded documents) count but never move."""
-    rank, micro, row, cells = (
-        step.rank.copy(),
-        step.micro.copy(),
-        step.row.copy(),
-        step.cells.copy(),
-    )
-    w, m = cells.shape
-    movable = np.ones(rank.shape[0], np.bool_) if pinned is None else ~pinned
-
-    def move(unit: int, to_rank: int, to_micro: int) -> None:
-        cells[rank[unit], micro[unit]] -= unit_cost[unit]
-        cells[to_rank, to_micro] += unit_cost[unit]
-        rank[unit], micro[unit], row[unit] = to_rank, to_micro, 0
-
-    counts = np.bincount(rank, minlength=w)
-    for empty in np.flatnonzero(counts == 0).tolist():
-        donors = np.bincount(rank[movable], minlength=w) > 0
-        mine = np.flatnonzero((rank == int(np.argmax(np.where(donors, counts, -1)))) & movable)
-        if not mine.size:
-            break
-        unit = int(mine[np.argmin(unit_cost[mine])])
-        counts[rank[unit]] -= 1
-        counts[empty] += 1
-        # The same micro-batch: under lockstep, the donor's shrinks as the empty rank's grows.
-        move(unit, empty, int(micro[unit]))
-    for r in range(w):
-        mine = np.flatnonzero(rank == r)
-        per_micro = np.bincount(micro[mine], minlength=m)
-        while mine.size >= m and (per_micro == 0).any():
-            fullest = mine[(micro[mine] == int(np.argmax(per_micro))) & movable[mine]]
-            if not fullest.size:
-                break
-            unit = int(fullest[np.argmin(unit_cost[fullest])])
-            per_micro[micro[unit]] -= 1
-            k = int(np.argmin(per_micro))
-            per_micro[k] += 1
-            move(unit, r, k)
-    return PackedStep(rank, micro, row, step.num_micro, cells.sum(1), cells)
 
 
 def _group_units(groups: Any, n: int) -> np.ndarray:
