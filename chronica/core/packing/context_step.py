@@ -154,10 +154,18 @@ def pack_context_step(
             f"world_size={w} devices must be a multiple of context_parallel={g} "
             "(W = data-parallel groups · context_parallel)"
         )
-    if packing.balance != "rank" or packing.pipeline is not None:
+    if packing.balance != "rank":
         raise ValueError(
-            "Packing(context_parallel>1) plans balance='rank' without a pipeline so far; "
-            "drop balance='micro' / pipeline=, or set context_parallel=1"
+            f"Packing(context_parallel={g}) plans balance='rank' only: use balance='rank' "
+            "(every device's total cost balanced; a sharded document takes the same "
+            "micro-batch on all devices of its group); for lockstep micro-batches use "
+            "context_parallel=1 with balance='micro', and Packing(outliers=OutlierDelay()) "
+            "against the largest-document wall"
+        )
+    if packing.pipeline is not None:
+        raise ValueError(
+            f"Packing(context_parallel={g}) plans without a pipeline so far: drop "
+            "pipeline= (or set context_parallel=1 to plan the pipeline's micro-batches)"
         )
     lengths = packing.padded(np.ascontiguousarray(lengths, dtype=np.int64))
     costs = np.ascontiguousarray(costs, dtype=np.float64)
