@@ -223,6 +223,22 @@ def render_markdown(result: dict, img_dir: Path) -> str:
             f"{min(best):.3f}–{max(best):.3f} (target {TARGET}; "
             f"{sum(b <= TARGET for b in best)} of {len(applying)} meet it).",
         ]
+    if cases:
+
+        def span(key: str) -> str:
+            values = [c["methods"][key]["ratio_mean"] for c in cases]
+            return f"{min(values):.3f}–{max(values):.3f}"
+
+        below = sum(
+            c["methods"]["delay"]["ratio_mean"] <= c["methods"]["wlb"]["ratio_mean"] for c in cases
+        )
+        lines += [
+            "",
+            f"Over all {len(cases)} cases (mean per-step figure): outlier delay alone "
+            f"{span('delay')}, at most WLB-LLM's ({span('wlb')}) on {below}; both with "
+            f"g = 2 {span('both2')}, g = 4 {span('both4')}, g = 8 {span('both8')}; CP alone "
+            f"with g = 8 {span('cp8')}.",
+        ]
     failed = [line for line in check_targets(result) if line.startswith("FAIL")]
     lines += ["", *[f"- {line}" for line in failed], ""]
     return "\n".join(lines)
