@@ -44,6 +44,7 @@ SECTIONS = (
     "lockstep",
     "outliers",
     "context_parallel",
+    "wall",
     "pipeline",
     "packing_e2e",
     "hf_rebalance",
@@ -52,7 +53,7 @@ SECTIONS = (
 )
 BENCHMARKS = ("balance", "planning", "movement", "quality", *SECTIONS)
 # The benchmarks that read the real lengths files (``run(quick, data_dir=...)``).
-DATA_DIR_BENCHMARKS = ("balance", "packing", "lockstep", "outliers", "context_parallel")
+DATA_DIR_BENCHMARKS = ("balance", "packing", "lockstep", "outliers", "context_parallel", "wall")
 # Runs every benchmark from the repository root (`chronica bench` runs the same).
 REPRODUCE = "python -m benchmarks"
 

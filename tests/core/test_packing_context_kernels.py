@@ -1,6 +1,7 @@
 """``chronica.core.packing.context_kernels.place_loaded`` against its pure-Python twin
 (``tests/helpers/cp_reference.py``): LPT under row capacities from a partly taken state,
-with and without refinement, loosely and best fit, byte for byte."""
+with and without refinement (its work bound ample or binding), loosely and best fit, byte
+for byte."""
 
 from __future__ import annotations
 
@@ -26,15 +27,20 @@ def loaded_steps(draw):
 
 
 @settings(max_examples=200, deadline=None)
-@given(case=loaded_steps(), tight=st.booleans(), refined=st.booleans())
-def test_place_loaded_matches_the_reference(case, tight, refined):
+@given(
+    case=loaded_steps(),
+    tight=st.booleans(),
+    refined=st.booleans(),
+    budget=st.sampled_from([0, 20, 200, 1 << 22]),
+)
+def test_place_loaded_matches_the_reference(case, tight, refined, budget):
     lengths, costs, speeds, (w, num, rows, length), taken = case
     free = length - np.array(taken, np.int64).reshape(w, num, rows)
     slots = np.full((w, num, rows), 3, np.int64)
     micro_loads = (length - free).sum(2).astype(np.float64)
     loads = micro_loads.sum(1)
     want = cp_reference.place_loaded(
-        lengths, costs, [1] * len(lengths), speeds, tight, refined, free.tolist(),
+        lengths, costs, [1] * len(lengths), speeds, tight, refined, budget, free.tolist(),
         slots.tolist(), micro_loads.tolist(), loads.tolist(),
     )  # fmt: skip
     n = len(lengths)
@@ -42,7 +48,8 @@ def test_place_loaded_matches_the_reference(case, tight, refined):
     c = np.array(costs, np.float64)
     fits = place_loaded(
         np.array(lengths, np.int64), c, np.ones(n, np.int64), argsort_descending(c),
-        np.array(speeds), tight, refined, free, slots, micro_loads, loads, rank, micro, row,
+        np.array(speeds), tight, refined, budget, free, slots, micro_loads, loads, rank, micro,
+        row,
     )  # fmt: skip
     assert fits == (want is not None)
     if fits:

@@ -1,6 +1,6 @@
 """Pure-Python twin of ``chronica.core.packing.context_kernels.place_loaded``: LPT under row
 capacities from a state whose rows and loads are already partly taken, then (optionally) the
-rank kernel's refinement (``reference.pack_refine``)."""
+rank kernel's refinement (``reference.pack_refine``) within a work bound."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import numpy as np
 import reference
 
 
-def place_loaded(lengths, costs, docs, speeds, tight, refined, free, slots, micro_loads, loads):
+def place_loaded(
+    lengths, costs, docs, speeds, tight, refined, budget, free, slots, micro_loads, loads
+):
     """``(rank, micro, row, loads)`` lists, or ``None`` if a document fits nowhere. ``free``,
     ``slots`` (``[rank][micro][row]``), ``micro_loads`` (``[rank][micro]``) and ``loads``
     are nested lists, mutated in place."""
@@ -45,6 +47,6 @@ def place_loaded(lengths, costs, docs, speeds, tight, refined, free, slots, micr
     if refined:
         reference.pack_refine(
             lengths, costs, docs, speeds, tight, free, slots, micro_loads, room, rank, micro,
-            row, loads,
+            row, loads, budget,
         )  # fmt: skip
     return rank, micro, row, loads

@@ -8,8 +8,9 @@ one row of every CP rank), then the whole documents onto the devices, starting f
 load and rows the sharded chunks left. Each pass is the rank kernel's LPT under row
 capacities (``chronica.core.packing.kernels.pack_attempt``: costliest first, each to the
 rank whose time after taking it is lowest among those with a row it fits in; there by
-``fit_micro``), optionally followed by its refinement (``refine``), which only moves the
-documents of the pass. A pure-Python twin is in ``tests/helpers/cp_reference.py``.
+``fit_micro``), optionally followed by its refinement (``refine``, within a given work
+bound), which only moves the documents of the pass. A pure-Python twin is in
+``tests/helpers/cp_reference.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from chronica.core.packing.kernels import fit_micro, largest_room, refine, work_budget
+from chronica.core.packing.kernels import fit_micro, largest_room, refine
 
 __all__ = ["place_loaded"]
 
@@ -31,6 +32,7 @@ def place_loaded(
     speeds: np.ndarray,
     tight: bool,
     refined: bool,
+    budget: int,
     free: np.ndarray,
     slots: np.ndarray,
     micro_loads: np.ndarray,
@@ -41,8 +43,9 @@ def place_loaded(
 ) -> bool:
     """Place documents onto ranks whose rows and loads are already partly taken: LPT under
     row capacities from the given state, then (with ``refined``) the rank kernel's
-    refinement of these documents. ``False`` if a document fits nowhere (the outputs are
-    then partial). Every state array is updated in place.
+    refinement of these documents, looking at no more than ``budget`` candidates. ``False``
+    if a document fits nowhere (the outputs are then partial). Every state array is updated
+    in place.
 
     Args:
         lengths: ``int64`` tokens per document (per unit).
@@ -52,6 +55,7 @@ def place_loaded(
         speeds: ``float64`` relative speed per rank (``> 0``).
         tight: best fit (see ``fit_micro``).
         refined: run ``refine`` after the LPT pass.
+        budget: the refinement's work bound (``work_budget(n, W)`` is the rank kernel's).
         free: ``int64`` ``(ranks, micro-batches, rows)`` free tokens of every row.
         slots: ``int64`` ``(ranks, micro-batches, rows)`` documents every row can still take.
         micro_loads: ``float64`` ``(ranks, micro-batches)`` cost of every micro-batch.
@@ -67,8 +71,8 @@ def place_loaded(
         >>> loads = np.array([2.0, 0.0]); micro_loads = loads[:, None].copy()
         >>> rank, micro, row = (np.empty(2, np.int64) for _ in range(3))
         >>> place_loaded(np.array([2, 1]), np.array([2.0, 1.0]), np.ones(2, np.int64),
-        ...              np.arange(2), np.ones(2), False, True, free, slots, micro_loads,
-        ...              loads, rank, micro, row)
+        ...              np.arange(2), np.ones(2), False, True, 1 << 22, free, slots,
+        ...              micro_loads, loads, rank, micro, row)
         True
         >>> rank.tolist(), loads.tolist()
         ([1, 0], [3.0, 2.0])
@@ -104,6 +108,6 @@ def place_loaded(
     if refined:
         refine(
             lengths, costs, docs, speeds, tight, free, slots, micro_loads, room, rank, micro,
-            row, loads, work_budget(n, w),
+            row, loads, budget,
         )  # fmt: skip
     return True
