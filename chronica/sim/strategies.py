@@ -56,8 +56,14 @@ CHRONICA = tuple(_PLANS)
 _PACKING_INT_KEYS = ("max_tokens", "row_length", "micro_batches")
 # ``OutlierDelay``'s fields (a ``packed`` strategy's ``outliers``).
 _OUTLIER_KEYS = ("threshold", "max_delay", "max_queue")
-_INT_KEYS = ("window", "min_batch", "max_batch", "block_size", *_PACKING_INT_KEYS)
-_INT_KEYS += _OUTLIER_KEYS[1:]
+_INT_KEYS = (
+    "window",
+    "min_batch",
+    "max_batch",
+    "block_size",
+    *_PACKING_INT_KEYS,
+    *_OUTLIER_KEYS[1:],
+)
 _BOOL_KEYS = ("variable_batch", "drop_last", "pre_shuffle", "outliers")
 _FLOAT_KEYS = ("q", "jitter", "threshold")
 _PACKING_STR_KEYS = ("long_documents", "loss")
