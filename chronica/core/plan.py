@@ -7,7 +7,7 @@ from functools import cached_property
 
 import numpy as np
 
-__all__ = ["EpochPlan", "MicroLayout", "PlanStats", "WindowPlan"]
+__all__ = ["EpochPlan", "MicroLayout", "PlanStats", "WindowPlan", "delay_quantiles"]
 
 
 @dataclass(frozen=True)
@@ -304,14 +304,7 @@ class PlanStats:
     def delay_quantiles(self) -> dict[str, float]:
         """The delay in steps of the median, 90th, 99th percentile and last document
         (``p50``, ``p90``, ``p99``, ``max``) and the ``mean``; empty without delays."""
-        counts = np.asarray(self.delay_counts, dtype=np.int64)
-        if not counts.sum():
-            return {}
-        cumulative = np.cumsum(counts) / counts.sum()
-        out = {f"p{q}": float(np.searchsorted(cumulative, q / 100)) for q in (50, 90, 99)}
-        out["max"] = float(np.flatnonzero(counts)[-1])
-        out["mean"] = float(np.dot(np.arange(counts.shape[0]), counts) / counts.sum())
-        return out
+        return delay_quantiles(self.delay_counts)
 
     @classmethod
     def of(cls, plan: EpochPlan, sizes: np.ndarray, costs: np.ndarray) -> PlanStats:
@@ -345,6 +338,30 @@ class PlanStats:
             num_dropped=plan.num_dropped,
             delay_counts=_delay_counts(plan),
         )
+
+
+def delay_quantiles(counts: tuple[int, ...] | np.ndarray) -> dict[str, float]:
+    """The delay in steps of the median, 90th, 99th percentile and last document (``p50``,
+    ``p90``, ``p99``, ``max``) and the ``mean``, from documents per delay (entry ``d``
+    counts the documents that waited ``d`` steps, as ``PlanStats.delay_counts``; counts of
+    several epochs may be summed); empty when nothing is counted.
+
+    Args:
+        counts: documents per delay in steps.
+
+    Example::
+
+        >>> delay_quantiles((8, 1, 1))
+        {'p50': 0.0, 'p90': 1.0, 'p99': 2.0, 'max': 2.0, 'mean': 0.3}
+    """
+    counts = np.asarray(counts, dtype=np.int64).reshape(-1)
+    if not counts.sum():
+        return {}
+    cumulative = np.cumsum(counts) / counts.sum()
+    out = {f"p{q}": float(np.searchsorted(cumulative, q / 100)) for q in (50, 90, 99)}
+    out["max"] = float(np.flatnonzero(counts)[-1])
+    out["mean"] = float(np.dot(np.arange(counts.shape[0]), counts) / counts.sum())
+    return out
 
 
 def _delay_counts(plan: EpochPlan) -> tuple[int, ...]:

@@ -25,12 +25,12 @@ from chronica.core.checks import is_int
 from chronica.core.cost import as_cost_model
 from chronica.core.dynamic import DynamicPlanner
 from chronica.core.partition import Owners
-from chronica.core.plan import WindowPlan
+from chronica.core.plan import WindowPlan, delay_quantiles
 from chronica.core.scheduler import Scheduler, per_replica, step_counts
 from chronica.core.sizes import validate_sizes
 from chronica.sim.pipeline import PipelineModel
 from chronica.sim.speeds import parse_speeds, slowdown_matrix
-from chronica.sim.strategies import Assignment, Strategy
+from chronica.sim.strategies import Assignment, Strategy, add_counts
 from chronica.sim.timing import AllReduceModel, ComputeModel, StepEvaluation, evaluate_steps
 
 __all__ = [
@@ -182,7 +182,9 @@ class StrategyResult:
     its longest sample (packed: the micro-batches' empty row space). ``moved_per_epoch``:
     samples nodes fetch per epoch (``chronica.core.accounting.movement``),
     ``moved_fraction`` that over N.
-    ``load_ratio``: mean per-step max/mean rank load (predicted cost).
+    ``load_ratio``: mean per-step max/mean rank load (predicted cost), ``load_ratio_worst``
+    the worst step's. ``delay``: with outlier delay (``packed,outliers=true``), the steps
+    documents waited (``chronica.core.plan.delay_quantiles`` over every epoch), else empty.
     """
 
     label: str
@@ -197,6 +199,8 @@ class StrategyResult:
     moved_fraction: float
     load_ratio: float
     wall_s: float
+    load_ratio_worst: float = 1.0
+    delay: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self, with_steps: bool = True) -> dict[str, Any]:
         out = {k: v for k, v in vars(self).items() if k != "step_s"}
@@ -277,6 +281,7 @@ class _Run:
             self.scheduler.num_samples, self.scheduler.nodes, self.scheduler.base_partitions()
         )
         self.evaluations: list[StepEvaluation] = []
+        self.delay_counts = np.zeros(0, np.int64)  # documents per delay, every epoch
 
 
 def _noise_and_speeds(
@@ -299,6 +304,8 @@ def _static_epoch(run: _Run, epoch: int, profile: Any, allreduce_s: float, bar: 
         units, costs = assignment.pieces, sched.piece_costs
         sizes = sched.pieces.length.astype(np.float64)
     micro = sched.plan_epoch(epoch).micro if assignment.pieces is not None else None
+    if micro is not None and micro.delays is not None:
+        run.delay_counts = add_counts(run.delay_counts, sched.stats(epoch).delay_counts)
     loads = None
     if options.pipeline is not None:
         loads = (
@@ -417,6 +424,8 @@ def _summary(run: _Run, torch_total: float | None, wall_s: float) -> StrategyRes
         moved_fraction=float(np.mean(moved)) / n,
         load_ratio=float(ratio.mean()) if ratio.size else 1.0,
         wall_s=wall_s,
+        load_ratio_worst=float(ratio.max()) if ratio.size else 1.0,
+        delay=delay_quantiles(run.delay_counts),
     )
 
 

@@ -36,6 +36,17 @@ def format_table(result: SimulationResult) -> str:
             f"{r.idle_fraction:7.1%}{r.load_ratio:10.3f}{r.padding:9.1%}"
             f"{r.moved_per_epoch:13,.0f}"
         )
+    delayed = [r for r in result.results if r.delay]
+    if delayed:
+        lines += [
+            "",
+            f"{'outlier delay':28}{'max/mean worst':>16}{'delay mean':>12}{'p99':>6}{'max':>6}",
+        ]
+        lines += [
+            f"{r.label[:27]:28}{r.load_ratio_worst:16.3f}{r.delay['mean']:12.2f}"
+            f"{r.delay['p99']:6.0f}{r.delay['max']:6.0f}"
+            for r in delayed
+        ]
     lines += [
         "",
         "speed-up: torch's total time / the config's; idle: share of rank compute time spent "

@@ -19,7 +19,10 @@
     Exact mode's global batches (sizes are document lengths) packed into token-capped
     micro-batches (``chronica.core.packing``): ``max_tokens=`` is required, ``row_length``,
     ``micro_batches``, ``long_documents`` and ``loss`` are ``Packing``'s. Ranks are charged
-    the cost of the pieces they train.
+    the cost of the pieces they train. ``outliers=true`` plans with
+    ``Packing(outliers=OutlierDelay(...))`` (heavy documents wait for a later step of the
+    epoch), whose ``threshold``, ``max_delay`` and ``max_queue`` may be given (any of them
+    implies ``outliers=true``); the result then reports the documents' delays.
 """
 
 from __future__ import annotations
@@ -33,11 +36,12 @@ from chronica.core.config import ScheduleConfig
 from chronica.core.cost import CostModel
 from chronica.core.modes import as_mode
 from chronica.core.packing import Packing
+from chronica.core.packing.outliers import OutlierDelay
 from chronica.core.plan import EpochPlan
 from chronica.core.scheduler import Scheduler, step_counts
 from chronica.core.shuffle import ShufflePolicy
 
-__all__ = ["BASELINES", "CHRONICA", "Assignment", "Strategy", "torch_assignment"]
+__all__ = ["BASELINES", "CHRONICA", "Assignment", "Strategy", "add_counts", "torch_assignment"]
 
 BASELINES = ("torch", "length-grouped")
 # chronica's strategies by name: the plan options each one stands for.
@@ -50,9 +54,18 @@ _PLANS: dict[str, dict[str, Any]] = {
 }
 CHRONICA = tuple(_PLANS)
 _PACKING_INT_KEYS = ("max_tokens", "row_length", "micro_batches")
-_INT_KEYS = ("window", "min_batch", "max_batch", "block_size", *_PACKING_INT_KEYS)
-_BOOL_KEYS = ("variable_batch", "drop_last", "pre_shuffle")
-_FLOAT_KEYS = ("q", "jitter")
+# ``OutlierDelay``'s fields (a ``packed`` strategy's ``outliers``).
+_OUTLIER_KEYS = ("threshold", "max_delay", "max_queue")
+_INT_KEYS = (
+    "window",
+    "min_batch",
+    "max_batch",
+    "block_size",
+    *_PACKING_INT_KEYS,
+    *_OUTLIER_KEYS[1:],
+)
+_BOOL_KEYS = ("variable_batch", "drop_last", "pre_shuffle", "outliers")
+_FLOAT_KEYS = ("q", "jitter", "threshold")
 _PACKING_STR_KEYS = ("long_documents", "loss")
 _STR_KEYS = ("shuffle", "partition", *_PACKING_STR_KEYS)
 _POLICY_KEYS = ("q", "block_size", "partition", "pre_shuffle")
@@ -162,7 +175,12 @@ class Strategy:
             raise ValueError(
                 f"--config {self.label}: packed needs max_tokens= (tokens in one micro-batch)"
             )
+        delay = {k: options.pop(k) for k in _OUTLIER_KEYS if k in options}
         try:
+            if options.pop("outliers", bool(delay)):
+                values["outliers"] = OutlierDelay(**delay)
+            elif delay:
+                raise ValueError(f"{', '.join(delay)} need outliers=true")
             return Packing(**values)
         except ValueError as exc:
             raise ValueError(f"--config {self.label}: {exc}") from None
@@ -190,6 +208,23 @@ def torch_assignment(plan: EpochPlan, batch_size: int) -> Assignment:
     head = stream[: full * k].reshape(full, k, w).transpose(0, 2, 1).ravel()
     tail = stream[full * k :].T.ravel()
     return Assignment(np.concatenate([head, tail]), _equal_bounds(counts, w))
+
+
+def add_counts(total: np.ndarray, counts: Any) -> np.ndarray:
+    """Documents per delay (``PlanStats.delay_counts``) of two epochs added entry by entry.
+
+    Args:
+        total: the counts so far.
+        counts: one more epoch's counts.
+
+    Example::
+
+        >>> add_counts(np.array([5, 1]), (4, 0, 2)).tolist()
+        [9, 1, 2]
+    """
+    counts = np.asarray(counts, dtype=np.int64).reshape(-1)
+    size = max(total.shape[0], counts.shape[0])
+    return np.pad(total, (0, size - total.shape[0])) + np.pad(counts, (0, size - counts.shape[0]))
 
 
 def _length_grouped(plan: EpochPlan, sizes: np.ndarray, batch_size: int) -> Assignment:

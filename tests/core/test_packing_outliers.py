@@ -70,7 +70,7 @@ def test_the_option_validates_its_fields_by_name():
         OutlierDelay(max_queue=0)
     with pytest.raises(TypeError, match="outliers"):
         Packing(max_tokens=CAP, outliers=3)
-    assert OutlierDelay().queue_bound(8) == 32 and OutlierDelay(max_queue=5).queue_bound(8) == 5
+    assert OutlierDelay().queue_bound(8) == 128 and OutlierDelay(max_queue=5).queue_bound(8) == 5
 
 
 def test_the_option_is_one_packing_field_in_its_repr_and_the_digest():

@@ -17,7 +17,10 @@ waiting at any step boundary.
 Where they go:
 
 * **A packed epoch** (``Packing(outliers=...)``, ``delay_outliers``): the epoch's order is
-  known, so the outliers are placed heaviest first, each into the step of its window where
+  known. The test runs twice: first against the step's fair share, then against the fair
+  share of what the step keeps (a step whose heavy documents leave is lighter, and its next
+  heaviest documents would set it); a *candidate* may still be placed in its own step. The
+  candidates are placed heaviest first, each into the step of its window where
   it lengthens the step's predicted time least, the earliest among near-equals. A step's
   predicted time is ``max(total / W, heaviest, the two outliers one rank must take once a
   step has more outliers than ranks)``: heavy documents gather in the same steps, one per
@@ -51,6 +54,7 @@ __all__ = ["OutlierDelay", "OutlierQueue", "Released", "delay_outliers"]
 # Relative slack of the fair-share test: float sums in another order must not flip it.
 _SLACK = 1e-12
 _EARLIER = 0.05  # within this share of a document's fair cost, the earliest step wins
+_QUEUE_PER_RANK = 16  # max_queue=None: this many documents per rank wait at most
 
 
 @dataclass(frozen=True)
@@ -63,18 +67,22 @@ class OutlierDelay:
         threshold: a document is an outlier when its heaviest piece costs more than
             ``threshold`` times the step's fair share (the cost of the step's documents /
             its ranks), ``> 0``; default 0.5: half a rank's mean load.
-        max_delay: the most steps a document waits, ``>= 1``.
-        max_queue: the most documents waiting at once, ``>= 1``; ``None``: four times the
+        max_delay: the most steps a document waits, ``>= 1``; default 48: heavy documents
+            of that many steps can gather in one step (shorter windows leave the heaviest
+            without company on long-tailed lengths).
+        max_queue: the most documents waiting at once, ``>= 1``; ``None``: 16 times the
             ranks that train the step.
 
     Example::
 
         >>> OutlierDelay(max_delay=8)
         OutlierDelay(threshold=0.5, max_delay=8, max_queue=None)
+        >>> OutlierDelay().queue_bound(64)
+        1024
     """
 
     threshold: float = 0.5
-    max_delay: int = 16
+    max_delay: int = 48
     max_queue: int | None = None
 
     def __post_init__(self) -> None:
@@ -96,7 +104,7 @@ class OutlierDelay:
         Args:
             ranks: the ranks that train the step.
         """
-        return 4 * ranks if self.max_queue is None else self.max_queue
+        return _QUEUE_PER_RANK * ranks if self.max_queue is None else self.max_queue
 
     def to_tuple(self) -> tuple[float, int, int | None]:
         """Every field, JSON-ready (part of the configuration digest)."""
@@ -228,9 +236,7 @@ def delay_outliers(
     )
     every = np.concatenate(docs or [np.empty(0, np.int64)])
     cost, weight = costs[every].astype(np.float64), weights[every].astype(np.float64)
-    fair = np.array([costs[d].sum() for d in docs]) / ranks
-    outlier = weight > delay.threshold * fair[origin] * (1 + _SLACK) if num else origin > 0
-    outlier &= origin < num - 1  # the last step's own documents have nowhere to go
+    outlier = _candidates(origin, cost, weight, num, ranks, delay.threshold)
     regular = ~outlier
     total = np.bincount(origin[regular], weights=cost[regular], minlength=num)
     heaviest = np.zeros(num)
@@ -265,11 +271,32 @@ def delay_outliers(
         placed[s].append(w)
         waiting[first + 1 : s + 1] += 1
     # Every step: its own documents in order, then the delayed ones by the step they left.
-    order = np.lexsort((np.arange(every.shape[0]), origin * outlier, outlier, step_of))
+    moved = step_of != origin
+    order = np.lexsort((np.arange(every.shape[0]), origin * moved, moved, step_of))
     cuts = np.cumsum(np.bincount(step_of, minlength=num))[:-1]
     out = np.split(every[order], cuts)
     delays = np.split((step_of - origin)[order], cuts)
     return out, delays
+
+
+def _candidates(
+    origin: np.ndarray, cost: np.ndarray, weight: np.ndarray, num: int, ranks: int, threshold: float
+) -> np.ndarray:
+    """Which documents (of steps ``origin``) may move: those heavier than ``threshold`` times
+    their step's fair share, then those heavier than that times the fair share of what the
+    step keeps, heaviest first while the step keeps ``ranks`` documents; never the last
+    step's."""
+    movable = origin < num - 1
+    fair = np.bincount(origin, weights=cost, minlength=num) / ranks
+    first = movable & (weight > threshold * fair[origin] * (1 + _SLACK))
+    kept = np.bincount(origin[~first], weights=cost[~first], minlength=num) / ranks
+    second = np.flatnonzero(movable & ~first & (weight > threshold * kept[origin] * (1 + _SLACK)))
+    second = second[np.lexsort((-weight[second], origin[second]))]  # by step, heaviest first
+    steps = origin[second]
+    place = np.arange(second.shape[0]) - np.searchsorted(steps, steps)
+    room = np.bincount(origin[~first], minlength=num) - ranks  # what each step may lose
+    first[second[place < room[steps]]] = True
+    return first
 
 
 def _doubled(placed: list[float], weight: float, ranks: int) -> float:
