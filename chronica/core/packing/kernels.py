@@ -10,8 +10,12 @@
    for among the four lightest ranks (one for one; while the slowest rank is more than 1e-5
    above the mean, also one for two of one row), then, as long, among every rank (one for
    one, steps of at most 16384 documents). Trades keep each document's row slot, so the cap
-   holds throughout. The refinement's work is bounded (``work_budget``): it stops once it
-   has looked at more than ``max(2**22, n · (1024 + 4·W))`` candidate moves and trades
+   holds throughout. The search visits only the slowest rank's documents (kept per rank in
+   ascending order), skips a move whose lower bound gains too little, and evaluates a
+   one-for-one trade only where the partner's cost lies in the window that can gain (each
+   partner's documents sorted by cost, bisected): the same choices as a scan of every
+   candidate, several times faster. The refinement's work is bounded (``work_budget``): it
+   stops once it has looked at more than ``max(2**22, n · (1024 + 4·W))`` candidate moves and trades
    (``n`` documents, ``W`` ranks; ``trade_work`` counts a trade search), which ordinary
    steps stay below; steps whose cap leaves little room, where each of many expensive trades
    gains a little, are cut off there (a few milliseconds, or about 3 µs per document).
@@ -38,6 +42,8 @@ __all__ = [
 
 # Trades that gain less than this fraction of the top time are not worth an iteration.
 _REL_TOL = 1e-9
+# Relative margin of the move search's lower bound over float rounding.
+_ROUNDING = 1e-12
 # Refinement stops once the slowest rank is this close to the mean time (relative).
 _CLOSE_ENOUGH = 1e-7
 # Ranks a trade partner is looked for among first (the lightest ones).
@@ -278,8 +284,12 @@ def refine(
         return
     mean = loads.sum() / speeds.sum()
     bound = mean * (1.0 + _CLOSE_ENOUGH)
+    fastest = speeds.max()
     work = 0
     cells = np.zeros(free.size, np.int64)
+    # Every rank's documents in ascending order, rank after rank (``seg[start[r]:start[r+1]]``),
+    # so that an iteration visits the slowest rank's documents, not every document.
+    seg, start = _by_rank(rank, w)
     for _ in range(4 * n + 16):
         times = loads / speeds
         a = int(np.argmax(times))
@@ -288,12 +298,19 @@ def refine(
             return
         # The best move of one document of ``a`` to another rank with room for it.
         gain, move_i, move_b = top * _REL_TOL, -1, -1
-        num_mine = 0
-        for i in range(n):
-            if rank[i] != a:
-                continue
-            num_mine += 1
+        num_mine = start[a + 1] - start[a]
+        lightest = np.inf
+        for b in range(w):
+            if b != a:
+                lightest = min(lightest, times[b])
+        for x in range(start[a], start[a + 1]):
+            i = seg[x]
             after_a = (loads[a] - costs[i]) / speeds[a]
+            # No rank ends below ``lightest + cost / fastest``: skip ``i`` if even that gains
+            # too little (the margin covers rounding, so the scan's choice is unchanged).
+            floor = max(after_a, lightest + costs[i] / fastest) * (1.0 - _ROUNDING)
+            if top - floor <= gain:
+                continue
             for b in range(w):
                 if b == a or room[b] < lengths[i]:
                     continue
@@ -318,6 +335,7 @@ def refine(
             loads[b] += costs[i]
             room[a] = largest_room(free[a], slots[a])
             room[b] = largest_room(free[b], slots[b])
+            _relocate(seg, start, i, a, b)
             continue
         # No move helps: trade a document of ``a`` for one cheaper document, or two of one
         # row, of another rank, each side taking the other's row slot. The lightest ranks
@@ -325,30 +343,37 @@ def refine(
         partner = np.zeros(w, np.bool_)
         partner[np.argsort(times, kind="mergesort")[:_PARTNERS]] = True
         partner[a] = False
-        work += trade_work(rank, micro, row, partner, num_mine, cells, free.shape, False)
-        trade = best_trade(
-            lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, partner,
+        mine = seg[start[a] : start[a + 1]]
+        theirs = _documents_of(seg, start, partner)
+        work += num_mine * theirs.shape[0]  # ``trade_work`` without pairs
+        trade = _trade_among(
+            lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, mine, theirs,
             False, gain,
         )  # fmt: skip
         worth = top > mean * (1.0 + _WORTH_MORE)
         if trade[0] < 0 and worth:
             work += trade_work(rank, micro, row, partner, num_mine, cells, free.shape, True)
-            trade = best_trade(
-                lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, partner,
-                True, gain,
+            trade = _trade_among(
+                lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, mine,
+                theirs, True, gain,
             )  # fmt: skip
         if trade[0] < 0 and worth and w > _PARTNERS + 1 and n <= _WIDE_SEARCH_MAX:
             partner[:] = True
             partner[a] = False
-            work += trade_work(rank, micro, row, partner, num_mine, cells, free.shape, False)
-            trade = best_trade(
-                lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, partner,
-                False, gain,
+            theirs = _documents_of(seg, start, partner)
+            work += num_mine * theirs.shape[0]
+            trade = _trade_among(
+                lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, mine,
+                theirs, False, gain,
             )  # fmt: skip
         i, j, k = trade
         if i < 0:
             return
         b = rank[j]
+        if k >= 0:
+            _relocate(seg, start, k, b, a)
+        _replace(seg, start[a], start[a + 1], i, j)
+        _replace(seg, start[b], start[b + 1], j, i)
         taken = lengths[j] + (lengths[k] if k >= 0 else 0)
         counted = docs[j] + (docs[k] if k >= 0 else 0)
         given = costs[j] + (costs[k] if k >= 0 else 0.0)
@@ -412,29 +437,76 @@ def best_trade(
     holds its pure-Python twin.
     """
     n = lengths.shape[0]
-    top = loads[a] / speeds[a]
     mine = np.empty(n, np.int64)
     theirs = np.empty(n, np.int64)
-    keys = np.empty(n, np.int64)
     num_mine = num_theirs = 0
-    m, r = free.shape[1], free.shape[2]
     for i in range(n):
         if rank[i] == a:
             mine[num_mine] = i
             num_mine += 1
         elif partner[rank[i]]:
             theirs[num_theirs] = i
-            keys[num_theirs] = (rank[i] * m + micro[i]) * r + row[i]
             num_theirs += 1
-    grouped = theirs[:num_theirs]
-    if pairs:
-        # Their documents row by row, so that the pairs of one row are neighbours.
-        by_row = np.argsort(keys[:num_theirs], kind="mergesort")
-        grouped, keys = grouped[by_row], keys[:num_theirs][by_row]
-    else:
-        keys = np.arange(num_theirs)  # every document a group of its own
+    return _trade_among(
+        lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a,
+        mine[:num_mine], theirs[:num_theirs], pairs, gain,
+    )  # fmt: skip
+
+
+@njit(cache=True)
+def _trade_among(
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    docs: np.ndarray,
+    speeds: np.ndarray,
+    free: np.ndarray,
+    slots: np.ndarray,
+    rank: np.ndarray,
+    micro: np.ndarray,
+    row: np.ndarray,
+    loads: np.ndarray,
+    a: int,
+    mine: np.ndarray,
+    theirs: np.ndarray,
+    pairs: bool,
+    gain: float,
+) -> tuple[int, int, int]:
+    """``best_trade`` given the documents searched: ``mine``, those of rank ``a``, and
+    ``theirs``, those of the partner ranks, each in ascending order.
+
+    Args:
+        lengths: ``int64`` tokens per document.
+        costs: ``float64`` predicted cost per document.
+        docs: ``int64`` documents per unit.
+        speeds: ``float64`` relative speed per rank.
+        free: ``int64`` ``(ranks, micro-batches, rows)`` free tokens of every row.
+        slots: ``int64`` ``(ranks, micro-batches, rows)`` documents every row can still take.
+        rank: every document's rank.
+        micro: every document's micro-batch.
+        row: every document's row.
+        loads: every rank's total cost.
+        a: the rank giving a document (the slowest).
+        mine: ``int64`` the documents of ``a``, ascending.
+        theirs: ``int64`` the documents of the partner ranks, ascending.
+        pairs: also try one document for two of one row.
+        gain: the least gain worth a trade.
+
+    Example: ``best_trade`` and ``refine`` call it.
+    """
+    if not pairs:
+        return _best_single_trade(
+            lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, mine, theirs,
+            gain,
+        )  # fmt: skip
+    top = loads[a] / speeds[a]
+    num_theirs = theirs.shape[0]
+    m, r = free.shape[1], free.shape[2]
+    # Their documents row by row, so that the pairs of one row are neighbours.
+    keys = (rank[theirs] * m + micro[theirs]) * r + row[theirs]
+    by_row = np.argsort(keys, kind="mergesort")
+    grouped, keys = theirs[by_row], keys[by_row]
     best_i, best_j, best_k = -1, -1, -1
-    for i in mine[:num_mine]:
+    for i in mine:
         slot_a = free[a, micro[i], row[i]] + lengths[i]
         docs_a = slots[a, micro[i], row[i]] + docs[i]
         start = 0
@@ -448,8 +520,8 @@ def best_trade(
             docs_b = slots[b, micro[first], row[first]]
             for x in range(start, stop):
                 j = grouped[x]
-                # y == x: j alone; with ``pairs``, also j with a later document of its row.
-                for y in range(x, stop if pairs else x + 1):
+                # y == x: j alone; y > x: j with a later document of its row.
+                for y in range(x, stop):
                     k = -1 if y == x else grouped[y]
                     taken = lengths[j] + (lengths[k] if k >= 0 else 0)
                     given = costs[j] + (costs[k] if k >= 0 else 0.0)
@@ -464,6 +536,71 @@ def best_trade(
                         gain, best_i, best_j, best_k = top - new_top, i, j, k
             start = stop
     return best_i, best_j, best_k
+
+
+@njit(cache=True)
+def _best_single_trade(
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    docs: np.ndarray,
+    speeds: np.ndarray,
+    free: np.ndarray,
+    slots: np.ndarray,
+    rank: np.ndarray,
+    micro: np.ndarray,
+    row: np.ndarray,
+    loads: np.ndarray,
+    a: int,
+    mine: np.ndarray,
+    theirs: np.ndarray,
+    gain: float,
+) -> tuple[int, int, int]:
+    # ``_trade_among`` without pairs. A trade of ``i`` for ``j`` of rank ``b`` gains more than
+    # ``gain`` only if ``d = costs[i] - costs[j]`` lowers ``a`` below ``top - gain`` without
+    # lifting ``b`` above it: a window of ``costs[j]``, found by bisection in each partner's
+    # documents sorted by cost (widened for rounding); only the window is evaluated. The
+    # result is the scan's: the first ``i`` (ascending) reaching the largest gain, with its
+    # first ``j`` (ascending) among equals.
+    top = loads[a] / speeds[a]
+    # Their documents by rank, then cost (ties ascending), with each rank's run.
+    by_cost = theirs[np.argsort(costs[theirs], kind="mergesort")]
+    grouped = by_cost[np.argsort(rank[by_cost], kind="mergesort")]
+    size = grouped.shape[0]
+    sorted_costs = costs[grouped]
+    best_i, best_j = -1, -1
+    for i in mine:
+        slot_a = free[a, micro[i], row[i]] + lengths[i]
+        docs_a = slots[a, micro[i], row[i]] + docs[i]
+        level = top - gain
+        margin = _ROUNDING * (abs(level) * (speeds[a] + speeds.max()) + costs[i] + loads[a])
+        # d > loads[a] - level·speeds[a]; per rank, d < level·speeds[b] - loads[b].
+        high = costs[i] - (loads[a] - level * speeds[a]) + margin
+        local, local_j = gain, -1
+        run = 0
+        while run < size:
+            b = rank[grouped[run]]
+            stop = run + 1
+            while stop < size and rank[grouped[stop]] == b:
+                stop += 1
+            low = costs[i] - (level * speeds[b] - loads[b]) - margin
+            x = run + np.searchsorted(sorted_costs[run:stop], low)
+            while x < stop and sorted_costs[x] <= high:
+                j = grouped[x]
+                x += 1
+                if costs[j] >= costs[i] or lengths[j] > slot_a:
+                    continue
+                if lengths[i] > free[b, micro[j], row[j]] + lengths[j]:
+                    continue
+                if docs[j] > docs_a or docs[i] > slots[b, micro[j], row[j]] + docs[j]:
+                    continue
+                d = costs[i] - costs[j]
+                value = top - max((loads[a] - d) / speeds[a], (loads[b] + d) / speeds[b])
+                if value > local or (value == local and local_j >= 0 and j < local_j):
+                    local, local_j = value, j
+            run = stop
+        if local_j >= 0:
+            gain, best_i, best_j = local, i, local_j
+    return best_i, best_j, -1
 
 
 @njit(cache=True)
@@ -530,3 +667,85 @@ def trade_work(
             if partner[rank[i]]:
                 cells[(rank[i] * m + micro[i]) * r + row[i]] = 0
     return num_mine * total
+
+
+@njit(cache=True)
+def _by_rank(rank: np.ndarray, w: int) -> tuple[np.ndarray, np.ndarray]:
+    # Every rank's documents ascending, rank after rank, and where each rank's run starts.
+    start = np.zeros(w + 1, np.int64)
+    for i in range(rank.shape[0]):
+        start[rank[i] + 1] += 1
+    for r in range(w):
+        start[r + 1] += start[r]
+    filled = start[:-1].copy()
+    seg = np.empty(rank.shape[0], np.int64)
+    for i in range(rank.shape[0]):
+        seg[filled[rank[i]]] = i
+        filled[rank[i]] += 1
+    return seg, start
+
+
+@njit(cache=True)
+def _documents_of(seg: np.ndarray, start: np.ndarray, partner: np.ndarray) -> np.ndarray:
+    # The documents of the ``partner`` ranks, ascending.
+    total = 0
+    for r in range(partner.shape[0]):
+        if partner[r]:
+            total += start[r + 1] - start[r]
+    out = np.empty(total, np.int64)
+    filled = 0
+    for r in range(partner.shape[0]):
+        if partner[r]:
+            size = start[r + 1] - start[r]
+            out[filled : filled + size] = seg[start[r] : start[r + 1]]
+            filled += size
+    out.sort()
+    return out
+
+
+@njit(cache=True)
+def _replace(seg: np.ndarray, lo: int, hi: int, old: int, new: int) -> None:
+    # In the ascending run ``seg[lo:hi]``, document ``old`` becomes ``new``, kept ascending.
+    x = lo
+    while seg[x] != old:
+        x += 1
+    while x > lo and seg[x - 1] > new:
+        seg[x] = seg[x - 1]
+        x -= 1
+    while x + 1 < hi and seg[x + 1] < new:
+        seg[x] = seg[x + 1]
+        x += 1
+    seg[x] = new
+
+
+@njit(cache=True)
+def _relocate(seg: np.ndarray, start: np.ndarray, doc: int, src: int, dst: int) -> None:
+    # Document ``doc`` leaves rank ``src``'s run for rank ``dst``'s (ascending in both).
+    x = start[src]
+    while seg[x] != doc:
+        x += 1
+    if src < dst:
+        # Shift every run between down by one; ``doc`` enters at the end of ``dst``'s.
+        for y in range(x, start[dst + 1] - 1):
+            seg[y] = seg[y + 1]
+        for r in range(src + 1, dst + 1):
+            start[r] -= 1
+        seg[start[dst + 1] - 1] = doc
+        _sift(seg, start[dst], start[dst + 1], start[dst + 1] - 1)
+    else:
+        for y in range(x, start[dst + 1], -1):
+            seg[y] = seg[y - 1]
+        for r in range(dst + 1, src + 1):
+            start[r] += 1
+        seg[start[dst + 1] - 1] = doc
+        _sift(seg, start[dst], start[dst + 1], start[dst + 1] - 1)
+
+
+@njit(cache=True)
+def _sift(seg: np.ndarray, lo: int, hi: int, x: int) -> None:
+    # ``seg[x]`` moved down to its ascending place in ``seg[lo:hi]``.
+    doc = seg[x]
+    while x > lo and seg[x - 1] > doc:
+        seg[x] = seg[x - 1]
+        x -= 1
+    seg[x] = doc
