@@ -1,6 +1,6 @@
 """The packing kernels (``chronica.core.packing.kernels``) one by one against their
 pure-Python twins in ``tests/helpers/reference.py``: row and micro-batch fitting, the room
-left, the refinement's work count, and a whole attempt (LPT under row capacities, then
+left, the refinement's work bound, and a whole attempt (LPT under row capacities, then
 refinement, also where its work bound stops it) byte for byte."""
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from chronica.core.packing.kernels import (
     largest_room,
     pack_attempt,
     refine,
-    trade_work,
     work_budget,
 )
 
@@ -103,23 +102,6 @@ def test_an_attempt_equals_the_reference(
                 here = (rank == r) & (micro == m) & (row == k)
                 assert lengths[here].sum() <= 16
                 assert docs[here].sum() <= limit
-
-
-@given(
-    cells=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 1), st.integers(0, 1)), max_size=30),
-    partners=st.sets(st.integers(0, 2)),
-    num_mine=st.integers(0, 5),
-    pairs=st.booleans(),
-)
-def test_trade_work_counts_what_best_trade_looks_at(cells, partners, num_mine, pairs):
-    rank, micro, row = (np.array([c[x] for c in cells], np.int64) for x in range(3))
-    partner = np.array([r in partners for r in range(3)])
-    scratch = np.zeros(3 * 2 * 2, np.int64)
-    got = trade_work(rank, micro, row, partner, num_mine, scratch, (3, 2, 2), pairs)
-    assert got == reference.pack_trade_work(
-        rank.tolist(), micro.tolist(), row.tolist(), partners, num_mine, pairs
-    )
-    assert not scratch.any()  # left zero for the next call
 
 
 @given(n=st.integers(0, 1 << 16), w=st.integers(1, 512))

@@ -317,7 +317,7 @@ def pack_work_budget(n: int, w: int) -> int:
 
 
 def pack_trade_work(rank, micro, row, partners, num_mine: int, pairs: bool) -> int:
-    """``chronica.core.packing.kernels.trade_work``: ``num_mine`` times the documents of the
+    """``chronica.core.packing.trades.trade_work``: ``num_mine`` times the documents of the
     ``partners`` ranks, or with ``pairs`` times ``c·(c+1)/2`` summed over their rows."""
     theirs = [(rank[j], micro[j], row[j]) for j in range(len(rank)) if rank[j] in partners]
     if not pairs:
@@ -382,7 +382,7 @@ def largest_room(free: list[list[int]], slots=None) -> int:
 def pack_best_trade(
     lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, partners, pairs, gain
 ):
-    """``chronica.core.packing.kernels.best_trade``: the trade ``(i, j, k)`` (``k`` -1 without a
+    """``chronica.core.packing.trades.best_trade``: the trade ``(i, j, k)`` (``k`` -1 without a
     second document) of a document ``i`` of rank ``a`` for a cheaper document ``j`` (with
     ``pairs``, maybe with a later document ``k`` of ``j``'s row) of a rank in ``partners``
     that lowers the larger of the two times most, by more than ``gain``; ``None`` if none.

@@ -6,12 +6,16 @@
    there to the fullest row it fits in (best fit, ``fit_micro``).
 2. Refinement (``refine``): while the slowest rank is more than 1e-7 above the mean time and
    can give a document to another rank, or trade one for a cheaper one, so that the larger
-   of the two new times falls, make the best such move. Trades (``best_trade``) are looked
-   for among the four lightest ranks (one for one; while the slowest rank is more than 1e-5
+   of the two new times falls, make the best such move. Trades (``packing.trades``) are
+   looked for among the four lightest ranks (one for one; while the slowest rank is more than 1e-5
    above the mean, also one for two of one row), then, as long, among every rank (one for
    one, steps of at most 16384 documents). Trades keep each document's row slot, so the cap
-   holds throughout. The refinement's work is bounded (``work_budget``): it stops once it
-   has looked at more than ``max(2**22, n · (1024 + 4·W))`` candidate moves and trades
+   holds throughout. The search visits only the slowest rank's documents (kept per rank in
+   ascending order), skips a move whose lower bound gains too little, and evaluates a
+   one-for-one trade only where the partner's cost lies in the window that can gain (each
+   partner's documents sorted by cost, bisected): the same choices as a scan of every
+   candidate, several times faster. The refinement's work is bounded (``work_budget``): it
+   stops once it has looked at more than ``max(2**22, n · (1024 + 4·W))`` candidate moves and trades
    (``n`` documents, ``W`` ranks; ``trade_work`` counts a trade search), which ordinary
    steps stay below; steps whose cap leaves little room, where each of many expensive trades
    gains a little, are cut off there (a few milliseconds, or about 3 µs per document).
@@ -25,19 +29,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = [
-    "best_trade",
-    "fit_micro",
-    "fit_row",
-    "largest_room",
-    "pack_attempt",
-    "refine",
-    "trade_work",
-    "work_budget",
-]
+from chronica.core.packing.trades import trade_among, trade_work
+
+__all__ = ["fit_micro", "fit_row", "largest_room", "pack_attempt", "refine", "work_budget"]
 
 # Trades that gain less than this fraction of the top time are not worth an iteration.
 _REL_TOL = 1e-9
+# Relative margin of the move search's lower bound over float rounding.
+_ROUNDING = 1e-12
 # Refinement stops once the slowest rank is this close to the mean time (relative).
 _CLOSE_ENOUGH = 1e-7
 # Ranks a trade partner is looked for among first (the lightest ones).
@@ -278,8 +277,12 @@ def refine(
         return
     mean = loads.sum() / speeds.sum()
     bound = mean * (1.0 + _CLOSE_ENOUGH)
+    fastest = speeds.max()
     work = 0
     cells = np.zeros(free.size, np.int64)
+    # Every rank's documents in ascending order, rank after rank (``seg[start[r]:start[r+1]]``),
+    # so that an iteration visits the slowest rank's documents, not every document.
+    seg, start = _by_rank(rank, w)
     for _ in range(4 * n + 16):
         times = loads / speeds
         a = int(np.argmax(times))
@@ -288,12 +291,19 @@ def refine(
             return
         # The best move of one document of ``a`` to another rank with room for it.
         gain, move_i, move_b = top * _REL_TOL, -1, -1
-        num_mine = 0
-        for i in range(n):
-            if rank[i] != a:
-                continue
-            num_mine += 1
+        num_mine = start[a + 1] - start[a]
+        lightest = np.inf
+        for b in range(w):
+            if b != a:
+                lightest = min(lightest, times[b])
+        for x in range(start[a], start[a + 1]):
+            i = seg[x]
             after_a = (loads[a] - costs[i]) / speeds[a]
+            # No rank ends below ``lightest + cost / fastest``: skip ``i`` if even that gains
+            # too little (the margin covers rounding, so the scan's choice is unchanged).
+            floor = max(after_a, lightest + costs[i] / fastest) * (1.0 - _ROUNDING)
+            if top - floor <= gain:
+                continue
             for b in range(w):
                 if b == a or room[b] < lengths[i]:
                     continue
@@ -318,6 +328,7 @@ def refine(
             loads[b] += costs[i]
             room[a] = largest_room(free[a], slots[a])
             room[b] = largest_room(free[b], slots[b])
+            _relocate(seg, start, i, a, b)
             continue
         # No move helps: trade a document of ``a`` for one cheaper document, or two of one
         # row, of another rank, each side taking the other's row slot. The lightest ranks
@@ -325,30 +336,37 @@ def refine(
         partner = np.zeros(w, np.bool_)
         partner[np.argsort(times, kind="mergesort")[:_PARTNERS]] = True
         partner[a] = False
-        work += trade_work(rank, micro, row, partner, num_mine, cells, free.shape, False)
-        trade = best_trade(
-            lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, partner,
+        mine = seg[start[a] : start[a + 1]]
+        theirs = _documents_of(seg, start, partner)
+        work += num_mine * theirs.shape[0]  # ``trade_work`` without pairs
+        trade = trade_among(
+            lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, mine, theirs,
             False, gain,
         )  # fmt: skip
         worth = top > mean * (1.0 + _WORTH_MORE)
         if trade[0] < 0 and worth:
             work += trade_work(rank, micro, row, partner, num_mine, cells, free.shape, True)
-            trade = best_trade(
-                lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, partner,
-                True, gain,
+            trade = trade_among(
+                lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, mine,
+                theirs, True, gain,
             )  # fmt: skip
         if trade[0] < 0 and worth and w > _PARTNERS + 1 and n <= _WIDE_SEARCH_MAX:
             partner[:] = True
             partner[a] = False
-            work += trade_work(rank, micro, row, partner, num_mine, cells, free.shape, False)
-            trade = best_trade(
-                lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, partner,
-                False, gain,
+            theirs = _documents_of(seg, start, partner)
+            work += num_mine * theirs.shape[0]
+            trade = trade_among(
+                lengths, costs, docs, speeds, free, slots, rank, micro, row, loads, a, mine,
+                theirs, False, gain,
             )  # fmt: skip
         i, j, k = trade
         if i < 0:
             return
         b = rank[j]
+        if k >= 0:
+            _relocate(seg, start, k, b, a)
+        _replace(seg, start[a], start[a + 1], i, j)
+        _replace(seg, start[b], start[b + 1], j, i)
         taken = lengths[j] + (lengths[k] if k >= 0 else 0)
         counted = docs[j] + (docs[k] if k >= 0 else 0)
         given = costs[j] + (costs[k] if k >= 0 else 0.0)
@@ -371,102 +389,6 @@ def refine(
 
 
 @njit(cache=True)
-def best_trade(
-    lengths: np.ndarray,
-    costs: np.ndarray,
-    docs: np.ndarray,
-    speeds: np.ndarray,
-    free: np.ndarray,
-    slots: np.ndarray,
-    rank: np.ndarray,
-    micro: np.ndarray,
-    row: np.ndarray,
-    loads: np.ndarray,
-    a: int,
-    partner: np.ndarray,
-    pairs: bool,
-    gain: float,
-) -> tuple[int, int, int]:
-    """The trade of a document ``i`` of rank ``a`` for document ``j`` (and, with
-    ``pairs``, maybe ``k`` of the same row; else -1) of a ``partner`` rank that lowers the
-    larger of the two ranks' times most, by more than ``gain``: ``(i, j, k)``, ``i = -1``
-    if none. ``i`` takes the row slot of ``j`` (and ``k``); they take the slot of ``i``.
-
-    Args:
-        lengths: ``int64`` tokens per document.
-        costs: ``float64`` predicted cost per document.
-        docs: ``int64`` documents per unit.
-        speeds: ``float64`` relative speed per rank.
-        free: ``int64`` ``(ranks, micro-batches, rows)`` free tokens of every row.
-        slots: ``int64`` ``(ranks, micro-batches, rows)`` documents every row can still take.
-        rank: every document's rank.
-        micro: every document's micro-batch.
-        row: every document's row.
-        loads: every rank's total cost.
-        a: the rank giving a document (the slowest).
-        partner: ``bool`` per rank, the ranks searched.
-        pairs: also try one document for two of one row.
-        gain: the least gain worth a trade.
-
-    Example: ``refine`` calls it when no single move helps; ``tests/helpers/reference.py``
-    holds its pure-Python twin.
-    """
-    n = lengths.shape[0]
-    top = loads[a] / speeds[a]
-    mine = np.empty(n, np.int64)
-    theirs = np.empty(n, np.int64)
-    keys = np.empty(n, np.int64)
-    num_mine = num_theirs = 0
-    m, r = free.shape[1], free.shape[2]
-    for i in range(n):
-        if rank[i] == a:
-            mine[num_mine] = i
-            num_mine += 1
-        elif partner[rank[i]]:
-            theirs[num_theirs] = i
-            keys[num_theirs] = (rank[i] * m + micro[i]) * r + row[i]
-            num_theirs += 1
-    grouped = theirs[:num_theirs]
-    if pairs:
-        # Their documents row by row, so that the pairs of one row are neighbours.
-        by_row = np.argsort(keys[:num_theirs], kind="mergesort")
-        grouped, keys = grouped[by_row], keys[:num_theirs][by_row]
-    else:
-        keys = np.arange(num_theirs)  # every document a group of its own
-    best_i, best_j, best_k = -1, -1, -1
-    for i in mine[:num_mine]:
-        slot_a = free[a, micro[i], row[i]] + lengths[i]
-        docs_a = slots[a, micro[i], row[i]] + docs[i]
-        start = 0
-        while start < num_theirs:
-            stop = start + 1
-            while stop < num_theirs and keys[stop] == keys[start]:
-                stop += 1
-            first = grouped[start]
-            b = rank[first]
-            slot_b = free[b, micro[first], row[first]]
-            docs_b = slots[b, micro[first], row[first]]
-            for x in range(start, stop):
-                j = grouped[x]
-                # y == x: j alone; with ``pairs``, also j with a later document of its row.
-                for y in range(x, stop if pairs else x + 1):
-                    k = -1 if y == x else grouped[y]
-                    taken = lengths[j] + (lengths[k] if k >= 0 else 0)
-                    given = costs[j] + (costs[k] if k >= 0 else 0.0)
-                    if given >= costs[i] or taken > slot_a or lengths[i] > slot_b + taken:
-                        continue
-                    counted = docs[j] + (docs[k] if k >= 0 else 0)
-                    if counted > docs_a or docs[i] > docs_b + counted:
-                        continue
-                    d = costs[i] - given
-                    new_top = max((loads[a] - d) / speeds[a], (loads[b] + d) / speeds[b])
-                    if top - new_top > gain:
-                        gain, best_i, best_j, best_k = top - new_top, i, j, k
-            start = stop
-    return best_i, best_j, best_k
-
-
-@njit(cache=True)
 def work_budget(n: int, w: int) -> int:
     """The refinement's work bound for ``n`` documents on ``w`` ranks:
     ``max(2**22, n · (1024 + 4·w))`` candidate moves and trades.
@@ -484,49 +406,82 @@ def work_budget(n: int, w: int) -> int:
 
 
 @njit(cache=True)
-def trade_work(
-    rank: np.ndarray,
-    micro: np.ndarray,
-    row: np.ndarray,
-    partner: np.ndarray,
-    num_mine: int,
-    cells: np.ndarray,
-    shape: tuple[int, int, int],
-    pairs: bool,
-) -> int:
-    """The candidates ``best_trade`` looks at (the refinement's work bound counts them):
-    ``num_mine`` times the documents of ``partner`` ranks, or with ``pairs``, times the
-    single documents and the pairs of one row, ``c·(c+1)/2`` for a row of ``c`` of them.
-
-    Args:
-        rank: every document's rank.
-        micro: every document's micro-batch.
-        row: every document's row.
-        partner: ``bool`` per rank, the ranks searched.
-        num_mine: the documents of the rank giving one.
-        cells: ``int64`` zeros, one per row of every rank (``ranks · micro-batches · rows``);
-            left zero.
-        shape: ``(ranks, micro-batches, rows)``.
-        pairs: count the pairs of one row too.
-
-    Example::
-
-        >>> trade_work(np.array([0, 1, 1]), np.zeros(3, np.int64), np.zeros(3, np.int64),
-        ...            np.array([False, True]), 2, np.zeros(2, np.int64), (2, 1, 1), True)
-        6
-    """
-    m, r = shape[1], shape[2]
-    total = 0
+def _by_rank(rank: np.ndarray, w: int) -> tuple[np.ndarray, np.ndarray]:
+    # Every rank's documents ascending, rank after rank, and where each rank's run starts.
+    start = np.zeros(w + 1, np.int64)
     for i in range(rank.shape[0]):
-        if partner[rank[i]]:
-            if pairs:
-                cell = (rank[i] * m + micro[i]) * r + row[i]
-                cells[cell] += 1
-                total += cells[cell]  # the c-th document of a row adds c candidates
-            else:
-                total += 1
-    if pairs:
-        for i in range(rank.shape[0]):
-            if partner[rank[i]]:
-                cells[(rank[i] * m + micro[i]) * r + row[i]] = 0
-    return num_mine * total
+        start[rank[i] + 1] += 1
+    for r in range(w):
+        start[r + 1] += start[r]
+    filled = start[:-1].copy()
+    seg = np.empty(rank.shape[0], np.int64)
+    for i in range(rank.shape[0]):
+        seg[filled[rank[i]]] = i
+        filled[rank[i]] += 1
+    return seg, start
+
+
+@njit(cache=True)
+def _documents_of(seg: np.ndarray, start: np.ndarray, partner: np.ndarray) -> np.ndarray:
+    # The documents of the ``partner`` ranks, ascending.
+    total = 0
+    for r in range(partner.shape[0]):
+        if partner[r]:
+            total += start[r + 1] - start[r]
+    out = np.empty(total, np.int64)
+    filled = 0
+    for r in range(partner.shape[0]):
+        if partner[r]:
+            size = start[r + 1] - start[r]
+            out[filled : filled + size] = seg[start[r] : start[r + 1]]
+            filled += size
+    out.sort()
+    return out
+
+
+@njit(cache=True)
+def _replace(seg: np.ndarray, lo: int, hi: int, old: int, new: int) -> None:
+    # In the ascending run ``seg[lo:hi]``, document ``old`` becomes ``new``, kept ascending.
+    x = lo
+    while seg[x] != old:
+        x += 1
+    while x > lo and seg[x - 1] > new:
+        seg[x] = seg[x - 1]
+        x -= 1
+    while x + 1 < hi and seg[x + 1] < new:
+        seg[x] = seg[x + 1]
+        x += 1
+    seg[x] = new
+
+
+@njit(cache=True)
+def _relocate(seg: np.ndarray, start: np.ndarray, doc: int, src: int, dst: int) -> None:
+    # Document ``doc`` leaves rank ``src``'s run for rank ``dst``'s (ascending in both).
+    x = start[src]
+    while seg[x] != doc:
+        x += 1
+    if src < dst:
+        # Shift every run between down by one; ``doc`` enters at the end of ``dst``'s.
+        for y in range(x, start[dst + 1] - 1):
+            seg[y] = seg[y + 1]
+        for r in range(src + 1, dst + 1):
+            start[r] -= 1
+        seg[start[dst + 1] - 1] = doc
+        _sift(seg, start[dst], start[dst + 1], start[dst + 1] - 1)
+    else:
+        for y in range(x, start[dst + 1], -1):
+            seg[y] = seg[y - 1]
+        for r in range(dst + 1, src + 1):
+            start[r] += 1
+        seg[start[dst + 1] - 1] = doc
+        _sift(seg, start[dst], start[dst + 1], start[dst + 1] - 1)
+
+
+@njit(cache=True)
+def _sift(seg: np.ndarray, lo: int, hi: int, x: int) -> None:
+    # ``seg[x]`` moved down to its ascending place in ``seg[lo:hi]``.
+    doc = seg[x]
+    while x > lo and seg[x - 1] > doc:
+        seg[x] = seg[x - 1]
+        x -= 1
+    seg[x] = doc
