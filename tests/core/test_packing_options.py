@@ -114,6 +114,7 @@ def test_the_package_exports_every_public_name_of_its_rooms():
         "Packing",
         "Pieces",
         "StepPlan",
+        "fill_empty",
         "in_pipeline_order",
         "micro_weights",
         "pack_epoch",

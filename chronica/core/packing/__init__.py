@@ -8,7 +8,8 @@ package's rooms, each one job:
 ``options``   ``Packing``: the cap, the rows, the budget, what long documents and the loss do;
 ``documents`` ``Pieces``/``pieces``: the sequences documents are trained as (split, truncated);
 ``kernels``   the numba kernels: LPT under row capacities, refinement by moves and trades;
-``step``      ``pack_step``/``PackedStep``: one step for its ranks, the fewest micro-batches;
+``step``      ``pack_step``/``PackedStep``: one step for its ranks, the fewest micro-batches
+              (``fill_empty``: no empty rank or micro-batch where units allow);
 ``lockstep``  the numba kernel of ``balance="micro"``: cells of (rank, micro-batch) in lockstep;
 ``weights``   ``micro_weights``: loss normalisation per micro-batch;
 ``epoch``     ``step_starts``, ``pack_epoch``, ``pack_steps``: steps cut from owners' streams
@@ -40,7 +41,7 @@ from chronica.core.packing.documents import Pieces, pieces
 from chronica.core.packing.epoch import PackedEpoch, pack_epoch, pack_steps, step_starts
 from chronica.core.packing.options import BALANCES, LONG_DOCUMENTS, LOSS_NORMALISATIONS, Packing
 from chronica.core.packing.planner import StepPlan, plan_step
-from chronica.core.packing.step import PackedStep, in_pipeline_order, pack_step
+from chronica.core.packing.step import PackedStep, fill_empty, in_pipeline_order, pack_step
 from chronica.core.packing.weights import micro_weights
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "Packing",
     "Pieces",
     "StepPlan",
+    "fill_empty",
     "in_pipeline_order",
     "micro_weights",
     "pack_epoch",
