@@ -207,7 +207,9 @@ class StreamingEngine:
         windows: queue.Queue[Any] = queue.Queue(maxsize=1)
         stop = threading.Event()
         thread = threading.Thread(
-            target=self._produce, args=(self._position, windows, stop), daemon=True
+            target=self._produce,
+            args=(replace(self._position, consumed=self._served), windows, stop),
+            daemon=True,
         )
         thread.start()
         try:
