@@ -8,7 +8,7 @@ import pytest
 from chronica.core.packing import Packing
 from chronica.runtime.streaming import StreamingEngine
 from chronica.runtime.streaming_exchange import LocalGroup
-from tests.helpers.stream_source import make_source, run_ranks
+from stream_source import make_source, run_ranks
 
 PACKING = Packing(max_tokens=1024, row_length=512)
 OPTIONS = {"batch_size": 12, "buffer_size": 6, "window_steps": 2, "seed": 3}

@@ -11,7 +11,7 @@ from chronica.runtime.streaming_exchange import (
     fetch_records,
     shard_offsets,
 )
-from tests.helpers.stream_source import ListSource
+from stream_source import ListSource
 
 
 def test_local_group_gathers_and_exchanges_in_rank_order():
