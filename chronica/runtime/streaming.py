@@ -90,7 +90,9 @@ class StreamMicroBatch:
 class StreamStats:
     """What this rank's planning thread did: ``windows``, ``steps``, ``bytes_sent`` (records
     sent to other ranks by the all-to-all), ``rows_fetched`` (records read by index instead),
-    and seconds spent ``reading``, ``exchanging`` and ``planning``.
+    seconds the planning thread spent ``reading``, ``exchanging`` and ``planning``, and
+    seconds the consumer spent ``waiting`` for a planned window (0 when planning keeps
+    ahead of training).
 
     Example: ``engine.stats.bytes_sent / engine.stats.steps`` is the bytes per step.
     """
@@ -102,6 +104,7 @@ class StreamStats:
     reading: float = 0.0
     exchanging: float = 0.0
     planning: float = 0.0
+    waiting: float = 0.0
 
 
 @dataclass
@@ -213,7 +216,12 @@ class StreamingEngine:
         )
         thread.start()
         try:
-            while (window := windows.get()) is not _END:
+            while True:
+                start = time.perf_counter()
+                window = windows.get()
+                self.stats.waiting += time.perf_counter() - start
+                if window is _END:
+                    break
                 if isinstance(window, BaseException):
                     raise window
                 self._position, self._served = window.state, window.start
@@ -333,7 +341,7 @@ class StreamingEngine:
         """Read this rank's share, exchange, plan and gather the next window."""
         w, me = self.world_size, self.rank
         start = time.perf_counter()
-        ids, lengths, records = lane.take(self._share(carry), self._truncate)
+        ids, lengths, records = lane.take(self._share(state.lanes, carry), self._truncate)
         self.stats.reading += time.perf_counter() - start
         start = time.perf_counter()
         payload = pickle.dumps((ids, lengths, lane.state.to_dict()))
@@ -370,16 +378,28 @@ class StreamingEngine:
         self.stats.steps += len(new_plan.steps)
         return pool, new_plan, mine, next_carry
 
-    def _share(self, carry: _Carry) -> tuple[int, int]:
-        """This rank's share of the window: ``(samples, tokens)``, one of them 0."""
-        w, k = self.world_size, self.window_steps
-        budget = self.packing.tokens_per_step
-        if budget is None:
-            assert self.batch_size is not None
-            need = max(0, k * self.batch_size - carry.ids.shape[0])
-            return need // w + (self.rank < need % w), 0
-        need = max(0, (k + 1) * budget - int(carry.lengths.sum()))
-        return 0, -(-need // w)
+    def _share(self, lanes: tuple[LaneState, ...], carry: _Carry) -> tuple[int, int]:
+        """This rank's share of the window, ``(samples, tokens)`` (one of them 0): the
+        window's need split over the lanes that still hold samples (every rank knows them
+        all), so that every window progresses while any lane does."""
+        k, budget = self.window_steps, self.packing.tokens_per_step
+        left = [lane.remaining for lane in lanes]
+        live = [r for r, n in enumerate(left) if n > 0]
+        if self.rank not in live:
+            return 0, 0
+        if budget is not None:
+            need = max(0, (k + 1) * budget - int(carry.lengths.sum()))
+            return 0, -(-need // len(live))
+        assert self.batch_size is not None
+        need = max(0, k * self.batch_size - carry.ids.shape[0])
+        shares = [0] * len(left)
+        while need > 0 and (live := [r for r in live if left[r] > shares[r]]):
+            per, extra = divmod(need, len(live))
+            for i, r in enumerate(live):
+                give = min(per + (i < extra), left[r] - shares[r])
+                shares[r] += give
+                need -= give
+        return shares[self.rank], 0
 
     def _truncate(self, record: Any) -> int:
         length = int(self.source.length(record))

@@ -4,11 +4,11 @@ passes without end, both delivery paths."""
 
 import numpy as np
 import pytest
+from stream_source import ListSource, make_source, run_ranks
 
 from chronica.core.packing import Packing
 from chronica.runtime.streaming import StreamingEngine
 from chronica.runtime.streaming_exchange import LocalGroup
-from stream_source import make_source, run_ranks
 
 PACKING = Packing(max_tokens=1024, row_length=512)
 OPTIONS = {"batch_size": 12, "buffer_size": 6, "window_steps": 2, "seed": 3}
@@ -106,3 +106,13 @@ def test_wrong_arguments_are_named():
     with pytest.raises(ValueError, match="window_steps"):
         StreamingEngine(source, PACKING, rank, batch_size=4, window_steps=0)
     assert "StreamingEngine(rank=0" in repr(StreamingEngine(source, PACKING, rank, batch_size=4))
+
+
+@pytest.mark.parametrize("window_steps", [1, 3])
+def test_a_lane_that_runs_dry_early_does_not_stall_the_others(window_steps):
+    source = ListSource([[5] * 3, [7] * 90, [3] * 2])
+    out, _, _ = run_ranks(
+        source, 3, Packing(max_tokens=64), batch_size=10, window_steps=window_steps, buffer_size=4
+    )
+    assert sorted(_ids(out)) == list(range(95))
+    assert len({len(rank) for rank in out}) == 1

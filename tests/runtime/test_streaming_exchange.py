@@ -4,6 +4,7 @@ random access."""
 import threading
 
 import pytest
+from stream_source import ListSource
 
 from chronica.runtime.streaming_exchange import (
     Collectives,
@@ -11,7 +12,6 @@ from chronica.runtime.streaming_exchange import (
     fetch_records,
     shard_offsets,
 )
-from stream_source import ListSource
 
 
 def test_local_group_gathers_and_exchanges_in_rank_order():

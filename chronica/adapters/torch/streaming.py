@@ -14,6 +14,7 @@ ahead in its own thread, and worker processes would each read the whole stream.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -72,7 +73,7 @@ class TorchCollectives:
         )
         raw = received.numpy().tobytes()
         bounds = [0, *torch.cumsum(incoming, 0).tolist()]
-        return [raw[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        return [raw[a:b] for a, b in itertools.pairwise(bounds)]
 
     def __repr__(self) -> str:
         return f"TorchCollectives(rank={self.rank}, world_size={self.world_size})"
@@ -149,11 +150,12 @@ class StreamingDataset(IterableDataset):
             yield self._collate(batch)
 
     def _collate(self, batch: StreamMicroBatch) -> dict[str, Any]:
+        place = (batch.step, batch.micro, batch.num_micro)
+        columns = zip(batch.records, batch.ids, batch.lengths, batch.rows, strict=True)
         items = [
-            (record, PackedIndex(int(i), 0, int(n), int(row), batch.step, batch.micro,
-                                 batch.num_micro, batch.loss_weight))
-            for record, i, n, row in zip(batch.records, batch.ids, batch.lengths, batch.rows, strict=True)
-        ] or [(None, PackedIndex(0, 0, 0, 0, batch.step, batch.micro, batch.num_micro, 0.0))]  # fmt: skip
+            (record, PackedIndex(int(i), 0, int(n), int(row), *place, batch.loss_weight))
+            for record, i, n, row in columns
+        ] or [(None, PackedIndex(0, 0, 0, 0, *place, 0.0))]  # an empty micro-batch keeps its place
         out = collate_packed(items, key=self.key, pad_to=self.pad_to)
         out["epoch"] = batch.epoch
         return out
