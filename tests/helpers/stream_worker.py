@@ -1,7 +1,9 @@
 """One rank of a real gloo job over a streamed source (``chronica.torch.StreamingDataset``),
 started by tests/adapters/torch/test_streaming_dist.py.
 
-argv: out_dir, mode, random_access (0/1), cut. Modes:
+argv: out_dir, mode, source, cut; source is ``list`` or ``list-seq`` (the in-memory source,
+with or without random access) or a format of ``stream_formats`` (the dataset lies in
+out_dir/data). Modes:
 ``full``   one whole pass (an all-reduce after every micro-batch: unequal counts would
            hang), then a fresh dataset run for ``cut`` micro-batches whose
            ``StatefulDataLoader`` state rank 0 saves to out_dir/state.pt;
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from stream_formats import open_source
 from stream_source import make_source
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -52,11 +55,16 @@ def consume(loader, limit=None) -> list:
     return out
 
 
-def main(out_dir: str, mode: str, random_access: str, cut: str) -> None:
+def main(out_dir: str, mode: str, kind: str, cut: str) -> None:
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=120))
     world, rank = dist.get_world_size(), dist.get_rank()
-    source = make_source(random_access=random_access == "1")
     folder = Path(out_dir)
+    key = "input_ids"
+    if kind.startswith("list"):
+        source = make_source(random_access=kind == "list")
+    else:
+        source, key = open_source(kind, folder / "data")
+    OPTIONS["key"] = key
     result = {}
     if mode == "full":
         result["full"] = consume(
@@ -72,7 +80,7 @@ def main(out_dir: str, mode: str, random_access: str, cut: str) -> None:
         loader.load_state_dict(torch.load(folder / "state.pt", weights_only=False))
         result["rest"] = consume(loader)
         result["bytes_sent"] = dataset.engine.stats.bytes_sent
-    result["num_samples"] = int(source.offsets[-1])
+    result["num_samples"] = sum(source.shard_size(s) for s in range(source.num_shards))
     dist.barrier()
     dist.destroy_process_group()
     (folder / f"{mode}-{world}-{rank}.json").write_text(json.dumps(result))

@@ -18,7 +18,7 @@ from workers import HELPERS, ROOT, base_env, run_workers, torch_rendezvous
 CUT = 7
 
 
-def _launch(folder, world, mode, random_access):
+def _launch(folder, world, mode, kind):
     with torch_rendezvous(world) as meeting:
         run_workers(
             [
@@ -27,7 +27,7 @@ def _launch(folder, world, mode, random_access):
                     str(HELPERS / "stream_worker.py"),
                     str(folder),
                     mode,
-                    random_access,
+                    kind,
                     str(CUT),
                 ]
             ]
@@ -56,10 +56,10 @@ def _check_pass(parts, n):
 
 @pytest.mark.multiprocess
 def test_two_ranks_all_to_all_pass_and_bitwise_resume_in_fresh_processes(tmp_path):
-    first = _launch(tmp_path, 2, "full", "0")
+    first = _launch(tmp_path, 2, "full", "list-seq")
     n = first[0]["num_samples"]
     _check_pass([r["full"] for r in first], n)
-    resumed = _launch(tmp_path, 2, "resume", "0")
+    resumed = _launch(tmp_path, 2, "resume", "list-seq")
     for r in range(2):
         assert first[r]["part"] + resumed[r]["rest"] == first[r]["full"]
     assert sum(r["bytes_sent"] for r in resumed) > 0
@@ -67,9 +67,35 @@ def test_two_ranks_all_to_all_pass_and_bitwise_resume_in_fresh_processes(tmp_pat
 
 @pytest.mark.multiprocess
 def test_four_ranks_pass_and_resume_at_two_ranks_exactly_once(tmp_path):
-    first = _launch(tmp_path, 4, "full", "1")
+    first = _launch(tmp_path, 4, "full", "list")
     n = first[0]["num_samples"]
     _check_pass([r["full"] for r in first], n)
-    resumed = _launch(tmp_path, 2, "resume", "1")
+    resumed = _launch(tmp_path, 2, "resume", "list")
+    assert _ids([r["part"] for r in first] + [r["rest"] for r in resumed]) == list(range(n))
+    assert len({len(r["rest"]) for r in resumed}) == 1
+
+
+# The readers' formats: (format, world of the first job, world of the resumed job).
+READER_JOBS = [("mds", 2, 2), ("tar", 4, 2), ("hf", 2, 4), ("parquet", 2, 2)]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(("kind", "world", "then"), READER_JOBS, ids=[j[0] for j in READER_JOBS])
+def test_readers_formats_pass_and_resume(tmp_path, kind, world, then):
+    """Over MDS shards, WebDataset tars, parquet through HF ``datasets`` streaming and
+    parquet row groups written here: a whole pass exactly once in equal counts under the
+    cap, then a resume in fresh processes: bitwise at the same world, exactly-once at
+    another."""
+    pytest.importorskip("chronica.runtime.sources")
+    from stream_formats import write_dataset
+
+    write_dataset(kind, tmp_path / "data")
+    first = _launch(tmp_path, world, "full", kind)
+    n = first[0]["num_samples"]
+    _check_pass([r["full"] for r in first], n)
+    resumed = _launch(tmp_path, then, "resume", kind)
+    if then == world:
+        for r in range(world):
+            assert first[r]["part"] + resumed[r]["rest"] == first[r]["full"]
     assert _ids([r["part"] for r in first] + [r["rest"] for r in resumed]) == list(range(n))
     assert len({len(r["rest"]) for r in resumed}) == 1
