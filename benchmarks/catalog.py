@@ -46,6 +46,7 @@ SECTIONS = (
     "packing_e2e",
     "hf_rebalance",
     "fsdp_micro",
+    "streaming",
 )
 BENCHMARKS = ("balance", "planning", "movement", "quality", *SECTIONS)
 # The benchmarks that read the real lengths files (``run(quick, data_dir=...)``).
