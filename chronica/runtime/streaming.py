@@ -187,6 +187,8 @@ class StreamingEngine:
         self._offsets = shard_offsets(source)
         self._position = self._start(state)
         self._served = self._position.consumed
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
 
     def __repr__(self) -> str:
         return (
@@ -207,9 +209,10 @@ class StreamingEngine:
     def micro_batches(self) -> Iterator[StreamMicroBatch]:
         """This rank's micro-batches from the saved position to the end of the pass (or
         forever with ``infinite``); every rank yields the same count."""
+        self.close()
         windows: queue.Queue[Any] = queue.Queue(maxsize=1)
-        stop = threading.Event()
-        thread = threading.Thread(
+        stop = self._stop = threading.Event()
+        thread = self._thread = threading.Thread(
             target=self._produce,
             args=(replace(self._position, consumed=self._served), windows, stop),
             daemon=True,
@@ -228,6 +231,16 @@ class StreamingEngine:
                 yield from self._serve(window)
         finally:
             stop.set()
+
+    def close(self) -> None:
+        """Stop the planning thread and wait for it (it finishes the window it is building,
+        whose collectives the other ranks' threads run too): call it on every rank at the
+        same point of the stream, before the process group is destroyed, when a pass is
+        left unfinished. A later ``micro_batches()`` starts again from ``state_dict()``."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
 
     def _serve(self, window: _Window) -> Iterator[StreamMicroBatch]:
         served, state = 0, window.state

@@ -70,10 +70,12 @@ def main(out_dir: str, mode: str, kind: str, cut: str) -> None:
         result["full"] = consume(
             StatefulDataLoader(StreamingDataset(source, PACKING, **OPTIONS), batch_size=None)
         )
-        loader = StatefulDataLoader(StreamingDataset(source, PACKING, **OPTIONS), batch_size=None)
+        dataset = StreamingDataset(source, PACKING, **OPTIONS)
+        loader = StatefulDataLoader(dataset, batch_size=None)
         result["part"] = consume(loader, int(cut))
         if rank == 0:
             torch.save(loader.state_dict(), folder / "state.pt")
+        dataset.close()  # the pass is left unfinished: stop planning before the group goes
     else:
         dataset = StreamingDataset(source, PACKING, **OPTIONS)
         loader = StatefulDataLoader(dataset, batch_size=None)

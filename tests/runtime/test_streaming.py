@@ -116,3 +116,18 @@ def test_a_lane_that_runs_dry_early_does_not_stall_the_others(window_steps):
     )
     assert sorted(_ids(out)) == list(range(95))
     assert len({len(rank) for rank in out}) == 1
+
+
+def test_close_stops_planning_and_a_new_iteration_continues_where_it_stopped():
+    source = make_source(shards=4, mean=20)
+    full = [
+        _signature(b)
+        for b in StreamingEngine(source, PACKING, LocalGroup(1).rank(0), **OPTIONS).micro_batches()
+    ]
+    engine = StreamingEngine(source, PACKING, LocalGroup(1).rank(0), **OPTIONS)
+    batches = engine.micro_batches()
+    head = [_signature(next(batches)) for _ in range(3)]
+    state = engine.state_dict()
+    engine.close()
+    assert engine.state_dict() == state
+    assert head + [_signature(b) for b in engine.micro_batches()] == full

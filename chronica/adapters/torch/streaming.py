@@ -160,6 +160,11 @@ class StreamingDataset(IterableDataset):
         out["epoch"] = batch.epoch
         return out
 
+    def close(self) -> None:
+        """Stop the planning thread (``StreamingEngine.close``): on every rank at the same
+        point, before ``destroy_process_group``, when a pass is left unfinished."""
+        self.engine.close()
+
     def state_dict(self) -> dict[str, Any]:
         """The stream's global state at the last micro-batch yielded (the same on every
         rank), as plain lists and integers."""
@@ -173,4 +178,5 @@ class StreamingDataset(IterableDataset):
             state: what ``state_dict()`` returned.
         """
         source, packing, collectives = self._make
+        self.engine.close()
         self.engine = StreamingEngine(source, packing, collectives, state=state, **self._options)
