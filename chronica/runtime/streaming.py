@@ -463,7 +463,8 @@ class _Lane:
         lengths: list[int] = []
         records: list[Any] = []
         lane = self.state
-        while (len(ids) < count or (tokens and sum(lengths) < tokens)) and lane.remaining:
+        left, taken = lane.remaining, 0
+        while (len(ids) < count or (tokens and taken < tokens)) and left:
             if lane.segments:
                 shard, row = lane.segments[0][0], lane.segments[0][1]
                 if self._at != (shard, row) or self._reader is None:
@@ -475,7 +476,9 @@ class _Lane:
                     continue
             else:
                 out = lane.drain()
+            left -= 1
             ids.append(out[0])
             lengths.append(out[1])
             records.append(out[2])
+            taken += out[1]
         return ids, lengths, records

@@ -5,9 +5,10 @@ Epoch ``e`` permutes the shards with the run's seed (``chronica.core.rng``); lan
 ``W`` reads shards ``perm[r::W]`` in that order, each from its first row, through a bounded
 shuffle buffer of ``capacity`` samples: once full, every sample read takes the place of one
 drawn at random from the buffer, which leaves; at the end of the lane the buffer drains in
-random order. Draws are counter-based (``uniform_at(key, draws)``), so a lane's whole
-state is a few integers and the buffered ids: ``LaneState`` is what the stream's state
-keeps of every rank.
+random order. Draws are counter-based (draw ``i`` is element ``i % 1024`` of the uniforms
+of block ``i // 1024``'s key, derived from the lane's), so a lane's whole state is a few
+integers and the buffered ids: ``LaneState`` is what the stream's state keeps of every
+rank.
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ from typing import Any
 import numpy as np
 
 from chronica.core.checks import check_int
-from chronica.core.rng import derive_key, permutation, uniform_at
+from chronica.core.rng import derive_key, permutation, uniforms
 
 __all__ = ["LANE_STREAM", "LaneState", "deal_lanes"]
 
 # The random stream of shard dealing and shuffle buffers (``derive_key``'s ``stream``),
 # apart from ``chronica.core.rng.Stream``'s.
 LANE_STREAM = 101
+# Draws computed at once (one key per block).
+_BLOCK = 1024
 
 
 @dataclass(repr=False)
@@ -48,7 +51,7 @@ class LaneState:
 
         >>> lane = LaneState(key=1, capacity=2, segments=[[0, 0, 3]])
         >>> [lane.offer(i, 1, None) for i in range(3)][-1][0], lane.remaining
-        (1, 2)
+        (0, 2)
     """
 
     key: int
@@ -58,6 +61,7 @@ class LaneState:
     buffer_lengths: list[int] = field(default_factory=list)
     draws: int = 0
     payloads: list[Any] = field(default_factory=list, compare=False)
+    _block: tuple[int, list[float]] = field(default=(-1, []), init=False, compare=False)
 
     @property
     def remaining(self) -> int:
@@ -108,7 +112,11 @@ class LaneState:
         self.payloads.append(payload)
 
     def _draw(self, bound: int) -> int:
-        u = uniform_at(np.uint64(self.key), self.draws)
+        block, i = divmod(self.draws, _BLOCK)
+        if self._block[0] != block:
+            key = derive_key(self.key, 0, LANE_STREAM, block)
+            self._block = (block, uniforms(_BLOCK, key).tolist())
+        u = self._block[1][i]
         self.draws += 1
         return min(int(u * bound), bound - 1)
 
