@@ -69,6 +69,8 @@ class LocalGroup:
 
         Args:
             rank: in ``0 .. world_size - 1``.
+
+        Example: ``LocalGroup(2).rank(1).world_size`` is 2.
         """
         return _LocalRank(self, check_int("rank", rank, 0, self.world_size - 1))
 
@@ -106,6 +108,8 @@ def shard_offsets(source: Any) -> np.ndarray:
 
     Args:
         source: a ``ShardedSource``.
+
+    Example: three shards of 2, 0 and 3 records give ``[0, 2, 2, 5]``.
     """
     sizes = [int(source.shard_size(s)) for s in range(int(source.num_shards))]
     return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
@@ -119,6 +123,9 @@ def fetch_records(source: Any, offsets: np.ndarray, ids: Sequence[int]) -> dict[
         source: a ``ShardedSource``.
         offsets: its ``shard_offsets``.
         ids: the samples wanted.
+
+    Example: ``fetch_records(source, shard_offsets(source), [4, 0])[4]`` is the record of
+    global id 4.
     """
     wanted = np.unique(np.asarray(list(ids), dtype=np.int64))
     shard = np.searchsorted(offsets, wanted, side="right") - 1
