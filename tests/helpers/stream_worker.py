@@ -56,7 +56,7 @@ def consume(loader, limit=None) -> list:
 
 
 def main(out_dir: str, mode: str, kind: str, cut: str) -> None:
-    dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=300))
     world, rank = dist.get_world_size(), dist.get_rank()
     folder = Path(out_dir)
     key = "input_ids"
