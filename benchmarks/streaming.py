@@ -33,6 +33,7 @@ Run alone: ``python -m benchmarks --only streaming [--quick]``.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import tempfile
 import threading
@@ -164,15 +165,12 @@ def _figures(cells: list[np.ndarray]) -> dict:
     }
 
 
-def _planned_cells(plan_steps: list[Any], costs: CostModel, packing: Packing) -> list[np.ndarray]:
-    return [s.micro_costs for s in plan_steps]
-
-
-def _windows(result: dict, case: Case) -> tuple[list[Any], list[np.ndarray], list[list[int]]]:
+def _windows(result: dict, case: Case) -> tuple[list[Any], list[int], list[list[int]]]:
     """The streamed run's steps (replanned from the recorded pools, as every rank does),
     the stream's order, and every rank's own read order."""
     packing = result["packing"]
-    steps, order = [], []
+    steps: list[Any] = []
+    order: list[int] = []
     own: list[list[int]] = [[] for _ in range(case.world)]
     carried = 0
     for pool in result["pools"]:
@@ -299,7 +297,7 @@ def _throughput(quick: bool) -> dict | None:
     without the readers (``chronica.runtime.sources``)."""
     if importlib.util.find_spec("chronica.runtime.sources") is None:
         return None
-    from chronica.runtime.sources import MDSSource, write_mds
+    sources = importlib.import_module("chronica.runtime.sources")  # the readers' package
 
     steps, repeats, batch = (10, 3, 318) if quick else (40, 5, 318)
     rng = np.random.default_rng(DATA_SEED)
@@ -308,8 +306,8 @@ def _throughput(quick: bool) -> dict | None:
     alone, chronica = [], []
     with tempfile.TemporaryDirectory() as folder:
         records = [[{"input_ids": np.zeros(n, np.int32)} for n in s.tolist()] for s in shards]
-        write_mds(folder, records, {"input_ids": "ndarray:int32"})
-        source = MDSSource(folder, length="input_ids")
+        sources.write_mds(folder, records, {"input_ids": "ndarray:int32"})
+        source = sources.MDSSource(folder, length="input_ids")
         for repeat in range(repeats + 1):  # the first (compiling, warming caches) not counted
             start = time.perf_counter()
             count = sum(
