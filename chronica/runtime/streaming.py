@@ -118,6 +118,16 @@ class _Window:
 
 
 @dataclass
+class _Run:
+    """One ``micro_batches()`` run: the planned windows' queue, the stop signal, and the
+    windows the consumer took."""
+
+    out: queue.Queue[Any]
+    stop: threading.Event
+    taken: int = 0
+
+
+@dataclass
 class _Carry:
     ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -188,7 +198,7 @@ class StreamingEngine:
         self._position = self._start(state)
         self._served = self._position.consumed
         self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._run = _Run(queue.Queue(maxsize=1), threading.Event())
 
     def __repr__(self) -> str:
         return (
@@ -210,35 +220,35 @@ class StreamingEngine:
         """This rank's micro-batches from the saved position to the end of the pass (or
         forever with ``infinite``); every rank yields the same count."""
         self.close()
-        windows: queue.Queue[Any] = queue.Queue(maxsize=1)
-        stop = self._stop = threading.Event()
-        thread = self._thread = threading.Thread(
+        run = self._run = _Run(queue.Queue(maxsize=1), threading.Event())
+        self._thread = threading.Thread(
             target=self._produce,
-            args=(replace(self._position, consumed=self._served), windows, stop),
+            args=(replace(self._position, consumed=self._served), run),
             daemon=True,
         )
-        thread.start()
+        self._thread.start()
         try:
             while True:
                 start = time.perf_counter()
-                window = windows.get()
+                window = run.out.get()
                 self.stats.waiting += time.perf_counter() - start
                 if window is _END:
                     break
                 if isinstance(window, BaseException):
                     raise window
+                run.taken += 1
                 self._position, self._served = window.state, window.start
                 yield from self._serve(window)
         finally:
-            stop.set()
+            run.stop.set()
 
     def close(self) -> None:
-        """Stop the planning thread and wait for it (it finishes the window it is building,
-        whose collectives the other ranks' threads run too): call it on every rank at the
+        """Stop the planning thread and wait for it (it builds on to the window every rank's
+        thread reaches, whose collectives the others run too): call it on every rank at the
         same point of the stream, before the process group is destroyed, when a pass is
         left unfinished. A later ``micro_batches()`` starts again from ``state_dict()``."""
         if self._thread is not None:
-            self._stop.set()
+            self._run.stop.set()
             self._thread.join()
             self._thread = None
 
@@ -287,15 +297,26 @@ class StreamingEngine:
         self.stats.planning += time.perf_counter() - start
         return plan
 
-    def _produce(self, position: StreamState, out: queue.Queue[Any], stop: threading.Event) -> None:
+    def _produce(self, position: StreamState, run: _Run) -> None:
+        built = 0
+
         def put(item: Any) -> bool:
-            while not stop.is_set():
+            while not run.stop.is_set():
                 try:
-                    out.put(item, timeout=0.1)
+                    run.out.put(item, timeout=0.1)
                     return True
                 except queue.Full:
                     continue
             return False
+
+        def deliver(window: _Window) -> bool:
+            """Hand ``window`` over; whether to build the next. Once stopped, the thread
+            builds on (discarding) until it has built two windows more than the consumer
+            took: the most any rank's thread builds ahead, so every rank's thread ends after
+            the same windows and no collective is left without its peers."""
+            nonlocal built
+            built += 1
+            return put(window) or built < run.taken + 2
 
         try:
             state, consumed = position, position.consumed
@@ -308,7 +329,7 @@ class StreamingEngine:
                 mine = [i for s in plan.steps for i in s.ids[s.rank == self.rank].tolist()]
                 window = _Window(state, plan, fetch_records(self.source, self._offsets, mine))
                 window.start = consumed
-                if not put(window):
+                if not deliver(window):
                     return
             while True:
                 if state.exhausted and carry.ids.shape[0] == 0:
@@ -317,7 +338,7 @@ class StreamingEngine:
                         return
                     state, plan, lane = self._next_epoch(state, plan)
                 state, plan, records, carry = self._window(state, plan, lane, carry)
-                if not put(_Window(state, plan, records)):
+                if not deliver(_Window(state, plan, records)):
                     return
         except BaseException as error:  # handed to the consumer, raised there
             put(error)
