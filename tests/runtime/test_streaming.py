@@ -2,9 +2,12 @@
 pass, equal micro-batch counts, caps, bitwise mid-window resume, resume at another world,
 passes without end, both delivery paths."""
 
+import threading
+
 import numpy as np
 import pytest
 from stream_source import ListSource, make_source, run_ranks
+from workers import scaled
 
 from chronica.core.packing import Packing
 from chronica.runtime.streaming import StreamingEngine
@@ -131,3 +134,48 @@ def test_close_stops_planning_and_a_new_iteration_continues_where_it_stopped():
     engine.close()
     assert engine.state_dict() == state
     assert head + [_signature(b) for b in engine.micro_batches()] == full
+
+
+class _LaggingRank:
+    """A rank's collectives whose thread lags after its second all-gather until ``gate``
+    opens: the other rank's thread runs a window ahead meanwhile."""
+
+    def __init__(self, inner, gate):
+        self.inner, self.gate, self.calls = inner, gate, 0
+        self.rank, self.world_size = inner.rank, inner.world_size
+
+    def allgather(self, payload):
+        out = self.inner.allgather(payload)
+        self.calls += 1
+        if self.calls == 2:
+            self.gate.wait()
+        return out
+
+    def alltoall(self, payloads):
+        return self.inner.alltoall(payloads)
+
+
+def test_closing_when_one_ranks_planning_lags_leaves_no_collective_waiting():
+    source = make_source()
+    group, gate, stopped = LocalGroup(2), threading.Event(), threading.Barrier(2)
+    ranks = [group.rank(0), _LaggingRank(group.rank(1), gate)]
+    engines = [StreamingEngine(source, PACKING, c, **OPTIONS) for c in ranks]
+    states = [None, None]
+
+    def run(r):
+        batches = engines[r].micro_batches()
+        next(batches)
+        engines[r]._run.stop.set()  # both stop at one micro-batch, rank 1's thread lagging
+        stopped.wait()
+        if r == 1:
+            gate.set()
+        engines[r].close()
+        states[r] = engines[r].state_dict()
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=scaled(60))
+    assert not any(t.is_alive() for t in threads), "a planning thread waits for its peer"
+    assert states[0] == states[1] and states[0]["consumed"] == 1
