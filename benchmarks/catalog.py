@@ -42,15 +42,18 @@ SECTIONS = (
     "scaling",
     "packing",
     "lockstep",
+    "outliers",
+    "context_parallel",
     "pipeline",
     "packing_e2e",
     "hf_rebalance",
     "fsdp_micro",
+    "sources",
     "streaming",
 )
 BENCHMARKS = ("balance", "planning", "movement", "quality", *SECTIONS)
 # The benchmarks that read the real lengths files (``run(quick, data_dir=...)``).
-DATA_DIR_BENCHMARKS = ("balance", "packing", "lockstep")
+DATA_DIR_BENCHMARKS = ("balance", "packing", "lockstep", "outliers", "context_parallel")
 # Runs every benchmark from the repository root (`chronica bench` runs the same).
 REPRODUCE = "python -m benchmarks"
 

@@ -391,6 +391,7 @@ def render_markdown(result: dict, img_dir: Path) -> str:
     """The section of docs/benchmarks.md (no plot)."""
     failures = sum(not c["ok"] for c in result["cases"])
     lines = [
+        "",
         "## Streaming: a bounded planning window",
         "",
         f"Mode `{result['mode']}` ({result['seconds']:.0f} s): "

@@ -24,6 +24,7 @@ from chronica.core import (
     StepPlan,
     plan_step,
 )
+from chronica.core.packing.outliers import OutlierDelay, OutlierQueue
 
 if TYPE_CHECKING:
     from chronica import jax, runtime, tf, torch
@@ -35,6 +36,8 @@ __all__ = [
     "CostModel",
     "DynamicOptions",
     "EpochPlan",
+    "OutlierDelay",
+    "OutlierQueue",
     "Packing",
     "Pipeline",
     "PlanStats",

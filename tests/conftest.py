@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import sys
+from collections import Counter
 from functools import cache
 from pathlib import Path
 
@@ -100,3 +101,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         starters = _process_starters(Path(str(item.fspath)))
         if item.originalname in starters or set(item.fixturenames) & starters:
             item.add_marker(pytest.mark.multiprocess)
+    # The files that start the most processes first: under ``-n`` (one file per worker at a
+    # time, pyproject.toml) the longest files then start early instead of ending the run alone.
+    started = Counter(str(item.fspath) for item in items if item.get_closest_marker("multiprocess"))
+    items.sort(key=lambda item: -started[str(item.fspath)])

@@ -174,6 +174,13 @@ class ScheduleConfig:
                 "sampler is not given: use loss='token' here, or chronica.plan_step(..., "
                 "loss_tokens=) where the trainer holds the batch"
             )
+        if self.packing.context_parallel > 1:
+            raise ValueError(
+                f"Packing(context_parallel={self.packing.context_parallel}) is planned by "
+                "chronica.plan_step over the devices of a ('dp', 'cp') mesh; the samplers "
+                "do not plan context-parallel steps yet: drop context_parallel here, or plan "
+                "each global batch with chronica.plan_step"
+            )
         if (self.batch_size is None) == (self.packing.tokens_per_step is None):
             raise ValueError(
                 "packing= needs exactly one step size: batch_size= (documents per step) or "

@@ -26,6 +26,11 @@ trained steps, the new world's ``num_padded``), the only samples left out the ne
 ``num_dropped``. The remainder is a pure function of (sizes, configuration, epoch,
 segments, new world and batch size): byte-identical on every rank and after any restart.
 
+A packed plan with outlier delay (``Packing(outliers=...)``) trains some documents in later
+steps than the epoch's order put them in; its order (step 1) follows the plan's steps, so the
+documents still waiting when the state was saved are part of the remainder, and the remainder
+is planned with outlier delay again, its own order its delays' origin.
+
 A resumed epoch can be saved and resumed again: its history is a chain of ``Segment``s,
 one per world the epoch ran at, each planning the remainder left by the one before.
 
@@ -288,7 +293,8 @@ def remaining_samples(scheduler: Scheduler, epoch: int, segments: Sequence[Segme
     trained = np.unique(plan.indices[: plan.bounds[first.step, 0]]).shape[0]
     stream = stream[trained:]
     for seg in segments[1:]:
-        # Later plans cut the remaining stream in order, so a prefix of it is trained.
+        # Later plans cut the remaining stream in order, so a prefix of it is trained (of
+        # their own order: a packed plan with outlier delay moves documents to later steps).
         if cfg.packing is not None:
             later = _at_world(scheduler, seg.num_replicas, seg.batch_size).plan_stream(
                 epoch, stream
@@ -297,7 +303,7 @@ def remaining_samples(scheduler: Scheduler, epoch: int, segments: Sequence[Segme
             if seg.step == later.num_steps:
                 return np.empty(0, dtype=np.int64)
             trained = np.unique(later.indices[: later.bounds[seg.step, 0]]).shape[0]
-            stream = stream[trained:]
+            stream = _plan_order(later, stream)[trained:]
             continue
         counts = step_counts(
             per_replica(stream.shape[0], seg.num_replicas, cfg.drop_last),
@@ -353,13 +359,15 @@ def _plan_order(plan: EpochPlan, order: np.ndarray) -> np.ndarray:
     """``plan``'s distinct samples step after step (within a step in ``order``'s order),
     then the samples of ``order`` the plan left out, in ``order``'s order."""
     n = order.shape[0]
-    position = np.empty(n, dtype=np.int64)
+    # ``order`` may be part of the data set (a remainder): index by sample number.
+    size = 1 + int(max(order.max(initial=-1), plan.indices.max(initial=-1)))
+    position = np.empty(size, dtype=np.int64)
     position[order] = np.arange(n)
     step_of = np.repeat(np.arange(plan.num_steps), plan.bounds[:, -1] - plan.bounds[:, 0])
     ordered = plan.indices[np.lexsort((position[plan.indices], step_of))]
     _, first = np.unique(ordered, return_index=True)
     ordered = ordered[np.sort(first)]
-    left_out = np.ones(n, dtype=bool)
+    left_out = np.ones(size, dtype=bool)
     left_out[ordered] = False
     return np.concatenate([ordered, order[left_out[order]]])
 

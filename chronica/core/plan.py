@@ -34,6 +34,8 @@ class MicroLayout:
             micro-batches).
         weights: ``float64`` loss weight of every micro-batch.
         capacity: tokens a micro-batch holds (rows × row length).
+        delays: ``int64`` steps every entry's document waited (``Packing(outliers=...)``:
+            how much later than the epoch's order put it), else ``None``.
 
     Example: ``Scheduler(sizes, ScheduleConfig(..., packing=Packing(...))).plan_epoch(0)
     .micro``; ``micro.index(s, r, m)`` numbers a micro-batch.
@@ -48,6 +50,7 @@ class MicroLayout:
     bounds: np.ndarray
     weights: np.ndarray
     capacity: int
+    delays: np.ndarray | None = None
 
     def index(self, step: int, rank: int, micro: int = 0) -> int:
         """The flat number ``j`` of micro-batch ``micro`` of ``rank`` at ``step``.
@@ -278,6 +281,9 @@ class PlanStats:
         padding_fraction: share of padding (see above).
         num_padded: samples repeated.
         num_dropped: samples left out.
+        delay_counts: with ``Packing(outliers=...)``, documents per delay: entry ``d`` counts
+            the documents trained ``d`` steps after the step the epoch's order put them in
+            (``delay_quantiles`` summarises it); else empty.
 
     Example: ``Scheduler(sizes, config).stats(epoch)``, or ``PlanStats.of(plan, sizes,
     costs)``.
@@ -292,6 +298,20 @@ class PlanStats:
     padding_fraction: float
     num_padded: int
     num_dropped: int
+    delay_counts: tuple[int, ...] = ()
+
+    @property
+    def delay_quantiles(self) -> dict[str, float]:
+        """The delay in steps of the median, 90th, 99th percentile and last document
+        (``p50``, ``p90``, ``p99``, ``max``) and the ``mean``; empty without delays."""
+        counts = np.asarray(self.delay_counts, dtype=np.int64)
+        if not counts.sum():
+            return {}
+        cumulative = np.cumsum(counts) / counts.sum()
+        out = {f"p{q}": float(np.searchsorted(cumulative, q / 100)) for q in (50, 90, 99)}
+        out["max"] = float(np.flatnonzero(counts)[-1])
+        out["mean"] = float(np.dot(np.arange(counts.shape[0]), counts) / counts.sum())
+        return out
 
     @classmethod
     def of(cls, plan: EpochPlan, sizes: np.ndarray, costs: np.ndarray) -> PlanStats:
@@ -323,7 +343,16 @@ class PlanStats:
             padding_fraction=_padding_fraction(plan, sizes),
             num_padded=plan.num_padded,
             num_dropped=plan.num_dropped,
+            delay_counts=_delay_counts(plan),
         )
+
+
+def _delay_counts(plan: EpochPlan) -> tuple[int, ...]:
+    """Documents per delay in steps (each document counted once, by its first piece)."""
+    if plan.micro is None or plan.micro.delays is None:
+        return ()
+    first_pieces = plan.micro.starts == 0
+    return tuple(int(c) for c in np.bincount(plan.micro.delays[first_pieces]))
 
 
 def _padding_fraction(plan: EpochPlan, sizes: np.ndarray) -> float:

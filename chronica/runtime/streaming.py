@@ -41,7 +41,8 @@ from chronica.core.streaming import (
     plan_window,
     reshard,
 )
-from chronica.runtime.streaming_exchange import Collectives, fetch_records, shard_offsets
+from chronica.runtime.sources.base import shard_offsets
+from chronica.runtime.streaming_exchange import Collectives, fetch_records
 
 __all__ = ["StreamMicroBatch", "StreamStats", "StreamingEngine"]
 

@@ -5,8 +5,9 @@ records fetched by id.
 ``bytes`` per rank and ``alltoall`` of one ``bytes`` per pair of ranks (the torch face
 implements it over ``torch.distributed``; ``LocalGroup`` over threads of one process, for
 single-process use, tests and benchmarks). ``fetch_records`` reads samples by global id,
-by ``read_rows`` where the source has random access, else by reading each shard from the
-first wanted row (what a resume does for records no rank holds any more).
+by ``read_rows`` where the source has random access (``chronica.runtime.sources.read_ids``),
+else by reading each shard from the first wanted row (what a resume does for records no
+rank holds any more).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from chronica.core.checks import check_int
+from chronica.runtime.sources.base import read_ids
 
-__all__ = ["Collectives", "LocalGroup", "fetch_records", "shard_offsets"]
+__all__ = ["Collectives", "LocalGroup", "fetch_records"]
 
 
 @runtime_checkable
@@ -102,19 +104,6 @@ class _LocalRank:
         return f"LocalGroup.rank({self.rank}) of {self.world_size}"
 
 
-def shard_offsets(source: Any) -> np.ndarray:
-    """``int64`` prefix sums of the source's shard sizes (``num_shards + 1`` of them): the
-    global id of row ``j`` of shard ``s`` is ``offsets[s] + j``.
-
-    Args:
-        source: a ``ShardedSource``.
-
-    Example: three shards of 2, 0 and 3 records give ``[0, 2, 2, 5]``.
-    """
-    sizes = [int(source.shard_size(s)) for s in range(int(source.num_shards))]
-    return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
-
-
 def fetch_records(source: Any, offsets: np.ndarray, ids: Sequence[int]) -> dict[int, Any]:
     """The records of samples ``ids`` (global ids), read by ``read_rows`` where the source
     has random access, else shard by shard with ``read`` from the first wanted row.
@@ -128,14 +117,13 @@ def fetch_records(source: Any, offsets: np.ndarray, ids: Sequence[int]) -> dict[
     global id 4.
     """
     wanted = np.unique(np.asarray(list(ids), dtype=np.int64))
+    if source.random_access:
+        keys = wanted.tolist()
+        return dict(zip(keys, read_ids(source, offsets, keys), strict=True))
     shard = np.searchsorted(offsets, wanted, side="right") - 1
     out: dict[int, Any] = {}
     for s in np.unique(shard).tolist():
         rows = (wanted[shard == s] - offsets[s]).tolist()
-        if source.random_access:
-            records = source.read_rows(s, rows)
-            out.update(zip((offsets[s] + np.asarray(rows)).tolist(), records, strict=True))
-            continue
         want, first, last = set(rows), rows[0], rows[-1]
         for row, record in enumerate(source.read(s, first), start=first):
             if row in want:

@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
         "chronica's real scheduler against torch's DistributedSampler and length-grouped "
         "batching, on W simulated ranks.",
         epilog="chronica simulate gradients --help: the gradient-communication model "
-        "(FIFO, priority and DDP buckets on a link).",
+        "(FIFO, priority and DDP buckets on a link). chronica simulate context-parallel "
+        "--help: step plans with outliers sharded over context-parallel groups.",
     )
     data = p.add_argument_group("data")
     data.add_argument(
@@ -292,12 +293,17 @@ def _plots(result: SimulationResult, args: argparse.Namespace) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``chronica simulate [options]``; print the table; return the exit code.
-    ``chronica simulate gradients ...`` runs the gradient-communication model instead."""
+    ``chronica simulate gradients ...`` runs the gradient-communication model instead,
+    ``chronica simulate context-parallel ...`` the context-parallel model."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["gradients"]:
         from chronica.sim.grad_cli import main as gradients_main
 
         return gradients_main(argv[1:])
+    if argv[:1] == ["context-parallel"]:
+        from chronica.sim.context_cli import main as context_main
+
+        return context_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     started = time.perf_counter()

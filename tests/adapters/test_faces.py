@@ -9,6 +9,7 @@ import inspect
 import numpy as np
 import pytest
 
+from chronica import OutlierDelay
 from chronica.core import ControllerOptions, Packing, ScheduleConfig
 
 # One value other than the default for every plan option, valid next to a static kind.
@@ -25,7 +26,7 @@ SAMPLES = {
     "min_batch": 1,
     "max_batch": 4,
     "controller": ControllerOptions(memory=0.5),
-    "packing": Packing(max_tokens=64),
+    "packing": Packing(max_tokens=64, outliers=OutlierDelay(max_delay=2)),
     # variable_batch needs kind="dynamic", whose coordinator the faces' dynamic tests start.
     "variable_batch": None,
 }

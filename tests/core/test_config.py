@@ -58,6 +58,15 @@ from chronica.core.modes import DYNAMIC, GUIDED, STATIC
             ValueError,
             r"loss_token.*plan_step",
         ),
+        (
+            dict(
+                num_replicas=4,
+                batch_size=8,
+                packing=Packing(8, context_parallel=2, pad_multiple=4),
+            ),
+            ValueError,
+            r"context_parallel=2.*chronica\.plan_step",
+        ),
     ],
 )
 def test_bad_configuration_is_named_with_the_right_error(kwargs, error, match):

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import chronica
-from chronica import CostModel, Packing, Pipeline, plan_step
+from chronica import CostModel, OutlierDelay, Packing, Pipeline, plan_step
 from chronica.core.pipeline import pipeline_makespan
 
 
@@ -213,6 +213,8 @@ def test_refusals_name_the_argument_and_the_fix():
         plan_step([1, 2], 1, packing, loss_tokens=[1, 1])
     with pytest.raises(TypeError, match="groups must be 2 integer group ids"):
         plan_step([1, 2], 1, packing, groups=["a", "b"])
+    with pytest.raises(ValueError, match=r"chronica\.OutlierQueue"):
+        plan_step([1, 2], 1, Packing(max_tokens=8, outliers=OutlierDelay()))
     with pytest.raises(ValueError, match=r"cost=.* more than 2\*\*128"):
         plan_step([60] * 4, 1, packing, cost=CostModel.quadratic(c=1e306))
 

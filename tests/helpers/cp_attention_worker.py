@@ -1,13 +1,15 @@
 """One rank of the context-parallel attention job of
 tests/adapters/torch/test_context_parallel_attention.py.
 
-argv: output path. Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Every rank builds the
-same micro-batch (documents of mixed lengths, some sharded over the group in head-tail
-chunks by ``chronica.core.packing.context_parallel``, the others whole on one rank), and
-the same queries, keys and values. Each rank takes its shard's tokens, all-gathers the
-group's keys and values (autograd-aware, so gradients flow back to their owners) and runs
-causal attention within documents; the outputs and the gradients of a fixed loss are
-gathered and written with single-process attention's over the whole micro-batch.
+argv: output path, then ``hand`` (a hand-built layout) or ``plan`` (every micro-batch
+``chronica.plan_step`` emits with ``Packing(context_parallel=WORLD_SIZE)``). Reads RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Every rank builds the same micro-batches (documents
+of mixed lengths, some sharded over the group in head-tail chunks, the others whole on one
+rank), and the same queries, keys and values. Each rank takes its shard's tokens,
+all-gathers the group's keys and values (autograd-aware, so gradients flow back to their
+owners) and runs causal attention within documents; the outputs and the gradients of a
+fixed loss are gathered and compared with single-process attention's over the whole
+micro-batch, the largest differences written.
 """
 
 import sys
@@ -17,6 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
 
+from chronica import Packing, plan_step
 from chronica.core.packing.context_parallel import context_layout, restore_order
 
 HEADS, DIM = 2, 8
@@ -31,18 +34,37 @@ def attention(q, k, v, q_doc, q_pos, k_doc, k_pos):
     return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
 
 
-def main() -> None:
-    dist.init_process_group("gloo")
-    rank, size = dist.get_rank(), dist.get_world_size()
-    lengths = np.array([8 * size, 5, 4 * size, 3, 12 * size, 1])
-    sharded = np.array([True, False, True, False, True, False])
-    owner = np.arange(lengths.shape[0]) % size
-    shards = context_layout(lengths, sharded=sharded, owner=owner, size=size)
+def layouts(source: str, size: int):
+    """The micro-batches to check, each ``(padded lengths, shards)``: a hand-built layout, or
+    every micro-batch ``chronica.plan_step`` emits for one CP group of ``size`` ranks."""
+    if source == "hand":
+        lengths = np.array([8 * size, 5, 4 * size, 3, 12 * size, 1])
+        sharded = np.array([True, False, True, False, True, False])
+        owner = np.arange(lengths.shape[0]) % size
+        return [(lengths, context_layout(lengths, sharded=sharded, owner=owner, size=size))]
+    rng = np.random.default_rng(size)
+    lengths = np.concatenate(([40 * size, 9 * size], rng.integers(1, 12, 4 * size)))
+    packing = Packing(max_tokens=24 * size, context_parallel=size, pad_multiple=2 * size)
+    plan = plan_step(lengths, size, packing, cost="quadratic")
+    assert plan.sharded[0], "the long document is sharded"
+    out = []
+    for k in range(plan.num_micro):
+        shards = plan.context_shards(0, k)
+        for c, shard in enumerate(shards):
+            assert shard.position_ids.tolist() == plan.position_ids(c, k).tolist()
+            assert shard.cu_seqlens.tolist() == plan.cu_seqlens(c, k).tolist()
+        out.append((plan.padded[plan.context_documents(0, k)], shards))
+    return out
+
+
+def compare(rank: int, lengths: np.ndarray, shards) -> dict:
+    """Largest differences between context-parallel and single-process attention over one
+    micro-batch: outputs and the gradients of q, k and v."""
     total = int(lengths.sum())
     doc = np.repeat(np.arange(lengths.shape[0]), lengths)
     pos = np.concatenate([np.arange(n) for n in lengths])
 
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(total)
     q, k, v = (torch.randn(total, HEADS, DIM, generator=generator, dtype=torch.float64)
                for _ in range(3))  # fmt: skip
     weight = torch.randn(total, HEADS, DIM, generator=generator, dtype=torch.float64)
@@ -84,6 +106,17 @@ def main() -> None:
     ):
         together = gathered(local_value)[restore]
         results[name] = float((together - full_value).abs().max())
+    return results
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    results = {"out": 0.0, "dq": 0.0, "dk": 0.0, "dv": 0.0, "micro_batches": 0}
+    for lengths, shards in layouts(sys.argv[2] if len(sys.argv) > 2 else "hand", size):
+        for name, error in compare(rank, lengths, shards).items():
+            results[name] = max(results[name], error)
+        results["micro_batches"] += 1
     if rank == 0:
         with open(sys.argv[1], "w") as file:
             file.write(repr(results))

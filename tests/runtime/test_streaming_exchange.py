@@ -6,12 +6,8 @@ import threading
 import pytest
 from stream_source import ListSource
 
-from chronica.runtime.streaming_exchange import (
-    Collectives,
-    LocalGroup,
-    fetch_records,
-    shard_offsets,
-)
+from chronica.runtime.sources import shard_offsets
+from chronica.runtime.streaming_exchange import Collectives, LocalGroup, fetch_records
 
 
 def test_local_group_gathers_and_exchanges_in_rank_order():

@@ -15,8 +15,12 @@ package's rooms, each one job:
               and assembled into the arrays of a packed ``EpochPlan``;
 ``planner``   ``plan_step``/``StepPlan``: one in-memory global batch planned in one call
               (groups kept whole, loss weights, ``cu_seqlens``), for trainers;
+``outliers``  ``OutlierDelay``/``OutlierQueue``: documents heavier than a share of their
+              step's fair share moved to later steps of the epoch (bounded delay and queue);
 ``context_parallel``  ``context_layout``: one micro-batch over a context-parallel group,
-              sharded documents in head-tail chunks (equal causal work per rank).
+              sharded documents in head-tail chunks (equal causal work per rank);
+``context_step``, ``context_kernels``  ``plan_step`` under ``Packing(context_parallel=g)``:
+              which documents to shard over a group, and the whole ones packed around them.
 
 Loss normalisation: ``micro_weights`` gives each micro-batch the factor that turns its mean
 loss (per token or per document) into its share of the global batch's mean, so that summing

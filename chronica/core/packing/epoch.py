@@ -13,6 +13,7 @@ from numba import njit
 
 from chronica.core.packing.documents import Pieces
 from chronica.core.packing.options import Packing
+from chronica.core.packing.outliers import OutlierDelay, delay_outliers
 from chronica.core.packing.step import in_pipeline_order, pack_step
 from chronica.core.packing.weights import micro_weights
 
@@ -108,6 +109,9 @@ def pack_epoch(
     different step counts (a token budget over node partitions) cut theirs into the largest
     count of steps of near-equal tokens. ``drop_last`` drops a last step smaller than a full
     one (in tokens: smaller than half the budget). A document's pieces stay in one step.
+    With ``packing.outliers`` each owner's outliers wait for a later step
+    (``chronica.core.packing.outliers``); ``layout["delays"]`` then holds every entry's
+    document's delay in steps.
     ``progress(done, total)`` is called after every step.
 
     Args:
@@ -146,14 +150,49 @@ def pack_epoch(
     if drop_last and steps and _partial(streams, cuts, doc_tokens, batch_size, packing):
         steps -= 1
         dropped = sum(int(s.shape[0] - c[steps]) for s, c in zip(streams, cuts, strict=True))
-    step_pieces = [
-        [table.of(stream[cut[s] : cut[s + 1]]) for stream, cut in zip(streams, cuts, strict=True)]
+    step_docs = [
+        [stream[cut[s] : cut[s + 1]] for stream, cut in zip(streams, cuts, strict=True)]
         for s in range(steps)
     ]
+    delays = None
+    if packing.outliers is not None:
+        step_docs, delays = _delayed(step_docs, owner_ranks, table, piece_costs, packing.outliers)
+    step_pieces = [[table.of(docs) for docs in owned] for owned in step_docs]
     packed = pack_steps(
         step_pieces, owner_ranks, num_replicas, table, piece_costs, packing, progress=progress
     )
+    if delays is not None:
+        # Every entry's document's delay, aligned with the plan (MicroLayout.delays).
+        layout = {**packed.layout, "delays": delays[packed.indices]}
+        packed = dataclasses.replace(packed, layout=layout)
     return dataclasses.replace(packed, num_dropped=dropped)
+
+
+def _delayed(
+    step_docs: list[list[np.ndarray]],
+    owner_ranks: Sequence[np.ndarray],
+    table: Pieces,
+    piece_costs: np.ndarray,
+    delay: OutlierDelay,
+) -> tuple[list[list[np.ndarray]], np.ndarray]:
+    """Every owner's steps with its outliers delayed (``delay_outliers``) and every
+    document's delay in steps (0 for documents not planned)."""
+    num_docs = table.first.shape[0] - 1
+    costs = np.zeros(num_docs)
+    weights = np.zeros(num_docs)
+    if table.doc.shape[0]:
+        costs = np.add.reduceat(piece_costs, table.first[:-1])
+        weights = np.maximum.reduceat(piece_costs, table.first[:-1])
+    delays = np.zeros(num_docs, np.int64)
+    out: list[list[np.ndarray]] = [[] for _ in step_docs]
+    for o, ranks in enumerate(owner_ranks):
+        steps, waited = delay_outliers(
+            [owned[o] for owned in step_docs], costs, weights, ranks.shape[0], delay
+        )
+        for s, docs in enumerate(steps):
+            out[s].append(docs)
+            delays[docs] = waited[s]
+    return out, delays
 
 
 def pack_steps(

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from chronica.core.checks import check_int
+from chronica.core.packing.outliers import OutlierDelay
 from chronica.core.pipeline import Pipeline
 
 __all__ = ["BALANCES", "LONG_DOCUMENTS", "LOSS_NORMALISATIONS", "Packing"]
@@ -67,6 +68,19 @@ class Packing:
             multiple of ``stages`` when interleaved) and they are ordered to shorten its
             simulated step (``chronica.core.pipeline.order_micro_batches``); ``None``: no
             pipeline.
+        outliers: a ``chronica.OutlierDelay``: documents heavier than a rank's fair share of
+            their step wait (at most ``max_delay`` steps, at most ``max_queue`` at once) for
+            a later step of the same epoch where they fit (``chronica.core.packing.outliers``);
+            ``None``: every document trains in the step the epoch's order puts it in.
+        context_parallel: the context-parallel size ``g`` (``>= 1``; default 1, none). The
+            plan's ``world_size`` then counts devices, ``W = DP · g``, laid out as torch's
+            device mesh ``("dp", "cp")``: device ``r`` is CP rank ``r % g`` of DP group
+            ``r // g``. Per step ``chronica.plan_step`` shards the documents costlier than
+            half a device's fair share over their group (head-tail chunks, ``1/g`` of the
+            document's tokens and cost on each CP rank; documents up to ``g`` rows long) and
+            packs the others whole; needs ``pad_multiple`` a multiple of ``2 · g``,
+            ``balance="rank"``, no pipeline, ``loss="token"``; the samplers refuse it so far.
+            See ``docs/step-planner.md``, "Context parallelism".
 
     Example::
 
@@ -88,6 +102,8 @@ class Packing:
     pad_multiple: int = 1
     max_documents_per_row: int | None = None
     pipeline: Pipeline | None = None
+    outliers: OutlierDelay | None = None
+    context_parallel: int = 1
 
     def __post_init__(self) -> None:
         hint = " (tokens in one micro-batch: the memory cap)"
@@ -138,6 +154,23 @@ class Packing:
                 f"pipeline={self.pipeline!r} must be a chronica.Pipeline (or None), e.g. "
                 "Pipeline(stages=4)"
             )
+        if self.outliers is not None and not isinstance(self.outliers, OutlierDelay):
+            raise TypeError(
+                f"outliers={self.outliers!r} must be a chronica.OutlierDelay (or None), e.g. "
+                "OutlierDelay(max_delay=4)"
+            )
+
+        self._check_context_parallel()
+
+    def _check_context_parallel(self) -> None:
+        g = check_int("context_parallel", self.context_parallel, 1)
+        object.__setattr__(self, "context_parallel", g)
+        if g > 1 and self.pad_multiple % (2 * g):
+            raise ValueError(
+                f"context_parallel={g} cuts a sharded document into {2 * g} equal chunks: "
+                f"pad_multiple={self.pad_multiple} must be a multiple of {2 * g}, e.g. "
+                f"Packing(context_parallel={g}, pad_multiple={2 * g})"
+            )
 
     def __repr__(self) -> str:
         """The fields that differ from their defaults (``row_length`` when it is not
@@ -155,6 +188,8 @@ class Packing:
             ("pad_multiple", 1),
             ("max_documents_per_row", None),
             ("pipeline", None),
+            ("outliers", None),
+            ("context_parallel", 1),
         )
         shown += [f"{k}={getattr(self, k)!r}" for k, v in defaults if getattr(self, k) != v]
         return f"Packing({', '.join(shown)})"
@@ -185,6 +220,10 @@ class Packing:
             self.pad_multiple,
             self.max_documents_per_row,
             None if self.pipeline is None else list(self.pipeline.to_tuple()),
+            # Only when set, so that the digests of configurations without it stay as they were.
+            *(() if self.outliers is None else (list(self.outliers.to_tuple()),)),
+            # Appended only when set, so that the digests of existing configurations stay.
+            *(() if self.context_parallel == 1 else (("context_parallel", self.context_parallel),)),
         )
 
     @property

@@ -14,6 +14,12 @@ micro-batch holds more than ``max_tokens`` padded tokens, no row more than ``row
 and one micro-batch; every document appears exactly once; the loss weights make the
 accumulated, rank-averaged update the global mean over the chosen units. A step with fewer
 units than ranks is refused with a ``ValueError`` (no rank runs a dummy forward pass).
+
+Under ``Packing(context_parallel=g)`` the ranks are the devices of a data-parallel ×
+context-parallel mesh and some documents are sharded over a CP group
+(``chronica.core.packing.context_step``): every token of every document is then held by
+exactly one device, the caps hold per device, and ``context_shards`` gives each CP rank's
+layout (``chronica.core.packing.context_parallel``).
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ import numpy as np
 
 from chronica.core.checks import check_int
 from chronica.core.cost import as_cost_model
+from chronica.core.packing.context_parallel import ContextShard, context_layout
+from chronica.core.packing.context_step import pack_context_step
 from chronica.core.packing.options import Packing
-from chronica.core.packing.step import PackedStep, in_pipeline_order, pack_step
+from chronica.core.packing.step import fill_empty, in_pipeline_order, pack_step
 from chronica.core.pipeline import equal_cost_bound, pipeline_makespan
 
 __all__ = ["StepPlan", "plan_step"]
@@ -53,7 +61,9 @@ def _integers(name: str, values: Any, n: int | None, hint: str) -> np.ndarray:
 class StepPlan:
     """One global batch planned for ``world_size`` ranks (built by ``plan_step``).
 
-    Document ``i`` (an index into the batch) runs on rank ``rank[i]``, in micro-batch
+    Under ``Packing(context_parallel=g)`` a rank is a device of the ``("dp", "cp")`` mesh
+    (module ``chronica.core.packing.context_step``). Document ``i`` (an index into the
+    batch) runs on rank ``rank[i]``, in micro-batch
     ``micro[i]`` of that rank (execution order: every rank runs micro-batch ``k`` as its
     ``k``-th), in row ``row[i]`` of it. Every rank runs ``num_micro`` micro-batches.
 
@@ -72,6 +82,9 @@ class StepPlan:
         bound: a lower bound of ``rank_time`` and ``lockstep_time``: the larger of the
             mean time (the total cost over the summed speeds) and the costliest unit on the
             fastest rank.
+        sharded: under ``Packing(context_parallel=g)``, ``bool`` per document: whether it
+            is sharded over its CP group (``rank`` is then CP rank 0 of the group, and every
+            CP rank of it holds ``1/g`` of it, ``context_shards``); ``None`` otherwise.
 
     Example::
 
@@ -91,15 +104,26 @@ class StepPlan:
     speeds: np.ndarray
     packing: Packing
     bound: float
+    sharded: np.ndarray | None = None
     _layout: list[list[np.ndarray]] = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         world = self.speeds.shape[0]
-        order = np.lexsort((np.arange(self.rank.shape[0]), self.row, self.micro, self.rank))
+        doc, rank = np.arange(self.rank.shape[0]), self.rank
+        if self.sharded is not None and self.sharded.any():
+            # A sharded document is held by every CP rank of its group.
+            split = np.flatnonzero(self.sharded)
+            g = self.context_parallel
+            doc = np.concatenate((doc, np.repeat(split, g - 1)))
+            rank = np.concatenate(
+                (rank, np.repeat(rank[split], g - 1) + np.tile(np.arange(1, g), split.size))
+            )
+        micro, row = self.micro[doc], self.row[doc]
+        order = np.lexsort((doc, row, micro, rank))
         cut = np.searchsorted(
-            (self.rank * self.num_micro + self.micro)[order], np.arange(1, world * self.num_micro)
+            (rank * self.num_micro + micro)[order], np.arange(1, world * self.num_micro)
         )
-        cells = np.split(order, cut)
+        cells = np.split(doc[order], cut)
         layout = [cells[r * self.num_micro : (r + 1) * self.num_micro] for r in range(world)]
         object.__setattr__(self, "_layout", layout)
 
@@ -180,7 +204,9 @@ class StepPlan:
     def cu_seqlens(self, rank: int, micro: int) -> np.ndarray:
         """``int32`` offsets of micro-batch ``micro`` of ``rank``'s documents laid end to end
         (padded lengths, row after row), ``[0, l0, l0 + l1, ...]``: flash-attention's
-        variable-length ``cu_seqlens``.
+        variable-length ``cu_seqlens``. Under ``Packing(context_parallel=g)`` the device's
+        local query segments (``context_shards``: a whole document, or one head-tail chunk of
+        a sharded one).
 
         Args:
             rank: a rank in ``0 .. world_size - 1``.
@@ -192,12 +218,15 @@ class StepPlan:
             >>> plan.cu_seqlens(0, 0).tolist()
             [0, 4, 6]
         """
+        if self.context_parallel > 1:
+            return self._local(rank, micro).cu_seqlens
         docs = self._cell(rank, micro)
         return np.concatenate(([0], np.cumsum(self.padded[docs]))).astype(np.int32)
 
     def position_ids(self, rank: int, micro: int) -> np.ndarray:
         """``int64`` positions of every token of micro-batch ``micro`` of ``rank`` (documents
-        end to end as in ``cu_seqlens``), restarting at 0 at every document.
+        end to end as in ``cu_seqlens``), restarting at 0 at every document; under context
+        parallelism, the positions of the device's local tokens within their documents.
 
         Args:
             rank: a rank in ``0 .. world_size - 1``.
@@ -208,6 +237,8 @@ class StepPlan:
             >>> plan_step([3, 2], 1, Packing(max_tokens=8)).position_ids(0, 0).tolist()
             [0, 1, 2, 0, 1]
         """
+        if self.context_parallel > 1:
+            return self._local(rank, micro).position_ids
         lengths = self.padded[self._cell(rank, micro)]
         starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
         return np.arange(int(lengths.sum()), dtype=np.int64) - starts
@@ -231,12 +262,97 @@ class StepPlan:
         total = float(self.units.sum())
         if total == 0:
             return np.zeros(self.num_micro)
+        if self.context_parallel > 1:
+            # A device's mean runs over its local tokens (within their documents' lengths).
+            units = [self._local_units(rank, k) for k in range(self.num_micro)]
+            return np.array(units) * self.world_size / total
         return np.array(
             [
                 self.units[docs].sum() * self.world_size / total
                 for docs in self._layout[self._rank(rank)]
             ]
         )
+
+    @property
+    def context_parallel(self) -> int:
+        """The context-parallel size ``g`` (``Packing.context_parallel``): device ``r`` is CP
+        rank ``r % g`` of data-parallel group ``r // g``."""
+        return self.packing.context_parallel
+
+    def context_documents(self, group: int, micro: int) -> np.ndarray:
+        """The ``int64`` batch indices of the documents that data-parallel ``group`` runs in
+        micro-batch ``micro`` (on any of its CP ranks), row after row (batch order within a
+        row): the micro-batch that ``context_shards`` lays out, whose index
+        ``ContextShard.documents`` counts in.
+
+        Args:
+            group: a data-parallel group in ``0 .. world_size / context_parallel - 1``.
+            micro: a micro-batch in ``0 .. num_micro - 1``.
+
+        Example::
+
+            >>> packing = Packing(max_tokens=16, context_parallel=2, pad_multiple=4)
+            >>> plan = plan_step([16, 4, 4, 3], 2, packing, cost="quadratic")
+            >>> plan.sharded.tolist(), plan.context_documents(0, 0).tolist()
+            ([True, False, False, False], [0, 1, 2, 3])
+        """
+        g = self.context_parallel
+        q = check_int("group", group, 0, self.world_size // g - 1, hint=" (< world_size / g)")
+        docs = np.unique(np.concatenate([self._cell(q * g + c, micro) for c in range(g)]))
+        return docs[np.lexsort((docs, self.row[docs]))]
+
+    def context_shards(self, group: int, micro: int) -> list[ContextShard]:
+        """Per CP rank of data-parallel ``group``, what it holds of micro-batch ``micro``
+        (``chronica.core.packing.context_parallel.context_layout`` of ``context_documents``'
+        padded lengths): sharded documents in head-tail chunks on every CP rank, whole ones
+        on their device. ``restore_order`` of the result puts the group's tokens back in the
+        micro-batch's order.
+
+        Args:
+            group: a data-parallel group in ``0 .. world_size / context_parallel - 1``.
+            micro: a micro-batch in ``0 .. num_micro - 1``.
+
+        Example::
+
+            >>> packing = Packing(max_tokens=16, context_parallel=2, pad_multiple=4)
+            >>> plan = plan_step([16, 4, 4, 3], 2, packing, cost="quadratic")
+            >>> [s.cu_seqlens.tolist() for s in plan.context_shards(0, 0)]
+            [[0, 4, 8, 12, 16], [0, 4, 8, 12]]
+        """
+        docs = self.context_documents(group, micro)
+        g = self.context_parallel
+        split = np.zeros(docs.shape[0], np.bool_) if self.sharded is None else self.sharded[docs]
+        return context_layout(
+            self.padded[docs], sharded=split, owner=np.where(split, 0, self.rank[docs] % g), size=g
+        )
+
+    def global_cu_seqlens(self, group: int, micro: int) -> np.ndarray:
+        """``int32`` offsets of ``context_documents(group, micro)`` laid end to end (padded
+        lengths): the whole micro-batch's ``cu_seqlens`` before it is split over the CP
+        ranks (Transformer Engine's THD ``cu_seqlens``; ``ContextShard.tokens`` index into it).
+
+        Args:
+            group: a data-parallel group in ``0 .. world_size / context_parallel - 1``.
+            micro: a micro-batch in ``0 .. num_micro - 1``.
+
+        Example::
+
+            >>> packing = Packing(max_tokens=16, context_parallel=2, pad_multiple=4)
+            >>> plan = plan_step([16, 4, 4, 3], 2, packing, cost="quadratic")
+            >>> plan.global_cu_seqlens(0, 0).tolist()
+            [0, 16, 20, 24, 28]
+        """
+        docs = self.context_documents(group, micro)
+        return np.concatenate(([0], np.cumsum(self.padded[docs]))).astype(np.int32)
+
+    def _local(self, rank: int, micro: int) -> ContextShard:
+        r = self._rank(rank)
+        return self.context_shards(r // self.context_parallel, micro)[r % self.context_parallel]
+
+    def _local_units(self, rank: int, micro: int) -> int:
+        shard = self._local(rank, micro)
+        docs = self.context_documents(self._rank(rank) // self.context_parallel, micro)
+        return int(np.sum(shard.position_ids < self.lengths[docs][shard.documents]))
 
     def _rank(self, rank: int) -> int:
         return check_int("rank", rank, 0, self.world_size - 1, hint=" (< world_size)")
@@ -272,8 +388,10 @@ def plan_step(
 
     Args:
         lengths: tokens per document of the global batch (whole numbers ``>= 0``), each at
-            most ``packing.row_length`` once padded to ``packing.pad_multiple``.
-        world_size: the data-parallel ranks, ``>= 1``.
+            most ``packing.row_length`` once padded to ``packing.pad_multiple`` (``g`` rows
+            under ``Packing(context_parallel=g)``: longer documents are sharded).
+        world_size: the data-parallel ranks, ``>= 1``; under ``Packing(context_parallel=g)``
+            every device, ``DP · g`` (``("dp", "cp")`` mesh order).
         packing: the cap, rows, objective (``balance``), padding and count rules.
         groups: a group id per document (any integers): documents sharing one run on the
             same rank in the same micro-batch and row, and count as one unit for balance
@@ -297,6 +415,12 @@ def plan_step(
             f"packing must be a chronica.Packing, got {type(packing).__name__}; e.g. "
             "Packing(max_tokens=16384, balance='micro')"
         )
+    if packing.outliers is not None:
+        raise ValueError(
+            "Packing(outliers=...) moves documents between the steps of an epoch, and "
+            "plan_step plans one step: drop outliers= here and let chronica.OutlierQueue "
+            "choose each step's documents before plan_step plans them"
+        )
     w = check_int("world_size", world_size, 1)
     raw = _integers("lengths", lengths, None, " (tokens per document)")
     n = raw.shape[0]
@@ -312,6 +436,10 @@ def plan_step(
             f"{w} units or plan it for fewer ranks"
         )
     unit_len = np.bincount(unit_of, weights=padded, minlength=units).astype(np.int64)
+    if packing.context_parallel > 1:
+        plan = _plan_context(raw, padded, doc_costs, unit_of, unit_len, w, packing, speeds)
+        _loss_units(packing, raw, loss_tokens)  # refuses loss_tokens= under loss="token"
+        return plan
     if int(unit_len.max()) > packing.length:
         u = int(np.argmax(unit_len))
         what = "a document" if groups is None else f"group {np.asarray(groups)[unit_of == u][0]}"
@@ -331,7 +459,7 @@ def plan_step(
     )
     speed = np.ones(w) if speed is None else speed
     unit_cost = np.bincount(unit_of, weights=doc_costs, minlength=units)
-    step = in_pipeline_order(_fill_empty(step, unit_cost), speed, packing)
+    step = in_pipeline_order(fill_empty(step, unit_cost), speed, packing)
     return StepPlan(
         lengths=raw,
         padded=padded,
@@ -347,44 +475,49 @@ def plan_step(
     )
 
 
-def _fill_empty(step: PackedStep, unit_cost: np.ndarray) -> PackedStep:
-    """The step's placement with no empty rank and no empty micro-batch on a rank that has
-    as many units as micro-batches. The kernels leave a slow rank empty when a faster one
-    finishes its share sooner, and a rank's micro-batch empty when it has few units; the
-    cheapest unit of the rank (or micro-batch) with the most units moves to the empty one's
-    first row, which has room for any unit."""
-    rank, micro, row, cells = (
-        step.rank.copy(),
-        step.micro.copy(),
-        step.row.copy(),
-        step.cells.copy(),
+def _plan_context(
+    raw: np.ndarray,
+    padded: np.ndarray,
+    doc_costs: np.ndarray,
+    unit_of: np.ndarray,
+    unit_len: np.ndarray,
+    devices: int,
+    packing: Packing,
+    speeds: Any,
+) -> StepPlan:
+    """``plan_step`` under ``Packing(context_parallel=g)``: ``pack_context_step`` over the
+    units, no device left empty, every sharded document on CP rank 0 of its group."""
+    if packing.loss != "token":
+        raise ValueError(
+            f"Packing(context_parallel={packing.context_parallel}) weights the loss by local "
+            f"tokens (loss='token'); loss={packing.loss!r} is not supported with it yet"
+        )
+    units = unit_len.shape[0]
+    unit_cost = np.bincount(unit_of, weights=doc_costs, minlength=units)
+    speed = None if speeds is None else np.asarray(speeds, dtype=np.float64)
+    cp = pack_context_step(
+        unit_len, unit_cost, devices, packing, speed, docs=np.bincount(unit_of, minlength=units)
     )
-    w, m = cells.shape
-
-    def move(unit: int, to_rank: int, to_micro: int) -> None:
-        cells[rank[unit], micro[unit]] -= unit_cost[unit]
-        cells[to_rank, to_micro] += unit_cost[unit]
-        rank[unit], micro[unit], row[unit] = to_rank, to_micro, 0
-
-    counts = np.bincount(rank, minlength=w)
-    for empty in np.flatnonzero(counts == 0).tolist():
-        mine = np.flatnonzero(rank == int(np.argmax(counts)))
-        unit = int(mine[np.argmin(unit_cost[mine])])
-        counts[rank[unit]] -= 1
-        counts[empty] += 1
-        # The same micro-batch: under lockstep, the donor's shrinks as the empty rank's grows.
-        move(unit, empty, int(micro[unit]))
-    for r in range(w):
-        mine = np.flatnonzero(rank == r)
-        per_micro = np.bincount(micro[mine], minlength=m)
-        while mine.size >= m and (per_micro == 0).any():
-            fullest = mine[micro[mine] == int(np.argmax(per_micro))]
-            unit = int(fullest[np.argmin(unit_cost[fullest])])
-            per_micro[micro[unit]] -= 1
-            k = int(np.argmin(per_micro))
-            per_micro[k] += 1
-            move(unit, r, k)
-    return PackedStep(rank, micro, row, step.num_micro, cells.sum(1), cells)
+    speed = np.ones(devices) if speed is None else speed
+    g = packing.context_parallel
+    piece_cost = np.where(cp.sharded, unit_cost / g, unit_cost)[cp.unit]
+    step = fill_empty(cp.step, piece_cost, cp.pinned)
+    # The first piece of every unit: a whole unit's only one, a sharded unit's CP rank 0.
+    first = np.unique(cp.unit, return_index=True)[1]
+    return StepPlan(
+        lengths=raw,
+        padded=padded,
+        units=raw,
+        rank=step.rank[first][unit_of],
+        micro=step.micro[first][unit_of],
+        row=step.row[first][unit_of],
+        num_micro=step.num_micro,
+        micro_costs=step.cells,
+        speeds=speed,
+        packing=packing,
+        bound=max(float(doc_costs.sum()) / float(speed.sum()), piece_cost.max() / speed.max()),
+        sharded=cp.sharded[unit_of],
+    )
 
 
 def _group_units(groups: Any, n: int) -> np.ndarray:

@@ -41,7 +41,7 @@ from chronica.core.packing.lockstep import lockstep_attempt
 from chronica.core.packing.options import Packing
 from chronica.core.pipeline import order_micro_batches
 
-__all__ = ["PackedStep", "in_pipeline_order", "pack_step"]
+__all__ = ["PackedStep", "fill_empty", "in_pipeline_order", "pack_step"]
 
 # One more micro-batch per rank than the tokens need is taken while it lowers the slowest
 # rank's time by at least this much (relative) and that time is this far above the bound.
@@ -120,6 +120,12 @@ def pack_step(
         >>> step.num_micro, step.loads.tolist()
         (1, [4.0, 4.0])
     """
+    if packing.context_parallel > 1:
+        raise ValueError(
+            f"Packing(context_parallel={packing.context_parallel}) steps are planned by "
+            "chronica.plan_step (chronica.core.packing.context_step); the samplers do not "
+            "plan context-parallel steps yet"
+        )
     lengths = packing.padded(np.ascontiguousarray(lengths, dtype=np.int64))
     costs = np.ascontiguousarray(costs, dtype=np.float64)
     n = lengths.shape[0]
@@ -232,7 +238,7 @@ def in_pipeline_order(step: PackedStep, speeds: np.ndarray, packing: Packing) ->
         >>> packing = Packing(max_tokens=4, pipeline=Pipeline(stages=2))
         >>> step = pack_step(np.array([4, 1, 1]), np.array([4.0, 1.0, 1.0]), 1, packing)
         >>> in_pipeline_order(step, np.ones(1), packing).cells.tolist()
-        [[1.0, 4.0]]
+        [[4.0, 2.0]]
     """
     if packing.pipeline is None:
         return step
@@ -246,3 +252,65 @@ def in_pipeline_order(step: PackedStep, speeds: np.ndarray, packing: Packing) ->
     cells = np.take_along_axis(step.cells, orders, axis=1)
     micro = position[step.rank, step.micro]
     return PackedStep(step.rank, micro, step.row, step.num_micro, step.loads, cells)
+
+
+def fill_empty(
+    step: PackedStep, unit_cost: np.ndarray, pinned: np.ndarray | None = None
+) -> PackedStep:
+    """The step's placement with no empty rank and no empty micro-batch on a rank that has
+    as many units as micro-batches. The kernels leave a slow rank empty when a faster one
+    finishes its share sooner, and a rank's micro-batch empty when it has few units; the
+    cheapest movable unit of the rank (or micro-batch) with the most units moves to the
+    empty one's first row, which has room for any unit.
+
+    Args:
+        step: the kernels' placement of the step's units.
+        unit_cost: ``float64`` predicted cost per unit.
+        pinned: ``bool`` per unit: units that count but never move (chunks of documents
+            sharded over a context-parallel group); ``None``: every unit may move.
+
+    Example::
+
+        >>> step = PackedStep(np.array([0, 0]), np.array([0, 0]), np.array([0, 0]), 1,
+        ...                   np.array([3.0, 0.0]), np.array([[3.0], [0.0]]))
+        >>> fill_empty(step, np.array([2.0, 1.0])).rank.tolist()
+        [0, 1]
+    """
+    rank, micro, row, cells = (
+        step.rank.copy(),
+        step.micro.copy(),
+        step.row.copy(),
+        step.cells.copy(),
+    )
+    w, m = cells.shape
+    movable = np.ones(rank.shape[0], np.bool_) if pinned is None else ~pinned
+
+    def move(unit: int, to_rank: int, to_micro: int) -> None:
+        cells[rank[unit], micro[unit]] -= unit_cost[unit]
+        cells[to_rank, to_micro] += unit_cost[unit]
+        rank[unit], micro[unit], row[unit] = to_rank, to_micro, 0
+
+    counts = np.bincount(rank, minlength=w)
+    for empty in np.flatnonzero(counts == 0).tolist():
+        donors = np.bincount(rank[movable], minlength=w) > 0
+        mine = np.flatnonzero((rank == int(np.argmax(np.where(donors, counts, -1)))) & movable)
+        if not mine.size:
+            break
+        unit = int(mine[np.argmin(unit_cost[mine])])
+        counts[rank[unit]] -= 1
+        counts[empty] += 1
+        # The same micro-batch: under lockstep, the donor's shrinks as the empty rank's grows.
+        move(unit, empty, int(micro[unit]))
+    for r in range(w):
+        mine = np.flatnonzero(rank == r)
+        per_micro = np.bincount(micro[mine], minlength=m)
+        while mine.size >= m and (per_micro == 0).any():
+            fullest = mine[(micro[mine] == int(np.argmax(per_micro))) & movable[mine]]
+            if not fullest.size:
+                break
+            unit = int(fullest[np.argmin(unit_cost[fullest])])
+            per_micro[micro[unit]] -= 1
+            k = int(np.argmin(per_micro))
+            per_micro[k] += 1
+            move(unit, r, k)
+    return PackedStep(rank, micro, row, step.num_micro, cells.sum(1), cells)
