@@ -50,6 +50,7 @@ SECTIONS = (
     "hf_rebalance",
     "fsdp_micro",
     "sources",
+    "streaming",
 )
 BENCHMARKS = ("balance", "planning", "movement", "quality", *SECTIONS)
 # The benchmarks that read the real lengths files (``run(quick, data_dir=...)``).

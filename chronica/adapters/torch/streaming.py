@@ -1,0 +1,182 @@
+"""``StreamingDataset``: a sharded stream as a torch ``IterableDataset`` of this rank's
+packed, balanced micro-batches, with ``state_dict``/``load_state_dict`` (torchdata's
+``StatefulDataLoader`` saves and restores them) and the ranks' collectives over
+``torch.distributed``.
+
+Each item is one micro-batch as ``collate_packed`` builds it (``input_ids``,
+``position_ids``, ``segment_ids``, ``cu_seqlens``, ``max_seqlen``, ``loss_weight``,
+``step``, ``micro``, ``num_micro``, ``last``, ``indices``), plus ``epoch``; every rank gets
+the same number of items per step. The planning (``chronica.runtime.streaming``) runs in a
+thread of its own over a dedicated gloo group, so the trainer's collectives never interleave
+with it. Use ``DataLoader(dataset, batch_size=None, num_workers=0)``: the engine reads
+ahead in its own thread, and worker processes would each read the whole stream.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import IterableDataset, get_worker_info
+
+from chronica.adapters.torch.packed import PackedIndex, collate_packed
+from chronica.core.packing import Packing
+from chronica.runtime.streaming import StreamingEngine, StreamMicroBatch
+from chronica.runtime.streaming_exchange import Collectives, LocalGroup
+
+__all__ = ["StreamingDataset", "TorchCollectives"]
+
+
+class TorchCollectives:
+    """``Collectives`` over a ``torch.distributed`` process group: ``allgather`` by
+    ``all_gather_object``, ``alltoall`` by two ``all_to_all_single`` of bytes (sizes, then
+    payloads; gloo and NCCL both have it, NCCL with CUDA tensors: pass a gloo group).
+
+    Args:
+        group: the process group (``None``: a new gloo group over the whole world, made
+            now, so every rank must construct it at the same point).
+
+    Example::
+
+        collectives = TorchCollectives()  # after init_process_group
+    """
+
+    def __init__(self, group: Any = None) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise ValueError("TorchCollectives needs torch.distributed.init_process_group first")
+        self.group = dist.new_group(backend="gloo") if group is None else group
+        self.rank = dist.get_rank(self.group)
+        self.world_size = dist.get_world_size(self.group)
+
+    def allgather(self, payload: bytes) -> list[bytes]:
+        """Every rank's ``payload``, in rank order."""
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, payload, group=self.group)
+        return out
+
+    def alltoall(self, payloads: list[bytes]) -> list[bytes]:
+        """``payloads[r]`` to rank ``r``; what every rank sent this one."""
+        sizes = torch.tensor([len(p) for p in payloads], dtype=torch.int64)
+        incoming = torch.empty_like(sizes)
+        dist.all_to_all_single(incoming, sizes, group=self.group)
+        data = torch.frombuffer(bytearray(b"".join(payloads) or b"\0"), dtype=torch.uint8)
+        received = torch.empty(max(1, int(incoming.sum())), dtype=torch.uint8)
+        dist.all_to_all_single(
+            received[: int(incoming.sum())],
+            data[: int(sizes.sum())],
+            output_split_sizes=incoming.tolist(),
+            input_split_sizes=sizes.tolist(),
+            group=self.group,
+        )
+        raw = received.numpy().tobytes()
+        bounds = [0, *torch.cumsum(incoming, 0).tolist()]
+        return [raw[a:b] for a, b in itertools.pairwise(bounds)]
+
+    def __repr__(self) -> str:
+        return f"TorchCollectives(rank={self.rank}, world_size={self.world_size})"
+
+
+class StreamingDataset(IterableDataset):
+    """This rank's packed micro-batches of a sharded stream (see the module docstring):
+    balanced across ranks by one global plan per window of ``window_steps`` steps, every
+    sample once per pass, resumable bitwise (same world) or exactly-once (another world).
+
+    Args:
+        source: a ``ShardedSource`` (``chronica.runtime.sources``) whose records hold token
+            sequences (under ``key`` when they are mappings).
+        packing: the cap, rows, objective and padding (``chronica.Packing``).
+        batch_size: samples per global step (without ``packing.tokens_per_step``).
+        window_steps: global steps per planning window, ``>= 1``.
+        buffer_size: shuffle buffer samples per rank, ``>= 1``.
+        seed: the run's seed (shard order, shuffle buffers).
+        cost: a sample's predicted cost from its padded length.
+        infinite: pass after pass without end (else one pass per ``iter()``).
+        key: the field of a mapping record holding its tokens.
+        pad_to: pad every micro-batch to this many tokens (one static shape), or ``None``.
+        collectives: the ranks' ``Collectives`` (default: ``TorchCollectives()`` when
+            ``torch.distributed`` is initialised, else a single rank).
+
+    Example::
+
+        dataset = StreamingDataset(source, Packing(max_tokens=8192), batch_size=64)
+        loader = StatefulDataLoader(dataset, batch_size=None)
+        for batch in loader:
+            loss = model(batch["input_ids"], batch["position_ids"]) * batch["loss_weight"]
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        packing: Packing,
+        *,
+        batch_size: int | None = None,
+        window_steps: int = 2,
+        buffer_size: int = 1024,
+        seed: int = 0,
+        cost: Any = "linear",
+        infinite: bool = False,
+        key: str = "input_ids",
+        pad_to: int | None = None,
+        collectives: Collectives | None = None,
+    ) -> None:
+        if collectives is None:
+            initialised = dist.is_available() and dist.is_initialized()
+            collectives = TorchCollectives() if initialised else LocalGroup(1).rank(0)
+        self.key, self.pad_to = key, pad_to
+        self._options = {
+            "batch_size": batch_size,
+            "window_steps": window_steps,
+            "buffer_size": buffer_size,
+            "seed": seed,
+            "cost": cost,
+            "infinite": infinite,
+        }
+        self._make = (source, packing, collectives)
+        self.engine = StreamingEngine(source, packing, collectives, **self._options)
+
+    def __repr__(self) -> str:
+        return f"StreamingDataset({self.engine!r})"
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if get_worker_info() is not None:
+            raise ValueError(
+                "StreamingDataset reads ahead in a thread of its own: use num_workers=0 "
+                "(DataLoader(dataset, batch_size=None))"
+            )
+        for batch in self.engine.micro_batches():
+            yield self._collate(batch)
+
+    def _collate(self, batch: StreamMicroBatch) -> dict[str, Any]:
+        place = (batch.step, batch.micro, batch.num_micro)
+        columns = zip(batch.records, batch.ids, batch.lengths, batch.rows, strict=True)
+        items = [
+            (record, PackedIndex(int(i), 0, int(n), int(row), *place, batch.loss_weight))
+            for record, i, n, row in columns
+        ] or [(None, PackedIndex(0, 0, 0, 0, *place, 0.0))]  # an empty micro-batch keeps its place
+        out = collate_packed(items, key=self.key, pad_to=self.pad_to)
+        out["epoch"] = batch.epoch
+        return out
+
+    def close(self) -> None:
+        """Stop the planning thread (``StreamingEngine.close``): on every rank at the same
+        point, before ``destroy_process_group``, when a pass is left unfinished."""
+        self.engine.close()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stream's global state at the last micro-batch yielded (the same on every
+        rank), as plain lists and integers."""
+        return self.engine.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at ``state`` (from ``state_dict()`` of a run of any world size) on the
+        next ``iter()``.
+
+        Args:
+            state: what ``state_dict()`` returned.
+        """
+        source, packing, collectives = self._make
+        self.engine.close()
+        self.engine = StreamingEngine(source, packing, collectives, state=state, **self._options)

@@ -1,0 +1,191 @@
+"""Reading lanes: which rows of which shards a rank reads, in which order, and its shuffle
+buffer; pure state, no I/O (the runtime reads what a lane names).
+
+Epoch ``e`` permutes the shards with the run's seed (``chronica.core.rng``); lane ``r`` of
+``W`` reads shards ``perm[r::W]`` in that order, each from its first row, through a bounded
+shuffle buffer of ``capacity`` samples: once full, every sample read takes the place of one
+drawn at random from the buffer, which leaves; at the end of the lane the buffer drains in
+random order. Draws are counter-based (draw ``i`` is element ``i % 1024`` of the uniforms
+of block ``i // 1024``'s key, derived from the lane's), so a lane's whole state is a few
+integers and the buffered ids: ``LaneState`` is what the stream's state keeps of every
+rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from chronica.core.checks import check_int
+from chronica.core.rng import derive_key, permutation, uniforms
+
+__all__ = ["LANE_STREAM", "LaneState", "deal_lanes"]
+
+# The random stream of shard dealing and shuffle buffers (``derive_key``'s ``stream``),
+# apart from ``chronica.core.rng.Stream``'s.
+LANE_STREAM = 101
+# Draws computed at once (one key per block).
+_BLOCK = 1024
+
+
+@dataclass(repr=False)
+class LaneState:
+    """One reading lane: the shard ranges still to read and the shuffle buffer.
+
+    ``segments`` are ``[shard, start, end]`` row ranges still to read, in order (the first
+    one's ``start`` is the cursor); ``buffer_ids``/``buffer_lengths`` the buffered samples
+    (slot order); ``draws`` the random draws made so far under ``key``. The buffer's
+    records themselves are the reader's (``payloads``, kept beside the state, not in it).
+
+    Args:
+        key: the lane's random key (``derive_key``), as an ``int``.
+        capacity: the shuffle buffer's size in samples, ``>= 1`` (1: no shuffling).
+        segments: ``[shard, start, end]`` ranges still to read.
+        buffer_ids: buffered sample ids.
+        buffer_lengths: their lengths.
+        draws: draws made so far.
+
+    Example::
+
+        >>> lane = LaneState(key=1, capacity=2, segments=[[0, 0, 3]])
+        >>> [lane.offer(i, 1, None) for i in range(3)][-1][0], lane.remaining
+        (0, 2)
+    """
+
+    key: int
+    capacity: int
+    segments: list[list[int]]
+    buffer_ids: list[int] = field(default_factory=list)
+    buffer_lengths: list[int] = field(default_factory=list)
+    draws: int = 0
+    payloads: list[Any] = field(default_factory=list, compare=False)
+    _block: tuple[int, list[float]] = field(default=(-1, []), init=False, compare=False)
+
+    @property
+    def remaining(self) -> int:
+        """Samples the lane still holds: unread rows plus buffered samples."""
+        return sum(end - start for _, start, end in self.segments) + len(self.buffer_ids)
+
+    @property
+    def next_row(self) -> tuple[int, int] | None:
+        """``(shard, row)`` the lane reads next, ``None`` once every row was read."""
+        return (self.segments[0][0], self.segments[0][1]) if self.segments else None
+
+    def offer(self, sample: int, length: int, payload: Any) -> tuple[int, int, Any] | None:
+        """Take the sample just read at ``next_row`` (the cursor moves on); returns the
+        ``(id, length, payload)`` it pushes out of a full buffer, else ``None``.
+
+        Args:
+            sample: its global id.
+            length: its tokens.
+            payload: its record (or ``None`` where the reader re-reads by id).
+        """
+        head = self.segments[0]
+        head[1] += 1
+        if head[1] >= head[2]:
+            self.segments.pop(0)
+        if len(self.buffer_ids) < self.capacity:
+            self._push(sample, length, payload)
+            return None
+        slot = self._draw(len(self.buffer_ids))
+        out = (self.buffer_ids[slot], self.buffer_lengths[slot], self.payloads[slot])
+        self.buffer_ids[slot], self.buffer_lengths[slot] = sample, length
+        self.payloads[slot] = payload
+        return out
+
+    def drain(self) -> tuple[int, int, Any]:
+        """Once every row was read: a buffered sample drawn at random, removed."""
+        if self.segments or not self.buffer_ids:
+            raise ValueError("drain() is for a lane whose rows are all read and buffer not empty")
+        slot = self._draw(len(self.buffer_ids))
+        out = (self.buffer_ids[slot], self.buffer_lengths[slot], self.payloads[slot])
+        for values in (self.buffer_ids, self.buffer_lengths, self.payloads):
+            values[slot] = values[-1]
+            values.pop()
+        return out
+
+    def _push(self, sample: int, length: int, payload: Any) -> None:
+        self.buffer_ids.append(int(sample))
+        self.buffer_lengths.append(int(length))
+        self.payloads.append(payload)
+
+    def _draw(self, bound: int) -> int:
+        block, i = divmod(self.draws, _BLOCK)
+        if self._block[0] != block:
+            key = derive_key(self.key, 0, LANE_STREAM, block)
+            self._block = (block, uniforms(_BLOCK, key).tolist())
+        u = self._block[1][i]
+        self.draws += 1
+        return min(int(u * bound), bound - 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The lane as plain integers and lists (no payloads)."""
+        return {
+            "key": int(self.key),
+            "capacity": self.capacity,
+            "segments": [list(map(int, s)) for s in self.segments],
+            "buffer_ids": list(self.buffer_ids),
+            "buffer_lengths": list(self.buffer_lengths),
+            "draws": self.draws,
+        }
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> LaneState:
+        """The lane ``to_dict`` gave; payloads ``None`` (the reader fetches them by id).
+
+        Args:
+            state: ``to_dict``'s output.
+        """
+        ids = [int(i) for i in state["buffer_ids"]]
+        return cls(
+            key=int(state["key"]),
+            capacity=int(state["capacity"]),
+            segments=[[int(x) for x in s] for s in state["segments"]],
+            buffer_ids=ids,
+            buffer_lengths=[int(x) for x in state["buffer_lengths"]],
+            draws=int(state["draws"]),
+            payloads=[None] * len(ids),
+        )
+
+    def __repr__(self) -> str:
+        """The lane's position."""
+        return (
+            f"LaneState(next_row={self.next_row}, buffered={len(self.buffer_ids)}, "
+            f"capacity={self.capacity}, remaining={self.remaining})"
+        )
+
+
+def deal_lanes(
+    shard_sizes: Any, world_size: int, seed: int, epoch: int, capacity: int, generation: int = 0
+) -> list[LaneState]:
+    """Epoch ``epoch``'s lanes for ``world_size`` ranks: the shards permuted by
+    ``(seed, epoch)``, lane ``r`` reading ``perm[r::world_size]`` through a buffer of
+    ``capacity`` samples.
+
+    Args:
+        shard_sizes: records per shard.
+        world_size: the lanes (ranks), ``>= 1``.
+        seed: the run's seed.
+        epoch: the epoch.
+        capacity: shuffle buffer size in samples, ``>= 1``.
+        generation: tells apart the keys of lanes dealt again after a change of world.
+
+    Example::
+
+        >>> [lane.segments for lane in deal_lanes([2, 3], 2, seed=0, epoch=0, capacity=1)]
+        [[[1, 0, 3]], [[0, 0, 2]]]
+    """
+    w = check_int("world_size", world_size, 1)
+    check_int("capacity", capacity, 1, hint=" (shuffle buffer samples)")
+    sizes = np.asarray(shard_sizes, dtype=np.int64)
+    order = permutation(sizes.shape[0], derive_key(seed, epoch, LANE_STREAM))
+    return [
+        LaneState(
+            key=int(derive_key(seed, epoch, LANE_STREAM, generation + 1, r)),
+            capacity=capacity,
+            segments=[[int(s), 0, int(sizes[s])] for s in order[r::w] if sizes[s] > 0],
+        )
+        for r in range(w)
+    ]

@@ -1,0 +1,506 @@
+"""``StreamingEngine``: one rank's packed, balanced micro-batches from a sharded stream.
+
+Every rank reads its own lane of shards (``chronica.core.streaming.lanes``: shards dealt by
+``(seed, epoch)``, a bounded shuffle buffer), and every ``window_steps`` global batches the
+ranks exchange what they buffered (ids, lengths and lane states: one ``allgather``), plan
+the pool with the map-style kernels (``plan_window``) and bring every sample to its planned
+rank: that rank reads it by index where the source has random access (``read_rows``), else
+the rank holding the record sends it (one ``alltoall``; the bytes are counted in
+``stats``). A planning thread builds window ``i + 1`` while the trainer consumes window
+``i``. Framework-free: the collectives are injected (``Collectives``).
+
+Memory per rank: the shuffle buffer (``buffer_size`` records), the samples the rank
+contributed to the window being built and its share of the carry-over (under one global
+batch), and at most two planned windows of its own micro-batches (``window_steps`` steps
+each), whatever the size of the stream.
+
+``state_dict()`` is the global ``StreamState`` at the micro-batch last yielded (every rank
+returns the same); ``StreamingEngine(..., state=...)`` resumes it bitwise for the same
+world size, and with exactly-once for the rest of the pass for another.
+"""
+
+from __future__ import annotations
+
+import pickle
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from chronica.core.checks import check_int
+from chronica.core.packing import Packing
+from chronica.core.streaming import (
+    LaneState,
+    StreamState,
+    WindowPlan,
+    deal_lanes,
+    plan_window,
+    reshard,
+)
+from chronica.runtime.sources.base import shard_offsets
+from chronica.runtime.streaming_exchange import Collectives, fetch_records
+
+__all__ = ["StreamMicroBatch", "StreamStats", "StreamingEngine"]
+
+_END = object()
+
+
+@dataclass(frozen=True, repr=False)
+class StreamMicroBatch:
+    """One micro-batch of this rank: its samples' ``records`` (row after row), global
+    ``ids``, token ``lengths`` and ``rows``, and where it stands: ``epoch``, global
+    ``step``, ``micro`` of ``num_micro`` (the same count on every rank), ``loss_weight``
+    (``chronica.StepPlan.loss_weights``).
+
+    Args:
+        records: the samples' records.
+        ids: ``int64`` their global ids.
+        lengths: ``int64`` their tokens.
+        rows: ``int64`` their packed rows.
+        epoch: the pass of the stream.
+        step: the global step.
+        micro: the micro-batch within the step.
+        num_micro: micro-batches per rank in the step.
+        loss_weight: the micro-batch's loss weight.
+
+    Example: ``batch.micro == batch.num_micro - 1`` marks the step's last micro-batch.
+    """
+
+    records: list[Any]
+    ids: np.ndarray
+    lengths: np.ndarray
+    rows: np.ndarray
+    epoch: int
+    step: int
+    micro: int
+    num_micro: int
+    loss_weight: float
+
+    def __repr__(self) -> str:
+        return (
+            f"StreamMicroBatch(epoch={self.epoch}, step={self.step}, micro={self.micro}/"
+            f"{self.num_micro}, samples={self.ids.shape[0]}, tokens={int(self.lengths.sum())})"
+        )
+
+
+@dataclass
+class StreamStats:
+    """What this rank's planning thread did: ``windows``, ``steps``, ``bytes_sent`` (records
+    sent to other ranks by the all-to-all), ``rows_fetched`` (records read by index instead),
+    seconds the planning thread spent ``reading``, ``exchanging`` and ``planning``, and
+    seconds the consumer spent ``waiting`` for a planned window (0 when planning keeps
+    ahead of training).
+
+    Example: ``engine.stats.bytes_sent / engine.stats.steps`` is the bytes per step.
+    """
+
+    windows: int = 0
+    steps: int = 0
+    bytes_sent: int = 0
+    rows_fetched: int = 0
+    reading: float = 0.0
+    exchanging: float = 0.0
+    planning: float = 0.0
+    waiting: float = 0.0
+
+
+@dataclass
+class _Window:
+    """A planned window as this rank serves it."""
+
+    state: StreamState
+    plan: WindowPlan
+    records: dict[int, Any]
+    start: int = 0
+
+
+@dataclass
+class _Run:
+    """One ``micro_batches()`` run: the planned windows' queue, the stop signal, and the
+    windows the consumer took."""
+
+    out: queue.Queue[Any]
+    stop: threading.Event
+    taken: int = 0
+
+
+@dataclass
+class _Carry:
+    ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    holders: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    held: dict[int, Any] = field(default_factory=dict)
+
+
+class StreamingEngine:
+    """This rank's micro-batches of a sharded ``source`` (see the module docstring).
+
+    Args:
+        source: a ``ShardedSource`` (``num_shards``, ``random_access``, ``shard_size``,
+            ``read``, ``read_rows``, ``length``).
+        packing: the cap, rows, objective and padding (``tokens_per_step``: steps of about
+            that many tokens); ``long_documents="truncate"`` cuts long samples to a row.
+        collectives: this rank's ``Collectives`` (``rank``, ``world_size``).
+        batch_size: samples per global step (without ``packing.tokens_per_step``).
+        window_steps: global steps per planning window ``K``, ``>= 1``.
+        buffer_size: the shuffle buffer's samples per rank, ``>= 1`` (1: read order).
+        seed: the run's seed (shard order, shuffle buffers).
+        cost: a sample's predicted cost from its padded length (``"linear"``,
+            ``"quadratic"`` or a ``chronica.CostModel``).
+        infinite: pass after pass without end (else ``micro_batches()`` ends with a pass).
+        state: a ``state_dict()`` to resume from (any world size), or ``None``.
+
+    Example::
+
+        group = LocalGroup(1)
+        engine = StreamingEngine(source, Packing(max_tokens=4096), group.rank(0),
+                                 batch_size=64)
+        for batch in engine.micro_batches(): ...
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        packing: Packing,
+        collectives: Collectives,
+        *,
+        batch_size: int | None = None,
+        window_steps: int = 2,
+        buffer_size: int = 1024,
+        seed: int = 0,
+        cost: Any = "linear",
+        infinite: bool = False,
+        state: dict[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(packing, Packing):
+            raise TypeError(f"packing must be a chronica.Packing, got {type(packing).__name__}")
+        if packing.long_documents == "split":
+            raise ValueError(
+                "streamed packing takes long_documents='error' or 'truncate'; 'split' needs "
+                "every document's pieces up front"
+            )
+        if not isinstance(collectives, Collectives):
+            raise TypeError("collectives must have rank, world_size, allgather and alltoall")
+        if packing.tokens_per_step is None:
+            check_int("batch_size", batch_size, 1, hint=" (samples per global step)")
+        self.source, self.packing, self.collectives = source, packing, collectives
+        self.batch_size = batch_size
+        self.window_steps = check_int("window_steps", window_steps, 1, hint=" (steps per window)")
+        self.buffer_size = check_int("buffer_size", buffer_size, 1, hint=" (shuffle buffer)")
+        self.seed = check_int("seed", seed)
+        self.cost, self.infinite = cost, bool(infinite)
+        self.rank, self.world_size = int(collectives.rank), int(collectives.world_size)
+        self.stats = StreamStats()
+        self._offsets = shard_offsets(source)
+        self._position = self._start(state)
+        self._served = self._position.consumed
+        self._thread: threading.Thread | None = None
+        self._run = _Run(queue.Queue(maxsize=1), threading.Event())
+
+    def __repr__(self) -> str:
+        return (
+            f"StreamingEngine(rank={self.rank}, world_size={self.world_size}, "
+            f"window_steps={self.window_steps}, buffer_size={self.buffer_size}, "
+            f"batch_size={self.batch_size}, packing={self.packing!r})"
+        )
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in one pass of the stream."""
+        return int(self._offsets[-1])
+
+    def state_dict(self) -> dict[str, Any]:
+        """The global state at the last micro-batch yielded (the same on every rank)."""
+        return replace(self._position, consumed=self._served).to_dict()
+
+    def micro_batches(self) -> Iterator[StreamMicroBatch]:
+        """This rank's micro-batches from the saved position to the end of the pass (or
+        forever with ``infinite``); every rank yields the same count."""
+        self.close()
+        run = self._run = _Run(queue.Queue(maxsize=1), threading.Event())
+        self._thread = threading.Thread(
+            target=self._produce,
+            args=(replace(self._position, consumed=self._served), run),
+            daemon=True,
+        )
+        self._thread.start()
+        try:
+            while True:
+                start = time.perf_counter()
+                window = run.out.get()
+                self.stats.waiting += time.perf_counter() - start
+                if window is _END:
+                    break
+                if isinstance(window, BaseException):
+                    raise window
+                run.taken += 1
+                self._position, self._served = window.state, window.start
+                yield from self._serve(window)
+        finally:
+            run.stop.set()
+
+    def close(self) -> None:
+        """Stop the planning thread and wait for it (it builds on to the window every rank's
+        thread reaches, whose collectives the others run too): call it on every rank at the
+        same point of the stream, before the process group is destroyed, when a pass is
+        left unfinished. A later ``micro_batches()`` starts again from ``state_dict()``."""
+        if self._thread is not None:
+            self._run.stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def _serve(self, window: _Window) -> Iterator[StreamMicroBatch]:
+        served, state = 0, window.state
+        for index, step in enumerate(window.plan.steps):
+            for micro, positions in enumerate(step.positions(self.rank)):
+                served += 1
+                if served <= window.start:
+                    continue
+                ids = step.ids[positions]
+                self._served = served
+                yield StreamMicroBatch(
+                    records=[window.records[i] for i in ids.tolist()],
+                    ids=ids,
+                    lengths=step.lengths[positions],
+                    rows=step.row[positions],
+                    epoch=state.epoch,
+                    step=state.step + index,
+                    micro=micro,
+                    num_micro=step.num_micro,
+                    loss_weight=float(step.weights[self.rank, micro]),
+                )
+
+    # The planning thread -------------------------------------------------------------
+
+    def _start(self, state: dict[str, Any] | None) -> StreamState:
+        """The position to start from: before the first window, or a saved state taken
+        over by this world (``reshard`` when the world changed)."""
+        if state is None:
+            sizes = np.diff(self._offsets)
+            lanes = deal_lanes(sizes, self.world_size, self.seed, 0, self.buffer_size)
+            empty = np.zeros(0, np.int64)
+            return StreamState(self.world_size, 0, -1, 0, 0, empty, empty, empty, tuple(lanes))
+        saved = StreamState.from_dict(state)
+        if saved.world_size == self.world_size:
+            return saved
+        return reshard(saved, self._plan(saved), self.world_size, self.seed)
+
+    def _plan(self, state: StreamState) -> WindowPlan:
+        start = time.perf_counter()
+        plan = plan_window(
+            state.pool_ids, state.pool_lengths, state.world_size, self.packing,
+            batch_size=self.batch_size, final=state.exhausted, cost=self.cost,
+        )  # fmt: skip
+        self.stats.planning += time.perf_counter() - start
+        return plan
+
+    def _produce(self, position: StreamState, run: _Run) -> None:
+        built = 0
+
+        def put(item: Any) -> bool:
+            while not run.stop.is_set():
+                try:
+                    run.out.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def deliver(window: _Window) -> bool:
+            """Hand ``window`` over; whether to build the next. Once stopped, the thread
+            builds on (discarding) until it has built two windows more than the consumer
+            took: the most any rank's thread builds ahead, so every rank's thread ends after
+            the same windows and no collective is left without its peers."""
+            nonlocal built
+            built += 1
+            return put(window) or built < run.taken + 2
+
+        try:
+            state, consumed = position, position.consumed
+            lane = self._restore_lane(state.lanes[self.rank])
+            plan = self._plan(state)
+            carry = self._restored_carry(state, plan)
+            if state.exhausted and carry.ids.shape[0] == 0 and consumed >= plan.num_micro:
+                state, plan, lane = self._next_epoch(state, plan)
+            elif consumed < plan.num_micro:
+                mine = [i for s in plan.steps for i in s.ids[s.rank == self.rank].tolist()]
+                window = _Window(state, plan, fetch_records(self.source, self._offsets, mine))
+                window.start = consumed
+                if not deliver(window):
+                    return
+            while True:
+                if state.exhausted and carry.ids.shape[0] == 0:
+                    if not self.infinite:
+                        put(_END)
+                        return
+                    state, plan, lane = self._next_epoch(state, plan)
+                state, plan, records, carry = self._window(state, plan, lane, carry)
+                if not deliver(_Window(state, plan, records)):
+                    return
+        except BaseException as error:  # handed to the consumer, raised there
+            put(error)
+
+    def _next_epoch(
+        self, state: StreamState, plan: WindowPlan
+    ) -> tuple[StreamState, WindowPlan, _Lane]:
+        """The next pass's start after ``state``'s window (its last), and its empty plan."""
+        sizes = np.diff(self._offsets)
+        lanes = deal_lanes(sizes, self.world_size, self.seed, state.epoch + 1, self.buffer_size)
+        empty = np.zeros(0, np.int64)
+        fresh = StreamState(
+            self.world_size, state.epoch + 1, -1, state.step + len(plan.steps), 0, empty, empty,
+            empty, tuple(lanes),
+        )  # fmt: skip
+        return fresh, self._plan(fresh), _Lane(lanes[self.rank], self.source, self._offsets)
+
+    def _restore_lane(self, saved: LaneState) -> _Lane:
+        lane = LaneState.from_dict(saved.to_dict())
+        records = fetch_records(self.source, self._offsets, lane.buffer_ids)
+        lane.payloads = [records[i] for i in lane.buffer_ids]
+        return _Lane(lane, self.source, self._offsets)
+
+    def _restored_carry(self, state: StreamState, plan: WindowPlan) -> _Carry:
+        ids = np.concatenate([state.carry_ids, state.pool_ids[plan.carry]])
+        lengths = np.concatenate([state.carry_lengths, state.pool_lengths[plan.carry]])
+        holders = np.concatenate([state.carry_holders, state.pool_holders[plan.carry]])
+        held = fetch_records(self.source, self._offsets, ids[holders == self.rank].tolist())
+        return _Carry(ids, lengths, holders, held)
+
+    def _window(
+        self, state: StreamState, plan: WindowPlan, lane: _Lane, carry: _Carry
+    ) -> tuple[StreamState, WindowPlan, dict[int, Any], _Carry]:
+        """Read this rank's share, exchange, plan and gather the next window."""
+        w, me = self.world_size, self.rank
+        start = time.perf_counter()
+        ids, lengths, records = lane.take(self._share(state.lanes, carry), self._truncate)
+        self.stats.reading += time.perf_counter() - start
+        start = time.perf_counter()
+        payload = pickle.dumps((ids, lengths, lane.state.to_dict()))
+        parts = [pickle.loads(p) for p in self.collectives.allgather(payload)]
+        self.stats.exchanging += time.perf_counter() - start
+        longest = max(len(p[0]) for p in parts)
+        order = [(r, j) for j in range(longest) for r in range(w) if j < len(parts[r][0])]
+        pool = StreamState(
+            world_size=w,
+            epoch=state.epoch,
+            window=state.window + 1,
+            step=state.step + len(plan.steps),
+            consumed=0,
+            pool_ids=np.array(carry.ids.tolist() + [parts[r][0][j] for r, j in order], np.int64),
+            pool_lengths=np.array(
+                carry.lengths.tolist() + [parts[r][1][j] for r, j in order], np.int64
+            ),
+            pool_holders=np.array(carry.holders.tolist() + [r for r, _ in order], np.int64),
+            lanes=tuple(LaneState.from_dict(p[2]) for p in parts),
+            generation=state.generation,
+        )
+        new_plan = self._plan(pool)
+        held = {**carry.held, **dict(zip(ids, records, strict=True))}
+        mine = self._gather(pool, new_plan, held)
+        keep = pool.pool_ids[new_plan.carry]
+        holders = pool.pool_holders[new_plan.carry]
+        next_carry = _Carry(
+            keep,
+            pool.pool_lengths[new_plan.carry],
+            holders,
+            {i: held[i] for i in keep[holders == me].tolist()},
+        )
+        self.stats.windows += 1
+        self.stats.steps += len(new_plan.steps)
+        return pool, new_plan, mine, next_carry
+
+    def _share(self, lanes: tuple[LaneState, ...], carry: _Carry) -> tuple[int, int]:
+        """This rank's share of the window, ``(samples, tokens)`` (one of them 0): the
+        window's need split over the lanes that still hold samples (every rank knows them
+        all), so that every window progresses while any lane does."""
+        k, budget = self.window_steps, self.packing.tokens_per_step
+        left = [lane.remaining for lane in lanes]
+        live = [r for r, n in enumerate(left) if n > 0]
+        if self.rank not in live:
+            return 0, 0
+        if budget is not None:
+            need = max(0, (k + 1) * budget - int(carry.lengths.sum()))
+            return 0, -(-need // len(live))
+        assert self.batch_size is not None
+        need = max(0, k * self.batch_size - carry.ids.shape[0])
+        shares = [0] * len(left)
+        while need > 0 and (live := [r for r in live if left[r] > shares[r]]):
+            per, extra = divmod(need, len(live))
+            for i, r in enumerate(live):
+                give = min(per + (i < extra), left[r] - shares[r])
+                shares[r] += give
+                need -= give
+        return shares[self.rank], 0
+
+    def _truncate(self, record: Any) -> int:
+        length = int(self.source.length(record))
+        if self.packing.long_documents == "truncate":
+            return min(length, self.packing.length)
+        return length
+
+    def _gather(self, pool: StreamState, plan: WindowPlan, held: dict[int, Any]) -> dict[int, Any]:
+        """The records of this rank's planned samples: its own, then by index or by the
+        all-to-all from the ranks holding them."""
+        me = self.rank
+        planned = {int(i): int(r) for s in plan.steps for i, r in zip(s.ids, s.rank, strict=True)}
+        mine = {i: held[i] for i, r in planned.items() if r == me and i in held}
+        missing = [i for i, r in planned.items() if r == me and i not in held]
+        start = time.perf_counter()
+        if self.source.random_access:
+            mine.update(fetch_records(self.source, self._offsets, missing))
+            self.stats.rows_fetched += len(missing)
+        else:
+            holder = dict(zip(pool.pool_ids.tolist(), pool.pool_holders.tolist(), strict=True))
+            outgoing: list[list[tuple[int, Any]]] = [[] for _ in range(self.world_size)]
+            for i, r in planned.items():
+                if holder[i] == me and r != me:
+                    outgoing[r].append((i, held[i]))
+            payloads = [pickle.dumps(items) for items in outgoing]
+            self.stats.bytes_sent += sum(len(p) for r, p in enumerate(payloads) if r != me)
+            for received in self.collectives.alltoall(payloads):
+                mine.update(pickle.loads(received))
+        self.stats.exchanging += time.perf_counter() - start
+        return mine
+
+
+class _Lane:
+    """A lane and the open reader of its current shard."""
+
+    def __init__(self, state: LaneState, source: Any, offsets: np.ndarray) -> None:
+        self.state, self._source, self._offsets = state, source, offsets
+        self._reader: Iterator[Any] | None = None
+        self._at: tuple[int, int] | None = None
+
+    def take(
+        self, share: tuple[int, int], length_of: Any
+    ) -> tuple[list[int], list[int], list[Any]]:
+        """Samples out of the shuffle buffer until ``share`` (samples, tokens) is met or
+        the lane is empty: ids, lengths, records."""
+        count, tokens = share
+        ids: list[int] = []
+        lengths: list[int] = []
+        records: list[Any] = []
+        lane = self.state
+        left, taken = lane.remaining, 0
+        while (len(ids) < count or (tokens and taken < tokens)) and left:
+            if lane.segments:
+                shard, row = lane.segments[0][0], lane.segments[0][1]
+                if self._at != (shard, row) or self._reader is None:
+                    self._reader = iter(self._source.read(shard, row))
+                record = next(self._reader)
+                out = lane.offer(int(self._offsets[shard] + row), length_of(record), record)
+                self._at = (shard, row + 1)
+                if out is None:
+                    continue
+            else:
+                out = lane.drain()
+            left -= 1
+            ids.append(out[0])
+            lengths.append(out[1])
+            records.append(out[2])
+            taken += out[1]
+        return ids, lengths, records

@@ -1,0 +1,78 @@
+"""StreamingDataset in one process: collated packed micro-batches, StatefulDataLoader
+resume bitwise, and the worker-process guard."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from stream_source import make_source  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+from chronica.core.packing import Packing  # noqa: E402
+from chronica.torch import StreamingDataset  # noqa: E402
+
+PACKING = Packing(max_tokens=1024, row_length=512)
+OPTIONS = {"batch_size": 12, "buffer_size": 6, "window_steps": 2, "seed": 1}
+
+
+def _signature(batch):
+    return (
+        batch["indices"].tolist(), batch["cu_seqlens"].tolist(), batch["input_ids"].tolist(),
+        batch["loss_weight"], batch["step"], batch["micro"], batch["epoch"],
+    )  # fmt: skip
+
+
+def test_micro_batches_are_packed_rows_of_the_stream():
+    source = make_source()
+    batches = list(DataLoader(StreamingDataset(source, PACKING, **OPTIONS), batch_size=None))
+    seen = sorted(i for b in batches for i in b["indices"].tolist())
+    assert seen == list(range(int(source.offsets[-1])))
+    weights = {}
+    for b in batches:
+        lengths = torch.diff(b["cu_seqlens"]).tolist()
+        assert sum(lengths) == b["num_tokens"] <= 1024
+        for doc, start, n in zip(
+            b["indices"].tolist(), b["cu_seqlens"][:-1].tolist(), lengths, strict=True
+        ):
+            assert b["input_ids"][start : start + n].eq(doc).all()
+            assert b["position_ids"][start : start + n].tolist() == list(range(n))
+        weights[b["step"]] = weights.get(b["step"], 0.0) + b["loss_weight"]
+        assert b["last"] == (b["micro"] == b["num_micro"] - 1)
+    assert all(abs(w - 1.0) < 1e-9 for w in weights.values())
+
+
+def test_stateful_dataloader_resumes_bitwise():
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    source = make_source(random_access=False)
+    full = [
+        _signature(b)
+        for b in stateful.StatefulDataLoader(
+            StreamingDataset(source, PACKING, **OPTIONS), batch_size=None
+        )
+    ]
+    loader = stateful.StatefulDataLoader(
+        StreamingDataset(source, PACKING, **OPTIONS), batch_size=None
+    )
+    part = []
+    for batch in loader:
+        part.append(_signature(batch))
+        if len(part) == 9:
+            break
+    state = loader.state_dict()
+    again = stateful.StatefulDataLoader(
+        StreamingDataset(source, PACKING, **OPTIONS), batch_size=None
+    )
+    again.load_state_dict(state)
+    assert part + [_signature(b) for b in again] == full
+
+
+def test_pad_to_and_the_worker_guard():
+    dataset = StreamingDataset(make_source(), PACKING, pad_to=1024, **OPTIONS)
+    batch = next(iter(dataset))
+    assert batch["input_ids"].shape == (1024,) and "StreamingDataset(StreamingEngine(" in repr(
+        dataset
+    )
+    with pytest.raises(ValueError, match="num_workers=0"):
+        next(iter(DataLoader(dataset, batch_size=None, num_workers=1)))

@@ -1,0 +1,181 @@
+"""The streaming engine over an in-memory source, its ranks as threads: exactly-once per
+pass, equal micro-batch counts, caps, bitwise mid-window resume, resume at another world,
+passes without end, both delivery paths."""
+
+import threading
+
+import numpy as np
+import pytest
+from stream_source import ListSource, make_source, run_ranks
+from workers import scaled
+
+from chronica.core.packing import Packing
+from chronica.runtime.streaming import StreamingEngine
+from chronica.runtime.streaming_exchange import LocalGroup
+
+PACKING = Packing(max_tokens=1024, row_length=512)
+OPTIONS = {"batch_size": 12, "buffer_size": 6, "window_steps": 2, "seed": 3}
+
+
+def _ids(batches):
+    return [i for rank in batches for b in rank for i in b.ids.tolist()]
+
+
+def _signature(batch):
+    return (
+        batch.ids.tolist(), batch.rows.tolist(), batch.step, batch.micro, batch.num_micro,
+        batch.loss_weight, [r["input_ids"].tolist() for r in batch.records],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("random_access", [True, False])
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_one_pass_gives_every_sample_once_in_equal_counts_under_the_cap(world, random_access):
+    source = make_source(random_access=random_access)
+    out, states, engines = run_ranks(source, world, PACKING, **OPTIONS)
+    assert sorted(_ids(out)) == list(range(engines[0].num_samples))
+    assert len({len(rank) for rank in out}) == 1
+    for rank in out:
+        for b in rank:
+            assert b.lengths.sum() <= 1024 and 0 <= b.micro < b.num_micro
+            for row in np.unique(b.rows):
+                assert b.lengths[b.rows == row].sum() <= 512
+            assert [int(r["id"]) for r in b.records] == b.ids.tolist()
+    steps = [[(b.step, b.num_micro) for b in rank] for rank in out]
+    assert all(s == steps[0] for s in steps)
+    assert all(s == states[0] for s in states)
+    moved = sum(e.stats.bytes_sent for e in engines)
+    assert (moved > 0) == (not random_access and world > 1)
+
+
+@pytest.mark.parametrize("cut", [1, 4, 9])
+def test_resume_mid_window_is_bitwise_the_uninterrupted_run(cut):
+    source = make_source(random_access=False)
+    full, _, _ = run_ranks(source, 2, PACKING, **OPTIONS)
+    part, states, _ = run_ranks(source, 2, PACKING, limit=cut, **OPTIONS)
+    rest, _, _ = run_ranks(source, 2, PACKING, states=states, **OPTIONS)
+    for r in range(2):
+        assert [_signature(b) for b in part[r] + rest[r]] == [_signature(b) for b in full[r]]
+
+
+@pytest.mark.parametrize("world", [1, 3, 4])
+def test_resume_at_another_world_keeps_exactly_once(world):
+    source = make_source()
+    part, states, engines = run_ranks(source, 2, PACKING, limit=5, **OPTIONS)
+    rest, _, _ = run_ranks(source, world, PACKING, states=[states[0]] * world, **OPTIONS)
+    assert sorted(_ids(part) + _ids(rest)) == list(range(engines[0].num_samples))
+    assert len({len(rank) for rank in rest}) == 1
+
+
+def test_passes_follow_each_other_and_differ_in_order():
+    source = make_source(shards=4, mean=20)
+    n = int(source.offsets[-1])
+    group = LocalGroup(1)
+    engine = StreamingEngine(source, PACKING, group.rank(0), infinite=True, **OPTIONS)
+    batches = engine.micro_batches()
+    seen = []
+    while len(seen) < 2 * n:
+        seen.extend(next(batches).ids.tolist())
+    batches.close()
+    assert sorted(seen[:n]) == list(range(n)) and sorted(seen[n : 2 * n]) == list(range(n))
+    assert seen[:n] != seen[n : 2 * n]
+    finite = StreamingEngine(source, PACKING, LocalGroup(1).rank(0), **OPTIONS)
+    first = [i for b in finite.micro_batches() for i in b.ids.tolist()]
+    second = [i for b in finite.micro_batches() for i in b.ids.tolist()]
+    assert sorted(first) == sorted(second) == list(range(n)) and first != second
+
+
+def test_token_budget_steps():
+    source = make_source()
+    packing = Packing(max_tokens=1024, tokens_per_step=3000)
+    out, _, engines = run_ranks(source, 2, packing, window_steps=1, buffer_size=4)
+    assert sorted(_ids(out)) == list(range(engines[0].num_samples))
+    tokens = {}
+    for rank in out:
+        for b in rank:
+            tokens[b.step] = tokens.get(b.step, 0) + int(b.lengths.sum())
+    assert max(tokens.values()) <= 3000
+
+
+def test_wrong_arguments_are_named():
+    source = make_source()
+    rank = LocalGroup(1).rank(0)
+    with pytest.raises(TypeError, match="packing"):
+        StreamingEngine(source, 1024, rank, batch_size=4)
+    with pytest.raises(ValueError, match="split"):
+        StreamingEngine(source, Packing(max_tokens=8, long_documents="split"), rank, batch_size=4)
+    with pytest.raises(TypeError, match="collectives"):
+        StreamingEngine(source, PACKING, object(), batch_size=4)
+    with pytest.raises(ValueError, match="window_steps"):
+        StreamingEngine(source, PACKING, rank, batch_size=4, window_steps=0)
+    assert "StreamingEngine(rank=0" in repr(StreamingEngine(source, PACKING, rank, batch_size=4))
+
+
+@pytest.mark.parametrize("window_steps", [1, 3])
+def test_a_lane_that_runs_dry_early_does_not_stall_the_others(window_steps):
+    source = ListSource([[5] * 3, [7] * 90, [3] * 2])
+    out, _, _ = run_ranks(
+        source, 3, Packing(max_tokens=64), batch_size=10, window_steps=window_steps, buffer_size=4
+    )
+    assert sorted(_ids(out)) == list(range(95))
+    assert len({len(rank) for rank in out}) == 1
+
+
+def test_close_stops_planning_and_a_new_iteration_continues_where_it_stopped():
+    source = make_source(shards=4, mean=20)
+    full = [
+        _signature(b)
+        for b in StreamingEngine(source, PACKING, LocalGroup(1).rank(0), **OPTIONS).micro_batches()
+    ]
+    engine = StreamingEngine(source, PACKING, LocalGroup(1).rank(0), **OPTIONS)
+    batches = engine.micro_batches()
+    head = [_signature(next(batches)) for _ in range(3)]
+    state = engine.state_dict()
+    engine.close()
+    assert engine.state_dict() == state
+    assert head + [_signature(b) for b in engine.micro_batches()] == full
+
+
+class _LaggingRank:
+    """A rank's collectives whose thread lags after its second all-gather until ``gate``
+    opens: the other rank's thread runs a window ahead meanwhile."""
+
+    def __init__(self, inner, gate):
+        self.inner, self.gate, self.calls = inner, gate, 0
+        self.rank, self.world_size = inner.rank, inner.world_size
+
+    def allgather(self, payload):
+        out = self.inner.allgather(payload)
+        self.calls += 1
+        if self.calls == 2:
+            self.gate.wait()
+        return out
+
+    def alltoall(self, payloads):
+        return self.inner.alltoall(payloads)
+
+
+def test_closing_when_one_ranks_planning_lags_leaves_no_collective_waiting():
+    source = make_source()
+    group, gate, stopped = LocalGroup(2), threading.Event(), threading.Barrier(2)
+    ranks = [group.rank(0), _LaggingRank(group.rank(1), gate)]
+    engines = [StreamingEngine(source, PACKING, c, **OPTIONS) for c in ranks]
+    states = [None, None]
+
+    def run(r):
+        batches = engines[r].micro_batches()
+        next(batches)
+        engines[r]._run.stop.set()  # both stop at one micro-batch, rank 1's thread lagging
+        stopped.wait()
+        if r == 1:
+            gate.set()
+        engines[r].close()
+        states[r] = engines[r].state_dict()
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=scaled(60))
+    assert not any(t.is_alive() for t in threads), "a planning thread waits for its peer"
+    assert states[0] == states[1] and states[0]["consumed"] == 1
