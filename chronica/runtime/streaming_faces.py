@@ -141,9 +141,9 @@ def dense_rows(
     ``positions`` (``int32``), each ``(packing.rows, packing.length)`` as
     ``chronica.runtime.rows`` lays them out (segments ``1, 2, ...`` per row, 0 on padding),
     ``ids`` (``int64``, the samples' global ids then ``-1``: ``rows * length`` entries, one
-    static shape), ``lengths`` (their tokens, then 0), ``loss_weight`` (``float32``), ``epoch``, ``step``,
-    ``micro``, ``num_micro`` (``int64``). A long sample truncated by the packing
-    (``long_documents="truncate"``) keeps its first tokens.
+    static shape), ``lengths`` (their tokens, then 0), ``loss_weight`` (``float32``),
+    ``epoch``, ``step``, ``micro``, ``num_micro`` (``int64``). A long sample truncated by
+    the packing (``long_documents="truncate"``) keeps its first tokens.
 
     Args:
         batch: the engine's micro-batch.

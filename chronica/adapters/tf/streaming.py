@@ -136,7 +136,9 @@ class TFStream:
             "lengths": tf.TensorSpec((rows * length,), tf.int64),
             "loss_weight": tf.TensorSpec((), tf.float32),
         }
-        return spec | {k: tf.TensorSpec((), tf.int64) for k in ("epoch", "step", "micro", "num_micro")}
+        return spec | {
+            k: tf.TensorSpec((), tf.int64) for k in ("epoch", "step", "micro", "num_micro")
+        }
 
     @property
     def dataset(self) -> tf.data.Dataset:
@@ -170,7 +172,9 @@ class TFStream:
         if delivered is None:
             return self.engine.state_dict()
         if not isinstance(delivered, Mapping):
-            raise TypeError(f"delivered must be an element (a dict), got {type(delivered).__name__}")
+            raise TypeError(
+                f"delivered must be an element (a dict), got {type(delivered).__name__}"
+            )
         place = (int(np.asarray(delivered["step"])), int(np.asarray(delivered["micro"])))
         if place not in self._states:
             raise ValueError(

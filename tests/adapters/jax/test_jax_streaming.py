@@ -11,11 +11,11 @@ import pytest
 
 pytest.importorskip("jax")
 
-from stream_source import make_source  # noqa: E402
-from workers import HELPERS, ROOT, base_env, free_port, run_workers  # noqa: E402
+from stream_source import make_source
+from workers import HELPERS, ROOT, base_env, free_port, run_workers
 
-import chronica.jax  # noqa: E402
-from chronica.core.packing import Packing  # noqa: E402
+import chronica.jax
+from chronica.core.packing import Packing
 
 PACKING = Packing(max_tokens=1024, row_length=512)
 OPTIONS = {"batch_size": 12, "buffer_size": 6, "window_steps": 2, "seed": 3}
@@ -67,7 +67,10 @@ def test_two_jax_processes_stream_every_sample_once_and_resume_bitwise(tmp_path)
     outs = [tmp_path / f"p{r}.json" for r in range(2)]
     worker = str(HELPERS / "jax_stream_worker.py")
     run_workers(
-        [[sys.executable, worker, str(port), str(r), str(out), str(cut)] for r, out in enumerate(outs)],
+        [
+            [sys.executable, worker, str(port), str(r), str(out), str(cut)]
+            for r, out in enumerate(outs)
+        ],
         base_env(ROOT, JAX_PLATFORMS="cpu"),
         timeout=180,
     )
