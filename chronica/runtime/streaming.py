@@ -289,13 +289,16 @@ class StreamingEngine:
 
     def _produce(self, position: StreamState, out: queue.Queue[Any], stop: threading.Event) -> None:
         def put(item: Any) -> bool:
-            while not stop.is_set():
+            # A window goes out whenever the queue has room, stop or not: whether the next
+            # window (and its collectives) is built then depends only on what the consumer
+            # took, the same on every rank at a close, never on when each rank's stop came.
+            while True:
                 try:
                     out.put(item, timeout=0.1)
                     return True
                 except queue.Full:
-                    continue
-            return False
+                    if stop.is_set():
+                        return False
 
         try:
             state, consumed = position, position.consumed

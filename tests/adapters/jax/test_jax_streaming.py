@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from workers import HELPERS, ROOT, base_env, free_port, run_workers
 
 import chronica.jax
 from chronica.core.packing import Packing
+from chronica.runtime.streaming_exchange import LocalGroup
 
 PACKING = Packing(max_tokens=1024, row_length=512)
 OPTIONS = {"batch_size": 12, "buffer_size": 6, "window_steps": 2, "seed": 3}
@@ -83,3 +85,30 @@ def test_two_jax_processes_stream_every_sample_once_and_resume_bitwise(tmp_path)
     for r in reports:
         assert r["part"] == r["full"][:cut]
         assert r["rest"] == r["full"][cut:]
+
+
+def test_injected_collectives_and_a_resume_at_another_world_keep_exactly_once():
+    """Two ranks as threads (``LocalGroup``) stop mid-pass; one rank finishes the pass."""
+    source, cut = make_source(), 6
+    group = LocalGroup(2)
+    streams = [
+        chronica.jax.stream(source, PACKING, collectives=group.rank(r), **OPTIONS) for r in range(2)
+    ]
+    done = [[], []]
+
+    def run(r):
+        done[r] = [next(streams[r]) for _ in range(cut)]
+        streams[r].close()
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    states = [s.state_dict() for s in streams]
+    assert states[0] == states[1]
+    alone = chronica.jax.stream(source, PACKING, **OPTIONS)
+    alone.load_state_dict(states[0])
+    rest = list(alone)
+    ids = [i for b in done[0] + done[1] + rest for i in b["ids"].tolist() if i >= 0]
+    assert sorted(ids) == list(range(source.offsets[-1]))
