@@ -14,6 +14,11 @@ sampler=steps.sampler(), worker_count=N)`` or ``grain.MapDataset.source(steps)``
 Grain's workers keep chronica's balance and Grain's checkpoints keep its position; see
 ``chronica.adapters.grain.StepSource`` (grain is imported only by ``sampler()``).
 
+``chronica.jax.stream(source, packing, batch_size=B)``: a sharded stream as an iterator of
+this process's packed micro-batches (numpy dense rows), planned window by window across the
+processes over ``jax.distributed``'s coordination service, with ``state_dict()`` /
+``load_state_dict()``; see ``chronica.adapters.jax.streaming``.
+
 ``chronica.jax.ScheduledReducer(priority=chronica.jax.forward_order(loss, params, batch))``
 averages gradient pytrees across ``jax.distributed`` processes partition by partition, first
 layers first, under a credit of bytes in flight; see ``chronica.adapters.jax.grad``.
@@ -28,8 +33,10 @@ from chronica.adapters.jax.grad import (
     forward_order,
     per_leaf,
 )
+from chronica.adapters.jax.streaming import JaxStream, stream
 
 __all__ = [
+    "JaxStream",
     "PerLeaf",
     "ReducedLeaves",
     "ScheduledIterator",
@@ -38,4 +45,5 @@ __all__ = [
     "forward_order",
     "iterator",
     "per_leaf",
+    "stream",
 ]

@@ -14,6 +14,11 @@ with ``fit``; ``backup_dir=`` for exact mid-epoch backup and restore);
 ``chronica.tf.patch_keras_multiworker()`` works around Keras 3's failing ``fit`` under
 ``MultiWorkerMirroredStrategy`` with several workers.
 
+``chronica.tf.stream(source, packing, batch_size=B).dataset``: a sharded stream as a
+``tf.data.Dataset`` of this worker's packed micro-batches (dense rows), planned window by
+window across the workers over TensorFlow's coordination service, with
+``get_state(delivered=batch)``/``set_state``; see ``chronica.adapters.tf.streaming``.
+
 ``chronica.tf.ScheduledAllReduce(...).apply_gradients(optimizer, zip(grads, variables))``
 inside ``strategy.run``: gradient-priority scheduling, see ``chronica.adapters.tf.grad``.
 """
@@ -21,13 +26,16 @@ inside ``strategy.run``: gradient-priority scheduling, see ``chronica.adapters.t
 from chronica.adapters.tf import Schedule, schedule
 from chronica.adapters.tf.fit import ScheduleCallback, patch_keras_multiworker
 from chronica.adapters.tf.grad import ScheduledAllReduce, forward_order, multi_step
+from chronica.adapters.tf.streaming import TFStream, stream
 
 __all__ = [
     "Schedule",
     "ScheduleCallback",
     "ScheduledAllReduce",
+    "TFStream",
     "forward_order",
     "multi_step",
     "patch_keras_multiworker",
     "schedule",
+    "stream",
 ]
