@@ -21,6 +21,7 @@ world size, and with exactly-once for the rest of the pass for another.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import queue
 import threading
@@ -120,12 +121,10 @@ class _Window:
 
 @dataclass
 class _Run:
-    """One ``micro_batches()`` run: the planned windows' queue, the stop signal, and the
-    windows the consumer took."""
+    """One ``micro_batches()`` run: the planned windows' queue and the stop signal."""
 
     out: queue.Queue[Any]
     stop: threading.Event
-    taken: int = 0
 
 
 @dataclass
@@ -237,17 +236,18 @@ class StreamingEngine:
                     break
                 if isinstance(window, BaseException):
                     raise window
-                run.taken += 1
                 self._position, self._served = window.state, window.start
                 yield from self._serve(window)
         finally:
             run.stop.set()
 
     def close(self) -> None:
-        """Stop the planning thread and wait for it (it builds on to the window every rank's
-        thread reaches, whose collectives the others run too): call it on every rank at the
-        same point of the stream, before the process group is destroyed, when a pass is
-        left unfinished. A later ``micro_batches()`` starts again from ``state_dict()``."""
+        """Stop the planning thread and wait for it: it takes part in one more window's
+        exchange, which tells every rank's thread to stop after that window, so no rank is
+        left waiting in a collective whatever each consumer had prefetched. Call it on every
+        rank at the same point of the stream, before the process group is destroyed, when a
+        pass is left unfinished. A later ``micro_batches()`` starts again from
+        ``state_dict()``."""
         if self._thread is not None:
             self._run.stop.set()
             self._thread.join()
@@ -299,25 +299,19 @@ class StreamingEngine:
         return plan
 
     def _produce(self, position: StreamState, run: _Run) -> None:
-        built = 0
-
+        # How the ranks' threads end together: a stopped thread does not wait for room in
+        # its queue; it builds the next window, whose exchange carries its stop, and every
+        # rank's thread ends after the first window whose exchange carries one. The threads
+        # meet in every exchange, so they all end after the same window, however many
+        # windows each rank's consumer had taken or prefetched.
         def put(item: Any) -> bool:
-            while not run.stop.is_set():
+            while True:
                 try:
                     run.out.put(item, timeout=0.1)
                     return True
                 except queue.Full:
-                    continue
-            return False
-
-        def deliver(window: _Window) -> bool:
-            """Hand ``window`` over; whether to build the next. Once stopped, the thread
-            builds on (discarding) until it has built two windows more than the consumer
-            took: the most any rank's thread builds ahead, so every rank's thread ends after
-            the same windows and no collective is left without its peers."""
-            nonlocal built
-            built += 1
-            return put(window) or built < run.taken + 2
+                    if run.stop.is_set():
+                        return False
 
         try:
             state, consumed = position, position.consumed
@@ -330,17 +324,21 @@ class StreamingEngine:
                 mine = [i for s in plan.steps for i in s.ids[s.rank == self.rank].tolist()]
                 window = _Window(state, plan, fetch_records(self.source, self._offsets, mine))
                 window.start = consumed
-                if not deliver(window):
-                    return
+                put(window)
             while True:
                 if state.exhausted and carry.ids.shape[0] == 0:
                     if not self.infinite:
                         put(_END)
                         return
                     state, plan, lane = self._next_epoch(state, plan)
-                state, plan, records, carry = self._window(state, plan, lane, carry)
-                if not deliver(_Window(state, plan, records)):
+                state, plan, records, carry, stopping = self._window(
+                    state, plan, lane, carry, run.stop.is_set()
+                )
+                if stopping:
+                    with contextlib.suppress(queue.Full):
+                        run.out.put_nowait(_END)  # a consumer still waiting ends its pass
                     return
+                put(_Window(state, plan, records))
         except BaseException as error:  # handed to the consumer, raised there
             put(error)
 
@@ -371,15 +369,16 @@ class StreamingEngine:
         return _Carry(ids, lengths, holders, held)
 
     def _window(
-        self, state: StreamState, plan: WindowPlan, lane: _Lane, carry: _Carry
-    ) -> tuple[StreamState, WindowPlan, dict[int, Any], _Carry]:
-        """Read this rank's share, exchange, plan and gather the next window."""
+        self, state: StreamState, plan: WindowPlan, lane: _Lane, carry: _Carry, stop: bool
+    ) -> tuple[StreamState, WindowPlan, dict[int, Any], _Carry, bool]:
+        """Read this rank's share, exchange, plan and gather the next window; the last
+        element: whether any rank's thread was stopping (this one's is ``stop``)."""
         w, me = self.world_size, self.rank
         start = time.perf_counter()
         ids, lengths, records = lane.take(self._share(state.lanes, carry), self._truncate)
         self.stats.reading += time.perf_counter() - start
         start = time.perf_counter()
-        payload = pickle.dumps((ids, lengths, lane.state.to_dict()))
+        payload = pickle.dumps((ids, lengths, lane.state.to_dict(), stop))
         parts = [pickle.loads(p) for p in self.collectives.allgather(payload)]
         self.stats.exchanging += time.perf_counter() - start
         longest = max(len(p[0]) for p in parts)
@@ -411,7 +410,7 @@ class StreamingEngine:
         )
         self.stats.windows += 1
         self.stats.steps += len(new_plan.steps)
-        return pool, new_plan, mine, next_carry
+        return pool, new_plan, mine, next_carry, any(p[3] for p in parts)
 
     def _share(self, lanes: tuple[LaneState, ...], carry: _Carry) -> tuple[int, int]:
         """This rank's share of the window, ``(samples, tokens)`` (one of them 0): the
