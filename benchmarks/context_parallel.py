@@ -30,6 +30,7 @@ import numpy as np
 
 from benchmarks.common import machine_info, read_lengths
 from benchmarks.cp_allgather import measure
+from benchmarks.outliers import DATA, Data
 from benchmarks.packing import default_data_dir
 from chronica import CostModel, Packing, plan_step
 from chronica.sim.context import CommModel, simulate_context
@@ -51,29 +52,6 @@ COMM_TARGET = 0.10
 COMM_BYTES = (1 << 20, 1 << 21, 1 << 22, 1 << 23)
 COMM_CHECKED = 2
 SIM_WORLDS = (64, 256, 1024)
-
-
-@dataclass(frozen=True)
-class Data:
-    """Where lengths come from: a file of the shared data, or lognormal(mu, sigma)."""
-
-    key: str
-    label: str
-    file: str | None = None
-    mu: float = 0.0
-    sigma: float = 0.0
-
-
-DATA = {
-    d.key: d
-    for d in (
-        Data("ln6-1.0", "lognormal(6, 1.0)", mu=6.0, sigma=1.0),
-        Data("ln6-1.5", "lognormal(6, 1.5)", mu=6.0, sigma=1.5),
-        Data("ln7-1.5", "lognormal(7, 1.5)", mu=7.0, sigma=1.5),
-        Data("lee", "lee_lengths.txt", "lee_lengths.txt"),
-        Data("head500", "head500_lengths.txt", "head500_lengths.txt"),
-    )
-}
 
 
 @dataclass(frozen=True)
