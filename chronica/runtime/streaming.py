@@ -450,20 +450,24 @@ class StreamingEngine:
     def _gather(self, pool: StreamState, plan: WindowPlan, held: dict[int, Any]) -> dict[int, Any]:
         """The records of this rank's planned samples: its own, then by index or by the
         all-to-all from the ranks holding them."""
-        me = self.rank
-        planned = {int(i): int(r) for s in plan.steps for i, r in zip(s.ids, s.rank, strict=True)}
-        mine = {i: held[i] for i, r in planned.items() if r == me and i in held}
-        missing = [i for i, r in planned.items() if r == me and i not in held]
+        me, empty = self.rank, np.zeros(0, np.int64)
+        ids = np.concatenate([empty, *(s.ids for s in plan.steps)])
+        ranks = np.concatenate([empty, *(s.rank for s in plan.steps)])
+        wanted = ids[ranks == me].tolist()
+        mine = {i: held[i] for i in wanted if i in held}
+        missing = [i for i in wanted if i not in held]
         start = time.perf_counter()
         if self.source.random_access:
             mine.update(fetch_records(self.source, self._offsets, missing))
             self.stats.rows_fetched += len(missing)
         else:
-            holder = dict(zip(pool.pool_ids.tolist(), pool.pool_holders.tolist(), strict=True))
-            outgoing: list[list[tuple[int, Any]]] = [[] for _ in range(self.world_size)]
-            for i, r in planned.items():
-                if holder[i] == me and r != me:
-                    outgoing[r].append((i, held[i]))
+            by_id = np.argsort(pool.pool_ids, kind="stable")
+            at = by_id[np.searchsorted(pool.pool_ids[by_id], ids)]
+            sent = pool.pool_holders[at] == me
+            outgoing = [
+                [(i, held[i]) for i in ids[sent & (ranks == r)].tolist()] if r != me else []
+                for r in range(self.world_size)
+            ]
             payloads = [pickle.dumps(items) for items in outgoing]
             self.stats.bytes_sent += sum(len(p) for r, p in enumerate(payloads) if r != me)
             for received in self.collectives.alltoall(payloads):
