@@ -255,24 +255,46 @@ class StreamingEngine:
             self._thread = None
 
     def _serve(self, window: _Window) -> Iterator[StreamMicroBatch]:
-        served, state = 0, window.state
-        for index, step in enumerate(window.plan.steps):
-            for micro, positions in enumerate(step.positions(self.rank)):
+        # The window's samples of this rank sorted once by (step, micro-batch, row, pool
+        # position), its records gathered once; every micro-batch is a slice of them (an
+        # empty one where the rank has no sample in it).
+        me, state, steps = self.rank, window.state, window.plan.steps
+        empty = np.zeros(0, np.int64)
+        first = np.cumsum([0] + [s.num_micro for s in steps])
+        part = [s.rank == me for s in steps]
+        ids, lengths, rows, micro, position = (
+            np.concatenate([empty, *(v[m] for v, m in zip(column, part, strict=True))])
+            for column in (
+                [s.ids for s in steps],
+                [s.lengths for s in steps],
+                [s.row for s in steps],
+                [first[i] + s.micro for i, s in enumerate(steps)],
+                [np.arange(s.ids.shape[0]) for s in steps],
+            )
+        )
+        order = np.lexsort((position, rows, micro))
+        ids, lengths, rows = ids[order], lengths[order], rows[order]
+        cut = np.searchsorted(micro[order], np.arange(first[-1] + 1)).tolist()
+        records = [window.records[i] for i in ids.tolist()]
+        served = 0
+        for index, step in enumerate(steps):
+            weights = step.weights[me].tolist()
+            for m in range(step.num_micro):
                 served += 1
                 if served <= window.start:
                     continue
-                ids = step.ids[positions]
+                a, b = cut[first[index] + m], cut[first[index] + m + 1]
                 self._served = served
                 yield StreamMicroBatch(
-                    records=[window.records[i] for i in ids.tolist()],
-                    ids=ids,
-                    lengths=step.lengths[positions],
-                    rows=step.row[positions],
+                    records=records[a:b],
+                    ids=ids[a:b],
+                    lengths=lengths[a:b],
+                    rows=rows[a:b],
                     epoch=state.epoch,
                     step=state.step + index,
-                    micro=micro,
+                    micro=m,
                     num_micro=step.num_micro,
-                    loss_weight=float(step.weights[self.rank, micro]),
+                    loss_weight=weights[m],
                 )
 
     # The planning thread -------------------------------------------------------------
