@@ -22,6 +22,7 @@ world size, and with exactly-once for the rest of the pass for another.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import pickle
 import queue
 import threading
@@ -254,24 +255,46 @@ class StreamingEngine:
             self._thread = None
 
     def _serve(self, window: _Window) -> Iterator[StreamMicroBatch]:
-        served, state = 0, window.state
-        for index, step in enumerate(window.plan.steps):
-            for micro, positions in enumerate(step.positions(self.rank)):
+        # The window's samples of this rank sorted once by (step, micro-batch, row, pool
+        # position), its records gathered once; every micro-batch is a slice of them (an
+        # empty one where the rank has no sample in it).
+        me, state, steps = self.rank, window.state, window.plan.steps
+        empty = np.zeros(0, np.int64)
+        first = np.cumsum([0] + [s.num_micro for s in steps])
+        part = [s.rank == me for s in steps]
+        ids, lengths, rows, micro, position = (
+            np.concatenate([empty, *(v[m] for v, m in zip(column, part, strict=True))])
+            for column in (
+                [s.ids for s in steps],
+                [s.lengths for s in steps],
+                [s.row for s in steps],
+                [first[i] + s.micro for i, s in enumerate(steps)],
+                [np.arange(s.ids.shape[0]) for s in steps],
+            )
+        )
+        order = np.lexsort((position, rows, micro))
+        ids, lengths, rows = ids[order], lengths[order], rows[order]
+        cut = np.searchsorted(micro[order], np.arange(first[-1] + 1)).tolist()
+        records = [window.records[i] for i in ids.tolist()]
+        served = 0
+        for index, step in enumerate(steps):
+            weights = step.weights[me].tolist()
+            for m in range(step.num_micro):
                 served += 1
                 if served <= window.start:
                     continue
-                ids = step.ids[positions]
+                a, b = cut[first[index] + m], cut[first[index] + m + 1]
                 self._served = served
                 yield StreamMicroBatch(
-                    records=[window.records[i] for i in ids.tolist()],
-                    ids=ids,
-                    lengths=step.lengths[positions],
-                    rows=step.row[positions],
+                    records=records[a:b],
+                    ids=ids[a:b],
+                    lengths=lengths[a:b],
+                    rows=rows[a:b],
                     epoch=state.epoch,
                     step=state.step + index,
-                    micro=micro,
+                    micro=m,
                     num_micro=step.num_micro,
-                    loss_weight=float(step.weights[self.rank, micro]),
+                    loss_weight=weights[m],
                 )
 
     # The planning thread -------------------------------------------------------------
@@ -375,30 +398,33 @@ class StreamingEngine:
         element: whether any rank's thread was stopping (this one's is ``stop``)."""
         w, me = self.world_size, self.rank
         start = time.perf_counter()
-        ids, lengths, records = lane.take(self._share(state.lanes, carry), self._truncate)
+        ids, lengths, records = lane.take(self._share(state.lanes, carry), self._lengths)
         self.stats.reading += time.perf_counter() - start
         start = time.perf_counter()
         payload = pickle.dumps((ids, lengths, lane.state.to_dict(), stop))
         parts = [pickle.loads(p) for p in self.collectives.allgather(payload)]
         self.stats.exchanging += time.perf_counter() - start
-        longest = max(len(p[0]) for p in parts)
-        order = [(r, j) for j in range(longest) for r in range(w) if j < len(parts[r][0])]
+        # The ranks' samples interleaved: the j-th sample of every rank, rank after rank.
+        counts = [len(p[0]) for p in parts]
+        holders = np.repeat(np.arange(w, dtype=np.int64), counts)
+        place = np.concatenate([np.arange(n, dtype=np.int64) for n in counts]) * w + holders
+        order = np.argsort(place, kind="stable")
         pool = StreamState(
             world_size=w,
             epoch=state.epoch,
             window=state.window + 1,
             step=state.step + len(plan.steps),
             consumed=0,
-            pool_ids=np.array(carry.ids.tolist() + [parts[r][0][j] for r, j in order], np.int64),
-            pool_lengths=np.array(
-                carry.lengths.tolist() + [parts[r][1][j] for r, j in order], np.int64
+            pool_ids=np.concatenate([carry.ids, np.concatenate([p[0] for p in parts])[order]]),
+            pool_lengths=np.concatenate(
+                [carry.lengths, np.concatenate([p[1] for p in parts])[order]]
             ),
-            pool_holders=np.array(carry.holders.tolist() + [r for r, _ in order], np.int64),
+            pool_holders=np.concatenate([carry.holders, holders[order]]),
             lanes=tuple(LaneState.from_dict(p[2]) for p in parts),
             generation=state.generation,
         )
         new_plan = self._plan(pool)
-        held = {**carry.held, **dict(zip(ids, records, strict=True))}
+        held = {**carry.held, **dict(zip(ids.tolist(), records, strict=True))}
         mine = self._gather(pool, new_plan, held)
         keep = pool.pool_ids[new_plan.carry]
         holders = pool.pool_holders[new_plan.carry]
@@ -435,29 +461,35 @@ class StreamingEngine:
                 need -= give
         return shares[self.rank], 0
 
-    def _truncate(self, record: Any) -> int:
-        length = int(self.source.length(record))
+    def _lengths(self, records: list[Any]) -> np.ndarray:
+        """The records' tokens, cut to a row with ``long_documents="truncate"``."""
+        length = self.source.length
+        lengths = np.fromiter((length(r) for r in records), np.int64, len(records))
         if self.packing.long_documents == "truncate":
-            return min(length, self.packing.length)
-        return length
+            return np.minimum(lengths, self.packing.length)
+        return lengths
 
     def _gather(self, pool: StreamState, plan: WindowPlan, held: dict[int, Any]) -> dict[int, Any]:
         """The records of this rank's planned samples: its own, then by index or by the
         all-to-all from the ranks holding them."""
-        me = self.rank
-        planned = {int(i): int(r) for s in plan.steps for i, r in zip(s.ids, s.rank, strict=True)}
-        mine = {i: held[i] for i, r in planned.items() if r == me and i in held}
-        missing = [i for i, r in planned.items() if r == me and i not in held]
+        me, empty = self.rank, np.zeros(0, np.int64)
+        ids = np.concatenate([empty, *(s.ids for s in plan.steps)])
+        ranks = np.concatenate([empty, *(s.rank for s in plan.steps)])
+        wanted = ids[ranks == me].tolist()
+        mine = {i: held[i] for i in wanted if i in held}
+        missing = [i for i in wanted if i not in held]
         start = time.perf_counter()
         if self.source.random_access:
             mine.update(fetch_records(self.source, self._offsets, missing))
             self.stats.rows_fetched += len(missing)
         else:
-            holder = dict(zip(pool.pool_ids.tolist(), pool.pool_holders.tolist(), strict=True))
-            outgoing: list[list[tuple[int, Any]]] = [[] for _ in range(self.world_size)]
-            for i, r in planned.items():
-                if holder[i] == me and r != me:
-                    outgoing[r].append((i, held[i]))
+            by_id = np.argsort(pool.pool_ids, kind="stable")
+            at = by_id[np.searchsorted(pool.pool_ids[by_id], ids)]
+            sent = pool.pool_holders[at] == me
+            outgoing = [
+                [(i, held[i]) for i in ids[sent & (ranks == r)].tolist()] if r != me else []
+                for r in range(self.world_size)
+            ]
             payloads = [pickle.dumps(items) for items in outgoing]
             self.stats.bytes_sent += sum(len(p) for r, p in enumerate(payloads) if r != me)
             for received in self.collectives.alltoall(payloads):
@@ -475,31 +507,45 @@ class _Lane:
         self._at: tuple[int, int] | None = None
 
     def take(
-        self, share: tuple[int, int], length_of: Any
-    ) -> tuple[list[int], list[int], list[Any]]:
+        self, share: tuple[int, int], lengths_of: Any
+    ) -> tuple[np.ndarray, np.ndarray, list[Any]]:
         """Samples out of the shuffle buffer until ``share`` (samples, tokens) is met or
-        the lane is empty: ids, lengths, records."""
+        the lane is empty: ids, lengths, records. Rows are read and offered in blocks
+        (the buffer's free room, then the samples still wanted; one row at a time for a
+        share of tokens, which is met only once the samples pushed out are known)."""
         count, tokens = share
-        ids: list[int] = []
-        lengths: list[int] = []
+        ids: list[np.ndarray] = []
+        lengths: list[np.ndarray] = []
         records: list[Any] = []
         lane = self.state
-        left, taken = lane.remaining, 0
-        while (len(ids) < count or (tokens and taken < tokens)) and left:
+        got, taken = 0, 0
+        while (got < count or (tokens and taken < tokens)) and lane.remaining:
             if lane.segments:
-                shard, row = lane.segments[0][0], lane.segments[0][1]
-                if self._at != (shard, row) or self._reader is None:
-                    self._reader = iter(self._source.read(shard, row))
-                record = next(self._reader)
-                out = lane.offer(int(self._offsets[shard] + row), length_of(record), record)
-                self._at = (shard, row + 1)
-                if out is None:
-                    continue
+                shard, row, end = lane.segments[0]
+                room = lane.capacity - len(lane.buffer_ids)
+                rows = min(end - row, room if room > 0 else max(count - got, 1))
+                block = self._read(shard, row, rows)
+                first = int(self._offsets[shard]) + row
+                out = lane.offer_block(
+                    np.arange(first, first + rows, dtype=np.int64), lengths_of(block), block
+                )
             else:
-                out = lane.drain()
-            left -= 1
+                one = lane.drain()
+                out = (np.array([one[0]], np.int64), np.array([one[1]], np.int64), [one[2]])
             ids.append(out[0])
             lengths.append(out[1])
-            records.append(out[2])
-            taken += out[1]
-        return ids, lengths, records
+            records.extend(out[2])
+            got += len(out[2])
+            taken += int(out[1].sum())
+        if not ids:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), records
+        return np.concatenate(ids), np.concatenate(lengths), records
+
+    def _read(self, shard: int, row: int, rows: int) -> list[Any]:
+        """``rows`` records of ``shard`` from ``row`` on, from the open reader when it
+        stands there."""
+        if self._at != (shard, row) or self._reader is None:
+            self._reader = iter(self._source.read(shard, row))
+        block = list(itertools.islice(self._reader, rows))
+        self._at = (shard, row + rows)
+        return block

@@ -55,3 +55,29 @@ def test_drain_before_the_end_is_refused():
     with pytest.raises(ValueError, match="capacity"):
         deal_lanes([1], 1, 0, 0, 0)
     assert np.asarray(deal_lanes([1], 1, 0, 0, 1)[0].key, dtype=np.uint64) > 0
+
+
+@pytest.mark.parametrize("capacity", [1, 3, 16, 300])
+def test_offering_a_block_is_offering_its_samples_one_by_one(capacity):
+    """Blocks of any size (across a draw-key block of 1024 too) push out the same samples
+    in the same order and leave the same buffer and draws as one ``offer`` per sample."""
+    segments = [[2, 0, 700], [0, 5, 1400]]
+    one = LaneState(key=7, capacity=capacity, segments=[list(s) for s in segments])
+    block = LaneState(key=7, capacity=capacity, segments=[list(s) for s in segments])
+    rng = np.random.default_rng(0)
+    expected, got = [], []
+    while one.segments:
+        shard, row = one.next_row
+        end = one.segments[0][2]
+        rows = min(end - row, int(rng.integers(1, 400)))
+        ids = np.arange(shard * 10_000 + row, shard * 10_000 + row + rows, dtype=np.int64)
+        lengths = ids % 97
+        payloads = [("record", int(i)) for i in ids]
+        for i, n, p in zip(ids.tolist(), lengths.tolist(), payloads, strict=True):
+            out = one.offer(i, n, p)
+            if out is not None:
+                expected.append(out)
+        out_ids, out_lengths, out_payloads = block.offer_block(ids, lengths, payloads)
+        got.extend(zip(out_ids.tolist(), out_lengths.tolist(), out_payloads, strict=True))
+        assert block.to_dict() == one.to_dict() and block.payloads == one.payloads
+    assert got == expected

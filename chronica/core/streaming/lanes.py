@@ -82,10 +82,7 @@ class LaneState:
             length: its tokens.
             payload: its record (or ``None`` where the reader re-reads by id).
         """
-        head = self.segments[0]
-        head[1] += 1
-        if head[1] >= head[2]:
-            self.segments.pop(0)
+        self._advance(1)
         if len(self.buffer_ids) < self.capacity:
             self._push(sample, length, payload)
             return None
@@ -94,6 +91,57 @@ class LaneState:
         self.buffer_ids[slot], self.buffer_lengths[slot] = sample, length
         self.payloads[slot] = payload
         return out
+
+    def offer_block(
+        self, samples: np.ndarray, lengths: np.ndarray, payloads: list[Any]
+    ) -> tuple[np.ndarray, np.ndarray, list[Any]]:
+        """``offer`` of consecutive samples read from ``next_row`` on, at once (batch
+        operations instead of one call per sample; the same draws, the same buffer after):
+        the ``(ids, lengths, payloads)`` they push out, in order.
+
+        Args:
+            samples: ``int64`` their global ids, in reading order.
+            lengths: ``int64`` their tokens.
+            payloads: their records (``None`` where the reader re-reads by id).
+
+        Example::
+
+            >>> lane = LaneState(key=1, capacity=2, segments=[[0, 0, 3]])
+            >>> lane.offer_block(np.arange(3), np.ones(3, np.int64), [None] * 3)[0].tolist()
+            [0]
+        """
+        n = len(payloads)
+        self._advance(n)
+        fill = min(max(self.capacity - len(self.buffer_ids), 0), n)
+        self.buffer_ids.extend(samples[:fill].tolist())
+        self.buffer_lengths.extend(lengths[:fill].tolist())
+        self.payloads.extend(payloads[:fill])
+        size, count = len(self.buffer_ids), n - fill
+        slots = np.minimum((self._uniforms(count) * size).astype(np.int64), size - 1)
+        # Where every pushed-out sample is: in the buffer before the block, or the block's
+        # sample last written to its slot (``size + position``); and every slot's content
+        # after the block.
+        order = np.argsort(slots, kind="stable")
+        ranked = slots[order]
+        repeat = np.zeros(count, bool)
+        repeat[1:] = ranked[1:] == ranked[:-1]
+        source = slots.copy()
+        source[order[repeat]] = size + fill + order[np.flatnonzero(repeat) - 1]
+        last = np.ones(count, bool)
+        last[:-1] = ~repeat[1:]
+        after = np.arange(size)
+        after[ranked[last]] = size + fill + order[last]
+        every_id = np.concatenate([np.asarray(self.buffer_ids, np.int64), samples])
+        every_length = np.concatenate([np.asarray(self.buffer_lengths, np.int64), lengths])
+        every_payload = self.payloads + payloads
+        self.buffer_ids = every_id[after].tolist()
+        self.buffer_lengths = every_length[after].tolist()
+        self.payloads = [every_payload[i] for i in after.tolist()]
+        return (
+            every_id[source],
+            every_length[source],
+            [every_payload[i] for i in source.tolist()],
+        )
 
     def drain(self) -> tuple[int, int, Any]:
         """Once every row was read: a buffered sample drawn at random, removed."""
@@ -105,6 +153,16 @@ class LaneState:
             values[slot] = values[-1]
             values.pop()
         return out
+
+    def _advance(self, rows: int) -> None:
+        """Move the cursor ``rows`` rows on."""
+        while rows:
+            head = self.segments[0]
+            step = min(rows, head[2] - head[1])
+            head[1] += step
+            rows -= step
+            if head[1] >= head[2]:
+                self.segments.pop(0)
 
     def _push(self, sample: int, length: int, payload: Any) -> None:
         self.buffer_ids.append(int(sample))
@@ -119,6 +177,16 @@ class LaneState:
         u = self._block[1][i]
         self.draws += 1
         return min(int(u * bound), bound - 1)
+
+    def _uniforms(self, count: int) -> np.ndarray:
+        """The next ``count`` draws' uniforms (the draws are made)."""
+        first, end = self.draws, self.draws + count
+        blocks = range(first // _BLOCK, -(-end // _BLOCK))
+        every = [uniforms(_BLOCK, derive_key(self.key, 0, LANE_STREAM, b)) for b in blocks]
+        self.draws = end
+        if not every:
+            return np.zeros(0)
+        return np.concatenate(every)[first - blocks.start * _BLOCK : end - blocks.start * _BLOCK]
 
     def to_dict(self) -> dict[str, Any]:
         """The lane as plain integers and lists (no payloads)."""
