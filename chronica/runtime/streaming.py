@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import pickle
 import queue
 import threading
 import time
@@ -44,7 +43,7 @@ from chronica.core.streaming import (
     reshard,
 )
 from chronica.runtime.sources.base import shard_offsets
-from chronica.runtime.streaming_exchange import Collectives, fetch_records
+from chronica.runtime.streaming_exchange import Collectives, decode, encode, fetch_records
 
 __all__ = ["StreamMicroBatch", "StreamStats", "StreamingEngine"]
 
@@ -401,8 +400,8 @@ class StreamingEngine:
         ids, lengths, records = lane.take(self._share(state.lanes, carry), self._lengths)
         self.stats.reading += time.perf_counter() - start
         start = time.perf_counter()
-        payload = pickle.dumps((ids, lengths, lane.state.to_dict(), stop))
-        parts = [pickle.loads(p) for p in self.collectives.allgather(payload)]
+        payload = encode([ids, lengths, lane.state.to_dict(), stop])
+        parts = [decode(p) for p in self.collectives.allgather(payload)]
         self.stats.exchanging += time.perf_counter() - start
         # The ranks' samples interleaved: the j-th sample of every rank, rank after rank.
         counts = [len(p[0]) for p in parts]
@@ -490,10 +489,10 @@ class StreamingEngine:
                 [(i, held[i]) for i in ids[sent & (ranks == r)].tolist()] if r != me else []
                 for r in range(self.world_size)
             ]
-            payloads = [pickle.dumps(items) for items in outgoing]
+            payloads = [encode(items) for items in outgoing]
             self.stats.bytes_sent += sum(len(p) for r, p in enumerate(payloads) if r != me)
             for received in self.collectives.alltoall(payloads):
-                mine.update(pickle.loads(received))
+                mine.update((int(i), record) for i, record in decode(received))
         self.stats.exchanging += time.perf_counter() - start
         return mine
 

@@ -7,7 +7,9 @@ implements it over ``torch.distributed``; ``LocalGroup`` over threads of one pro
 single-process use, tests and benchmarks). ``fetch_records`` reads samples by global id,
 by ``read_rows`` where the source has random access (``chronica.runtime.sources.read_ids``),
 else by reading each shard from the first wanted row (what a resume does for records no
-rank holds any more).
+rank holds any more). ``encode`` / ``decode`` are the bytes the collectives carry: msgpack,
+numpy arrays and scalars as (dtype, shape, bytes), never pickle: what another rank sends is
+data, never code.
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import msgpack
 import numpy as np
 
 from chronica.core.checks import check_int
 from chronica.runtime.sources.base import read_ids
 
-__all__ = ["Collectives", "LocalGroup", "fetch_records"]
+__all__ = ["Collectives", "LocalGroup", "decode", "encode", "fetch_records"]
+
+_ARRAY, _SCALAR = 1, 2  # msgpack extension types
 
 
 @runtime_checkable
@@ -131,3 +136,55 @@ def fetch_records(source: Any, offsets: np.ndarray, ids: Sequence[int]) -> dict[
             if row >= last:
                 break
     return out
+
+
+def _pack_numpy(value: Any) -> msgpack.ExtType:
+    if isinstance(value, np.ndarray) and not value.dtype.hasobject:
+        head = msgpack.packb([value.dtype.str, list(value.shape)])
+        return msgpack.ExtType(_ARRAY, head + value.tobytes(order="C"))
+    if isinstance(value, np.generic):
+        return msgpack.ExtType(_SCALAR, msgpack.packb(value.dtype.str) + value.tobytes())
+    raise TypeError(
+        f"a record holds a {type(value).__name__}, which cannot travel between ranks: "
+        "records must be plain data (dicts, lists, str, bytes, numbers, numpy arrays)"
+    )
+
+
+def _unpack_numpy(code: int, data: bytes) -> Any:
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(data)
+    head = unpacker.unpack()
+    body = data[unpacker.tell() :]
+    if code == _ARRAY:
+        dtype, shape = head
+        return np.frombuffer(body, dtype=np.dtype(dtype)).reshape(tuple(shape)).copy()
+    if code == _SCALAR:
+        return np.frombuffer(body, dtype=np.dtype(head))[0]
+    return msgpack.ExtType(code, data)
+
+
+def encode(value: Any) -> bytes:
+    """``value`` (plain data: dicts, lists, str, bytes, numbers, numpy arrays and scalars)
+    as the bytes a collective carries; ``decode`` gives it back (tuples come back as
+    lists, arrays as writable copies of the same dtype, shape and values).
+
+    Args:
+        value: what to send.
+
+    Example::
+
+        >>> decode(encode({"ids": np.arange(3), "stop": False}))["ids"].tolist()
+        [0, 1, 2]
+    """
+    return msgpack.packb(value, default=_pack_numpy, use_bin_type=True)
+
+
+def decode(data: bytes) -> Any:
+    """What ``encode`` made of a value (msgpack with numpy extensions; no code runs).
+
+    Args:
+        data: the bytes another rank sent.
+
+    Example: ``decode(encode([1, "a"]))`` is ``[1, "a"]``.
+    """
+    return msgpack.unpackb(data, ext_hook=_unpack_numpy, raw=False, strict_map_key=False)

@@ -172,13 +172,15 @@ def test_errors_for_a_damaged_or_unsupported_dataset(tmp_path):
         MDSSource(data, length="n")
 
 
-def test_pickle_columns_need_consent(tmp_path):
-    write_mds(tmp_path, [[{"obj": {"a": (1, 2)}, "n": 1}]], {"obj": "pkl", "n": "int"})
-    with pytest.raises(ValueError, match="allow_unsafe_types=True"):
+def test_pickle_columns_are_refused_unless_left_out(tmp_path):
+    write_mds(tmp_path, [[{"obj": {"a": [1, 2]}, "n": 1}]], {"obj": "json", "n": "int"})
+    index = json.loads((tmp_path / "index.json").read_text())
+    shard = index["shards"][0]
+    shard["column_encodings"][shard["column_names"].index("obj")] = "pkl"  # a pickled column
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"column 'obj'.*never unpickles.*columns="):
         MDSSource(tmp_path, length="n")
-    assert MDSSource(tmp_path, length="n", allow_unsafe_types=True).read_rows(0, [0]) == [
-        {"obj": {"a": (1, 2)}, "n": 1}
-    ]
+    assert MDSSource(tmp_path, length="n", columns=["n"]).read_rows(0, [0]) == [{"n": 1}]
 
 
 def test_write_mds_refuses_an_existing_dataset_and_incomplete_records(tmp_path):

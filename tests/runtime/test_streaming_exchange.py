@@ -3,11 +3,18 @@ random access."""
 
 import threading
 
+import numpy as np
 import pytest
 from stream_source import ListSource
 
 from chronica.runtime.sources import shard_offsets
-from chronica.runtime.streaming_exchange import Collectives, LocalGroup, fetch_records
+from chronica.runtime.streaming_exchange import (
+    Collectives,
+    LocalGroup,
+    decode,
+    encode,
+    fetch_records,
+)
 
 
 def test_local_group_gathers_and_exchanges_in_rank_order():
@@ -42,3 +49,34 @@ def test_fetch_records_reads_the_wanted_ids(random_access):
     assert sorted(records) == [0, 3, 4]
     assert [records[i]["id"] for i in (0, 3, 4)] == [0, 3, 4]
     assert records[4]["input_ids"].shape[0] == 7
+
+
+def test_records_travel_as_data_and_come_back_equal():
+    record = {
+        "input_ids": np.arange(6, dtype=np.int32).reshape(2, 3),
+        "mask": np.array([True, False]),
+        "score": np.float16(0.5),
+        "n": np.int64(7),
+        "scalar": np.array(3.5),
+        "text": "héllo",
+        "raw": b"\x00\x01",
+        "meta": {"tags": [1, "a", None], "ok": True},
+    }
+    back = decode(encode([(4, record)]))
+    assert back[0][0] == 4
+    got = back[0][1]
+    assert got.keys() == record.keys()
+    for key in ("input_ids", "mask", "scalar"):
+        assert got[key].dtype == record[key].dtype and got[key].shape == record[key].shape
+        assert np.array_equal(got[key], record[key])
+        assert got[key].flags.writeable
+    for key in ("score", "n"):
+        assert type(got[key]) is type(record[key]) and got[key] == record[key]
+    assert got["text"] == "héllo" and got["raw"] == b"\x00\x01" and got["meta"] == record["meta"]
+
+
+def test_what_is_not_plain_data_is_refused_before_it_travels():
+    with pytest.raises(TypeError, match="plain data"):
+        encode({"model": object()})
+    with pytest.raises(TypeError, match="plain data"):
+        encode({"objects": np.array([object()])})

@@ -86,8 +86,7 @@ class MDSSource:
         length: a record's size in tokens: the name of a column holding either the tokens
             (its ``len``) or the length (an integer), or a function of the record.
         columns: the columns decoded into a record (``None``: every column); leave out
-            columns not needed (image columns must be left out).
-        allow_unsafe_types: whether to decode ``pkl`` (pickle) columns.
+            columns not needed (image and ``pkl`` columns must be left out).
 
     Example::
 
@@ -105,14 +104,12 @@ class MDSSource:
         directory: str | os.PathLike[str],
         length: str | Callable[[Any], int],
         columns: Sequence[str] | None = None,
-        allow_unsafe_types: bool = False,
     ) -> None:
         self.directory = _dataset_folder(directory)
         index = _read_index(self.directory)
         self._shards_info: list[dict[str, Any]] = index["shards"]
         self._length = check_length(length)
         self.columns = check_names("columns", columns)
-        self.allow_unsafe_types = bool(allow_unsafe_types)
         self._layouts = [self._layout(i, info) for i, info in enumerate(self._shards_info)]
         self._open: RecentlyUsed[_Shard] = RecentlyUsed(OPEN_SHARDS)
 
@@ -144,7 +141,7 @@ class MDSSource:
                 codecs.append(ColumnCodec(encoding, size, bytes, bytes))
                 continue
             try:
-                codecs.append(codec(encoding, self.allow_unsafe_types))
+                codecs.append(codec(encoding))
             except ValueError as error:
                 raise ValueError(f"column {name!r}: {error}") from None
         return codecs, names, frozenset(wanted)
@@ -286,7 +283,7 @@ def write_mds(
     if not isinstance(columns, Mapping) or not columns:
         raise TypeError("columns must map every column name to its MDS encoding")
     names = sorted(columns)
-    codecs = [codec(columns[name], allow_unsafe_types=True) for name in names]
+    codecs = [codec(columns[name]) for name in names]
     config = {
         "column_encodings": [columns[name] for name in names],
         "column_names": names,

@@ -23,7 +23,6 @@ are not decoded: leave such columns out of the read.
 from __future__ import annotations
 
 import json
-import pickle
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -69,13 +68,12 @@ class ColumnCodec:
         return f"ColumnCodec({self.encoding!r}, size={self.size})"
 
 
-def codec(encoding: str, allow_unsafe_types: bool = False) -> ColumnCodec:
+def codec(encoding: str) -> ColumnCodec:
     """The codec of an MDS column encoding; ``ValueError`` for one this reader does not
-    decode (images) or an unsafe one (``pkl``) not allowed.
+    decode: images, and ``pkl`` (unpickling runs code, which chronica never does).
 
     Args:
         encoding: the encoding as ``index.json`` names it (e.g. ``"ndarray:int32"``).
-        allow_unsafe_types: whether to decode ``pkl`` columns (pickle runs code).
 
     Example::
 
@@ -105,12 +103,11 @@ def codec(encoding: str, allow_unsafe_types: bool = False) -> ColumnCodec:
     if name == "json":
         return ColumnCodec(encoding, None, lambda b: json.loads(b.decode("utf-8")), _json_bytes)
     if name in UNSAFE:
-        if not allow_unsafe_types:
-            raise ValueError(
-                f"a column is encoded as {encoding!r} (pickle runs code when read); pass "
-                "allow_unsafe_types=True if you trust the data, or leave the column out"
-            )
-        return ColumnCodec(encoding, None, pickle.loads, pickle.dumps)
+        raise ValueError(
+            f"a column is encoded as {encoding!r}: unpickling runs code, and chronica never "
+            "unpickles; leave the column out with columns=[...], or write it as json, "
+            "ndarray or bytes"
+        )
     raise ValueError(
         f"MDS encoding {encoding!r} is not decoded here (images are not); leave the column "
         "out of the columns read"
