@@ -63,8 +63,9 @@ class ShardedSource(Protocol):
       ``NotImplementedError`` (the engine then moves records between ranks instead);
     - ``length(record)`` is the record's size in tokens (the cost model's input), an
       ``int >= 0``;
-    - records are plain data (dicts of numpy arrays, bytes, str, numbers) that pickle, so
-      they can be sent between ranks.
+    - records are plain data (dicts, lists, numpy arrays and scalars, bytes, str, numbers),
+      so they can be sent between ranks (``chronica.runtime.streaming_exchange.encode``,
+      msgpack; nothing is unpickled).
 
     Example::
 
