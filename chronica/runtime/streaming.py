@@ -212,6 +212,20 @@ class StreamingEngine:
         """Samples in one pass of the stream."""
         return int(self._offsets[-1])
 
+    def resumed(self, state: dict[str, Any]) -> StreamingEngine:
+        """A new engine of the same stream (source, packing, collectives and options),
+        starting at ``state``; this one is closed first.
+
+        Args:
+            state: what ``state_dict()`` returned, from a run of any world size.
+        """
+        self.close()
+        return StreamingEngine(
+            self.source, self.packing, self.collectives, batch_size=self.batch_size,
+            window_steps=self.window_steps, buffer_size=self.buffer_size, seed=self.seed,
+            cost=self.cost, infinite=self.infinite, state=state,
+        )  # fmt: skip
+
     def state_dict(self) -> dict[str, Any]:
         """The global state at the last micro-batch yielded (the same on every rank)."""
         return replace(self._position, consumed=self._served).to_dict()

@@ -105,16 +105,10 @@ class JaxStream(Iterator[dict[str, np.ndarray]]):
             raise TypeError(f"pad_value must be an int, got {type(pad_value).__name__}")
         collectives = _process_collectives() if collectives is None else collectives
         self.key, self.pad_value = key, int(pad_value)
-        self._options = {
-            "batch_size": batch_size,
-            "window_steps": window_steps,
-            "buffer_size": buffer_size,
-            "seed": seed,
-            "cost": cost,
-            "infinite": infinite,
-        }
-        self._make = (source, packing, collectives)
-        self.engine = StreamingEngine(source, packing, collectives, **self._options)
+        self.engine = StreamingEngine(
+            source, packing, collectives, batch_size=batch_size, window_steps=window_steps,
+            buffer_size=buffer_size, seed=seed, cost=cost, infinite=infinite,
+        )  # fmt: skip
         self._batches: Iterator[StreamMicroBatch] | None = None
 
     def __repr__(self) -> str:
@@ -149,9 +143,8 @@ class JaxStream(Iterator[dict[str, np.ndarray]]):
 
             >>> batches.load_state_dict(json.loads(saved))
         """
-        source, packing, collectives = self._make
         self.close()
-        self.engine = StreamingEngine(source, packing, collectives, state=state, **self._options)
+        self.engine = self.engine.resumed(state)
 
     def close(self) -> None:
         """Stop the planning thread (``StreamingEngine.close``): on every process at the

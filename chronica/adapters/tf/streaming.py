@@ -109,16 +109,10 @@ class TFStream:
             raise TypeError(f"pad_value must be an int, got {type(pad_value).__name__}")
         collectives = _cluster_collectives() if collectives is None else collectives
         self.key, self.pad_value = key, int(pad_value)
-        self._options = {
-            "batch_size": batch_size,
-            "window_steps": window_steps,
-            "buffer_size": buffer_size,
-            "seed": seed,
-            "cost": cost,
-            "infinite": infinite,
-        }
-        self._make = (source, packing, collectives)
-        self.engine = StreamingEngine(source, packing, collectives, **self._options)
+        self.engine = StreamingEngine(
+            source, packing, collectives, batch_size=batch_size, window_steps=window_steps,
+            buffer_size=buffer_size, seed=seed, cost=cost, infinite=infinite,
+        )  # fmt: skip
         self._states: OrderedDict[tuple[int, int], dict[str, Any]] = OrderedDict()
 
     def __repr__(self) -> str:
@@ -194,10 +188,8 @@ class TFStream:
 
             >>> batches.set_state(json.loads(saved))
         """
-        source, packing, collectives = self._make
-        self.engine.close()
         self._states.clear()
-        self.engine = StreamingEngine(source, packing, collectives, state=state, **self._options)
+        self.engine = self.engine.resumed(state)
 
     def close(self) -> None:
         """Stop the planning thread (``StreamingEngine.close``): on every worker at the same

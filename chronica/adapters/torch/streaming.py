@@ -126,16 +126,10 @@ class StreamingDataset(IterableDataset):
             initialised = dist.is_available() and dist.is_initialized()
             collectives = TorchCollectives() if initialised else LocalGroup(1).rank(0)
         self.key, self.pad_to = key, pad_to
-        self._options = {
-            "batch_size": batch_size,
-            "window_steps": window_steps,
-            "buffer_size": buffer_size,
-            "seed": seed,
-            "cost": cost,
-            "infinite": infinite,
-        }
-        self._make = (source, packing, collectives)
-        self.engine = StreamingEngine(source, packing, collectives, **self._options)
+        self.engine = StreamingEngine(
+            source, packing, collectives, batch_size=batch_size, window_steps=window_steps,
+            buffer_size=buffer_size, seed=seed, cost=cost, infinite=infinite,
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         return f"StreamingDataset({self.engine!r})"
@@ -177,6 +171,4 @@ class StreamingDataset(IterableDataset):
         Args:
             state: what ``state_dict()`` returned.
         """
-        source, packing, collectives = self._make
-        self.engine.close()
-        self.engine = StreamingEngine(source, packing, collectives, state=state, **self._options)
+        self.engine = self.engine.resumed(state)
