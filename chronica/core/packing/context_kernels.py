@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from chronica.core.packing.kernels import fit_micro, largest_room, refine
+from chronica.core.packing.kernels import largest_room, lpt_place, refine
 
 __all__ = ["place_loaded"]
 
@@ -78,33 +78,14 @@ def place_loaded(
         ([1, 0], [3.0, 2.0])
     """
     w = speeds.shape[0]
-    n = order.shape[0]
     room = np.empty(w, np.int64)
     for r in range(w):
         room[r] = largest_room(free[r], slots[r])
-    refused = np.zeros(w, np.bool_)
-    for t in range(n):
-        i = order[t]
-        m, k, best = -1, -1, -1
-        while m < 0:
-            best = -1
-            best_time = np.inf
-            for r in range(w):
-                if room[r] >= lengths[i] and not refused[r]:
-                    time = (loads[r] + costs[i]) / speeds[r]
-                    if time < best_time:
-                        best, best_time = r, time
-            if best < 0:
-                return False
-            m, k = fit_micro(free[best], slots[best], micro_loads[best], lengths[i], docs[i], tight)
-            refused[best] = m < 0
-        refused[:] = False
-        rank[i], micro[i], row[i] = best, m, k
-        free[best, m, k] -= lengths[i]
-        slots[best, m, k] -= docs[i]
-        micro_loads[best, m] += costs[i]
-        loads[best] += costs[i]
-        room[best] = largest_room(free[best], slots[best])
+    if not lpt_place(
+        lengths, costs, docs, order, speeds, tight, free, slots, micro_loads, room, loads,
+        rank, micro, row,
+    ):  # fmt: skip
+        return False
     if refined:
         refine(
             lengths, costs, docs, speeds, tight, free, slots, micro_loads, room, rank, micro,

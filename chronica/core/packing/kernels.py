@@ -31,7 +31,15 @@ from numba import njit
 
 from chronica.core.packing.trades import trade_among, trade_work
 
-__all__ = ["fit_micro", "fit_row", "largest_room", "pack_attempt", "refine", "work_budget"]
+__all__ = [
+    "fit_micro",
+    "fit_row",
+    "largest_room",
+    "lpt_place",
+    "pack_attempt",
+    "refine",
+    "work_budget",
+]
 
 # Trades that gain less than this fraction of the top time are not worth an iteration.
 _REL_TOL = 1e-9
@@ -143,6 +151,75 @@ def largest_room(free: np.ndarray, slots: np.ndarray) -> int:
 
 
 @njit(cache=True)
+def lpt_place(
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    docs: np.ndarray,
+    order: np.ndarray,
+    speeds: np.ndarray,
+    tight: bool,
+    free: np.ndarray,
+    slots: np.ndarray,
+    micro_loads: np.ndarray,
+    room: np.ndarray,
+    loads: np.ndarray,
+    rank: np.ndarray,
+    micro: np.ndarray,
+    row: np.ndarray,
+) -> bool:
+    """LPT under row capacities from the given state: in ``order``, each document to the
+    rank whose time after taking it is lowest among those with a row it fits in (there by
+    ``fit_micro``). ``False`` if a document fits nowhere (the outputs are then partial).
+    Every state array is updated in place; ``pack_attempt`` starts it empty,
+    ``chronica.core.packing.context_kernels.place_loaded`` from chunks already placed.
+
+    Args:
+        lengths: ``int64`` tokens per document (or unit: a group kept whole).
+        costs: ``float64`` predicted cost per document.
+        docs: ``int64`` documents per unit (counted against the rows' ``slots``).
+        order: the documents to place, costliest first.
+        speeds: ``float64`` relative speed per rank (``> 0``).
+        tight: best fit (see ``fit_micro``).
+        free: ``int64`` ``(ranks, micro-batches, rows)`` free tokens of every row.
+        slots: ``int64`` ``(ranks, micro-batches, rows)`` documents every row can still take.
+        micro_loads: ``float64`` ``(ranks, micro-batches)`` cost of every micro-batch.
+        room: ``int64`` every rank's ``largest_room``.
+        loads: ``float64`` every rank's cost.
+        rank: ``int64`` output, every document's rank.
+        micro: ``int64`` output, every document's micro-batch.
+        row: ``int64`` output, every document's row.
+
+    Example: ``pack_attempt``'s first pass.
+    """
+    w = speeds.shape[0]
+    refused = np.zeros(w, np.bool_)
+    for t in range(order.shape[0]):
+        i = order[t]
+        m, k, best = -1, -1, -1
+        while m < 0:
+            best = -1
+            best_time = np.inf
+            for r in range(w):
+                if room[r] >= lengths[i] and not refused[r]:
+                    time = (loads[r] + costs[i]) / speeds[r]
+                    if time < best_time:
+                        best, best_time = r, time
+            if best < 0:
+                return False
+            # ``room`` counts rows with a free document slot; a group needs more of them.
+            m, k = fit_micro(free[best], slots[best], micro_loads[best], lengths[i], docs[i], tight)
+            refused[best] = m < 0
+        refused[:] = False
+        rank[i], micro[i], row[i] = best, m, k
+        free[best, m, k] -= lengths[i]
+        slots[best, m, k] -= docs[i]
+        micro_loads[best, m] += costs[i]
+        loads[best] += costs[i]
+        room[best] = largest_room(free[best], slots[best])
+    return True
+
+
+@njit(cache=True)
 def pack_attempt(
     lengths: np.ndarray,
     costs: np.ndarray,
@@ -196,31 +273,12 @@ def pack_attempt(
     slots = np.full((w, num_micro, rows), row_docs, np.int64)
     micro_loads = np.zeros((w, num_micro))
     room = np.full(w, row_length, np.int64)
-    refused = np.zeros(w, np.bool_)
     loads[:] = 0.0
-    for t in range(n):
-        i = order[t]
-        m = -1
-        while m < 0:
-            best = -1
-            best_time = np.inf
-            for r in range(w):
-                if room[r] >= lengths[i] and not refused[r]:
-                    time = (loads[r] + costs[i]) / speeds[r]
-                    if time < best_time:
-                        best, best_time = r, time
-            if best < 0:
-                return False
-            # ``room`` counts rows with a free document slot; a group needs more of them.
-            m, k = fit_micro(free[best], slots[best], micro_loads[best], lengths[i], docs[i], tight)
-            refused[best] = m < 0
-        refused[:] = False
-        rank[i], micro[i], row[i] = best, m, k
-        free[best, m, k] -= lengths[i]
-        slots[best, m, k] -= docs[i]
-        micro_loads[best, m] += costs[i]
-        loads[best] += costs[i]
-        room[best] = largest_room(free[best], slots[best])
+    if not lpt_place(
+        lengths, costs, docs, order, speeds, tight, free, slots, micro_loads, room, loads,
+        rank, micro, row,
+    ):  # fmt: skip
+        return False
     refine(
         lengths, costs, docs, speeds, tight, free, slots, micro_loads, room, rank, micro, row,
         loads, work_budget(n, w),
