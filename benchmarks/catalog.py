@@ -22,6 +22,8 @@ from types import ModuleType
 __all__ = [
     "BENCHMARKS",
     "DATA_DIR_BENCHMARKS",
+    "DEVICE_SECTIONS",
+    "PAGE_SECTIONS",
     "REPRODUCE",
     "SECTIONS",
     "load",
@@ -53,6 +55,10 @@ SECTIONS = (
     "streaming",
 )
 BENCHMARKS = ("balance", "planning", "movement", "quality", *SECTIONS)
+# Sections measured on a GPU machine by their own command (never by the runner, which runs
+# where there is no GPU); the page renders them from their JSON like the others.
+DEVICE_SECTIONS = ("device.attention_cost",)
+PAGE_SECTIONS = (*SECTIONS, *DEVICE_SECTIONS)
 # The benchmarks that read the real lengths files (``run(quick, data_dir=...)``).
 DATA_DIR_BENCHMARKS = ("balance", "packing", "lockstep", "outliers", "context_parallel", "wall")
 # Runs every benchmark from the repository root (`chronica bench` runs the same).

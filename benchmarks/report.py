@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from benchmarks.catalog import REPRODUCE, SECTIONS, load
+from benchmarks.catalog import PAGE_SECTIONS, REPRODUCE, load
 
 __all__ = ["load_results", "render"]
 
@@ -504,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     results = load_results(args.results_dir)
     if not results:
         raise SystemExit(f"no JSON results in {args.results_dir}; run python -m benchmarks")
-    print(render(results, args.docs_dir, sections=SECTIONS))
+    print(render(results, args.docs_dir, sections=PAGE_SECTIONS))
     return 0
 
 

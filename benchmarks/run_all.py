@@ -29,7 +29,13 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.catalog import BENCHMARKS, DATA_DIR_BENCHMARKS, SECTIONS, load, reproduce_command
+from benchmarks.catalog import (
+    BENCHMARKS,
+    DATA_DIR_BENCHMARKS,
+    PAGE_SECTIONS,
+    load,
+    reproduce_command,
+)
 from benchmarks.common import machine_info
 
 __all__ = ["main"]
@@ -215,7 +221,7 @@ def main(argv: list[str] | None = None, prog: str = "chronica bench") -> int:
         )
     results = report.load_results(args.results_dir)
     if results:
-        page = report.render(results, args.docs_dir, sections=SECTIONS)
+        page = report.render(results, args.docs_dir, sections=PAGE_SECTIONS)
         say(f"-> {page}")
     logger.info("chronica bench: finished in %.1f s (%d failed)", total, len(crashed))
     if crashed:

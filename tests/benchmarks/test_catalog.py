@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import benchmarks
-from benchmarks.catalog import BENCHMARKS, SECTIONS, load, reproduce_command
+from benchmarks.catalog import BENCHMARKS, DEVICE_SECTIONS, SECTIONS, load, reproduce_command
 from benchmarks.run_all import main
 from chronica.cli import BENCH_FIX, checkout_root
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _functions(name: str) -> set[str]:
     """The module-level functions of ``benchmarks/<name>.py`` (read, not imported: some
     benchmarks import frameworks this test does not need)."""
-    tree = ast.parse((ROOT / "benchmarks" / f"{name}.py").read_text())
+    tree = ast.parse((ROOT / "benchmarks" / f"{name.replace('.', '/')}.py").read_text())
     return {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
 
 
@@ -34,6 +34,12 @@ def test_every_benchmark_has_what_the_runner_and_the_page_call(name):
 def test_the_catalog_lists_sections_once_and_in_the_benchmarks():
     assert len(set(BENCHMARKS)) == len(BENCHMARKS)
     assert set(SECTIONS) <= set(BENCHMARKS)
+
+
+@pytest.mark.parametrize("name", DEVICE_SECTIONS)
+def test_a_gpu_section_renders_on_the_page_but_never_runs_in_the_runner(name):
+    assert {"run", "format_table", "render_markdown"} <= _functions(name)
+    assert name not in BENCHMARKS
 
 
 def test_the_package_is_this_checkout_and_the_one_chronica_bench_finds():
