@@ -22,6 +22,10 @@ order the training code received them:
 * ``packed``: ``packed_trainer.train`` (a tiny Llama trained on packed documents by
   ``chronica.torch.hf.Trainer``): per step the documents, the packed loss and the unpacked
   reference;
+* ``refused_stream``: the error ``chronica.torch.hf.prepare`` raises for a loader over a
+  ``StreamingDataset`` under accelerate's default for iterable data sets
+  (``dispatch_batches=True``); ``stream``: the micro-batches (step, micro-batch, count,
+  sample ids) of the same loader prepared with ``dispatch_batches=False``;
 * ``sizes`` (of the samples) and ``stop``.
 """
 
@@ -37,9 +41,12 @@ import numpy as np
 import packed_trainer
 import torch
 import transformers
-from accelerate import Accelerator
+from accelerate import Accelerator, DataLoaderConfiguration
+from stream_source import make_source
 from torch.utils.data import DataLoader
 
+from chronica import Packing
+from chronica.torch import StreamingDataset
 from chronica.torch.hf import Trainer, prepare
 from chronica.torch.utils.data import DistributedBatchSampler, DistributedSampler
 
@@ -174,6 +181,24 @@ def main(out_path: str, folder: str) -> None:
     results["resumed"] = train(folder, resume=True)
     results["stop"] = stop
     results["packed"] = packed_trainer.train(os.path.join(folder, "packed"), world=WORLD)
+
+    def stream_loader():
+        stream = StreamingDataset(make_source(), Packing(max_tokens=1024), batch_size=12)
+        return DataLoader(stream, batch_size=None)
+
+    try:
+        prepare(accelerator, stream_loader())
+        results["refused_stream"] = None
+    except ValueError as error:
+        results["refused_stream"] = str(error)
+    streaming = Accelerator(
+        cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=False)
+    )
+    results["stream"] = [
+        [b["step"], b["micro"], b["num_micro"], b["indices"].tolist()]
+        for b in prepare(streaming, stream_loader())
+    ]
+    results["stream_samples"] = int(make_source().offsets[-1])
     with open(out_path, "w") as f:
         json.dump(results, f)
 

@@ -6,7 +6,9 @@ batches only, every rank would train ``1/W`` of them. ``unshard`` turns that sha
 pass-through of exactly the batches chronica planned, the way transformers does for its own
 rank-aware ``BatchRebalanceSampler``, and lets ``set_epoch`` reach the sampler through the
 wrappers accelerate adds later (``skip_first_batches`` on resume). ``prepare`` is
-``accelerator.prepare`` followed by ``unshard``.
+``accelerator.prepare`` followed by ``unshard``. A ``StreamingDataset`` already yields this
+rank's micro-batches only, and accelerate would shard it again (``IterableDatasetShard``,
+which also cannot take ``batch_size=None``): ``unshard`` makes that shard a pass-through too.
 
 ``Trainer`` (a ``transformers.Trainer``) and ``TrainerMixin`` (for Trainer subclasses such as
 TRL's) train on a ``DistributedSampler`` built from the training arguments: the global batch
@@ -32,6 +34,7 @@ from chronica.adapters.torch.data import (
     _ScheduledSampler,
 )
 from chronica.adapters.torch.packed import PackedDataset
+from chronica.adapters.torch.streaming import StreamingDataset
 
 __all__ = ["Trainer", "TrainerMixin", "prepare", "unshard"]
 
@@ -50,9 +53,11 @@ def unshard(loader: Any) -> Any:
     for this rank (a trailing partial step included, nothing padded or dropped), ``len``
     counts them, and ``set_epoch`` on the loader, or on what accelerate's
     ``skip_first_batches`` makes of it, reaches the sampler. A loader without accelerate's
-    shard, or whose sampler is not chronica's, is returned unchanged. Raises ``ValueError``
-    for accelerate's ``dispatch_batches=True`` (rank 0 would iterate a sampler that plans
-    for itself only).
+    shard, or whose sampler is not chronica's, is returned unchanged. Over a chronica
+    ``StreamingDataset`` (``DataLoader(dataset, batch_size=None)``), the loader yields exactly
+    this rank's micro-batches, each once. Raises ``ValueError`` for accelerate's
+    ``dispatch_batches=True`` (rank 0 would iterate a sampler or stream that plans for
+    itself only; accelerate's default for an iterable data set).
 
     Args:
         loader: a ``DataLoader`` that ``accelerator.prepare`` returned.
@@ -61,8 +66,14 @@ def unshard(loader: Any) -> Any:
 
         loader = unshard(accelerator.prepare(DataLoader(ds, batch_sampler=sampler)))
     """
-    from accelerate.data_loader import BatchSamplerShard, DataLoaderDispatcher
+    from accelerate.data_loader import (
+        BatchSamplerShard,
+        DataLoaderDispatcher,
+        IterableDatasetShard,
+    )
 
+    dataset = getattr(loader, "dataset", None)
+    streamed = isinstance(getattr(dataset, "dataset", dataset), StreamingDataset)
     shard = None
     for name in ("batch_sampler", "sampler"):
         candidate = getattr(loader, name, None)
@@ -71,12 +82,18 @@ def unshard(loader: Any) -> Any:
             break
     inner = getattr(shard, "batch_sampler", None) if shard is not None else None
     ours = inner if isinstance(inner, DistributedBatchSampler) else getattr(inner, "sampler", None)
-    if isinstance(loader, DataLoaderDispatcher) and _holds_chronica(loader):
+    if isinstance(loader, DataLoaderDispatcher) and (streamed or _holds_chronica(loader)):
+        what = "StreamingDataset yields" if streamed else "sampler plans"
         raise ValueError(
             "accelerate's dispatch_batches=True lets rank 0 iterate the loader and send "
-            "slices to the others, but chronica's sampler plans rank 0's batches only; use "
-            "DataLoaderConfiguration(dispatch_batches=False)"
+            f"slices to the others, but chronica's {what} rank 0's batches only; use "
+            "Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=False))"
         )
+    if streamed and isinstance(dataset, IterableDatasetShard):
+        # Every micro-batch to this process, one at a time, as the stream yields it.
+        dataset.num_processes, dataset.process_index, dataset.batch_size = 1, 0, 1
+        dataset.split_batches, dataset.drop_last = False, False
+        return loader
     if shard is None or not isinstance(ours, _ScheduledSampler):
         return loader
     # A pass-through: every batch goes to this process, as it comes (no round-robin, no

@@ -84,6 +84,17 @@ def test_hf_second_sharding_fails_loudly(job):
         assert "chronica.torch.hf.Trainer" in result["refused_trainer"]
 
 
+def test_a_streamed_dataset_under_accelerate_trains_every_sample_once_on_both_ranks(job):
+    for result in job:
+        assert "dispatch_batches=False" in result["refused_stream"]
+    streams = [result["stream"] for result in job]
+    ids = sorted(i for stream in streams for *_, batch in stream for i in batch)
+    assert ids == list(range(job[0]["stream_samples"]))
+    # The same steps, and in each the same number of micro-batches, on every rank.
+    shapes = [[(step, micro, count) for step, micro, count, _ in stream] for stream in streams]
+    assert shapes[0] == shapes[1] and len(shapes[0]) > 2
+
+
 # -- in one process ---------------------------------------------------------------------------
 
 
@@ -205,6 +216,38 @@ def test_unshard_passes_the_planned_batches_through_accelerates_shard(batches):
     assert len(prepared) == len(expected[0])
     assert [epoch(prepared, 0), epoch(prepared, 1)] == expected
     assert epoch(skip_first_batches(prepared, 3), 1) == expected[1][3:]
+
+
+def test_unshard_passes_a_streamed_rank_through_accelerates_iterable_shard():
+    from accelerate.data_loader import prepare_data_loader
+    from stream_source import make_source
+    from torch.utils.data import DataLoader
+
+    from chronica import Packing
+    from chronica.torch import StreamingDataset
+    from chronica.torch.hf import unshard
+
+    def loader():
+        stream = StreamingDataset(make_source(), Packing(max_tokens=1024), batch_size=12)
+        return DataLoader(stream, batch_size=None)
+
+    def seen(source):
+        return [(b["step"], b["micro"], b["indices"].tolist()) for b in source]
+
+    expected = seen(loader())
+    assert len({i for _, _, ids in expected for i in ids}) == sum(len(x) for *_, x in expected)
+    # accelerate shards an iterable data set a second time, and cannot take batch_size=None.
+    prepared = prepare_data_loader(loader(), num_processes=2, process_index=1)
+    with pytest.raises(TypeError):
+        next(iter(prepared))
+    assert seen(unshard(prepare_data_loader(loader(), num_processes=2, process_index=1))) == (
+        expected
+    )
+    dispatched = prepare_data_loader(
+        loader(), num_processes=2, process_index=1, put_on_device=True, dispatch_batches=True
+    )
+    with pytest.raises(ValueError, match=r"StreamingDataset yields .*dispatch_batches=False"):
+        unshard(dispatched)
 
 
 def test_trainer_builds_the_sampler_from_its_arguments(tmp_path):
