@@ -21,7 +21,7 @@ costs), so the plans are scored where they will run. Methods: chronica ``plan_st
 (``benchmarks/lockstep_peers.py``).
 
     python -m benchmarks.device.attention_cost              # a CUDA machine, < 8 minutes
-    python -m benchmarks.device.attention_cost --dry-run    # CPU, tiny model, seconds
+    python -m benchmarks.device.attention_cost --dry-run    # CPU, tiny model, a minute
 
 A run writes ``benchmarks/results/device.attention_cost.json`` (``--json``); the page's
 section is rebuilt from it by ``python -m benchmarks.report``. Cases that would start after
@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,7 @@ FULL = Settings(
     budget_s=250.0,
 )
 DRY_RUN = Settings(
-    cases=(("ln6-1.0", 2, 512), ("ln6-1.5", 4, 1024)),
+    cases=(("ln6-1.0", 2, 2048), ("ln6-1.5", 4, 2048)),
     steps=1,
     repeats=1,
     calibration=12,
@@ -167,7 +168,7 @@ class Lengths:
         if self.pool is None:
             raw = rng.lognormal(self.data.mu, self.data.sigma, n)
         else:
-            raw = self.pool[rng.integers(0, self.pool.size, n)]
+            raw = self.pool[rng.integers(0, self.pool.size, n)].astype(np.float64)
         return np.clip(np.rint(raw), 1, cap).astype(np.int64)
 
 
@@ -245,7 +246,12 @@ def _method_figures(table, measured: np.ndarray, predicted: np.ndarray, cap: int
     }
 
 
-def _case(settings: Settings, case: tuple[str, int, int], timer: Timer, data_dir: Path) -> dict:
+def _case(
+    settings: Settings,
+    case: tuple[str, int, int],
+    timer: Callable[[np.ndarray], float],
+    data_dir: Path,
+) -> dict:
     """Plan with a first fit, then time every cell of every plan, the calibration set again
     and micro's plan a second time, all in one shuffled order (so that a drift of the GPU's
     clocks falls on all alike); fit again on the second calibration times and predict."""
@@ -346,9 +352,23 @@ def _summary(steps: list[dict]) -> dict:
     return out
 
 
-def run(settings: Settings, data_dir: Path | None = None, out: Path | None = None) -> dict:
+def run(
+    settings: Settings,
+    data_dir: Path | None = None,
+    out: Path | None = None,
+    timer: Callable[[np.ndarray], float] | None = None,
+) -> dict:
     """Run the cases (module docstring); the result as a dict, also written to ``out``
-    after every case, so a run cut short keeps what it measured."""
+    after every case, so a run cut short keeps what it measured.
+
+    Args:
+        settings: the cases and the model.
+        data_dir: where the length files are (default ``../shared/data``).
+        out: the JSON file to write.
+        timer: seconds of one micro-batch from its documents' lengths (default: the
+            decoder's forward and backward on this machine, ``Timer``); a given one makes
+            the run a check of the arithmetic, with known times.
+    """
     data_dir = default_data_dir() if data_dir is None else Path(data_dir)
     began = time.perf_counter()
     cuda = torch.cuda.is_available()
@@ -357,10 +377,11 @@ def run(settings: Settings, data_dir: Path | None = None, out: Path | None = Non
     torch.manual_seed(SEED)
     kernel, attend, why = pick_attention(device, dtype)
     model = TinyLlama(settings.model, attend).to(device, dtype)
-    timer = Timer(model, settings.repeats)
-    largest = max(cap for _, _, cap in settings.cases)
-    for _ in range(3):  # warm the kernels and the clocks at the largest micro-batch
-        timer(np.array([largest // 2, largest // 4, largest // 4], dtype=np.int64))
+    if timer is None:
+        timer = Timer(model, settings.repeats)
+        largest = max(cap for _, _, cap in settings.cases)
+        for _ in range(3):  # warm the kernels and the clocks at the largest micro-batch
+            timer(np.array([largest // 2, largest // 4, largest // 4], dtype=np.int64))
     result: dict[str, Any] = {
         "mode": "full" if cuda else "quick",
         "command": REPRODUCE,
@@ -375,14 +396,12 @@ def run(settings: Settings, data_dir: Path | None = None, out: Path | None = Non
         "left_out": [],
     }
     for case in settings.cases:
-        needs_file = DATA[case[0]].file is not None
+        file = DATA[case[0]].file
         if time.perf_counter() - began > settings.budget_s:
             result["left_out"].append({"case": list(case), "why": "time budget"})
             continue
-        if needs_file and not (data_dir / DATA[case[0]].file).is_file():
-            result["left_out"].append(
-                {"case": list(case), "why": f"no {data_dir / DATA[case[0]].file}"}
-            )
+        if file is not None and not (data_dir / file).is_file():
+            result["left_out"].append({"case": list(case), "why": f"no {data_dir / file}"})
             continue
         result["cases"].append(_case(settings, case, timer, data_dir))
         result["wall_seconds"] = time.perf_counter() - began
@@ -432,14 +451,18 @@ def render_markdown(result: dict, img_dir: Path) -> str:
         f"{model['vocab']}), attention kernel `{result['attention']['kernel']}` "
         f"({result['attention']['why']}). Each rank's planned micro-batches are timed one after "
         f"another on the one GPU (forward and backward, median of {settings['repeats']}); the "
-        f"cost model is fitted on {settings['calibration']} calibration micro-batches per case "
-        f"that are not the plans', and every method plans with it. Lockstep step = "
+        f"methods plan with a cost model fitted to {settings['calibration']} calibration "
+        f"micro-batches per case (not the plans'); then every cell of every plan, the "
+        f"calibration set again and chronica micro's plan a second time are timed in one "
+        f"shuffled pass, and the model fitted to that pass's calibration times predicts the "
+        f"plans (its fixed cost and cost per document separate only where calibration "
+        f"micro-batches hold different numbers of documents). Lockstep step = "
         f"Σₖ maxᵣ t[r, k], rank-sum step = maxᵣ Σₖ t[r, k], both in ms, the mean over "
         f"{settings['steps']} steps; the errors are the worst over the steps of predicted "
         f"against measured (per rank: the worst rank).",
         "",
         "Reproduce on a CUDA machine: `python -m benchmarks.device.attention_cost` "
-        "(`--dry-run` runs the same on a CPU with a tiny model, as the tests do).",
+        "(`--dry-run` runs it on a CPU with a tiny model; the tests run it with known times).",
         "",
     ]
     for case in result["cases"]:
@@ -509,7 +532,7 @@ def _reading(case: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``--dry-run``, ``--json PATH``, ``--data-dir DIR``, ``--budget-s S``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model, seconds")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model, a minute")
     parser.add_argument("--json", type=Path, default=None, help=f"default: {RESULT}")
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--budget-s", type=float, default=None)

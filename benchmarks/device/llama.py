@@ -113,8 +113,9 @@ def sdpa_per_document(
     parts = []
     for start, end in itertools.pairwise(bounds):
         # (tokens, heads, dim) -> (1, heads, tokens, dim)
-        one = [t[start:end].transpose(0, 1).unsqueeze(0) for t in (q, k, v)]
-        parts.append(F.scaled_dot_product_attention(*one, is_causal=True)[0].transpose(0, 1))
+        one_q, one_k, one_v = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        attended = F.scaled_dot_product_attention(one_q, one_k, one_v, is_causal=True)
+        parts.append(attended[0].transpose(0, 1))
     return torch.cat(parts)
 
 
@@ -148,10 +149,11 @@ def pick_attention(device: torch.device, dtype: torch.dtype) -> tuple[str, Atten
     cu = torch.tensor([0, 17, 60, 96], dtype=torch.int32, device=device)
     inputs = [torch.randn(shape, generator=generator).to(device, dtype) for _ in range(3)]
     outputs = []
-    for kernel in (attend, sdpa_per_document):
+    kernels: tuple[Attention, ...] = (attend, sdpa_per_document)
+    for kernel in kernels:
         leaves = [x.clone().requires_grad_() for x in inputs]
         try:
-            out = kernel(*leaves, cu, 43)
+            out = kernel(leaves[0], leaves[1], leaves[2], cu, 43)
             out.float().square().sum().backward()
         except Exception as error:  # any failure means: use the reference
             return "sdpa", sdpa_per_document, f"varlen_attn failed: {type(error).__name__}: {error}"

@@ -1,8 +1,9 @@
 """The GPU benchmark of predicted against measured micro-batch time
-(``benchmarks/device/attention_cost.py``), run here as its CPU dry run: the packed batches
-and the per-document attention it times are right, every method's cells cover the step,
-the figures are the lockstep and rank-sum steps, and a whole dry run writes a result the
-page renders."""
+(``benchmarks/device/attention_cost.py``), run here on a CPU: the packed batches and the
+per-document attention it times are right, every method's cells cover the step, the figures
+are the lockstep and rank-sum steps, and a whole run of the dry-run cases with known
+micro-batch times fits them exactly, predicts them exactly and writes a result the page
+renders."""
 
 import json
 
@@ -19,6 +20,7 @@ from benchmarks.device.llama import (
     sdpa_per_document,
 )
 from benchmarks.packing_peers import MicroBatches
+from chronica import CostModel
 
 
 def test_a_packed_batch_restarts_positions_at_every_document():
@@ -73,10 +75,35 @@ def test_the_model_trains_on_a_packed_batch():
     assert loss.item() > 0 and all(p.grad is not None for p in model.parameters())
 
 
+TRUTH = (2e-3, CostModel(1e-4, 1e-6, 1e-9))  # a micro-batch's fixed cost, then per document
+
+
+def known_time(lengths: np.ndarray) -> float:
+    """The time of a micro-batch under ``TRUTH``, so every figure has a known value."""
+    overhead, model = TRUTH
+    return overhead + float(model(lengths).sum()) if lengths.size else 0.0
+
+
+def test_the_timer_times_a_forward_and_backward_pass():
+    model = TinyLlama(bench.DRY_RUN.model, sdpa_per_document)
+    assert bench.Timer(model, repeats=2)(np.array([5, 9])) > 0
+    assert bench.Timer(model, repeats=2)(np.array([], dtype=np.int64)) == 0.0
+
+
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("device") / "result.json"
-    return bench.run(bench.DRY_RUN, out=out), out
+    return bench.run(bench.DRY_RUN, out=out, timer=known_time), out
+
+
+def test_with_known_times_the_fit_and_the_prediction_are_exact(dry_run):
+    result, _ = dry_run
+    for case in result["cases"]:
+        assert case["fit"]["overhead"] == pytest.approx(TRUTH[0], rel=1e-6)
+        assert case["fit"]["model"] == pytest.approx(list(TRUTH[1].to_tuple()), rel=1e-6)
+        assert all(v < 1e-9 for v in case["noise"].values())  # the same plan, the same time
+        for summary in case["summary"].values():
+            assert summary["error_lockstep"] < 1e-6 and summary["error_rank"] < 1e-6
 
 
 def test_a_dry_run_measures_every_method_on_every_case(dry_run):
