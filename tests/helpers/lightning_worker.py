@@ -17,6 +17,10 @@ to argv[1] as JSON the batches every training step received, for each scenario:
   at every step's last micro-batch): ``[epoch, documents, last, loss weight, tokens]`` of
   every micro-batch, ``packed_steps`` (optimizer steps per epoch) and ``packed_plan``
   (the epochs' own micro-batch and step counts);
+* ``stream``: a ``StreamingDataset`` over an in-memory sharded source
+  (``DataLoader(stream, batch_size=None)``, Lightning's defaults), one pass, trained by the
+  same module: the same records per micro-batch as ``packed``, and ``stream_samples`` (the
+  source's sample count);
 * ``refused``: the message of the error a ``DistributedBatchSampler`` under Lightning's
   default ``use_distributed_sampler=True`` raises;
 * ``sizes`` (of the samples) and ``stop`` (the global step the stopped run ended at).
@@ -34,10 +38,12 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from stream_source import make_source
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from chronica import Packing
+from chronica.torch import StreamingDataset
 from chronica.torch.utils.data import (
     Dataset,
     DistributedBatchSampler,
@@ -102,25 +108,24 @@ class Documents(torch.utils.data.Dataset):
 class PackedModel(L.LightningModule):
     """A token embedding trained on packed micro-batches with manual optimization: the
     loss of each micro-batch times its loss weight, one optimizer step at the last
-    micro-batch of every step; records every micro-batch and every optimizer step."""
+    micro-batch of every step; records every micro-batch and every optimizer step. Its
+    training loader is ``make_loader()``, for ``epochs`` epochs."""
 
-    def __init__(self, sampler):
+    def __init__(self, make_loader, epochs):
         super().__init__()
         self.automatic_optimization = False
         self.embedding = torch.nn.Embedding(64, 1)
-        self.sampler = sampler
+        self.make_loader = make_loader
         self.seen: list[list] = []
-        self.steps = [0] * PACKED_EPOCHS
+        self.steps = [0] * epochs
 
     def train_dataloader(self):
-        return DataLoader(
-            PackedDataset(Documents()), batch_sampler=self.sampler, collate_fn=collate_packed
-        )
+        return self.make_loader()
 
     def training_step(self, batch, batch_idx):
         optimizer = self.optimizers()
         tokens = batch["input_ids"] if batch["num_tokens"] else torch.zeros(1, dtype=torch.long)
-        loss = self.embedding(tokens).square().mean() * batch["loss_weight"]
+        loss = self.embedding(tokens % 64).square().mean() * batch["loss_weight"]
         self.manual_backward(loss)  # an empty micro-batch (weight 0) still takes part
         self.seen.append(
             [
@@ -194,7 +199,12 @@ def main(out_path: str, folder: str) -> None:
     packed_sampler = DistributedBatchSampler(
         Documents(), DOCUMENTS_PER_STEP, sizes=LENGTHS, packing=PACKING
     )
-    packed = PackedModel(packed_sampler)
+    packed = PackedModel(
+        lambda: DataLoader(
+            PackedDataset(Documents()), batch_sampler=packed_sampler, collate_fn=collate_packed
+        ),
+        PACKED_EPOCHS,
+    )
     trainer(max_epochs=PACKED_EPOCHS, use_distributed_sampler=False).fit(packed)
     results["packed"], results["packed_steps"] = packed.seen, packed.steps
     counts = []
@@ -202,6 +212,17 @@ def main(out_path: str, folder: str) -> None:
         plan = packed_sampler.plan(epoch)
         counts.append([int(plan.micro.num_micro.sum()), plan.num_steps])
     results["packed_plan"] = counts
+
+    def stream():  # built in train_dataloader, where the process group exists
+        dataset = StreamingDataset(make_source(high=256), PACKING, batch_size=DOCUMENTS_PER_STEP)
+        return DataLoader(dataset, batch_size=None)
+
+    streamed = PackedModel(stream, 1)
+    trainer(max_epochs=1).fit(streamed)
+    results["stream"], results["stream_samples"] = (
+        streamed.seen,
+        int(make_source(high=256).offsets[-1]),
+    )
 
     try:
         fit(batches)

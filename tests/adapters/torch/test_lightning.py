@@ -80,3 +80,12 @@ def test_lightning_packed_trains_every_document_once_and_every_update_in_3_epoch
 def test_lightning_refuses_to_rebuild_a_batch_sampler(job):
     for result in job:
         assert "Trainer(use_distributed_sampler=False)" in result["refused"]
+
+
+def test_a_streamed_dataset_trains_every_sample_once_in_equal_micro_batch_counts(job):
+    seen = [result["stream"] for result in job]
+    ids = sorted(i for rank in seen for _, documents, *_ in rank for i in documents)
+    assert ids == list(range(job[0]["stream_samples"]))
+    assert len(seen[0]) == len(seen[1]) > 2  # no rank waits at a collective for another
+    assert [last for _, _, last, *_ in seen[0]] == [last for _, _, last, *_ in seen[1]]
+    assert all(tokens <= 256 for rank in seen for *_, tokens in rank)
