@@ -19,10 +19,16 @@ this process's packed micro-batches (numpy dense rows), planned window by window
 processes over ``jax.distributed``'s coordination service, with ``state_dict()`` /
 ``load_state_dict()``; see ``chronica.adapters.jax.streaming``.
 
+``chronica.jax.GrainStream(source, packing, batch_size=B)``: the same stream as a Grain
+``IterDataset`` whose iterators keep Grain's checkpoint protocol; see
+``chronica.adapters.grain.streaming`` (grain is imported on first use).
+
 ``chronica.jax.ScheduledReducer(priority=chronica.jax.forward_order(loss, params, batch))``
 averages gradient pytrees across ``jax.distributed`` processes partition by partition, first
 layers first, under a credit of bytes in flight; see ``chronica.adapters.jax.grad``.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from chronica.adapters.grain import StepSource
 from chronica.adapters.jax.data import ScheduledIterator, iterator
@@ -35,7 +41,11 @@ from chronica.adapters.jax.grad import (
 )
 from chronica.adapters.jax.streaming import JaxStream, stream
 
+if TYPE_CHECKING:
+    from chronica.adapters.grain.streaming import GrainStream
+
 __all__ = [
+    "GrainStream",
     "JaxStream",
     "PerLeaf",
     "ReducedLeaves",
@@ -47,3 +57,12 @@ __all__ = [
     "per_leaf",
     "stream",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # GrainStream subclasses grain's IterDataset: grain is imported when it is first used.
+    if name == "GrainStream":
+        from chronica.adapters.grain.streaming import GrainStream
+
+        return GrainStream
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
