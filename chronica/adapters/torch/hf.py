@@ -228,7 +228,15 @@ class TrainerMixin:
 
     def get_train_dataloader(self) -> Any:
         """The Trainer's training loader, passed through ``unshard``; with ``packing`` in
-        ``scheduling``, a loader of whole packed steps (``hf_packed.PackedSteps``)."""
+        ``scheduling``, a loader of whole packed steps (``hf_packed.PackedSteps``). A
+        ``StreamingDataset`` is refused, naming what trains one."""
+        if isinstance(self.train_dataset, StreamingDataset):
+            raise ValueError(
+                "chronica.torch.hf.Trainer plans map-style data sets; a StreamingDataset "
+                "already yields this rank's packed micro-batches, a varying number per step: "
+                "train it with accelerate in a loop of your own (chronica.torch.hf.prepare) or "
+                "with Lightning (docs/integrations-hf.md, docs/integrations-lightning.md)"
+            )
         if "packing" not in self.scheduling:
             return unshard(super().get_train_dataloader())  # type: ignore[misc]
         from chronica.adapters.torch.hf_packed import PackedSteps, collate_steps

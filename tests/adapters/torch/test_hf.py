@@ -278,6 +278,19 @@ def test_trainer_builds_the_sampler_from_its_arguments(tmp_path):
     with pytest.raises(ValueError, match=r"cannot set \['batch_size'\]"):
         Trainer(model=model, args=args, train_dataset=table, scheduling={"batch_size": 8})
 
+    from stream_source import make_source
+
+    from chronica import Packing
+    from chronica.torch import StreamingDataset
+
+    stream = StreamingDataset(make_source(), Packing(max_tokens=1024), batch_size=12)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=3, use_cpu=True, report_to=[]
+    )  # transformers needs max_steps for a data set without len
+    streamed = Trainer(model=model, args=args, train_dataset=stream)
+    with pytest.raises(ValueError, match=r"a StreamingDataset .*chronica.torch.hf.prepare"):
+        streamed.get_train_dataloader()
+
 
 def test_packed_trainer_trains_every_document_once_with_the_unpacked_loss(tmp_path):
     from packed_trainer import DOCUMENTS, EPOCHS, train
