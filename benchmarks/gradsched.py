@@ -467,6 +467,7 @@ def run(
     steps, repeats = (4, 2) if quick else (3, 4) if auto else (6, 20)  # block steps, rounds
     steps, repeats = (block or steps + 1) - 1, rounds or repeats
     load_before = os.getloadavg()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     use_netns = os.geteuid() == 0 and _netns("down")
     if quick and not use_netns:
         names = ["loopback"]
@@ -493,6 +494,7 @@ def run(
         "target": target,
         "machine": machine_info(),
         "load_average": [load_before, os.getloadavg()],
+        "started_utc": started,
         "quick": quick,
         "steps": steps,
         "repeats": repeats,
@@ -566,6 +568,17 @@ def _summary(model: dict) -> dict:
         "bound": float(bound),
         "rounds": len(step["DDP"]),
     }
+
+
+def _quotient_interval(auto: np.ndarray, best: np.ndarray | None) -> tuple[float, float]:
+    """95% bootstrap interval of ``median(auto) / median(best)`` (per-round ratios to DDP;
+    ``best`` ``None``: DDP itself, 1 every round), the rounds resampled together."""
+    rng = np.random.default_rng(0)
+    picks = rng.integers(0, len(auto), size=(BOOTSTRAP, len(auto)))
+    top = np.median(auto[picks], axis=1)
+    bottom = np.median(best[picks], axis=1) if best is not None else 1.0
+    low, high = np.percentile(top / bottom, [2.5, 97.5])
+    return float(low), float(high)
 
 
 def _ci(s: dict, variant: str, key: str = "interval") -> str:
@@ -683,11 +696,16 @@ def auto_rows(result: dict) -> list[dict]:
             }
             fixed = {"DDP": 1.0, **{v: s["vs_ddp"][v] for v in GRID if v in s["vs_ddp"]}}
             best = min(fixed, key=fixed.__getitem__)
-            auto = per_round["chronica auto"]
-            to_best = auto if best == "DDP" else auto / per_round[best]
+            ratio = s["vs_ddp"]["chronica auto"]
+            # auto over the best fixed setting: the quotient of their two figures (medians
+            # over rounds against the same round's DDP block), with a 95% bootstrap interval
+            # over the rounds (resampled together, so each round keeps its pairing)
+            to_best = ratio / fixed[best]
+            to_best_interval = _quotient_interval(
+                per_round["chronica auto"], per_round.get(best) if best != "DDP" else None
+            )
             again, (low, high) = s["vs_ddp"]["DDP again"], s["interval"]["DDP again"]
             noise = max(abs(again - 1.0), high - 1.0, 1.0 - low)
-            ratio = s["vs_ddp"]["chronica auto"]
             sim = model.get("sim") or {}
             measured_sim = s["vs_ddp"].get(sim.get("variant", ""), float("nan"))
             rows.append(
@@ -706,13 +724,15 @@ def auto_rows(result: dict) -> list[dict]:
                     "best": best,
                     "best_ratio": fixed[best],
                     "fixed": fixed,
-                    "to_best": float(np.median(to_best)),
+                    "to_best": to_best,
+                    "to_best_interval": to_best_interval,
                     "speedup": 1.0 / ratio,
-                    "within_3": float(np.median(to_best)) <= 1.03,
+                    "within_3": to_best <= 1.03,
                     "not_worse": ratio - 1.0 <= noise,
                     "sim_variant": sim.get("variant", ""),
                     "sim_predicted": sim.get("predicted", float("nan")),
                     "sim_measured": measured_sim,
+                    "sim_interval": s["interval"].get(sim.get("variant", ""), (np.nan, np.nan)),
                     "sim_error": sim.get("predicted", float("nan")) / measured_sim - 1.0,
                     "decision": model.get("stats", {}).get("chronica auto", {}).get("decision", ""),
                     "setting": model.get("stats", {}).get("chronica auto", {}).get("setting", ""),
@@ -747,12 +767,12 @@ def _render_auto(result: dict) -> str:
     yes = {True: "yes", False: "**no**"}
     table = [
         "| link | model | DDP ms (rank 0's core share) | chronica auto / DDP [95%] | DDP again "
-        "/ DDP [95%] | best fixed / DDP | auto / best fixed | within 3% | faster than DDP | "
+        "/ DDP [95%] | best fixed / DDP | auto / best fixed [95%] | within 3% | faster than DDP | "
         "not worse than DDP beyond noise | setting auto kept |",
         "|---|---|---:|---|---|---|---:|---|---:|---|---|",
     ]
     sim = [
-        "| link | model | setting | predicted / DDP | measured / DDP | error | within 10% |",
+        "| link | model | setting | predicted / DDP | measured / DDP [95%] | error | within 10% |",
         "|---|---|---|---:|---:|---:|---|",
     ]
     fixed = [
@@ -762,18 +782,23 @@ def _render_auto(result: dict) -> str:
     for r in rows:
         lo, hi = r["auto_interval"]
         alo, ahi = r["again_interval"]
+        blo, bhi = r["to_best_interval"]
+        slo, shi = r["sim_interval"]
         table.append(
             f"| {r['link']} | {r['model']} | {r['ddp_ms']:.1f} ({r['core_share']:.0%}) | "
             f"{r['auto']:.3f} [{lo:.3f}, "
             f"{hi:.3f}] | {r['again']:.3f} [{alo:.3f}, {ahi:.3f}] | {r['best_ratio']:.3f} "
-            f"({r['best']}) | {r['to_best']:.3f} | {yes[r['within_3']]} | "
+            f"({r['best']}) | {r['to_best']:.3f} [{blo:.3f}, {bhi:.3f}] | {yes[r['within_3']]}"
+            f"{' (1.03 inside the interval)' if blo <= 1.03 <= bhi else ''} | "
             f"{r['speedup']:.2f}x | {yes[r['not_worse']]} (noise {r['noise']:.1%}) | "
             f"{r['setting']} |"
         )
         sim.append(
             f"| {r['link']} | {r['model']} | {r['sim_variant']} | {r['sim_predicted']:.3f} | "
-            f"{r['sim_measured']:.3f} | {r['sim_error']:+.1%} | "
-            f"{yes[abs(r['sim_error']) <= 0.10]} |"
+            f"{r['sim_measured']:.3f} [{slo:.3f}, {shi:.3f}] | {r['sim_error']:+.1%} | "
+            + yes[abs(r["sim_error"]) <= 0.10]
+            + (" (the prediction inside the interval)" if slo <= r["sim_predicted"] <= shi else "")
+            + " |"
         )
         fixed.append(
             f"| {r['link']} | {r['model']} | "
@@ -794,7 +819,7 @@ def _render_auto(result: dict) -> str:
             "scheduling.",
             "",
         ]
-        if shares and min(shares) < 0.5
+        if shares and min(shares) < 0.5 and not result.get("quiet")
         else []
     )
     machine = result["machine"]
@@ -823,8 +848,11 @@ def _render_auto(result: dict) -> str:
             "round; a block's time is the median of its step-to-step times, a ratio the "
             "median over rounds of a block over the same round's DDP block (95% bootstrap "
             "interval). *Best fixed* is the lowest of DDP and the fixed settings; *auto / "
-            "best fixed* is the median over rounds of their quotient. *Noise*: how far DDP "
-            "again lies from 1, or its interval's far end, whichever is larger.",
+            "best fixed* is chronica auto's ratio over the best fixed setting's, the two "
+            "figures of the table (the same statistic: each a median over rounds against the "
+            "same round's DDP block), with a 95% bootstrap interval (the rounds resampled "
+            "together). *Noise*: how far DDP again lies from 1, or its interval's far end, "
+            "whichever is larger.",
             "",
             *table,
             "",
@@ -852,10 +880,14 @@ def _render_auto(result: dict) -> str:
             "",
             *sim,
             "",
-            f"Machine: {machine.get('processor')}, {machine.get('cpu_count')} cores shared "
-            f"with other work (load average {before[0]:.1f} when the run started, "
-            f"{after[0]:.1f} when it ended), torch {machine.get('torch')}, "
-            f"{machine.get('date_utc')}. Reproduce: `{result['command']}`.",
+            f"Machine: {machine.get('processor')}, {machine.get('cpu_count')} cores "
+            + ("with nothing else running" if result.get("quiet") else "shared with other work")
+            + f" (load average {before[0]:.1f} when the run started, {after[0]:.1f} when it "
+            f"ended), torch {machine.get('torch')}, "
+            + (f"{result['started_utc']} to " if result.get("started_utc") else "")
+            + f"{machine.get('date_utc')}"
+            + (f"; {result['machine_state']}" if result.get("machine_state") else "")
+            + f". Reproduce: `{result['command']}`.",
             "",
         ]
     )
@@ -1012,6 +1044,10 @@ def main() -> None:
         "--target", choices=["auto"], help="auto: chronica auto against the fixed settings"
     )
     parser.add_argument("--markdown", type=Path, help="also write the docs section here")
+    parser.add_argument(
+        "--quiet-machine", action="store_true", help="nothing else ran: say so on the page"
+    )
+    parser.add_argument("--machine-state", help="what else ran meanwhile, for the page")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rounds-of-all", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
@@ -1037,6 +1073,9 @@ def main() -> None:
         args.default_malloc,
         args.target,
     )
+    result["quiet"] = args.quiet_machine
+    if args.machine_state:
+        result["machine_state"] = args.machine_state
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     print(format_table(result))

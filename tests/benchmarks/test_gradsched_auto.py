@@ -73,7 +73,38 @@ def test_page_section_states_targets_decisions_and_the_command(tmp_path):
     assert page.startswith('## Gradient scheduling: `mode="auto"` against the best fixed')
     assert "sudo python -m benchmarks.gradsched --target auto" in page
     assert "- 100mbit, vgg: scheduled: it won" in page
-    assert "| 100mbit | vgg | scheduled 256 KiB | 0.900 | 0.800 | +12.5% | **no** |" in page
+    assert (
+        "| 100mbit | vgg | scheduled 256 KiB | 0.900 | 0.800 [0.800, 0.800] | +12.5% | **no** |"
+        in page
+    )
+    assert "the two figures of the table" in page  # how auto / best fixed is computed
+
+
+def test_auto_over_best_is_the_quotient_of_the_two_figures_the_table_shows():
+    # round by round the quotients are 1.0, 1.171, 1.0, 1.0 (median 1.0), while the figures
+    # the table shows are auto 0.81 and best 0.79 (medians over rounds against DDP)
+    ratios = {
+        **RATIOS,
+        "chronica auto": [0.80, 0.82, 0.90, 0.78],
+        "scheduled 256 KiB": [0.80, 0.70, 0.90, 0.78],
+        "DDP again": [1.0] * 4,
+        "scheduled 1 MiB": [0.9] * 4,
+        "scheduled 4 MiB": [0.95] * 4,
+    }
+    (row,) = auto_rows(result(ratios))
+    assert row["best"] == "scheduled 256 KiB" and row["best_ratio"] == pytest.approx(0.79)
+    assert row["to_best"] == pytest.approx(0.81 / 0.79)
+    low, high = row["to_best_interval"]
+    assert low <= row["to_best"] <= high
+
+
+def test_page_says_what_ran_beside_the_run(tmp_path):
+    quiet = {**result(), "quiet": True, "machine_state": "a job ran for 4 minutes"}
+    quiet["started_utc"] = "dawn"
+    page = render_markdown(quiet, tmp_path)
+    assert "with nothing else running" in page and "a job ran for 4 minutes" in page
+    assert "dawn to today" in page
+    assert "shared with other work" in render_markdown(result(), tmp_path)
     assert set(AUTO_TARGET) >= set(GRID)
 
 
