@@ -115,6 +115,7 @@ def _predict(name: str, result: dict, steps: int, batch: int) -> dict:
         _queued_times,
         _run_steps,
         link_fit,
+        probe_steps,
         sim_layers,
     )
     from chronica.sim.gradients import Link, Policy, simulate_step
@@ -128,7 +129,7 @@ def _predict(name: str, result: dict, steps: int, batch: int) -> dict:
     dist.broadcast_object_list(pick, src=0)
     best = pick[0]
     alone = _run_steps(name, None, steps, batch=batch)
-    runs = {v: _run_steps(name, v, steps + 2, batch=batch) for v in ("DDP", best)}
+    runs = {v: _run_steps(name, v, probe_steps(steps), batch=batch) for v in ("DDP", best)}
     numel = sum(sum(b) for b in alone["tensor_bytes"]) // 4
     sizes = [*ALLREDUCE_SIZES, numel]
     dist.barrier()
@@ -149,6 +150,7 @@ def _predict(name: str, result: dict, steps: int, batch: int) -> dict:
         "sim_ddp_s": ddp.step_s,
         "sim_scheduled_s": scheduled.step_s,
         "probed": runs[best]["step_s"] / runs["DDP"]["step_s"],
+        "probe_steps": probe_steps(steps),
         "bandwidth": bandwidth,
         "latency_s": latency,
         "queued_latency_s": queued,
@@ -733,6 +735,8 @@ def auto_rows(result: dict) -> list[dict]:
                     "sim_predicted": sim.get("predicted", float("nan")),
                     "sim_measured": measured_sim,
                     "sim_interval": s["interval"].get(sim.get("variant", ""), (np.nan, np.nan)),
+                    "sim_probed": sim.get("probed", float("nan")),
+                    "sim_probe_steps": sim.get("probe_steps", 0),
                     "sim_error": sim.get("predicted", float("nan")) / measured_sim - 1.0,
                     "decision": model.get("stats", {}).get("chronica auto", {}).get("decision", ""),
                     "setting": model.get("stats", {}).get("chronica auto", {}).get("setting", ""),
@@ -772,8 +776,9 @@ def _render_auto(result: dict) -> str:
         "|---|---|---:|---|---|---|---:|---|---:|---|---|",
     ]
     sim = [
-        "| link | model | setting | predicted / DDP | measured / DDP [95%] | error | within 10% |",
-        "|---|---|---|---:|---:|---:|---|",
+        "| link | model | setting | predicted / DDP | measured / DDP [95%] | error | within 10% "
+        "| the probed steps' own / DDP |",
+        "|---|---|---|---:|---:|---:|---|---:|",
     ]
     fixed = [
         "| link | model | " + " | ".join(GRID) + " |",
@@ -798,7 +803,7 @@ def _render_auto(result: dict) -> str:
             f"{r['sim_measured']:.3f} [{slo:.3f}, {shi:.3f}] | {r['sim_error']:+.1%} | "
             + yes[abs(r["sim_error"]) <= 0.10]
             + (" (the prediction inside the interval)" if slo <= r["sim_predicted"] <= shi else "")
-            + " |"
+            + f" | {r['sim_probed']:.3f} |"
         )
         fixed.append(
             f"| {r['link']} | {r['model']} | "
@@ -876,7 +881,17 @@ def _render_auto(result: dict) -> str:
             "drives it) predicts the best fixed setting's step time over DDP's from that "
             "run's own probed steps (each variant's in-run layer times, compute alone for "
             "the time outside the layers and the shim's optimizer) on the link fitted from "
-            "all-reduce times measured in the same process pair after the rounds:",
+            "all-reduce times measured in the same process pair after the rounds. The last "
+            "column is the probed runs' own step-time ratio: where it lies far from the "
+            "measured one, the probed steps were not the steps the rounds ran. "
+            + (
+                "This run probed 5 steps per variant, whose measured half followed the "
+                "scheduled engine's re-plans (which drain the link); the probe now warms up "
+                "past them (`probe_steps`):"
+                if any(not r["sim_probe_steps"] for r in rows)
+                else f"Each probed run: {rows[0]['sim_probe_steps']} steps, the first half "
+                "warm-up (past the scheduled engine's re-plans):"
+            ),
             "",
             *sim,
             "",

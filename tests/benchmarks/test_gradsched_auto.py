@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from benchmarks.grad_models import GRID, knobs_for  # noqa: E402
+from benchmarks.grad_sim_validation import SCHEDULED_WARM, probe_steps  # noqa: E402
 from benchmarks.gradsched import AUTO_TARGET, auto_rows, auto_table, render_markdown  # noqa: E402
 
 QUANTITIES = ("variants", "cpu", "thread", "faults")
@@ -119,3 +120,14 @@ def test_fixed_settings_cut_as_auto_cuts_them():
     assert knobs_for("scheduled 4 MiB", model)["partition_bytes"] == total
     assert knobs_for("scheduled 4 MiB", model)["credit_bytes"] == 4 * total
     assert knobs_for("DDP", model) == {}
+
+
+def test_probed_runs_measure_steps_past_the_scheduled_engines_replans():
+    from chronica.adapters.torch.grad import _REFRESH_STEPS
+
+    # The first step discovers the priority; the engine re-plans (draining the link) after
+    # its scheduled steps in _REFRESH_STEPS: the warm-up half must hold all of them.
+    assert SCHEDULED_WARM >= 1 + max(_REFRESH_STEPS)
+    for steps in (1, 3, 6, 20):
+        count = probe_steps(steps)
+        assert count // 2 >= SCHEDULED_WARM and count - count // 2 >= steps
