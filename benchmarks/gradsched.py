@@ -765,6 +765,15 @@ def auto_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _same_setting(row: dict) -> bool:
+    """Whether chronica auto kept the best fixed setting itself (then auto / best fixed is the
+    rounds' noise alone)."""
+    best = row["best"]
+    if best == "DDP":
+        return row["setting"] == "bucketed"
+    return row["setting"].startswith(best.replace("scheduled ", "scheduled (") + " partitions")
+
+
 def _render_auto(result: dict) -> str:
     """The auto target's ``## `` section for docs/benchmarks.md."""
     rows = auto_rows(result)
@@ -794,7 +803,8 @@ def _render_auto(result: dict) -> str:
             f"{r['auto']:.3f} [{lo:.3f}, "
             f"{hi:.3f}] | {r['again']:.3f} [{alo:.3f}, {ahi:.3f}] | {r['best_ratio']:.3f} "
             f"({r['best']}) | {r['to_best']:.3f} [{blo:.3f}, {bhi:.3f}] | {yes[r['within_3']]}"
-            f"{' (1.03 inside the interval)' if blo <= 1.03 <= bhi else ''} | "
+            f"{' (1.03 inside the interval)' if blo <= 1.03 <= bhi else ''}"
+            f"{' (auto kept that same setting)' if _same_setting(r) else ''} | "
             f"{r['speedup']:.2f}x | {yes[r['not_worse']]} (noise {r['noise']:.1%}) | "
             f"{r['setting']} |"
         )

@@ -79,6 +79,12 @@ def test_page_section_states_targets_decisions_and_the_command(tmp_path):
         in page
     )
     assert "the two figures of the table" in page  # how auto / best fixed is computed
+    kept = result()
+    kept["links"][0]["models"]["vgg"]["stats"]["chronica auto"]["setting"] = (
+        "scheduled (256 KiB partitions, 1 MiB credit)"
+    )
+    assert "(auto kept that same setting)" in render_markdown(kept, tmp_path)
+    assert "(auto kept that same setting)" not in page
 
 
 def test_auto_over_best_is_the_quotient_of_the_two_figures_the_table_shows():
