@@ -62,7 +62,14 @@ ROOT = HERE.parent
 NETNS = HERE / "netns.sh"
 ADDRS = ("10.77.0.1", "10.77.0.2")
 
-__all__ = ["auto_rows", "auto_table", "format_table", "render_markdown", "run"]
+__all__ = [
+    "auto_rows",
+    "auto_table",
+    "format_table",
+    "record_auto_target",
+    "render_markdown",
+    "run",
+]
 
 # The auto target (issue 33): chronica auto against DDP, DDP again (the noise) and every
 # setting it searches, fixed, on shaped links, each variant's block once per round.
@@ -1054,6 +1061,28 @@ def render_markdown(result: dict, img_dir: Path) -> str:
     )
 
 
+RESULTS = HERE / "results" / "gradsched.json"
+
+
+def record_auto_target(result: dict, path: Path) -> None:
+    """Keep an auto-target run as ``auto_target`` of the benchmark's results file at ``path``,
+    the rest of the file unchanged (the page renders it after the main section).
+
+    Args:
+        result: a ``run(..., target="auto")`` result.
+        path: the results file (``benchmarks/results/gradsched.json``).
+
+    Example::
+
+        >>> record_auto_target(result, RESULTS)   # doctest: +SKIP
+    """
+    if result.get("target") != "auto":
+        raise ValueError("only a --target auto run is kept as auto_target")
+    kept = json.loads(path.read_text())
+    kept["auto_target"] = result
+    path.write_text(json.dumps(kept, indent=1) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -1073,6 +1102,12 @@ def main() -> None:
         "--quiet-machine", action="store_true", help="nothing else ran: say so on the page"
     )
     parser.add_argument("--machine-state", help="what else ran meanwhile, for the page")
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="with --target auto: keep the run as benchmarks/results/gradsched.json's "
+        "auto_target (then `python -m benchmarks.report` renders the page)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rounds-of-all", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
@@ -1103,6 +1138,8 @@ def main() -> None:
         result["machine_state"] = args.machine_state
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
+    if args.record:
+        record_auto_target(result, RESULTS)
     print(format_table(result))
     if args.target == "auto":
         print(auto_table(result))

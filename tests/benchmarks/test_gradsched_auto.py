@@ -2,6 +2,8 @@
 best fixed setting, auto over it round by round, the noise figure, the simulator's error,
 each target's verdict, the page section, and the knobs of the fixed settings."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -9,7 +11,13 @@ torch = pytest.importorskip("torch")
 
 from benchmarks.grad_models import GRID, knobs_for  # noqa: E402
 from benchmarks.grad_sim_validation import SCHEDULED_WARM, probe_steps  # noqa: E402
-from benchmarks.gradsched import AUTO_TARGET, auto_rows, auto_table, render_markdown  # noqa: E402
+from benchmarks.gradsched import (  # noqa: E402
+    AUTO_TARGET,
+    auto_rows,
+    auto_table,
+    record_auto_target,
+    render_markdown,
+)
 
 QUANTITIES = ("variants", "cpu", "thread", "faults")
 
@@ -137,3 +145,13 @@ def test_probed_runs_measure_steps_past_the_scheduled_engines_replans():
     for steps in (1, 3, 6, 20):
         count = probe_steps(steps)
         assert count // 2 >= SCHEDULED_WARM and count - count // 2 >= steps
+
+
+def test_record_keeps_an_auto_run_beside_the_main_results(tmp_path):
+    path = tmp_path / "gradsched.json"
+    path.write_text('{"links": [], "command": "main"}')
+    record_auto_target(result(), path)
+    kept = json.loads(path.read_text())
+    assert kept["command"] == "main" and kept["auto_target"] == result()
+    with pytest.raises(ValueError, match="target auto"):
+        record_auto_target({**result(), "target": None}, path)
