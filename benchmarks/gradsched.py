@@ -28,7 +28,9 @@ gradient bytes). Needs root for the namespaces; without it, runs on loopback onl
 so.
 
 Run alone: ``sudo python -m benchmarks.gradsched [--quick] [--links loopback
-fast] [--model mlp670k vgg]``.
+fast] [--model mlp670k vgg]``. Without sudo, a user namespace of its own gives the same
+namespaces and ``tc`` shaping (same kernel qdisc): ``unshare -rnm sh -c 'mount -t tmpfs none
+/run && mkdir /run/netns && python -m benchmarks.gradsched --target auto'``.
 """
 
 from __future__ import annotations
