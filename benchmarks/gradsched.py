@@ -28,7 +28,9 @@ gradient bytes). Needs root for the namespaces; without it, runs on loopback onl
 so.
 
 Run alone: ``sudo python -m benchmarks.gradsched [--quick] [--links loopback
-fast] [--model mlp670k vgg]``.
+fast] [--model mlp670k vgg]``. Without sudo, a user namespace of its own gives the same
+namespaces and ``tc`` shaping (same kernel qdisc): ``unshare -rnm sh -c 'mount -t tmpfs none
+/run && mkdir /run/netns && python -m benchmarks.gradsched --target auto'``.
 """
 
 from __future__ import annotations
@@ -62,7 +64,14 @@ ROOT = HERE.parent
 NETNS = HERE / "netns.sh"
 ADDRS = ("10.77.0.1", "10.77.0.2")
 
-__all__ = ["auto_rows", "auto_table", "format_table", "render_markdown", "run"]
+__all__ = [
+    "auto_rows",
+    "auto_table",
+    "format_table",
+    "record_auto_target",
+    "render_markdown",
+    "run",
+]
 
 # The auto target (issue 33): chronica auto against DDP, DDP again (the noise) and every
 # setting it searches, fixed, on shaped links, each variant's block once per round.
@@ -115,6 +124,7 @@ def _predict(name: str, result: dict, steps: int, batch: int) -> dict:
         _queued_times,
         _run_steps,
         link_fit,
+        probe_steps,
         sim_layers,
     )
     from chronica.sim.gradients import Link, Policy, simulate_step
@@ -128,7 +138,7 @@ def _predict(name: str, result: dict, steps: int, batch: int) -> dict:
     dist.broadcast_object_list(pick, src=0)
     best = pick[0]
     alone = _run_steps(name, None, steps, batch=batch)
-    runs = {v: _run_steps(name, v, steps + 2, batch=batch) for v in ("DDP", best)}
+    runs = {v: _run_steps(name, v, probe_steps(steps), batch=batch) for v in ("DDP", best)}
     numel = sum(sum(b) for b in alone["tensor_bytes"]) // 4
     sizes = [*ALLREDUCE_SIZES, numel]
     dist.barrier()
@@ -149,6 +159,7 @@ def _predict(name: str, result: dict, steps: int, batch: int) -> dict:
         "sim_ddp_s": ddp.step_s,
         "sim_scheduled_s": scheduled.step_s,
         "probed": runs[best]["step_s"] / runs["DDP"]["step_s"],
+        "probe_steps": probe_steps(steps),
         "bandwidth": bandwidth,
         "latency_s": latency,
         "queued_latency_s": queued,
@@ -467,6 +478,7 @@ def run(
     steps, repeats = (4, 2) if quick else (3, 4) if auto else (6, 20)  # block steps, rounds
     steps, repeats = (block or steps + 1) - 1, rounds or repeats
     load_before = os.getloadavg()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     use_netns = os.geteuid() == 0 and _netns("down")
     if quick and not use_netns:
         names = ["loopback"]
@@ -493,6 +505,7 @@ def run(
         "target": target,
         "machine": machine_info(),
         "load_average": [load_before, os.getloadavg()],
+        "started_utc": started,
         "quick": quick,
         "steps": steps,
         "repeats": repeats,
@@ -566,6 +579,17 @@ def _summary(model: dict) -> dict:
         "bound": float(bound),
         "rounds": len(step["DDP"]),
     }
+
+
+def _quotient_interval(auto: np.ndarray, best: np.ndarray | None) -> tuple[float, float]:
+    """95% bootstrap interval of ``median(auto) / median(best)`` (per-round ratios to DDP;
+    ``best`` ``None``: DDP itself, 1 every round), the rounds resampled together."""
+    rng = np.random.default_rng(0)
+    picks = rng.integers(0, len(auto), size=(BOOTSTRAP, len(auto)))
+    top = np.median(auto[picks], axis=1)
+    bottom = np.median(best[picks], axis=1) if best is not None else 1.0
+    low, high = np.percentile(top / bottom, [2.5, 97.5])
+    return float(low), float(high)
 
 
 def _ci(s: dict, variant: str, key: str = "interval") -> str:
@@ -683,11 +707,16 @@ def auto_rows(result: dict) -> list[dict]:
             }
             fixed = {"DDP": 1.0, **{v: s["vs_ddp"][v] for v in GRID if v in s["vs_ddp"]}}
             best = min(fixed, key=fixed.__getitem__)
-            auto = per_round["chronica auto"]
-            to_best = auto if best == "DDP" else auto / per_round[best]
+            ratio = s["vs_ddp"]["chronica auto"]
+            # auto over the best fixed setting: the quotient of their two figures (medians
+            # over rounds against the same round's DDP block), with a 95% bootstrap interval
+            # over the rounds (resampled together, so each round keeps its pairing)
+            to_best = ratio / fixed[best]
+            to_best_interval = _quotient_interval(
+                per_round["chronica auto"], per_round.get(best) if best != "DDP" else None
+            )
             again, (low, high) = s["vs_ddp"]["DDP again"], s["interval"]["DDP again"]
             noise = max(abs(again - 1.0), high - 1.0, 1.0 - low)
-            ratio = s["vs_ddp"]["chronica auto"]
             sim = model.get("sim") or {}
             measured_sim = s["vs_ddp"].get(sim.get("variant", ""), float("nan"))
             rows.append(
@@ -706,13 +735,17 @@ def auto_rows(result: dict) -> list[dict]:
                     "best": best,
                     "best_ratio": fixed[best],
                     "fixed": fixed,
-                    "to_best": float(np.median(to_best)),
+                    "to_best": to_best,
+                    "to_best_interval": to_best_interval,
                     "speedup": 1.0 / ratio,
-                    "within_3": float(np.median(to_best)) <= 1.03,
+                    "within_3": to_best <= 1.03,
                     "not_worse": ratio - 1.0 <= noise,
                     "sim_variant": sim.get("variant", ""),
                     "sim_predicted": sim.get("predicted", float("nan")),
                     "sim_measured": measured_sim,
+                    "sim_interval": s["interval"].get(sim.get("variant", ""), (np.nan, np.nan)),
+                    "sim_probed": sim.get("probed", float("nan")),
+                    "sim_probe_steps": sim.get("probe_steps", 0),
                     "sim_error": sim.get("predicted", float("nan")) / measured_sim - 1.0,
                     "decision": model.get("stats", {}).get("chronica auto", {}).get("decision", ""),
                     "setting": model.get("stats", {}).get("chronica auto", {}).get("setting", ""),
@@ -741,19 +774,29 @@ def auto_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _same_setting(row: dict) -> bool:
+    """Whether chronica auto kept the best fixed setting itself (then auto / best fixed is the
+    rounds' noise alone)."""
+    best = row["best"]
+    if best == "DDP":
+        return row["setting"] == "bucketed"
+    return row["setting"].startswith(best.replace("scheduled ", "scheduled (") + " partitions")
+
+
 def _render_auto(result: dict) -> str:
     """The auto target's ``## `` section for docs/benchmarks.md."""
     rows = auto_rows(result)
     yes = {True: "yes", False: "**no**"}
     table = [
         "| link | model | DDP ms (rank 0's core share) | chronica auto / DDP [95%] | DDP again "
-        "/ DDP [95%] | best fixed / DDP | auto / best fixed | within 3% | faster than DDP | "
+        "/ DDP [95%] | best fixed / DDP | auto / best fixed [95%] | within 3% | faster than DDP | "
         "not worse than DDP beyond noise | setting auto kept |",
         "|---|---|---:|---|---|---|---:|---|---:|---|---|",
     ]
     sim = [
-        "| link | model | setting | predicted / DDP | measured / DDP | error | within 10% |",
-        "|---|---|---|---:|---:|---:|---|",
+        "| link | model | setting | predicted / DDP | measured / DDP [95%] | error | within 10% "
+        "| the probed steps' own / DDP |",
+        "|---|---|---|---:|---:|---:|---|---:|",
     ]
     fixed = [
         "| link | model | " + " | ".join(GRID) + " |",
@@ -762,18 +805,24 @@ def _render_auto(result: dict) -> str:
     for r in rows:
         lo, hi = r["auto_interval"]
         alo, ahi = r["again_interval"]
+        blo, bhi = r["to_best_interval"]
+        slo, shi = r["sim_interval"]
         table.append(
             f"| {r['link']} | {r['model']} | {r['ddp_ms']:.1f} ({r['core_share']:.0%}) | "
             f"{r['auto']:.3f} [{lo:.3f}, "
             f"{hi:.3f}] | {r['again']:.3f} [{alo:.3f}, {ahi:.3f}] | {r['best_ratio']:.3f} "
-            f"({r['best']}) | {r['to_best']:.3f} | {yes[r['within_3']]} | "
+            f"({r['best']}) | {r['to_best']:.3f} [{blo:.3f}, {bhi:.3f}] | {yes[r['within_3']]}"
+            f"{' (1.03 inside the interval)' if blo <= 1.03 <= bhi else ''}"
+            f"{' (auto kept that same setting)' if _same_setting(r) else ''} | "
             f"{r['speedup']:.2f}x | {yes[r['not_worse']]} (noise {r['noise']:.1%}) | "
             f"{r['setting']} |"
         )
         sim.append(
             f"| {r['link']} | {r['model']} | {r['sim_variant']} | {r['sim_predicted']:.3f} | "
-            f"{r['sim_measured']:.3f} | {r['sim_error']:+.1%} | "
-            f"{yes[abs(r['sim_error']) <= 0.10]} |"
+            f"{r['sim_measured']:.3f} [{slo:.3f}, {shi:.3f}] | {r['sim_error']:+.1%} | "
+            + yes[abs(r["sim_error"]) <= 0.10]
+            + (" (the prediction inside the interval)" if slo <= r["sim_predicted"] <= shi else "")
+            + f" | {r['sim_probed']:.3f} |"
         )
         fixed.append(
             f"| {r['link']} | {r['model']} | "
@@ -794,7 +843,7 @@ def _render_auto(result: dict) -> str:
             "scheduling.",
             "",
         ]
-        if shares and min(shares) < 0.5
+        if shares and min(shares) < 0.5 and not result.get("quiet")
         else []
     )
     machine = result["machine"]
@@ -823,8 +872,11 @@ def _render_auto(result: dict) -> str:
             "round; a block's time is the median of its step-to-step times, a ratio the "
             "median over rounds of a block over the same round's DDP block (95% bootstrap "
             "interval). *Best fixed* is the lowest of DDP and the fixed settings; *auto / "
-            "best fixed* is the median over rounds of their quotient. *Noise*: how far DDP "
-            "again lies from 1, or its interval's far end, whichever is larger.",
+            "best fixed* is chronica auto's ratio over the best fixed setting's, the two "
+            "figures of the table (the same statistic: each a median over rounds against the "
+            "same round's DDP block), with a 95% bootstrap interval (the rounds resampled "
+            "together). *Noise*: how far DDP again lies from 1, or its interval's far end, "
+            "whichever is larger.",
             "",
             *table,
             "",
@@ -848,14 +900,28 @@ def _render_auto(result: dict) -> str:
             "drives it) predicts the best fixed setting's step time over DDP's from that "
             "run's own probed steps (each variant's in-run layer times, compute alone for "
             "the time outside the layers and the shim's optimizer) on the link fitted from "
-            "all-reduce times measured in the same process pair after the rounds:",
+            "all-reduce times measured in the same process pair after the rounds. The last "
+            "column is the probed runs' own step-time ratio: where it lies far from the "
+            "measured one, the probed steps were not the steps the rounds ran. "
+            + (
+                "This run probed 5 steps per variant, whose measured half followed the "
+                "scheduled engine's re-plans (which drain the link); the probe now warms up "
+                "past them (`probe_steps`):"
+                if any(not r["sim_probe_steps"] for r in rows)
+                else f"Each probed run: {rows[0]['sim_probe_steps']} steps, the first half "
+                "warm-up (past the scheduled engine's re-plans):"
+            ),
             "",
             *sim,
             "",
-            f"Machine: {machine.get('processor')}, {machine.get('cpu_count')} cores shared "
-            f"with other work (load average {before[0]:.1f} when the run started, "
-            f"{after[0]:.1f} when it ended), torch {machine.get('torch')}, "
-            f"{machine.get('date_utc')}. Reproduce: `{result['command']}`.",
+            f"Machine: {machine.get('processor')}, {machine.get('cpu_count')} cores "
+            + ("with nothing else running" if result.get("quiet") else "shared with other work")
+            + f" (load average {before[0]:.1f} when the run started, {after[0]:.1f} when it "
+            f"ended), torch {machine.get('torch')}, "
+            + (f"{result['started_utc']} to " if result.get("started_utc") else "")
+            + f"{machine.get('date_utc')}"
+            + (f"; {result['machine_state']}" if result.get("machine_state") else "")
+            + f". Reproduce: `{result['command']}`.",
             "",
         ]
     )
@@ -997,6 +1063,28 @@ def render_markdown(result: dict, img_dir: Path) -> str:
     )
 
 
+RESULTS = HERE / "results" / "gradsched.json"
+
+
+def record_auto_target(result: dict, path: Path) -> None:
+    """Keep an auto-target run as ``auto_target`` of the benchmark's results file at ``path``,
+    the rest of the file unchanged (the page renders it after the main section).
+
+    Args:
+        result: a ``run(..., target="auto")`` result.
+        path: the results file (``benchmarks/results/gradsched.json``).
+
+    Example::
+
+        >>> record_auto_target(result, RESULTS)   # doctest: +SKIP
+    """
+    if result.get("target") != "auto":
+        raise ValueError("only a --target auto run is kept as auto_target")
+    kept = json.loads(path.read_text())
+    kept["auto_target"] = result
+    path.write_text(json.dumps(kept, indent=1) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -1012,6 +1100,16 @@ def main() -> None:
         "--target", choices=["auto"], help="auto: chronica auto against the fixed settings"
     )
     parser.add_argument("--markdown", type=Path, help="also write the docs section here")
+    parser.add_argument(
+        "--quiet-machine", action="store_true", help="nothing else ran: say so on the page"
+    )
+    parser.add_argument("--machine-state", help="what else ran meanwhile, for the page")
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="with --target auto: keep the run as benchmarks/results/gradsched.json's "
+        "auto_target (then `python -m benchmarks.report` renders the page)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rounds-of-all", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
@@ -1037,8 +1135,13 @@ def main() -> None:
         args.default_malloc,
         args.target,
     )
+    result["quiet"] = args.quiet_machine
+    if args.machine_state:
+        result["machine_state"] = args.machine_state
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
+    if args.record:
+        record_auto_target(result, RESULTS)
     print(format_table(result))
     if args.target == "auto":
         print(auto_table(result))

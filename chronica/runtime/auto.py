@@ -18,8 +18,13 @@ The trial, in order:
    gets a window, bucketed windows interleaved after every second one; a candidate's score
    is the median, over its windows, of its cost over the mean of the bucketed windows
    beside it. The better half goes on to the next round until one is left.
-3. The survivor is kept only if its score is below ``1 - max(margin, noise)``, ``noise``
-   being how much two neighbouring bucketed windows of this same trial differ (median).
+3. The survivor is kept only if its score is below ``1 - max(margin, need)``: ``noise`` is
+   how much two neighbouring bucketed windows of this same trial differ (median), and
+   ``need`` is that noise shrunk as the median over more paired windows is surer of itself
+   (``noise * sqrt(2 / windows)``: all of it at 2 windows, half at 8). Where the score
+   saves more than ``margin`` but not more than ``need`` (the noise cannot tell), the
+   survivor and bucketed get as many windows again, interleaved, and it is judged anew,
+   up to ``MAX_WINDOWS_KEPT`` windows; there, what did not beat ``need`` stays bucketed.
 4. ``"settled"``: the decision is printed once (WARNING, rank 0) and kept in ``decision``.
    Windows of ``WATCH_STEPS`` then watch the share of the step the communication takes; if
    it moves by more than ``drift`` (or half its value) in ``DRIFT_WINDOWS`` windows in a
@@ -49,6 +54,7 @@ __all__ = [
     "DRIFT",
     "DRIFT_WINDOWS",
     "MARGIN",
+    "MAX_WINDOWS_KEPT",
     "MEASURE_STEPS",
     "MODES",
     "WATCH_STEPS",
@@ -72,6 +78,7 @@ _KIB = 1 << 10
 _PARTITIONS = (256 * _KIB, 1024 * _KIB, 4096 * _KIB)  # the search's partition sizes
 _CREDIT_FACTOR = 4  # credit = this many partitions in flight
 _WINDOWS_KEPT = 2  # windows of the search's survivor its decision rests on, at least
+MAX_WINDOWS_KEPT = 8  # ... and at most, where the noise leaves the first ones undecided
 
 
 def check_mode(mode: object) -> str:
@@ -407,8 +414,10 @@ class AutoTrial:
             best = survivors[0]
             missing = _WINDOWS_KEPT - sum(c == best for c, _ in self._log)
             if missing <= 0:
-                self._conclude(best)
-                return
+                more = self._conclude(best)
+                if not more:
+                    return
+                missing = more
             queue = [best, BUCKETED] * missing
         for k, c in enumerate(survivors if len(survivors) > 1 else ()):
             queue.append(c)
@@ -452,14 +461,19 @@ class AutoTrial:
         diffs = [abs(b / a - 1) for a, b in itertools.pairwise(steps) if a > 0]
         return float(np.median(diffs)) if diffs else 0.0
 
-    def _conclude(self, best: Candidate) -> None:
+    def _conclude(self, best: Candidate) -> int:
+        """Keep ``best`` or bucketed, or (0 returned where decided) how many more windows of
+        ``best`` beside bucketed ones the noise asks for before deciding."""
         ratios, noise = self._ratios(best), self._noise()
-        score, need = float(np.median(ratios)), max(self.margin, noise)
+        need = max(self.margin, noise * math.sqrt(_WINDOWS_KEPT / len(ratios)))
+        score = float(np.median(ratios))
+        if 1.0 - need < score < 1.0 - self.margin and len(ratios) < MAX_WINDOWS_KEPT:
+            return min(len(ratios), MAX_WINDOWS_KEPT - len(ratios))  # the noise cannot tell
         basis = "step time" if self.accelerator else "step time, extra CPU beyond idle counted"
         measured = (
             f"cost {score:.3f}x bucketed ({basis}, median of {len(ratios)} windows beside "
             f"bucketed ones; the best of {len(self.settings)} settings searched; noise "
-            f"between bucketed windows {noise:.1%})"
+            f"between bucketed windows {noise:.1%}, {need:.1%} over {len(ratios)} windows)"
         )
         if score <= 1.0 - need:
             self._settle(best, f"{best} {measured}")
@@ -467,6 +481,7 @@ class AutoTrial:
             self._settle(
                 BUCKETED, f"the best, {best}, {measured}: it must save more than {need:.1%}"
             )
+        return 0
 
     def _settle(self, chosen: Candidate, why: str) -> None:
         previous = self.decision if self.decisions else ""

@@ -26,11 +26,39 @@ __all__ = [
     "GradientViews",
     "PlanRecord",
     "StepHistory",
+    "link_busy",
 ]
 
 HISTORY = 256  # steps kept for stats()
 FIRST_BUCKET_BYTES = 1 << 20  # DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
 BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb: the bucketed engine of every shim
+
+
+def link_busy(
+    first_issued: float, last_issued: float, reduced: float, last_bytes: int, total_bytes: int
+) -> float:
+    """Seconds the link needed for one step's gradients, from when their collectives were
+    issued and when the last one was reduced (``time.perf_counter()`` readings): the last
+    collective's bytes went from its issue to ``reduced``, so all the bytes at that rate, but
+    no longer than the time since the first was issued (0 where nothing was sent). What every
+    shim feeds ``StepHistory.record(busy=...)`` for the ``Exposure`` bound.
+
+    Args:
+        first_issued: when the step's first collective was issued.
+        last_issued: when its last one was issued.
+        reduced: when the last one was seen reduced.
+        last_bytes: the last collective's bytes.
+        total_bytes: all the step's gradient bytes.
+
+    Example::
+
+        >>> link_busy(0.0, 0.030, 0.040, last_bytes=1 << 20, total_bytes=4 << 20)
+        0.04
+    """
+    if last_bytes <= 0 or total_bytes <= 0:
+        return 0.0
+    at_rate = (reduced - last_issued) * total_bytes / last_bytes
+    return max(0.0, min(reduced - first_issued, at_rate))
 
 
 @dataclass(frozen=True)

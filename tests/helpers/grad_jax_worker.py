@@ -22,6 +22,12 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from chronica.runtime import auto
+
+# The trial at its shortest: no extra windows where the noise cannot tell (a bound the unit
+# tests of chronica.runtime.auto cover), so that the steps below always decide.
+auto.MAX_WINDOWS_KEPT = 2
+
 STEPS = 4
 # mode="auto" with min_saving=0: a bucketed window, two settings searched (each beside bucketed
 # windows) and a second window of the better one: decided by step 34, whatever it measured;

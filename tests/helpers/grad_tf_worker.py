@@ -25,6 +25,11 @@ import numpy as np
 import tensorflow as tf
 
 import chronica.tf
+from chronica.runtime import auto
+
+# The trial at its shortest: no extra windows where the noise cannot tell (a bound the unit
+# tests of chronica.runtime.auto cover), so that the steps below always decide.
+auto.MAX_WINDOWS_KEPT = 2
 
 STEPS, BATCH, WORKERS = 4, 16, 2
 # mode="auto" with min_saving=0: a bucketed window, two settings searched (each beside bucketed

@@ -12,6 +12,7 @@ import pytest
 from chronica.runtime.auto import (
     BUCKETED,
     DRIFT_WINDOWS,
+    MAX_WINDOWS_KEPT,
     MODES,
     WATCH_STEPS,
     AutoTrial,
@@ -58,17 +59,45 @@ def test_a_single_setting_gets_two_windows_beside_bucketed_ones():
     assert trial.current == B
 
 
-def test_not_cheaper_than_margin_or_noise_keeps_bucketed():
+def test_not_cheaper_than_margin_keeps_bucketed():
     slower = AutoTrial([A, B], accelerator=True)
     drive(slower, {A: 0.110, B: 0.120})
     assert slower.current == BUCKETED and slower.decision.startswith("bucketed: the best, ")
     assert slower.decision.endswith("it must save more than 2.0%")
-    # Bucketed windows that differ by 17-20% from one to the next: an 18% gain is noise.
-    noisy = AutoTrial([A], accelerator=True)
-    steps = iter([0.100, 0.090, 0.120, 0.090, 0.100])
-    while not noisy.settled:
-        noisy.observe(Window(next(steps), after_backward=0.04))
-    assert noisy.current == BUCKETED and "noise between bucketed windows 18.3%" in noisy.decision
+
+
+def drive_noisy(trial, setting_s):
+    """Bucketed windows alternating 0.100 and 0.120 s (the noise: 18.3%), ``setting_s`` for
+    the scheduled one; how many windows of it the trial asked for."""
+    bucketed, asked = iter([0.100, 0.120] * 50), 0
+    while not trial.settled:
+        asked += trial.current != BUCKETED
+        t = next(bucketed) if trial.current == BUCKETED else setting_s
+        trial.observe(Window(t, after_backward=0.04))
+    return asked
+
+
+def test_noise_that_cannot_tell_asks_for_more_windows_and_decides_on_their_median():
+    # 10% cheaper than the bucketed windows beside it, which differ by 18.3%: 2 windows
+    # cannot tell, 4 cannot (need 12.9%), 8 can (need 9.2%).
+    trial = AutoTrial([A], accelerator=True)
+    assert drive_noisy(trial, 0.099) == MAX_WINDOWS_KEPT
+    assert trial.current == A
+    assert "median of 8 windows" in trial.decision and "18.3%, 9.2% over 8" in trial.decision
+
+
+def test_the_extra_windows_are_bounded_and_what_does_not_beat_the_noise_stays_bucketed():
+    trial = AutoTrial([A], accelerator=True)  # 5.5% cheaper: never beats 9.2% of noise
+    assert drive_noisy(trial, 0.104) == MAX_WINDOWS_KEPT
+    assert trial.current == BUCKETED and trial.decision.endswith("it must save more than 9.2%")
+
+
+def test_clear_results_need_no_extra_windows():
+    # Below the margin (1.8% cheaper) or beyond the noise (28% cheaper): 2 windows decide.
+    for setting_s, kept in ((0.108, BUCKETED), (0.079, A)):
+        trial = AutoTrial([A], accelerator=True)
+        assert drive_noisy(trial, setting_s) == 2
+        assert trial.current == kept
 
 
 def test_extra_cpu_beyond_idle_cores_counts_against_a_setting_on_cpu_only_training():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from chronica.core.priority import bucket_layout, build_layout
-from chronica.runtime.gradients import GradientViews, PlanRecord, StepHistory
+from chronica.runtime.gradients import GradientViews, PlanRecord, StepHistory, link_busy
 
 
 def _record(part=8, credit=16):
@@ -77,3 +77,24 @@ def test_history_steps_between_calls_medians_and_restart():
         StepHistory(maxlen=2.5)
     with pytest.raises(ValueError, match="maxlen"):
         StepHistory(maxlen=0)
+
+
+def test_link_busy_is_all_bytes_at_the_last_collectives_rate_within_the_issue_span():
+    # The last 1 MiB took 10 ms from its issue: 4 MiB at that rate is 40 ms, within 50 ms.
+    assert link_busy(0.0, 0.040, 0.050, 1 << 20, 4 << 20) == pytest.approx(0.040)
+    # Queued behind the others, the last took 30 ms: no more than the 35 ms since the first.
+    assert link_busy(0.0, 0.005, 0.035, 1 << 20, 4 << 20) == pytest.approx(0.035)
+    # One collective: its own span; nothing sent: 0; never negative.
+    assert link_busy(1.0, 1.0, 1.02, 8, 8) == pytest.approx(0.02)
+    assert link_busy(0.0, 0.0, 0.1, 0, 0) == 0.0
+    assert link_busy(0.0, 0.2, 0.1, 8, 8) == 0.0
+
+
+def test_history_keeps_the_busy_time_the_shims_measure_for_the_bound():
+    history = StepHistory()
+    for now in (0.0, 0.1, 0.2, 0.3):
+        history.record(now, 0.05, 0.0, busy=link_busy(now - 0.06, now - 0.02, now, 1, 4))
+    exposure = history.exposure("bucketed")
+    assert exposure.link_busy == pytest.approx(0.06)  # capped by the issue span
+    assert exposure.saving_bound == pytest.approx(0.04 / 0.1)  # the room the link leaves
+    assert "the link is busy 60.0 ms per step" in exposure.verdict

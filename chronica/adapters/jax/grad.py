@@ -78,10 +78,7 @@ from chronica.adapters.jax.grad_tree import PerLeaf, forward_order, path_name, p
 from chronica.core.checks import check_number
 from chronica.runtime.auto import BUCKETED, AutoTrial, Candidate, Window, candidates, check_mode
 from chronica.runtime.dispatcher import AutoTuner, SchedulingOptions
-from chronica.runtime.gradients import (
-    GradientViews,
-    StepHistory,
-)
+from chronica.runtime.gradients import GradientViews, StepHistory, link_busy
 from chronica.runtime.timeline import Exposure, Timeline, timeline_path
 
 __all__ = ["PerLeaf", "ReducedLeaves", "ScheduledReducer", "forward_order", "per_leaf"]
@@ -176,6 +173,7 @@ class ScheduledReducer(GradientViews):
         self._generation = 0  # the trial's generation the history's window belongs to
         self._history = StepHistory()
         self._reduced_in = 0.0  # seconds from the latest step's call to its last partition
+        self._link_busy = 0.0  # seconds the link needed for the latest step's partitions
         if self.world > 1:
             # One device per process is the reduction's mesh; gradients are moved to it.
             by_process: dict[int, jax.Device] = {}
@@ -450,7 +448,9 @@ class ScheduledReducer(GradientViews):
         now = time.perf_counter()
         trial = self._trial
         measuring = trial is not None and trial.measuring_cpu
-        start = self._history.record(now, self._reduced_in, 0.0, cpu=measuring)
+        start = self._history.record(
+            now, self._reduced_in, 0.0, cpu=measuring, busy=self._link_busy
+        )
         if start is None:
             return
         knobs = None
@@ -553,11 +553,16 @@ class ScheduledReducer(GradientViews):
             self._to_global(leaf, path) for leaf, path in zip(leaves, plan.paths, strict=True)
         ]
         flight: deque[tuple[int, tuple, float]] = deque()
+        total = int(parts.layout.part_bytes.sum())
+        first = last = ready  # when the first and the latest partition were issued
+        last_bytes = 0
         while not queue.done_dispatching or flight:
             p = queue.next_dispatch()
             if p is not None:
                 self._max_in_flight = max(self._max_in_flight, queue.in_flight)
                 issued = time.perf_counter()
+                first = issued if not self._issued else first
+                last, last_bytes = issued, int(parts.layout.part_bytes[p])
                 args = [placed[i] for i in parts.inputs[p]]
                 flight.append((p, parts.programs[p](*args), issued))
                 self._issued.append(p)
@@ -567,6 +572,7 @@ class ScheduledReducer(GradientViews):
             done = time.perf_counter()
             queue.complete(p)
             self._reduced_in = done - ready  # the step's exposed reduction, so far
+            self._link_busy = link_busy(first, last, done, last_bytes, total)  # so far
             if self._timeline is not None:
                 nbytes = int(parts.layout.part_bytes[p])
                 name = parts.record.labels[p]

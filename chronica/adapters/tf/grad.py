@@ -55,7 +55,7 @@ after the dense partitions. With one replica nothing is built: gradients pass th
 from __future__ import annotations
 
 import atexit
-import bisect
+import functools
 import logging
 import math
 import os
@@ -70,8 +70,10 @@ import tensorflow as tf
 
 from chronica.adapters.tf.grad_agree import agreed_window, worker_rank
 from chronica.adapters.tf.grad_graph import (
+    CollectiveChain,
     first_use,
     forward_order,
+    issue_marker,
     mark_end,
     mark_issue,
     multi_step,
@@ -91,6 +93,7 @@ from chronica.runtime.gradients import (
     GradientViews,
     PlanRecord,
     StepHistory,
+    link_busy,
 )
 from chronica.runtime.timeline import Exposure, Timeline, timeline_path
 
@@ -116,34 +119,6 @@ class _Plan:
     layout: Layout
     order: tuple[int, ...]  # partition indices in issue order
     record: PlanRecord
-
-
-class _Sequence:
-    """Collectives issued so far in one graph: their bytes and a chain of completions.
-
-    ``done[j]`` is an op that runs once collectives ``0..j`` all completed, so waiting on it
-    bounds what is in flight regardless of the order in which collectives complete.
-    """
-
-    def __init__(self) -> None:
-        self.cum = [0]
-        self.done: list[Any] = []
-        self.max_in_flight = 0
-
-    def gate(self, credit: int, nbytes: int) -> Any | None:
-        """What the next collective (``nbytes``) waits for to keep in-flight bytes < credit."""
-        j = len(self.done)
-        i = bisect.bisect_right(self.cum, self.cum[j] - credit, 0, j) - 1
-        self.max_in_flight = max(self.max_in_flight, self.cum[j] - self.cum[i + 1] + nbytes)
-        return self.done[i] if i >= 0 else None
-
-    def gate_all(self) -> Any | None:
-        """What a collective of unknown size waits for: everything before it."""
-        return self.done[-1] if self.done else None
-
-    def push(self, nbytes: int, outputs: Sequence[tf.Tensor]) -> None:
-        self.cum.append(self.cum[-1] + nbytes)
-        self.done.append(tf.group(*outputs, *self.done[-1:]))
 
 
 def _already_reduced(grads_and_vars: Iterable[Any]) -> list[Any]:
@@ -251,8 +226,9 @@ class ScheduledAllReduce(GradientViews):
         self._priority: list[int] | None = None
         self._plans: dict[tuple[str, tuple[int, int], tuple[str, ...]], _Plan] = {}
         self._plan: _Plan | None = None
-        self._sequences: weakref.WeakKeyDictionary[Any, _Sequence] = weakref.WeakKeyDictionary()
-        self._last_sequence: _Sequence | None = None
+        self._sequences: weakref.WeakKeyDictionary[Any, CollectiveChain]
+        self._sequences = weakref.WeakKeyDictionary()
+        self._last_sequence: CollectiveChain | None = None
         self._timeline: Timeline | None = None
         self._timeline_opened = False
         # mode="auto": bucketed (DDP's buckets, backward order) until the trial decides.
@@ -262,6 +238,7 @@ class ScheduledAllReduce(GradientViews):
         self._generation = 0  # the trial's generation the history's window belongs to
         self._history = StepHistory()
         self._reduced_in = 0.0  # seconds from a step's gradients to its last partition
+        self._link_busy = 0.0  # seconds the link needed for a step's partitions
         self._strategy: Any = None
         self._replicas = 1
 
@@ -312,12 +289,12 @@ class ScheduledAllReduce(GradientViews):
         self._record = plan.record
         timeline = self._open_timeline(ctx)
         if tf.executing_eagerly():
-            seq = _Sequence()
+            seq = CollectiveChain()
         else:
             graph = tf.compat.v1.get_default_graph()
             known = self._sequences.get(graph)
             if known is None:
-                known = self._sequences[graph] = _Sequence()
+                known = self._sequences[graph] = CollectiveChain()
             seq = known
         self._last_sequence = seq
         credit = plan.record.credit_bytes or 1 << 62  # bucketed: nothing bounds them
@@ -329,16 +306,17 @@ class ScheduledAllReduce(GradientViews):
                 self._mark_step, [f[:1] for f in flat], tf.float64, stateful=False
             )
         reduced: list[Any] = [None] * layout.num_partitions
+        edges = (plan.order[0], plan.order[-1]) if measuring else ()
+        issued: list[tf.Tensor] = []  # the first and the last partition's issue markers
         for p in plan.order:
             nbytes = int(layout.part_bytes[p])
             buf = pack_one(flat, layout, p)
             gate = seq.gate(credit, nbytes)
-            marks: tuple[tf.Tensor, tf.Tensor] | None = None
-            if timeline is not None:
-                marks = mark_issue(buf, gate)
+            marks = mark_issue(buf, gate) if timeline is not None else None
             deps = [] if gate is None else [gate]
-            if marks is not None:
-                deps.append(marks[1])
+            if marks is not None or p in edges:  # when the collective may start
+                deps.append(marks[1] if marks is not None else issue_marker(buf, gate))
+                issued += deps[-1:] if p in edges else []
             if deps:
                 with tf.control_dependencies(deps):
                     buf = tf.identity(buf)
@@ -362,8 +340,9 @@ class ScheduledAllReduce(GradientViews):
             seq.push(credit, [out.values, out.indices])  # what follows waits for it
             result[i] = out
         if measuring:
-            ends = [started, *(r[:1] for r in reduced if r is not None)]
-            tf.numpy_function(self._mark_reduced, ends, tf.float64)
+            ends = [started, issued[0], issued[-1], *(r[:1] for r in reduced if r is not None)]
+            sizes = int(layout.part_bytes[plan.order[-1]]), int(layout.part_bytes.sum())
+            tf.numpy_function(functools.partial(self._mark_reduced, *sizes), ends, tf.float64)
         return result
 
     @tf.autograph.experimental.do_not_convert
@@ -401,9 +380,10 @@ class ScheduledAllReduce(GradientViews):
     def stats(self) -> Exposure:
         """This worker's recent steps (medians), the engine in force and why (``decision``).
 
-        Steps are measured only while ``mode="auto"`` decides (markers in the graph); a step
-        runs from one step's gradients to the next's, and its reduction is all counted as
-        exposed. See ``chronica.runtime.timeline.Exposure``.
+        Steps are measured only while ``mode="auto"`` decides or watches (markers in the
+        graph); a step runs from one step's gradients to the next's, its reduction is all
+        counted as exposed, and the link's busy time is all the bytes at the last partition's
+        rate (``chronica.runtime.gradients.link_busy``). See ``chronica.runtime.timeline.Exposure``.
 
         Example::
 
@@ -576,13 +556,16 @@ class ScheduledAllReduce(GradientViews):
     def _mark_step(self, *_: Any) -> np.float64:
         now = time.perf_counter()
         trial = self._trial
-        self._history.record(
-            now, self._reduced_in, 0.0, cpu=trial is not None and trial.measuring_cpu
-        )
+        cpu = trial is not None and trial.measuring_cpu
+        self._history.record(now, self._reduced_in, 0.0, cpu=cpu, busy=self._link_busy)
         return np.float64(now)
 
-    def _mark_reduced(self, started: np.ndarray, *_: Any) -> np.float64:
-        self._reduced_in = time.perf_counter() - float(started)
+    def _mark_reduced(self, last_bytes: int, total: int, *marks: np.ndarray) -> np.float64:
+        """Once every partition is reduced: ``marks`` are the step's start, the first and
+        the last partition's issue times, then the partitions themselves."""
+        now = time.perf_counter()
+        self._reduced_in = now - float(marks[0])
+        self._link_busy = link_busy(float(marks[1]), float(marks[2]), now, last_bytes, total)
         return np.float64(0.0)
 
     def _open_timeline(self, ctx: tf.distribute.ReplicaContext) -> Timeline | None:

@@ -1,11 +1,13 @@
 """Graph helpers of the TensorFlow gradient shim: partitions packed into and unpacked from
 1-D buffers, the first-use order of variables in a traced graph (``forward_order``), and
 ``multi_step``, the unrolled ``tf.function`` in which the next step's forward overlaps the
-previous reduction (and in which ``mode="auto"`` switches engines by retracing).
+previous reduction (and in which ``mode="auto"`` switches engines by retracing), the credit
+chain of a graph's collectives (``CollectiveChain``) and the timeline's markers.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,9 +20,11 @@ from chronica.core.priority import Layout
 from chronica.runtime.timeline import Timeline
 
 __all__ = [
+    "CollectiveChain",
     "MultiStep",
     "first_use",
     "forward_order",
+    "issue_marker",
     "mark_end",
     "mark_issue",
     "multi_step",
@@ -240,11 +244,65 @@ def multi_step(
     return MultiStep(step_fn, steps_per_execution, function_kwargs)
 
 
+# -- credit: what each collective waits for -----------------------------------------------
+
+
+class CollectiveChain:
+    """Collectives issued so far in one graph: their bytes and a chain of completions.
+
+    ``done[j]`` is an op that runs once collectives ``0..j`` all completed, so waiting on it
+    bounds what is in flight regardless of the order in which collectives complete.
+
+    Example::
+
+        >>> chain = CollectiveChain(); chain.gate(credit=1 << 20, nbytes=4096) is None
+        True
+    """
+
+    def __init__(self) -> None:
+        self.cum = [0]
+        self.done: list[Any] = []
+        self.max_in_flight = 0
+
+    def gate(self, credit: int, nbytes: int) -> Any | None:
+        """What the next collective (``nbytes``) waits for to keep in-flight bytes < credit."""
+        j = len(self.done)
+        i = bisect.bisect_right(self.cum, self.cum[j] - credit, 0, j) - 1
+        self.max_in_flight = max(self.max_in_flight, self.cum[j] - self.cum[i + 1] + nbytes)
+        return self.done[i] if i >= 0 else None
+
+    def gate_all(self) -> Any | None:
+        """What a collective of unknown size waits for: everything before it."""
+        return self.done[-1] if self.done else None
+
+    def push(self, nbytes: int, outputs: Sequence[tf.Tensor]) -> None:
+        """Append a collective of ``nbytes`` whose results are ``outputs``."""
+        self.cum.append(self.cum[-1] + nbytes)
+        self.done.append(tf.group(*outputs, *self.done[-1:]))
+
+
 # -- timeline markers (built only when a timeline is set) ---------------------------------
 
 
 def _now(*_: Any) -> np.float64:
     return np.float64(time.perf_counter())
+
+
+def issue_marker(buf: tf.Tensor, gate: Any | None) -> tf.Tensor:
+    """When a partition may start (its gradients exist and ``gate`` ran), for the link's busy
+    time while ``mode="auto"`` measures: stateless, so automatic control dependencies leave
+    it unordered; the collective made to wait on it keeps it in the graph.
+
+    Args:
+        buf: the partition's 1-D buffer.
+        gate: what the partition's collective waits for (``None``: nothing).
+
+    Example::
+
+        >>> issued = issue_marker(buf, None)   # doctest: +SKIP
+    """
+    with tf.control_dependencies([] if gate is None else [gate]):
+        return tf.numpy_function(_now, [buf[:1]], tf.float64, stateful=False)
 
 
 def mark_issue(buf: tf.Tensor, gate: Any | None) -> tuple[tf.Tensor, tf.Tensor]:

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from chronica.core.priority import Layout
+from chronica.runtime import gradients
 
 __all__ = ["Buckets", "Packing"]
 
@@ -238,11 +239,8 @@ class Buckets:
             >>> buckets.link_busy(time.perf_counter())   # doctest: +SKIP
             0.036
         """
-        if not self.last_bytes:
-            return 0.0
-        total = float(self.packing.layout.part_bytes.sum())
-        at_rate = (reduced - self.last_started) * total / self.last_bytes
-        return max(0.0, min(reduced - self.started, at_rate))
+        total = int(self.packing.layout.part_bytes.sum())
+        return gradients.link_busy(self.started, self.last_started, reduced, self.last_bytes, total)
 
     def finish(self) -> None:
         """Wait for every bucket (all must have been posted), average and deliver them, and

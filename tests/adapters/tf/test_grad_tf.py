@@ -149,6 +149,8 @@ def test_auto_mode_searches_decides_alike_says_why_and_stays_exact(job):
     )
     assert measured[-1].startswith(a["measured"]["mode"] + ": ") and a["measured"]["decided"] == 1
     assert "bucketed windows" in measured[-1]
+    for worker in (a, b):  # the link's busy time is measured, so the bound can use it
+        assert "(the link is busy " in worker["measured"]["verdict"]
     assert {"bucketed", "scheduled"} <= set(a["measured"]["engines"])  # it searched
     redecided = a["redecided"]
     assert redecided["decided"] == 2 and "trial: reopened by the test" in redecided["decisions"]
