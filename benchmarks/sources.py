@@ -51,35 +51,45 @@ def _documents(n: int) -> list[np.ndarray]:
     return [rng.integers(0, 50_000, size=k).astype(np.int32) for k in lengths]
 
 
-def _write_all(folder: Path, shards: list[list[np.ndarray]]) -> dict[str, list[Path]]:
+FORMATS = ("mds", "parquet", "jsonl", "tar")
+
+
+def _write_all(
+    folder: Path, shards: list[list[np.ndarray]], formats: tuple[str, ...] = FORMATS
+) -> dict[str, list[Path]]:
+    """The documents as every format of ``formats`` (MDS in ``folder / "mds"``), the
+    ``tokens`` column holding each; the files of parquet, jsonl and tar by format."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from chronica.runtime.sources import write_mds
 
-    write_mds(
-        folder / "mds", [[{"tokens": t} for t in s] for s in shards], {"tokens": "ndarray:int32"}
-    )
+    if "mds" in formats:
+        records = [[{"tokens": t} for t in s] for s in shards]
+        write_mds(folder / "mds", records, {"tokens": "ndarray:int32"})
     files: dict[str, list[Path]] = {"parquet": [], "jsonl": [], "tar": []}
     for i, docs in enumerate(shards):
-        parquet = folder / f"part-{i:03d}.parquet"
-        column = pa.array([d.tolist() for d in docs], pa.list_(pa.int32()))
-        pq.write_table(pa.table({"tokens": column}), parquet, row_group_size=ROW_GROUP)
-        jsonl = folder / f"part-{i:03d}.jsonl"
-        with open(jsonl, "w") as file:
-            file.writelines(json.dumps({"tokens": d.tolist()}) + "\n" for d in docs)
-        tar_path = folder / f"shard-{i:03d}.tar"
-        with tarfile.open(tar_path, "w") as tar:
-            for row, doc in enumerate(docs):
-                buffer = io.BytesIO()
-                np.save(buffer, doc)
-                info = tarfile.TarInfo(f"doc/{i:03d}{row:06d}.tokens.npy")
-                info.size = buffer.tell()
-                buffer.seek(0)
-                tar.addfile(info, buffer)
-        files["parquet"].append(parquet)
-        files["jsonl"].append(jsonl)
-        files["tar"].append(tar_path)
+        if "parquet" in formats:
+            parquet = folder / f"part-{i:03d}.parquet"
+            column = pa.array([d.tolist() for d in docs], pa.list_(pa.int32()))
+            pq.write_table(pa.table({"tokens": column}), parquet, row_group_size=ROW_GROUP)
+            files["parquet"].append(parquet)
+        if "jsonl" in formats:
+            jsonl = folder / f"part-{i:03d}.jsonl"
+            with open(jsonl, "w") as file:
+                file.writelines(json.dumps({"tokens": d.tolist()}) + "\n" for d in docs)
+            files["jsonl"].append(jsonl)
+        if "tar" in formats:
+            tar_path = folder / f"shard-{i:03d}.tar"
+            with tarfile.open(tar_path, "w") as tar:
+                for row, doc in enumerate(docs):
+                    buffer = io.BytesIO()
+                    np.save(buffer, doc)
+                    info = tarfile.TarInfo(f"doc/{i:03d}{row:06d}.tokens.npy")
+                    info.size = buffer.tell()
+                    buffer.seek(0)
+                    tar.addfile(info, buffer)
+            files["tar"].append(tar_path)
     return files
 
 

@@ -33,9 +33,6 @@ Run alone: ``python -m benchmarks --only streaming [--quick]``.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -45,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import stream_throughput
 from chronica import CostModel, Packing, plan_step
 from chronica.core.packing import step_starts
 from chronica.core.streaming import plan_window
@@ -290,39 +288,9 @@ METHOD_NAMES = {
 }
 
 
-def _throughput(quick: bool) -> dict | None:
-    """Samples per second of one rank reading local MDS shards alone (every shard in
-    order, each record's length taken) and through the engine (lane, shuffle buffer,
-    planning thread, packed micro-batches), medians of alternating repeats; ``None``
-    without the readers (``chronica.runtime.sources``)."""
-    if importlib.util.find_spec("chronica.runtime.sources") is None:
-        return None
-    sources = importlib.import_module("chronica.runtime.sources")  # the readers' package
-
-    steps, repeats, batch = (10, 3, 318) if quick else (40, 5, 318)
-    rng = np.random.default_rng(DATA_SEED)
-    lengths = np.clip(rng.lognormal(6.0, 1.2, steps * batch).astype(np.int64), 1, CAP)
-    shards = np.array_split(lengths, 16)
-    alone, chronica = [], []
-    with tempfile.TemporaryDirectory() as folder:
-        records = [[{"input_ids": np.zeros(n, np.int32)} for n in s.tolist()] for s in shards]
-        sources.write_mds(folder, records, {"input_ids": "ndarray:int32"})
-        source = sources.MDSSource(folder, length="input_ids")
-        for repeat in range(repeats + 1):  # the first (compiling, warming caches) not counted
-            start = time.perf_counter()
-            count = sum(
-                1 for s in range(source.num_shards) for r in source.read(s) if source.length(r) >= 0
-            )
-            alone.append(count / (time.perf_counter() - start) if repeat else np.nan)
-            engine = StreamingEngine(
-                source, Packing(max_tokens=CAP), LocalGroup(1).rank(0), batch_size=batch,
-                buffer_size=BUFFER, seed=DATA_SEED,
-            )  # fmt: skip
-            start = time.perf_counter()
-            count = sum(len(b.records) for b in engine.micro_batches())
-            chronica.append(count / (time.perf_counter() - start) if repeat else np.nan)
-    a, c = float(np.nanmedian(alone)), float(np.nanmedian(chronica))
-    return {"samples": int(lengths.shape[0]), "alone": a, "chronica": c, "overhead": 1 - c / a}
+def _throughput(quick: bool) -> dict:
+    """Every reader alone and through the engine (``benchmarks.stream_throughput``)."""
+    return stream_throughput.measure(*((3180, 3) if quick else (12720, 7)))
 
 
 def run(quick: bool) -> dict:
@@ -354,6 +322,12 @@ def format_table(result: dict) -> str:
                 f"  {name:<55} rank {m['rank_mean']:.4f}/{m['rank_worst']:.4f} "
                 f"lockstep {m['lock_mean']:.4f}/{m['lock_worst']:.4f} unequal {m['unequal']:.0%}"
             )
+    for r in (result.get("throughput") or {}).get("readers", []):
+        lines.append(
+            f"{r['reader']:<11} alone {r['alone']:>10,.0f}/s  chronica {r['chronica']:>10,.0f}/s  "
+            f"overhead {100 * r['overhead']:5.1f}%  CPU {r['alone_cpu_us']:.1f} -> "
+            f"{r['chronica_cpu_us']:.1f} us/sample"
+        )
     return "\n".join(lines)
 
 
@@ -443,13 +417,6 @@ def render_markdown(result: dict, img_dir: Path) -> str:
 
 
 def _throughput_lines(t: dict | None) -> list[str]:
-    if t is None:
-        return ["Reader throughput: not measured (the readers, `chronica.runtime.sources`, "
-                "were not installed)."]  # fmt: skip
-    return [
-        f"Reader throughput, one rank over local MDS shards ({t['samples']} samples, "
-        "`MDSSource`): the reader alone (every shard in order, each record's length taken) "
-        f"{t['alone']:,.0f} samples/s; through the engine (lane, shuffle buffer, planning "
-        f"thread, packed micro-batches) {t['chronica']:,.0f} samples/s: "
-        f"{100 * t['overhead']:.1f}% fewer (target ≤ 5%).",
-    ]
+    if t is None or "readers" not in t:
+        return ["Reader throughput: not in this run's results (rerun the benchmark)."]
+    return stream_throughput.markdown_lines(t)

@@ -106,7 +106,7 @@ def descending_keys(values: np.ndarray, keys: np.ndarray) -> None:
         keys[i] = np.uint32((~bits[i]) >> np.uint64(32))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def argsort_descending(values: np.ndarray) -> np.ndarray:
     """Positions of ``values`` from largest to smallest; near-equal values (within 2**-20
     relative) keep position order.

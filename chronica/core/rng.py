@@ -129,7 +129,7 @@ def uniform_at(key: np.uint64, i: int) -> float:
     return np.float64(r >> np.uint64(11)) * (1.0 / 9007199254740992.0)  # 2**-53
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _uniforms_kernel(n: int, key: np.uint64) -> np.ndarray:
     out = np.empty(n)
     for i in range(n):

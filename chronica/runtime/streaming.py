@@ -117,6 +117,7 @@ class _Window:
     plan: WindowPlan
     records: dict[int, Any]
     start: int = 0
+    batches: list[StreamMicroBatch] = field(default_factory=list)
 
 
 @dataclass
@@ -268,9 +269,16 @@ class StreamingEngine:
             self._thread = None
 
     def _serve(self, window: _Window) -> Iterator[StreamMicroBatch]:
-        # The window's samples of this rank sorted once by (step, micro-batch, row, pool
-        # position), its records gathered once; every micro-batch is a slice of them (an
-        # empty one where the rank has no sample in it).
+        for served, batch in enumerate(window.batches, start=1):
+            if served > window.start:
+                self._served = served
+                yield batch
+
+    def _prepared(self, window: _Window) -> _Window:
+        """The window with this rank's micro-batches built, in the planning thread: the
+        window's samples of this rank sorted once by (step, micro-batch, row, pool
+        position), its records gathered once; every micro-batch is a slice of them (an
+        empty one where the rank has no sample in it). The consumer only hands them out."""
         me, state, steps = self.rank, window.state, window.plan.steps
         empty = np.zeros(0, np.int64)
         first = np.cumsum([0] + [s.num_micro for s in steps])
@@ -289,26 +297,25 @@ class StreamingEngine:
         ids, lengths, rows = ids[order], lengths[order], rows[order]
         cut = np.searchsorted(micro[order], np.arange(first[-1] + 1)).tolist()
         records = [window.records[i] for i in ids.tolist()]
-        served = 0
         for index, step in enumerate(steps):
             weights = step.weights[me].tolist()
             for m in range(step.num_micro):
-                served += 1
-                if served <= window.start:
-                    continue
                 a, b = cut[first[index] + m], cut[first[index] + m + 1]
-                self._served = served
-                yield StreamMicroBatch(
-                    records=records[a:b],
-                    ids=ids[a:b],
-                    lengths=lengths[a:b],
-                    rows=rows[a:b],
-                    epoch=state.epoch,
-                    step=state.step + index,
-                    micro=m,
-                    num_micro=step.num_micro,
-                    loss_weight=weights[m],
+                window.batches.append(
+                    StreamMicroBatch(
+                        records=records[a:b],
+                        ids=ids[a:b],
+                        lengths=lengths[a:b],
+                        rows=rows[a:b],
+                        epoch=state.epoch,
+                        step=state.step + index,
+                        micro=m,
+                        num_micro=step.num_micro,
+                        loss_weight=weights[m],
+                    )
                 )
+        window.records = {}
+        return window
 
     # The planning thread -------------------------------------------------------------
 
@@ -360,7 +367,7 @@ class StreamingEngine:
                 mine = [i for s in plan.steps for i in s.ids[s.rank == self.rank].tolist()]
                 window = _Window(state, plan, fetch_records(self.source, self._offsets, mine))
                 window.start = consumed
-                put(window)
+                put(self._prepared(window))
             while True:
                 if state.exhausted and carry.ids.shape[0] == 0:
                     if not self.infinite:
@@ -374,7 +381,7 @@ class StreamingEngine:
                     with contextlib.suppress(queue.Full):
                         run.out.put_nowait(_END)  # a consumer still waiting ends its pass
                     return
-                put(_Window(state, plan, records))
+                put(self._prepared(_Window(state, plan, records)))
         except BaseException as error:  # handed to the consumer, raised there
             put(error)
 
@@ -437,7 +444,8 @@ class StreamingEngine:
             generation=state.generation,
         )
         new_plan = self._plan(pool)
-        held = {**carry.held, **dict(zip(ids.tolist(), records, strict=True))}
+        held = carry.held  # the carry's records, then this window's (the carry is done)
+        held.update(zip(ids.tolist(), records, strict=True))
         mine = self._gather(pool, new_plan, held)
         keep = pool.pool_ids[new_plan.carry]
         holders = pool.pool_holders[new_plan.carry]

@@ -150,3 +150,16 @@ def test_the_work_bound_stops_the_refinement_as_in_the_reference():
     assert unbounded == expected
     # The bound stopped it: without it, the refinement went on to a lower slowest rank.
     assert max(unbounded[3]) < max(bounded[3])
+
+
+def test_the_kernels_a_window_plan_calls_release_the_gil():
+    """The kernels a streamed window's planning thread calls are compiled in nopython mode
+    (no Python object inside) with ``nogil``: they run beside the reader and the training
+    loop instead of holding them up."""
+    from chronica.core.packing.epoch import _budget_starts
+    from chronica.core.packing.lockstep import lockstep_attempt
+    from chronica.core.rng import _uniforms_kernel
+
+    for kernel in (pack_attempt, lockstep_attempt, argsort_descending, _budget_starts,
+                   _uniforms_kernel):  # fmt: skip
+        assert kernel.targetoptions["nopython"] and kernel.targetoptions["nogil"], kernel

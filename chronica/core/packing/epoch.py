@@ -48,7 +48,7 @@ def step_starts(
     return np.append(_budget_starts(tokens.astype(np.int64), tokens_per_step), n)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _budget_starts(tokens: np.ndarray, budget: int) -> np.ndarray:
     starts = np.empty(tokens.shape[0] + 1, np.int64)
     count = 0

@@ -219,7 +219,7 @@ def lpt_place(
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def pack_attempt(
     lengths: np.ndarray,
     costs: np.ndarray,

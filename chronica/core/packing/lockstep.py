@@ -39,7 +39,7 @@ __all__ = ["level_steps", "lockstep_attempt", "speed_classes"]
 _PARTNERS = 8
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def lockstep_attempt(
     lengths: np.ndarray,
     costs: np.ndarray,

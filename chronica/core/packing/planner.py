@@ -24,7 +24,8 @@ layout (``chronica.core.packing.context_parallel``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -105,9 +106,11 @@ class StepPlan:
     packing: Packing
     bound: float
     sharded: np.ndarray | None = None
-    _layout: list[list[np.ndarray]] = field(init=False, compare=False)
 
-    def __post_init__(self) -> None:
+    @cached_property
+    def _layout(self) -> list[list[np.ndarray]]:
+        # Every rank's micro-batches' documents, built once on first use (a planner that
+        # needs only the arrays and the loss weights, as a streamed window, never builds it).
         world = self.speeds.shape[0]
         doc, rank = np.arange(self.rank.shape[0]), self.rank
         if self.sharded is not None and self.sharded.any():
@@ -124,8 +127,7 @@ class StepPlan:
             (rank * self.num_micro + micro)[order], np.arange(1, world * self.num_micro)
         )
         cells = np.split(doc[order], cut)
-        layout = [cells[r * self.num_micro : (r + 1) * self.num_micro] for r in range(world)]
-        object.__setattr__(self, "_layout", layout)
+        return [cells[r * self.num_micro : (r + 1) * self.num_micro] for r in range(world)]
 
     @property
     def world_size(self) -> int:
@@ -266,12 +268,10 @@ class StepPlan:
             # A device's mean runs over its local tokens (within their documents' lengths).
             units = [self._local_units(rank, k) for k in range(self.num_micro)]
             return np.array(units) * self.world_size / total
-        return np.array(
-            [
-                self.units[docs].sum() * self.world_size / total
-                for docs in self._layout[self._rank(rank)]
-            ]
-        )
+        mine = self.rank == self._rank(rank)
+        # Exact integer sums per micro-batch (float64 holds them exactly), in one pass.
+        sums = np.bincount(self.micro[mine], weights=self.units[mine], minlength=self.num_micro)
+        return np.asarray(sums * self.world_size / total, dtype=np.float64)
 
     @property
     def context_parallel(self) -> int:

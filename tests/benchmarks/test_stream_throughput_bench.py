@@ -1,0 +1,20 @@
+"""The streaming benchmark's throughput part: every reader, alone and through the engine,
+reads the same documents (what its side-by-side timing assumes), and the page section
+reports every reader with its overhead and CPU per sample."""
+
+from __future__ import annotations
+
+from benchmarks import stream_throughput, streaming
+
+
+def test_every_reader_alone_and_through_the_engine_reads_every_sample():
+    result = stream_throughput.measure(samples=700, repeats=1)  # asserts the counts
+    assert [r["reader"] for r in result["readers"]] == list(stream_throughput.READERS)
+    for row in result["readers"]:
+        assert row["alone"] > 0 and row["chronica"] > 0
+        assert row["chronica_cpu_us"] > 0 and set(row["engine_us"]) == set(stream_throughput.PARTS)
+    lines = streaming._throughput_lines(result)
+    table = [line for line in lines if line.startswith("| ")]
+    assert len(table) == 1 + len(stream_throughput.READERS)
+    assert any("`MDSSource`" in line for line in table)
+    assert "not in this run" in streaming._throughput_lines(None)[0]
