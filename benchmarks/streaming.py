@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from chronica import CostModel, Packing, plan_step
+from chronica import CostModel, Packing, ScheduleConfig, StreamOptions, plan_step
 from chronica.core.packing import step_starts
 from chronica.core.streaming import plan_window
 from chronica.runtime.streaming import StreamingEngine
@@ -121,8 +121,13 @@ def _stream(source: SyntheticSource, case: Case, k: int, balance: str) -> dict:
     packing = Packing(max_tokens=CAP, balance=balance)
     engines = [
         StreamingEngine(
-            source, packing, group.rank(r), batch_size=case.batch, window_steps=k,
-            buffer_size=BUFFER, seed=DATA_SEED, cost=COSTS[case.cost],
+            source,
+            ScheduleConfig(
+                num_replicas=case.world, batch_size=case.batch, seed=DATA_SEED,
+                cost=COSTS[case.cost], packing=packing,
+            ),
+            group.rank(r),
+            StreamOptions(window_steps=k, buffer_size=BUFFER),
         )
         for r in range(case.world)
     ]  # fmt: skip
@@ -314,10 +319,12 @@ def _throughput(quick: bool) -> dict | None:
                 1 for s in range(source.num_shards) for r in source.read(s) if source.length(r) >= 0
             )
             alone.append(count / (time.perf_counter() - start) if repeat else np.nan)
+            config = ScheduleConfig(
+                num_replicas=1, batch_size=batch, seed=DATA_SEED, packing=Packing(max_tokens=CAP)
+            )
             engine = StreamingEngine(
-                source, Packing(max_tokens=CAP), LocalGroup(1).rank(0), batch_size=batch,
-                buffer_size=BUFFER, seed=DATA_SEED,
-            )  # fmt: skip
+                source, config, LocalGroup(1).rank(0), StreamOptions(buffer_size=BUFFER)
+            )
             start = time.perf_counter()
             count = sum(len(b.records) for b in engine.micro_batches())
             chronica.append(count / (time.perf_counter() - start) if repeat else np.nan)

@@ -32,12 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from chronica.core.checks import check_int
-from chronica.core.packing import Packing
+from chronica.core import ScheduleConfig
 from chronica.core.streaming import (
     LaneState,
+    StreamOptions,
     StreamState,
     WindowPlan,
+    check_stream_config,
     deal_lanes,
     plan_window,
     reshard,
@@ -141,57 +142,50 @@ class StreamingEngine:
     Args:
         source: a ``ShardedSource`` (``num_shards``, ``random_access``, ``shard_size``,
             ``read``, ``read_rows``, ``length``).
-        packing: the cap, rows, objective and padding (``tokens_per_step``: steps of about
-            that many tokens); ``long_documents="truncate"`` cuts long samples to a row.
+        config: the plan (``chronica.ScheduleConfig`` for ``collectives.world_size``
+            ranks, accepted by ``check_stream_config``): its ``packing`` (cap, rows,
+            objective, padding; ``tokens_per_step``: steps of about that many tokens;
+            ``long_documents="truncate"`` cuts long samples to a row), ``batch_size``
+            (samples per global step), ``seed`` (shard order, shuffle buffers), ``cost``.
         collectives: this rank's ``Collectives`` (``rank``, ``world_size``).
-        batch_size: samples per global step (without ``packing.tokens_per_step``).
-        window_steps: global steps per planning window ``K``, ``>= 1``.
-        buffer_size: the shuffle buffer's samples per rank, ``>= 1`` (1: read order).
-        seed: the run's seed (shard order, shuffle buffers).
-        cost: a sample's predicted cost from its padded length (``"linear"``,
-            ``"quadratic"`` or a ``chronica.CostModel``).
-        infinite: pass after pass without end (else ``micro_batches()`` ends with a pass).
+        stream: the window ``K``, the shuffle buffer and whether the stream ends
+            (``chronica.StreamOptions``).
         state: a ``state_dict()`` to resume from (any world size), or ``None``.
 
     Example::
 
         group = LocalGroup(1)
-        engine = StreamingEngine(source, Packing(max_tokens=4096), group.rank(0),
-                                 batch_size=64)
+        config = ScheduleConfig(num_replicas=1, batch_size=64, packing=Packing(max_tokens=4096))
+        engine = StreamingEngine(source, config, group.rank(0), StreamOptions(window_steps=2))
         for batch in engine.micro_batches(): ...
     """
 
     def __init__(
         self,
         source: Any,
-        packing: Packing,
+        config: ScheduleConfig,
         collectives: Collectives,
+        stream: StreamOptions | None = None,
         *,
-        batch_size: int | None = None,
-        window_steps: int = 2,
-        buffer_size: int = 1024,
-        seed: int = 0,
-        cost: Any = "linear",
-        infinite: bool = False,
         state: dict[str, Any] | None = None,
     ) -> None:
-        if not isinstance(packing, Packing):
-            raise TypeError(f"packing must be a chronica.Packing, got {type(packing).__name__}")
-        if packing.long_documents == "split":
-            raise ValueError(
-                "streamed packing takes long_documents='error' or 'truncate'; 'split' needs "
-                "every document's pieces up front"
-            )
+        config = check_stream_config(config)
+        stream = StreamOptions() if stream is None else stream
+        if not isinstance(stream, StreamOptions):
+            raise TypeError(f"stream={stream!r} must be a chronica.StreamOptions")
         if not isinstance(collectives, Collectives):
             raise TypeError("collectives must have rank, world_size, allgather and alltoall")
-        if packing.tokens_per_step is None:
-            check_int("batch_size", batch_size, 1, hint=" (samples per global step)")
-        self.source, self.packing, self.collectives = source, packing, collectives
-        self.batch_size = batch_size
-        self.window_steps = check_int("window_steps", window_steps, 1, hint=" (steps per window)")
-        self.buffer_size = check_int("buffer_size", buffer_size, 1, hint=" (shuffle buffer)")
-        self.seed = check_int("seed", seed)
-        self.cost, self.infinite = cost, bool(infinite)
+        if config.num_replicas != collectives.world_size:
+            raise ValueError(
+                f"config.num_replicas={config.num_replicas} differs from the "
+                f"{collectives.world_size} ranks of collectives; build the config for them"
+            )
+        assert config.packing is not None
+        self.source, self.config, self.options = source, config, stream
+        self.collectives, self.packing = collectives, config.packing
+        self.batch_size, self.seed, self.cost = config.batch_size, config.seed, config.cost
+        self.window_steps, self.buffer_size = stream.window_steps, stream.buffer_size
+        self.infinite = stream.infinite
         self.rank, self.world_size = int(collectives.rank), int(collectives.world_size)
         self.stats = StreamStats()
         self._offsets = shard_offsets(source)
@@ -203,8 +197,7 @@ class StreamingEngine:
     def __repr__(self) -> str:
         return (
             f"StreamingEngine(rank={self.rank}, world_size={self.world_size}, "
-            f"window_steps={self.window_steps}, buffer_size={self.buffer_size}, "
-            f"batch_size={self.batch_size}, packing={self.packing!r})"
+            f"{self.options!r}, {self.config!r})"
         )
 
     @property
@@ -221,10 +214,8 @@ class StreamingEngine:
         """
         self.close()
         return StreamingEngine(
-            self.source, self.packing, self.collectives, batch_size=self.batch_size,
-            window_steps=self.window_steps, buffer_size=self.buffer_size, seed=self.seed,
-            cost=self.cost, infinite=self.infinite, state=state,
-        )  # fmt: skip
+            self.source, self.config, self.collectives, self.options, state=state
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The global state at the last micro-batch yielded (the same on every rank)."""

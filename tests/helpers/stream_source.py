@@ -12,6 +12,7 @@ import numpy as np
 from chronica.core.packing import Packing
 from chronica.runtime.streaming import StreamingEngine
 from chronica.runtime.streaming_exchange import LocalGroup
+from chronica.runtime.streaming_request import stream_request
 
 __all__ = ["ListSource", "make_source", "run_ranks"]
 
@@ -68,6 +69,22 @@ def make_source(
     )
 
 
+def make_engine(
+    source: Any,
+    packing: Packing,
+    collectives: Any,
+    *,
+    state: dict[str, Any] | None = None,
+    batch_size: int | None = None,
+    **options: Any,
+) -> StreamingEngine:
+    """An engine built as the faces build theirs: plan and stream options as keywords."""
+    config, stream = stream_request(
+        options, packing=packing, batch_size=batch_size, collectives=collectives, face="test"
+    )
+    return StreamingEngine(source, config, collectives, stream, state=state)
+
+
 def run_ranks(
     source: Any,
     world: int,
@@ -81,7 +98,7 @@ def run_ranks(
     yielded (up to ``limit`` each), each rank's ``state_dict()`` afterwards, the engines."""
     group = LocalGroup(world)
     engines = [
-        StreamingEngine(
+        make_engine(
             source, packing, group.rank(r), state=None if states is None else states[r],
             **options,
         )
