@@ -2,7 +2,9 @@
 
 Every rank reads its own lane of shards (``chronica.core.streaming.lanes``: shards dealt by
 ``(seed, epoch)``, a bounded shuffle buffer), and every ``window_steps`` global batches the
-ranks exchange what they buffered (ids, lengths and lane states: one ``allgather``), plan
+ranks exchange what they buffered (ids, lengths and lane states, and with
+``kind="dynamic"`` step-time reports, ``chronica.runtime.streaming_speeds``: one
+``allgather``), plan
 the pool with the map-style kernels (``plan_window``) and bring every sample to its planned
 rank: that rank reads it by index where the source has random access (``read_rows``), else
 the rank holding the record sends it (one ``alltoall``; the bytes are counted in
@@ -45,6 +47,7 @@ from chronica.core.streaming import (
 )
 from chronica.runtime.sources.base import shard_offsets
 from chronica.runtime.streaming_exchange import Collectives, decode, encode, fetch_records
+from chronica.runtime.streaming_speeds import StreamSpeeds
 
 __all__ = ["StreamMicroBatch", "StreamStats", "StreamingEngine"]
 
@@ -118,6 +121,7 @@ class _Window:
     plan: WindowPlan
     records: dict[int, Any]
     start: int = 0
+    resumed: bool = False
 
 
 @dataclass
@@ -191,6 +195,7 @@ class StreamingEngine:
         self._offsets = shard_offsets(source)
         self._position = self._start(state)
         self._served = self._position.consumed
+        self.speeds = StreamSpeeds(config, self.rank, self._position, state)
         self._thread: threading.Thread | None = None
         self._run = _Run(queue.Queue(maxsize=1), threading.Event())
 
@@ -218,8 +223,22 @@ class StreamingEngine:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """The global state at the last micro-batch yielded (the same on every rank)."""
-        return replace(self._position, consumed=self._served).to_dict()
+        """The global state at the last micro-batch yielded (the same on every rank), and
+        with ``kind="dynamic"`` this rank's reports not exchanged yet (``"reports_due"``)."""
+        state = replace(self._position, consumed=self._served).to_dict()
+        return state | self.speeds.rank_state()
+
+    def report(self, seconds: float, step: int | None = None) -> None:
+        """With ``kind="dynamic"``: this rank's own compute time of ``step`` (default: the
+        step of the micro-batch last yielded), forward and backward before the gradient
+        all-reduce; the windows planned later give a slower rank less work
+        (``chronica.runtime.streaming_speeds``). Without it nothing happens.
+
+        Args:
+            seconds: the rank's compute time of the step.
+            step: the global step, or ``None``.
+        """
+        self.speeds.report(seconds, step)
 
     def micro_batches(self) -> Iterator[StreamMicroBatch]:
         """This rank's micro-batches from the saved position to the end of the pass (or
@@ -242,6 +261,7 @@ class StreamingEngine:
                 if isinstance(window, BaseException):
                     raise window
                 self._position, self._served = window.state, window.start
+                self.speeds.taken(window.state, window.plan, window.resumed)
                 yield from self._serve(window)
         finally:
             run.stop.set()
@@ -289,6 +309,7 @@ class StreamingEngine:
                     continue
                 a, b = cut[first[index] + m], cut[first[index] + m + 1]
                 self._served = served
+                self.speeds.served(state.step + index)
                 yield StreamMicroBatch(
                     records=records[a:b],
                     ids=ids[a:b],
@@ -321,6 +342,7 @@ class StreamingEngine:
         plan = plan_window(
             state.pool_ids, state.pool_lengths, state.world_size, self.packing,
             batch_size=self.batch_size, final=state.exhausted, cost=self.cost,
+            speeds=state.speeds if state.speeds.shape[0] else None,
         )  # fmt: skip
         self.stats.planning += time.perf_counter() - start
         return plan
@@ -350,7 +372,7 @@ class StreamingEngine:
             elif consumed < plan.num_micro:
                 mine = [i for s in plan.steps for i in s.ids[s.rank == self.rank].tolist()]
                 window = _Window(state, plan, fetch_records(self.source, self._offsets, mine))
-                window.start = consumed
+                window.start, window.resumed = consumed, True
                 put(window)
             while True:
                 if state.exhausted and carry.ids.shape[0] == 0:
@@ -358,8 +380,9 @@ class StreamingEngine:
                         put(_END)
                         return
                     state, plan, lane = self._next_epoch(state, plan)
+                reports = self.speeds.due(state.sequence + 1, run.stop)
                 state, plan, records, carry, stopping = self._window(
-                    state, plan, lane, carry, run.stop.is_set()
+                    state, plan, lane, carry, run.stop.is_set(), reports
                 )
                 if stopping:
                     with contextlib.suppress(queue.Full):
@@ -378,7 +401,8 @@ class StreamingEngine:
         empty = np.zeros(0, np.int64)
         fresh = StreamState(
             self.world_size, state.epoch + 1, -1, state.step + len(plan.steps), 0, empty, empty,
-            empty, tuple(lanes),
+            empty, tuple(lanes), sequence=state.sequence, speeds=state.speeds,
+            reports=state.reports,
         )  # fmt: skip
         return fresh, self._plan(fresh), _Lane(lanes[self.rank], self.source, self._offsets)
 
@@ -396,18 +420,26 @@ class StreamingEngine:
         return _Carry(ids, lengths, holders, held)
 
     def _window(
-        self, state: StreamState, plan: WindowPlan, lane: _Lane, carry: _Carry, stop: bool
+        self,
+        state: StreamState,
+        plan: WindowPlan,
+        lane: _Lane,
+        carry: _Carry,
+        stop: bool,
+        reports: list[Any],
     ) -> tuple[StreamState, WindowPlan, dict[int, Any], _Carry, bool]:
-        """Read this rank's share, exchange, plan and gather the next window; the last
-        element: whether any rank's thread was stopping (this one's is ``stop``)."""
+        """Read this rank's share, exchange (with this rank's step-time ``reports``), plan
+        and gather the next window; the last element: whether any rank's thread was
+        stopping (this one's is ``stop``)."""
         w, me = self.world_size, self.rank
         start = time.perf_counter()
         ids, lengths, records = lane.take(self._share(state.lanes, carry), self._lengths)
         self.stats.reading += time.perf_counter() - start
         start = time.perf_counter()
-        payload = encode([ids, lengths, lane.state.to_dict(), stop])
+        payload = encode([ids, lengths, lane.state.to_dict(), stop, reports])
         parts = [decode(p) for p in self.collectives.allgather(payload)]
         self.stats.exchanging += time.perf_counter() - start
+        speeds, measured = self.speeds.absorb(state, [p[4] for p in parts])
         # The ranks' samples interleaved: the j-th sample of every rank, rank after rank.
         counts = [len(p[0]) for p in parts]
         holders = np.repeat(np.arange(w, dtype=np.int64), counts)
@@ -426,6 +458,9 @@ class StreamingEngine:
             pool_holders=np.concatenate([carry.holders, holders[order]]),
             lanes=tuple(LaneState.from_dict(p[2]) for p in parts),
             generation=state.generation,
+            sequence=state.sequence + 1,
+            speeds=speeds,
+            reports=measured,
         )
         new_plan = self._plan(pool)
         held = {**carry.held, **dict(zip(ids.tolist(), records, strict=True))}

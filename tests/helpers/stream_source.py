@@ -4,7 +4,7 @@ as threads of one process (``chronica.runtime.streaming_exchange.LocalGroup``)."
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -92,10 +92,12 @@ def run_ranks(
     *,
     limit: int | None = None,
     states: Sequence[dict[str, Any] | None] | None = None,
+    each: Callable[[int, StreamingEngine, Any], None] | None = None,
     **options: Any,
 ) -> tuple[list[list[Any]], list[dict[str, Any]], list[StreamingEngine]]:
     """Every rank of a ``world``-rank stream in its own thread: the micro-batches each
-    yielded (up to ``limit`` each), each rank's ``state_dict()`` afterwards, the engines."""
+    yielded (up to ``limit`` each), each rank's ``state_dict()`` afterwards, the engines;
+    ``each(rank, engine, batch)`` runs in the rank's thread after every micro-batch."""
     group = LocalGroup(world)
     engines = [
         make_engine(
@@ -112,6 +114,8 @@ def run_ranks(
             batches = engines[r].micro_batches()
             for batch in batches:
                 out[r].append(batch)
+                if each is not None:
+                    each(r, engines[r], batch)
                 if limit is not None and len(out[r]) >= limit:
                     break
             batches.close()

@@ -150,6 +150,22 @@ class JaxStream(Iterator[dict[str, np.ndarray]]):
         self.close()
         self.engine = self.engine.resumed(state)
 
+    def report(self, seconds: float, step: int | None = None) -> None:
+        """With ``kind="dynamic"``: this process's own compute time of ``step`` (default: the
+        step of the last micro-batch taken), forward and backward before the gradient
+        all-reduce; later windows give a slower process less work
+        (``StreamingEngine.report``). Without it nothing happens.
+
+        Args:
+            seconds: the process's compute time of the step.
+            step: the global step (the items' ``step``), or ``None``.
+
+        Example::
+
+            >>> batches.report(time.perf_counter() - started)
+        """
+        self.engine.report(seconds, step)
+
     def close(self) -> None:
         """Stop the planning thread (``StreamingEngine.close``): on every process at the
         same point when a pass is left unfinished."""

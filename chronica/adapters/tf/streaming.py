@@ -195,6 +195,24 @@ class TFStream:
         self._states.clear()
         self.engine = self.engine.resumed(state)
 
+    def report(self, seconds: float, step: int | None = None) -> None:
+        """With ``kind="dynamic"``: this worker's own compute time of ``step`` (default: the
+        step of the last micro-batch taken), forward and backward before the gradient
+        all-reduce; later windows give a slower worker less work
+        (``StreamingEngine.report``). Without it nothing happens.
+
+        Args:
+            seconds: the worker's compute time of the step.
+            step: the global step (the element's ``step``); ``None`` is the step of the
+                last element the generator produced, which ``tf.data``'s prefetching puts
+                ahead of the training loop: pass the element's.
+
+        Example::
+
+            >>> batches.report(time.perf_counter() - started, step=int(element["step"]))
+        """
+        self.engine.report(seconds, step)
+
     def close(self) -> None:
         """Stop the planning thread (``StreamingEngine.close``): on every worker at the same
         point when a pass is left unfinished."""

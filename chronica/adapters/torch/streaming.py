@@ -159,6 +159,22 @@ class StreamingDataset(IterableDataset):
         out["epoch"] = batch.epoch
         return out
 
+    def report(self, seconds: float, step: int | None = None) -> None:
+        """With ``kind="dynamic"``: this rank's own compute time of ``step`` (default: the
+        step of the last micro-batch taken), forward and backward before the gradient
+        all-reduce; later windows give a slower rank less work
+        (``StreamingEngine.report``). Without it nothing happens.
+
+        Args:
+            seconds: the rank's compute time of the step.
+            step: the global step (the items' ``step``), or ``None``.
+
+        Example::
+
+            >>> batches.report(time.perf_counter() - started)
+        """
+        self.engine.report(seconds, step)
+
     def close(self) -> None:
         """Stop the planning thread (``StreamingEngine.close``): on every rank at the same
         point, before ``destroy_process_group``, when a pass is left unfinished."""
