@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.sources import _write_all
-from chronica import Packing
+from chronica import Packing, ScheduleConfig, StreamOptions
 from chronica.runtime.sources import ListSource, MDSSource, ParquetSource, WebDatasetSource
 from chronica.runtime.streaming import StreamingEngine
 from chronica.runtime.streaming_exchange import LocalGroup
@@ -71,10 +71,12 @@ def _alone(source: Any) -> tuple[int, StreamingEngine | None]:
 
 
 def _through(source: Any) -> tuple[int, StreamingEngine | None]:
+    config = ScheduleConfig(
+        num_replicas=1, batch_size=BATCH, seed=SEED, packing=Packing(max_tokens=CAP)
+    )
     engine = StreamingEngine(
-        source, Packing(max_tokens=CAP), LocalGroup(1).rank(0), batch_size=BATCH,
-        buffer_size=BUFFER, seed=SEED,
-    )  # fmt: skip
+        source, config, LocalGroup(1).rank(0), StreamOptions(buffer_size=BUFFER)
+    )
     return sum(len(batch.records) for batch in engine.micro_batches()), engine
 
 

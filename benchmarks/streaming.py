@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import stream_throughput
-from chronica import CostModel, Packing, plan_step
+from chronica import CostModel, Packing, ScheduleConfig, StreamOptions, plan_step
 from chronica.core.packing import step_starts
 from chronica.core.streaming import plan_window
 from chronica.runtime.streaming import StreamingEngine
@@ -119,8 +119,13 @@ def _stream(source: SyntheticSource, case: Case, k: int, balance: str) -> dict:
     packing = Packing(max_tokens=CAP, balance=balance)
     engines = [
         StreamingEngine(
-            source, packing, group.rank(r), batch_size=case.batch, window_steps=k,
-            buffer_size=BUFFER, seed=DATA_SEED, cost=COSTS[case.cost],
+            source,
+            ScheduleConfig(
+                num_replicas=case.world, batch_size=case.batch, seed=DATA_SEED,
+                cost=COSTS[case.cost], packing=packing,
+            ),
+            group.rank(r),
+            StreamOptions(window_steps=k, buffer_size=BUFFER),
         )
         for r in range(case.world)
     ]  # fmt: skip

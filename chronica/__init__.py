@@ -25,6 +25,7 @@ from chronica.core import (
     plan_step,
 )
 from chronica.core.packing.outliers import OutlierDelay, OutlierQueue
+from chronica.core.streaming.options import StreamOptions
 
 if TYPE_CHECKING:
     from chronica import jax, runtime, tf, torch
@@ -45,6 +46,7 @@ __all__ = [
     "Scheduler",
     "ShufflePolicy",
     "StepPlan",
+    "StreamOptions",
     "__version__",
     "jax",
     "plan_step",

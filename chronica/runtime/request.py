@@ -45,6 +45,7 @@ __all__ = [
     "given_options",
     "groups_from_environment",
     "open_stream",
+    "option_docs",
     "plan_face",
     "plan_request",
     "resolve_world",
@@ -251,9 +252,14 @@ def open_stream(
 # -- signatures and documentation of the faces ----------------------------------------------
 
 
-def _option_docs() -> dict[str, str]:
-    """Every plan option's entry of ``ScheduleConfig``'s ``Args:`` section, by name."""
-    doc = inspect.cleandoc(ScheduleConfig.__doc__ or "")
+def option_docs(cls: type = ScheduleConfig) -> dict[str, str]:
+    """Every field's entry of ``cls``'s ``Args:`` section (``ScheduleConfig``'s plan options
+    by default), by name, each on one line.
+
+    Args:
+        cls: a class whose docstring has an ``Args:`` section.
+    """
+    doc = inspect.cleandoc(cls.__doc__ or "")
     section = doc.split("Args:\n", 1)[1].split("\n\n", 1)[0]
     entries = re.split(r"\n(?=    \w+:)", "\n" + section)
     out = {}
@@ -289,7 +295,7 @@ def plan_face(cls: _Face) -> _Face:
         if name not in own
     ]
     init.__signature__ = signature.replace(parameters=[*params[:-1], *added])
-    docs = _option_docs()
+    docs = option_docs()
     lines = "\n".join(
         textwrap.fill(
             f"{name}: {docs[name]}", 92, initial_indent="    ", subsequent_indent="        "

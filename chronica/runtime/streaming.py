@@ -2,7 +2,9 @@
 
 Every rank reads its own lane of shards (``chronica.core.streaming.lanes``: shards dealt by
 ``(seed, epoch)``, a bounded shuffle buffer), and every ``window_steps`` global batches the
-ranks exchange what they buffered (ids, lengths and lane states: one ``allgather``), plan
+ranks exchange what they buffered (ids, lengths and lane states, and with
+``kind="dynamic"`` step-time reports, ``chronica.runtime.streaming_speeds``: one
+``allgather``), plan
 the pool with the map-style kernels (``plan_window``) and bring every sample to its planned
 rank: that rank reads it by index where the source has random access (``read_rows``), else
 the rank holding the record sends it (one ``alltoall``; the bytes are counted in
@@ -32,18 +34,20 @@ from typing import Any
 
 import numpy as np
 
-from chronica.core.checks import check_int
-from chronica.core.packing import Packing
+from chronica.core import ScheduleConfig
 from chronica.core.streaming import (
     LaneState,
+    StreamOptions,
     StreamState,
     WindowPlan,
+    check_stream_config,
     deal_lanes,
     plan_window,
     reshard,
 )
 from chronica.runtime.sources.base import shard_offsets
 from chronica.runtime.streaming_exchange import Collectives, decode, encode, fetch_records
+from chronica.runtime.streaming_speeds import StreamSpeeds
 
 __all__ = ["StreamMicroBatch", "StreamStats", "StreamingEngine"]
 
@@ -118,6 +122,7 @@ class _Window:
     records: dict[int, Any]
     start: int = 0
     batches: list[StreamMicroBatch] = field(default_factory=list)
+    resumed: bool = False
 
 
 @dataclass
@@ -142,70 +147,63 @@ class StreamingEngine:
     Args:
         source: a ``ShardedSource`` (``num_shards``, ``random_access``, ``shard_size``,
             ``read``, ``read_rows``, ``length``).
-        packing: the cap, rows, objective and padding (``tokens_per_step``: steps of about
-            that many tokens); ``long_documents="truncate"`` cuts long samples to a row.
+        config: the plan (``chronica.ScheduleConfig`` for ``collectives.world_size``
+            ranks, accepted by ``check_stream_config``): its ``packing`` (cap, rows,
+            objective, padding; ``tokens_per_step``: steps of about that many tokens;
+            ``long_documents="truncate"`` cuts long samples to a row), ``batch_size``
+            (samples per global step), ``seed`` (shard order, shuffle buffers), ``cost``.
         collectives: this rank's ``Collectives`` (``rank``, ``world_size``).
-        batch_size: samples per global step (without ``packing.tokens_per_step``).
-        window_steps: global steps per planning window ``K``, ``>= 1``.
-        buffer_size: the shuffle buffer's samples per rank, ``>= 1`` (1: read order).
-        seed: the run's seed (shard order, shuffle buffers).
-        cost: a sample's predicted cost from its padded length (``"linear"``,
-            ``"quadratic"`` or a ``chronica.CostModel``).
-        infinite: pass after pass without end (else ``micro_batches()`` ends with a pass).
+        stream: the window ``K``, the shuffle buffer and whether the stream ends
+            (``chronica.StreamOptions``).
         state: a ``state_dict()`` to resume from (any world size), or ``None``.
 
     Example::
 
         group = LocalGroup(1)
-        engine = StreamingEngine(source, Packing(max_tokens=4096), group.rank(0),
-                                 batch_size=64)
+        config = ScheduleConfig(num_replicas=1, batch_size=64, packing=Packing(max_tokens=4096))
+        engine = StreamingEngine(source, config, group.rank(0), StreamOptions(window_steps=2))
         for batch in engine.micro_batches(): ...
     """
 
     def __init__(
         self,
         source: Any,
-        packing: Packing,
+        config: ScheduleConfig,
         collectives: Collectives,
+        stream: StreamOptions | None = None,
         *,
-        batch_size: int | None = None,
-        window_steps: int = 2,
-        buffer_size: int = 1024,
-        seed: int = 0,
-        cost: Any = "linear",
-        infinite: bool = False,
         state: dict[str, Any] | None = None,
     ) -> None:
-        if not isinstance(packing, Packing):
-            raise TypeError(f"packing must be a chronica.Packing, got {type(packing).__name__}")
-        if packing.long_documents == "split":
-            raise ValueError(
-                "streamed packing takes long_documents='error' or 'truncate'; 'split' needs "
-                "every document's pieces up front"
-            )
+        config = check_stream_config(config)
+        stream = StreamOptions() if stream is None else stream
+        if not isinstance(stream, StreamOptions):
+            raise TypeError(f"stream={stream!r} must be a chronica.StreamOptions")
         if not isinstance(collectives, Collectives):
             raise TypeError("collectives must have rank, world_size, allgather and alltoall")
-        if packing.tokens_per_step is None:
-            check_int("batch_size", batch_size, 1, hint=" (samples per global step)")
-        self.source, self.packing, self.collectives = source, packing, collectives
-        self.batch_size = batch_size
-        self.window_steps = check_int("window_steps", window_steps, 1, hint=" (steps per window)")
-        self.buffer_size = check_int("buffer_size", buffer_size, 1, hint=" (shuffle buffer)")
-        self.seed = check_int("seed", seed)
-        self.cost, self.infinite = cost, bool(infinite)
+        if config.num_replicas != collectives.world_size:
+            raise ValueError(
+                f"config.num_replicas={config.num_replicas} differs from the "
+                f"{collectives.world_size} ranks of collectives; build the config for them"
+            )
+        assert config.packing is not None
+        self.source, self.config, self.options = source, config, stream
+        self.collectives, self.packing = collectives, config.packing
+        self.batch_size, self.seed, self.cost = config.batch_size, config.seed, config.cost
+        self.window_steps, self.buffer_size = stream.window_steps, stream.buffer_size
+        self.infinite = stream.infinite
         self.rank, self.world_size = int(collectives.rank), int(collectives.world_size)
         self.stats = StreamStats()
         self._offsets = shard_offsets(source)
         self._position = self._start(state)
         self._served = self._position.consumed
+        self.speeds = StreamSpeeds(config, self.rank, self._position, state)
         self._thread: threading.Thread | None = None
         self._run = _Run(queue.Queue(maxsize=1), threading.Event())
 
     def __repr__(self) -> str:
         return (
             f"StreamingEngine(rank={self.rank}, world_size={self.world_size}, "
-            f"window_steps={self.window_steps}, buffer_size={self.buffer_size}, "
-            f"batch_size={self.batch_size}, packing={self.packing!r})"
+            f"{self.options!r}, {self.config!r})"
         )
 
     @property
@@ -222,14 +220,26 @@ class StreamingEngine:
         """
         self.close()
         return StreamingEngine(
-            self.source, self.packing, self.collectives, batch_size=self.batch_size,
-            window_steps=self.window_steps, buffer_size=self.buffer_size, seed=self.seed,
-            cost=self.cost, infinite=self.infinite, state=state,
-        )  # fmt: skip
+            self.source, self.config, self.collectives, self.options, state=state
+        )
 
     def state_dict(self) -> dict[str, Any]:
-        """The global state at the last micro-batch yielded (the same on every rank)."""
-        return replace(self._position, consumed=self._served).to_dict()
+        """The global state at the last micro-batch yielded (the same on every rank), and
+        with ``kind="dynamic"`` this rank's reports not exchanged yet (``"reports_due"``)."""
+        state = replace(self._position, consumed=self._served).to_dict()
+        return state | self.speeds.rank_state()
+
+    def report(self, seconds: float, step: int | None = None) -> None:
+        """With ``kind="dynamic"``: this rank's own compute time of ``step`` (default: the
+        step of the micro-batch last yielded), forward and backward before the gradient
+        all-reduce; the windows planned later give a slower rank less work
+        (``chronica.runtime.streaming_speeds``). Without it nothing happens.
+
+        Args:
+            seconds: the rank's compute time of the step.
+            step: the global step, or ``None``.
+        """
+        self.speeds.report(seconds, step)
 
     def micro_batches(self) -> Iterator[StreamMicroBatch]:
         """This rank's micro-batches from the saved position to the end of the pass (or
@@ -252,6 +262,7 @@ class StreamingEngine:
                 if isinstance(window, BaseException):
                     raise window
                 self._position, self._served = window.state, window.start
+                self.speeds.taken(window.state, window.plan, window.resumed)
                 yield from self._serve(window)
         finally:
             run.stop.set()
@@ -272,6 +283,7 @@ class StreamingEngine:
         for served, batch in enumerate(window.batches, start=1):
             if served > window.start:
                 self._served = served
+                self.speeds.served(batch.step)
                 yield batch
 
     def _prepared(self, window: _Window) -> _Window:
@@ -337,6 +349,7 @@ class StreamingEngine:
         plan = plan_window(
             state.pool_ids, state.pool_lengths, state.world_size, self.packing,
             batch_size=self.batch_size, final=state.exhausted, cost=self.cost,
+            speeds=state.speeds if state.speeds.shape[0] else None,
         )  # fmt: skip
         self.stats.planning += time.perf_counter() - start
         return plan
@@ -366,7 +379,7 @@ class StreamingEngine:
             elif consumed < plan.num_micro:
                 mine = [i for s in plan.steps for i in s.ids[s.rank == self.rank].tolist()]
                 window = _Window(state, plan, fetch_records(self.source, self._offsets, mine))
-                window.start = consumed
+                window.start, window.resumed = consumed, True
                 put(self._prepared(window))
             while True:
                 if state.exhausted and carry.ids.shape[0] == 0:
@@ -374,8 +387,9 @@ class StreamingEngine:
                         put(_END)
                         return
                     state, plan, lane = self._next_epoch(state, plan)
+                reports = self.speeds.due(state.sequence + 1, run.stop)
                 state, plan, records, carry, stopping = self._window(
-                    state, plan, lane, carry, run.stop.is_set()
+                    state, plan, lane, carry, run.stop.is_set(), reports
                 )
                 if stopping:
                     with contextlib.suppress(queue.Full):
@@ -394,7 +408,8 @@ class StreamingEngine:
         empty = np.zeros(0, np.int64)
         fresh = StreamState(
             self.world_size, state.epoch + 1, -1, state.step + len(plan.steps), 0, empty, empty,
-            empty, tuple(lanes),
+            empty, tuple(lanes), sequence=state.sequence, speeds=state.speeds,
+            reports=state.reports,
         )  # fmt: skip
         return fresh, self._plan(fresh), _Lane(lanes[self.rank], self.source, self._offsets)
 
@@ -412,18 +427,26 @@ class StreamingEngine:
         return _Carry(ids, lengths, holders, held)
 
     def _window(
-        self, state: StreamState, plan: WindowPlan, lane: _Lane, carry: _Carry, stop: bool
+        self,
+        state: StreamState,
+        plan: WindowPlan,
+        lane: _Lane,
+        carry: _Carry,
+        stop: bool,
+        reports: list[Any],
     ) -> tuple[StreamState, WindowPlan, dict[int, Any], _Carry, bool]:
-        """Read this rank's share, exchange, plan and gather the next window; the last
-        element: whether any rank's thread was stopping (this one's is ``stop``)."""
+        """Read this rank's share, exchange (with this rank's step-time ``reports``), plan
+        and gather the next window; the last element: whether any rank's thread was
+        stopping (this one's is ``stop``)."""
         w, me = self.world_size, self.rank
         start = time.perf_counter()
         ids, lengths, records = lane.take(self._share(state.lanes, carry), self._lengths)
         self.stats.reading += time.perf_counter() - start
         start = time.perf_counter()
-        payload = encode([ids, lengths, lane.state.to_dict(), stop])
+        payload = encode([ids, lengths, lane.state.to_dict(), stop, reports])
         parts = [decode(p) for p in self.collectives.allgather(payload)]
         self.stats.exchanging += time.perf_counter() - start
+        speeds, measured = self.speeds.absorb(state, [p[4] for p in parts])
         # The ranks' samples interleaved: the j-th sample of every rank, rank after rank.
         counts = [len(p[0]) for p in parts]
         holders = np.repeat(np.arange(w, dtype=np.int64), counts)
@@ -442,6 +465,9 @@ class StreamingEngine:
             pool_holders=np.concatenate([carry.holders, holders[order]]),
             lanes=tuple(LaneState.from_dict(p[2]) for p in parts),
             generation=state.generation,
+            sequence=state.sequence + 1,
+            speeds=speeds,
+            reports=measured,
         )
         new_plan = self._plan(pool)
         held = carry.held  # the carry's records, then this window's (the carry is done)

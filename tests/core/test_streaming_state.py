@@ -1,6 +1,8 @@
 """StreamState: plain round trip, consumed positions, and reshard keeping every sample in
 exactly one place."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -62,3 +64,16 @@ def test_reshard_puts_every_unconsumed_sample_somewhere_exactly_once(world):
     )
     assert set(moved.carry_holders.tolist()) <= set(range(world))
     assert moved.pool_ids.size == 0 and moved.generation == 1 and moved.step > state.step
+
+
+def test_measured_speeds_travel_in_the_state_and_a_new_world_drops_them():
+    state, plan = _state(consumed=1)
+    reports = np.array([[0, 2, 30, 500, 0.1], [1, 3, 40, 600, 0.3]])
+    measured = replace(state, sequence=5, speeds=np.array([1.4, 0.6]), reports=reports)
+    again = StreamState.from_dict(measured.to_dict())
+    assert again.sequence == 5 and again.speeds.tolist() == [1.4, 0.6]
+    assert np.array_equal(again.reports, reports)
+    older = {k: v for k, v in state.to_dict().items() if k not in ("speeds", "reports")}
+    assert StreamState.from_dict(older).speeds.shape == (0,)
+    moved = reshard(measured, plan, 3, seed=0)
+    assert moved.sequence == 5 and moved.speeds.shape == (0,) and moved.reports.shape == (0, 5)

@@ -4,7 +4,7 @@ as threads of one process (``chronica.runtime.streaming_exchange.LocalGroup``)."
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -12,6 +12,7 @@ import numpy as np
 from chronica.core.packing import Packing
 from chronica.runtime.streaming import StreamingEngine
 from chronica.runtime.streaming_exchange import LocalGroup
+from chronica.runtime.streaming_request import stream_request
 
 __all__ = ["ListSource", "make_source", "run_ranks"]
 
@@ -68,6 +69,22 @@ def make_source(
     )
 
 
+def make_engine(
+    source: Any,
+    packing: Packing,
+    collectives: Any,
+    *,
+    state: dict[str, Any] | None = None,
+    batch_size: int | None = None,
+    **options: Any,
+) -> StreamingEngine:
+    """An engine built as the faces build theirs: plan and stream options as keywords."""
+    config, stream = stream_request(
+        options, packing=packing, batch_size=batch_size, collectives=collectives, face="test"
+    )
+    return StreamingEngine(source, config, collectives, stream, state=state)
+
+
 def run_ranks(
     source: Any,
     world: int,
@@ -75,13 +92,15 @@ def run_ranks(
     *,
     limit: int | None = None,
     states: Sequence[dict[str, Any] | None] | None = None,
+    each: Callable[[int, StreamingEngine, Any], None] | None = None,
     **options: Any,
 ) -> tuple[list[list[Any]], list[dict[str, Any]], list[StreamingEngine]]:
     """Every rank of a ``world``-rank stream in its own thread: the micro-batches each
-    yielded (up to ``limit`` each), each rank's ``state_dict()`` afterwards, the engines."""
+    yielded (up to ``limit`` each), each rank's ``state_dict()`` afterwards, the engines;
+    ``each(rank, engine, batch)`` runs in the rank's thread after every micro-batch."""
     group = LocalGroup(world)
     engines = [
-        StreamingEngine(
+        make_engine(
             source, packing, group.rank(r), state=None if states is None else states[r],
             **options,
         )
@@ -95,6 +114,8 @@ def run_ranks(
             batches = engines[r].micro_batches()
             for batch in batches:
                 out[r].append(batch)
+                if each is not None:
+                    each(r, engines[r], batch)
                 if limit is not None and len(out[r]) >= limit:
                     break
             batches.close()

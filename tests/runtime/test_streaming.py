@@ -6,10 +6,12 @@ import threading
 
 import numpy as np
 import pytest
-from stream_source import ListSource, make_source, run_ranks
+from stream_source import ListSource, make_engine, make_source, run_ranks
 from workers import scaled
 
+from chronica.core import ScheduleConfig
 from chronica.core.packing import Packing
+from chronica.core.streaming import StreamOptions
 from chronica.runtime.streaming import StreamingEngine
 from chronica.runtime.streaming_exchange import LocalGroup
 
@@ -71,7 +73,7 @@ def test_passes_follow_each_other_and_differ_in_order():
     source = make_source(shards=4, mean=20)
     n = int(source.offsets[-1])
     group = LocalGroup(1)
-    engine = StreamingEngine(source, PACKING, group.rank(0), infinite=True, **OPTIONS)
+    engine = make_engine(source, PACKING, group.rank(0), infinite=True, **OPTIONS)
     batches = engine.micro_batches()
     seen = []
     while len(seen) < 2 * n:
@@ -79,7 +81,7 @@ def test_passes_follow_each_other_and_differ_in_order():
     batches.close()
     assert sorted(seen[:n]) == list(range(n)) and sorted(seen[n : 2 * n]) == list(range(n))
     assert seen[:n] != seen[n : 2 * n]
-    finite = StreamingEngine(source, PACKING, LocalGroup(1).rank(0), **OPTIONS)
+    finite = make_engine(source, PACKING, LocalGroup(1).rank(0), **OPTIONS)
     first = [i for b in finite.micro_batches() for i in b.ids.tolist()]
     second = [i for b in finite.micro_batches() for i in b.ids.tolist()]
     assert sorted(first) == sorted(second) == list(range(n)) and first != second
@@ -100,15 +102,21 @@ def test_token_budget_steps():
 def test_wrong_arguments_are_named():
     source = make_source()
     rank = LocalGroup(1).rank(0)
-    with pytest.raises(TypeError, match="packing"):
-        StreamingEngine(source, 1024, rank, batch_size=4)
+    config = ScheduleConfig(num_replicas=1, batch_size=4, packing=PACKING)
+    with pytest.raises(TypeError, match="config"):
+        StreamingEngine(source, PACKING, rank)
     with pytest.raises(ValueError, match="split"):
-        StreamingEngine(source, Packing(max_tokens=8, long_documents="split"), rank, batch_size=4)
+        make_engine(source, Packing(max_tokens=8, long_documents="split"), rank, batch_size=4)
     with pytest.raises(TypeError, match="collectives"):
-        StreamingEngine(source, PACKING, object(), batch_size=4)
+        StreamingEngine(source, config, object())
+    with pytest.raises(TypeError, match="StreamOptions"):
+        StreamingEngine(source, config, rank, {"window_steps": 2})
+    with pytest.raises(ValueError, match="num_replicas=2"):
+        StreamingEngine(source, ScheduleConfig(num_replicas=2, batch_size=4, packing=PACKING), rank)
     with pytest.raises(ValueError, match="window_steps"):
-        StreamingEngine(source, PACKING, rank, batch_size=4, window_steps=0)
-    assert "StreamingEngine(rank=0" in repr(StreamingEngine(source, PACKING, rank, batch_size=4))
+        make_engine(source, PACKING, rank, batch_size=4, window_steps=0)
+    engine = StreamingEngine(source, config, rank, StreamOptions(buffer_size=8))
+    assert "StreamingEngine(rank=0" in repr(engine) and "buffer_size=8" in repr(engine)
 
 
 @pytest.mark.parametrize("window_steps", [1, 3])
@@ -125,9 +133,9 @@ def test_close_stops_planning_and_a_new_iteration_continues_where_it_stopped():
     source = make_source(shards=4, mean=20)
     full = [
         _signature(b)
-        for b in StreamingEngine(source, PACKING, LocalGroup(1).rank(0), **OPTIONS).micro_batches()
+        for b in make_engine(source, PACKING, LocalGroup(1).rank(0), **OPTIONS).micro_batches()
     ]
-    engine = StreamingEngine(source, PACKING, LocalGroup(1).rank(0), **OPTIONS)
+    engine = make_engine(source, PACKING, LocalGroup(1).rank(0), **OPTIONS)
     batches = engine.micro_batches()
     head = [_signature(next(batches)) for _ in range(3)]
     state = engine.state_dict()
@@ -159,7 +167,7 @@ def test_closing_when_one_ranks_planning_lags_leaves_no_collective_waiting():
     source = make_source()
     group, gate, stopped = LocalGroup(2), threading.Event(), threading.Barrier(2)
     ranks = [group.rank(0), _LaggingRank(group.rank(1), gate)]
-    engines = [StreamingEngine(source, PACKING, c, **OPTIONS) for c in ranks]
+    engines = [make_engine(source, PACKING, c, **OPTIONS) for c in ranks]
     states = [None, None]
 
     def run(r):

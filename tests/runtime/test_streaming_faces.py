@@ -5,10 +5,9 @@ import threading
 
 import numpy as np
 import pytest
-from stream_source import make_source, run_ranks
+from stream_source import make_engine, make_source, run_ranks
 
 from chronica.core.packing import Packing
-from chronica.runtime.streaming import StreamingEngine
 from chronica.runtime.streaming_exchange import Collectives
 from chronica.runtime.streaming_faces import StoreCollectives, dense_rows
 
@@ -100,7 +99,7 @@ def test_engine_batches_reach_dense_rows_through_store_collectives():
 
     def run(r):
         ranks = StoreCollectives(store.calls(), r, 2, timeout=60)
-        engine = StreamingEngine(source, packing, ranks, batch_size=12, buffer_size=6)
+        engine = make_engine(source, packing, ranks, batch_size=12, buffer_size=6)
         seen[r] = [dense_rows(b, packing) for b in engine.micro_batches()]
 
     threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]

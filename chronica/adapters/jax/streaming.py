@@ -28,10 +28,13 @@ import jax
 import numpy as np
 
 from chronica.adapters.jax.data import _jax_store
+from chronica.core import ScheduleConfig
 from chronica.core.packing import Packing
+from chronica.core.streaming import StreamOptions
 from chronica.runtime.streaming import StreamingEngine, StreamMicroBatch
 from chronica.runtime.streaming_exchange import Collectives, LocalGroup
 from chronica.runtime.streaming_faces import StoreCollectives, dense_rows
+from chronica.runtime.streaming_request import stream_face, stream_request
 
 __all__ = ["JaxStream", "stream"]
 
@@ -54,6 +57,7 @@ def _process_collectives() -> Collectives:
     return StoreCollectives(store, jax.process_index(), world, prefix=prefix)
 
 
+@stream_face
 class JaxStream(Iterator[dict[str, np.ndarray]]):
     """This process's micro-batches of a sharded ``source`` as numpy dense rows (see the
     module docstring): every sample once per pass, the same count on every process,
@@ -64,17 +68,18 @@ class JaxStream(Iterator[dict[str, np.ndarray]]):
     Args:
         source: a ``ShardedSource`` whose records hold token sequences (under ``key`` when
             they are mappings).
-        packing: the cap, rows, objective and padding (``chronica.Packing``).
+        packing: the cap, rows, objective and padding (``chronica.Packing``); ``None`` when
+            ``config`` holds it.
         batch_size: samples per global step (without ``packing.tokens_per_step``).
-        window_steps: global steps per planning window, ``>= 1``.
-        buffer_size: shuffle buffer samples per process, ``>= 1``.
-        seed: the run's seed (shard order, shuffle buffers).
-        cost: a sample's predicted cost from its padded length.
-        infinite: pass after pass without end (else a ``for`` loop ends with each pass).
+        config: the whole plan request (``chronica.ScheduleConfig``) instead of
+            ``packing``, ``batch_size`` and the plan options.
+        stream: the stream options whole (``chronica.StreamOptions``) instead of their
+            keywords.
         key: the field of a mapping record holding its tokens.
         pad_value: the token of the padding.
         collectives: the ranks' ``Collectives`` (default: over ``jax.distributed``'s
             coordination service when it runs several processes, else a single rank).
+        options: plan options and stream options by name (listed below).
 
     Example::
 
@@ -87,17 +92,15 @@ class JaxStream(Iterator[dict[str, np.ndarray]]):
     def __init__(
         self,
         source: Any,
-        packing: Packing,
+        packing: Packing | None = None,
         *,
         batch_size: int | None = None,
-        window_steps: int = 2,
-        buffer_size: int = 1024,
-        seed: int = 0,
-        cost: Any = "linear",
-        infinite: bool = False,
+        config: ScheduleConfig | None = None,
+        stream: StreamOptions | None = None,
+        collectives: Collectives | None = None,
         key: str = "input_ids",
         pad_value: int = 0,
-        collectives: Collectives | None = None,
+        **options: Any,
     ) -> None:
         if not isinstance(key, str):
             raise TypeError(f"key must be a str, got {type(key).__name__}")
@@ -105,10 +108,11 @@ class JaxStream(Iterator[dict[str, np.ndarray]]):
             raise TypeError(f"pad_value must be an int, got {type(pad_value).__name__}")
         collectives = _process_collectives() if collectives is None else collectives
         self.key, self.pad_value = key, int(pad_value)
-        self.engine = StreamingEngine(
-            source, packing, collectives, batch_size=batch_size, window_steps=window_steps,
-            buffer_size=buffer_size, seed=seed, cost=cost, infinite=infinite,
+        config, stream = stream_request(
+            options, packing=packing, batch_size=batch_size, collectives=collectives,
+            face="chronica.jax.stream", config=config, stream=stream,
         )  # fmt: skip
+        self.engine = StreamingEngine(source, config, collectives, stream)
         self._batches: Iterator[StreamMicroBatch] | None = None
 
     def __repr__(self) -> str:
@@ -145,6 +149,22 @@ class JaxStream(Iterator[dict[str, np.ndarray]]):
         """
         self.close()
         self.engine = self.engine.resumed(state)
+
+    def report(self, seconds: float, step: int | None = None) -> None:
+        """With ``kind="dynamic"``: this process's own compute time of ``step`` (default: the
+        step of the last micro-batch taken), forward and backward before the gradient
+        all-reduce; later windows give a slower process less work
+        (``StreamingEngine.report``). Without it nothing happens.
+
+        Args:
+            seconds: the process's compute time of the step.
+            step: the global step (the items' ``step``), or ``None``.
+
+        Example::
+
+            >>> batches.report(time.perf_counter() - started)
+        """
+        self.engine.report(seconds, step)
 
     def close(self) -> None:
         """Stop the planning thread (``StreamingEngine.close``): on every process at the

@@ -29,10 +29,13 @@ import numpy as np
 import tensorflow as tf
 
 from chronica.adapters.tf.coordination import coordination_store
+from chronica.core import ScheduleConfig
 from chronica.core.packing import Packing
+from chronica.core.streaming import StreamOptions
 from chronica.runtime.streaming import StreamingEngine
 from chronica.runtime.streaming_exchange import Collectives, LocalGroup
 from chronica.runtime.streaming_faces import StoreCollectives, dense_rows
+from chronica.runtime.streaming_request import stream_face, stream_request
 
 __all__ = ["TFStream", "stream"]
 
@@ -57,6 +60,7 @@ def _cluster_collectives() -> Collectives:
     return StoreCollectives(store, rank, len(workers), prefix=f"chronica/stream/{next(_STREAMS)}")
 
 
+@stream_face
 class TFStream:
     """This worker's micro-batches of a sharded ``source`` as a ``tf.data.Dataset``
     (``dataset``, built on ``tf.data.Dataset.from_generator``; see the module docstring):
@@ -67,17 +71,18 @@ class TFStream:
     Args:
         source: a ``ShardedSource`` whose records hold token sequences (under ``key`` when
             they are mappings).
-        packing: the cap, rows, objective and padding (``chronica.Packing``).
+        packing: the cap, rows, objective and padding (``chronica.Packing``); ``None`` when
+            ``config`` holds it.
         batch_size: samples per global step (without ``packing.tokens_per_step``).
-        window_steps: global steps per planning window, ``>= 1``.
-        buffer_size: shuffle buffer samples per worker, ``>= 1``.
-        seed: the run's seed (shard order, shuffle buffers).
-        cost: a sample's predicted cost from its padded length.
-        infinite: pass after pass without end (else one pass per iteration of ``dataset``).
+        config: the whole plan request (``chronica.ScheduleConfig``) instead of
+            ``packing``, ``batch_size`` and the plan options.
+        stream: the stream options whole (``chronica.StreamOptions``) instead of their
+            keywords.
         key: the field of a mapping record holding its tokens.
         pad_value: the token of the padding.
         collectives: the ranks' ``Collectives`` (default: over the coordination service of a
             ``TF_CONFIG`` cluster, else a single rank).
+        options: plan options and stream options by name (listed below).
 
     Example::
 
@@ -91,17 +96,15 @@ class TFStream:
     def __init__(
         self,
         source: Any,
-        packing: Packing,
+        packing: Packing | None = None,
         *,
         batch_size: int | None = None,
-        window_steps: int = 2,
-        buffer_size: int = 1024,
-        seed: int = 0,
-        cost: Any = "linear",
-        infinite: bool = False,
+        config: ScheduleConfig | None = None,
+        stream: StreamOptions | None = None,
+        collectives: Collectives | None = None,
         key: str = "input_ids",
         pad_value: int = 0,
-        collectives: Collectives | None = None,
+        **options: Any,
     ) -> None:
         if not isinstance(key, str):
             raise TypeError(f"key must be a str, got {type(key).__name__}")
@@ -109,10 +112,11 @@ class TFStream:
             raise TypeError(f"pad_value must be an int, got {type(pad_value).__name__}")
         collectives = _cluster_collectives() if collectives is None else collectives
         self.key, self.pad_value = key, int(pad_value)
-        self.engine = StreamingEngine(
-            source, packing, collectives, batch_size=batch_size, window_steps=window_steps,
-            buffer_size=buffer_size, seed=seed, cost=cost, infinite=infinite,
+        config, stream = stream_request(
+            options, packing=packing, batch_size=batch_size, collectives=collectives,
+            face="chronica.tf.stream", config=config, stream=stream,
         )  # fmt: skip
+        self.engine = StreamingEngine(source, config, collectives, stream)
         self._states: OrderedDict[tuple[int, int], dict[str, Any]] = OrderedDict()
 
     def __repr__(self) -> str:
@@ -190,6 +194,24 @@ class TFStream:
         """
         self._states.clear()
         self.engine = self.engine.resumed(state)
+
+    def report(self, seconds: float, step: int | None = None) -> None:
+        """With ``kind="dynamic"``: this worker's own compute time of ``step`` (default: the
+        step of the last micro-batch taken), forward and backward before the gradient
+        all-reduce; later windows give a slower worker less work
+        (``StreamingEngine.report``). Without it nothing happens.
+
+        Args:
+            seconds: the worker's compute time of the step.
+            step: the global step (the element's ``step``); ``None`` is the step of the
+                last element the generator produced, which ``tf.data``'s prefetching puts
+                ahead of the training loop: pass the element's.
+
+        Example::
+
+            >>> batches.report(time.perf_counter() - started, step=int(element["step"]))
+        """
+        self.engine.report(seconds, step)
 
     def close(self) -> None:
         """Stop the planning thread (``StreamingEngine.close``): on every worker at the same

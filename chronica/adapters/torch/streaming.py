@@ -23,9 +23,12 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 from chronica.adapters.torch.packed import PackedIndex, collate_packed
+from chronica.core import ScheduleConfig
 from chronica.core.packing import Packing
+from chronica.core.streaming import StreamOptions
 from chronica.runtime.streaming import StreamingEngine, StreamMicroBatch
 from chronica.runtime.streaming_exchange import Collectives, LocalGroup
+from chronica.runtime.streaming_request import stream_face, stream_request
 
 __all__ = ["StreamingDataset", "TorchCollectives"]
 
@@ -79,6 +82,7 @@ class TorchCollectives:
         return f"TorchCollectives(rank={self.rank}, world_size={self.world_size})"
 
 
+@stream_face
 class StreamingDataset(IterableDataset):
     """This rank's packed micro-batches of a sharded stream (see the module docstring):
     balanced across ranks by one global plan per window of ``window_steps`` steps, every
@@ -87,21 +91,23 @@ class StreamingDataset(IterableDataset):
     Args:
         source: a ``ShardedSource`` (``chronica.runtime.sources``) whose records hold token
             sequences (under ``key`` when they are mappings).
-        packing: the cap, rows, objective and padding (``chronica.Packing``).
+        packing: the cap, rows, objective and padding (``chronica.Packing``); ``None`` when
+            ``config`` holds it.
         batch_size: samples per global step (without ``packing.tokens_per_step``).
-        window_steps: global steps per planning window, ``>= 1``.
-        buffer_size: shuffle buffer samples per rank, ``>= 1``.
-        seed: the run's seed (shard order, shuffle buffers).
-        cost: a sample's predicted cost from its padded length.
-        infinite: pass after pass without end (else one pass per ``iter()``).
-        key: the field of a mapping record holding its tokens.
-        pad_to: pad every micro-batch to this many tokens (one static shape), or ``None``.
+        config: the whole plan request (``chronica.ScheduleConfig``) instead of
+            ``packing``, ``batch_size`` and the plan options.
+        stream: the stream options whole (``chronica.StreamOptions``) instead of their
+            keywords.
         collectives: the ranks' ``Collectives`` (default: ``TorchCollectives()`` when
             ``torch.distributed`` is initialised, else a single rank).
+        key: the field of a mapping record holding its tokens.
+        pad_to: pad every micro-batch to this many tokens (one static shape), or ``None``.
+        options: plan options and stream options by name (listed below).
 
     Example::
 
-        dataset = StreamingDataset(source, Packing(max_tokens=8192), batch_size=64)
+        dataset = StreamingDataset(source, Packing(max_tokens=8192), batch_size=64,
+                                   stream=StreamOptions(window_steps=2, buffer_size=512))
         loader = StatefulDataLoader(dataset, batch_size=None)
         for batch in loader:
             loss = model(batch["input_ids"], batch["position_ids"]) * batch["loss_weight"]
@@ -110,26 +116,25 @@ class StreamingDataset(IterableDataset):
     def __init__(
         self,
         source: Any,
-        packing: Packing,
+        packing: Packing | None = None,
         *,
         batch_size: int | None = None,
-        window_steps: int = 2,
-        buffer_size: int = 1024,
-        seed: int = 0,
-        cost: Any = "linear",
-        infinite: bool = False,
+        config: ScheduleConfig | None = None,
+        stream: StreamOptions | None = None,
+        collectives: Collectives | None = None,
         key: str = "input_ids",
         pad_to: int | None = None,
-        collectives: Collectives | None = None,
+        **options: Any,
     ) -> None:
         if collectives is None:
             initialised = dist.is_available() and dist.is_initialized()
             collectives = TorchCollectives() if initialised else LocalGroup(1).rank(0)
         self.key, self.pad_to = key, pad_to
-        self.engine = StreamingEngine(
-            source, packing, collectives, batch_size=batch_size, window_steps=window_steps,
-            buffer_size=buffer_size, seed=seed, cost=cost, infinite=infinite,
+        config, stream = stream_request(
+            options, packing=packing, batch_size=batch_size, collectives=collectives,
+            face="StreamingDataset", config=config, stream=stream,
         )  # fmt: skip
+        self.engine = StreamingEngine(source, config, collectives, stream)
 
     def __repr__(self) -> str:
         return f"StreamingDataset({self.engine!r})"
@@ -153,6 +158,22 @@ class StreamingDataset(IterableDataset):
         out = collate_packed(items, key=self.key, pad_to=self.pad_to)
         out["epoch"] = batch.epoch
         return out
+
+    def report(self, seconds: float, step: int | None = None) -> None:
+        """With ``kind="dynamic"``: this rank's own compute time of ``step`` (default: the
+        step of the last micro-batch taken), forward and backward before the gradient
+        all-reduce; later windows give a slower rank less work
+        (``StreamingEngine.report``). Without it nothing happens.
+
+        Args:
+            seconds: the rank's compute time of the step.
+            step: the global step (the items' ``step``), or ``None``.
+
+        Example::
+
+            >>> batches.report(time.perf_counter() - started)
+        """
+        self.engine.report(seconds, step)
 
     def close(self) -> None:
         """Stop the planning thread (``StreamingEngine.close``): on every rank at the same

@@ -8,7 +8,8 @@ no framework; ``chronica.runtime.streaming`` reads, exchanges and serves.
 
 ``window``  ``plan_window``/``WindowPlan``/``WindowStep``: one window planned for all ranks;
 ``lanes``   ``LaneState``/``deal_lanes``: which rows a rank reads and its shuffle buffer;
-``state``   ``StreamState``/``reshard``/``consumed_positions``: the global state, resume.
+``state``   ``StreamState``/``reshard``/``consumed_positions``: the global state, resume;
+``options`` ``StreamOptions``/``check_stream_config``: what a streamed face is asked for.
 
 Example::
 
@@ -20,6 +21,7 @@ Example::
 """
 
 from chronica.core.streaming.lanes import LaneState, deal_lanes
+from chronica.core.streaming.options import StreamOptions, check_stream_config
 from chronica.core.streaming.state import (
     STREAM_STATE_VERSION,
     StreamState,
@@ -31,9 +33,11 @@ from chronica.core.streaming.window import WindowPlan, WindowStep, plan_window
 __all__ = [
     "STREAM_STATE_VERSION",
     "LaneState",
+    "StreamOptions",
     "StreamState",
     "WindowPlan",
     "WindowStep",
+    "check_stream_config",
     "consumed_positions",
     "deal_lanes",
     "plan_window",

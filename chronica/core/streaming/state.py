@@ -6,9 +6,11 @@ At every window the ranks exchange, beside the lengths they buffered, their lane
 ``StreamState``: the epoch, the window's pool (carry-over first, then the ranks'
 contributions, with the rank *holding* each sample's record), every lane as it stood once
 the window's samples were taken, the micro-batches of the window every rank has consumed,
-and samples carried over to the next window by a change of world. A sample is in exactly
-one place: consumed, in the window's unconsumed part, carried over, in a lane's buffer, or
-in a lane's unread rows; so resuming keeps every sample of the pass exactly once.
+samples carried over to the next window by a change of world, and (``kind="dynamic"``) the
+rank speeds the window was planned with and the step-time reports they were fitted from. A
+sample is in exactly one place: consumed, in the window's unconsumed part, carried over, in
+a lane's buffer, or in a lane's unread rows; so resuming keeps every sample of the pass
+exactly once.
 
 * Same world: every rank takes its lane back, the window is planned again from the pool
   (``plan_window`` is deterministic) and resumes at ``consumed``: bitwise the
@@ -53,6 +55,13 @@ class StreamState:
         carry_lengths: their lengths.
         carry_holders: the rank holding each.
         generation: changes of world so far (keys of re-dealt lanes).
+        sequence: the window's number since the stream began (all epochs; -1 before the
+            first).
+        speeds: ``float64`` the relative rank speeds the window was planned with
+            (``kind="dynamic"``; empty: equal speeds).
+        reports: ``float64`` ``(m, 5)`` the step-time reports the ranks exchanged so far
+            that the speeds are fitted from (``rank, documents, tokens, squared tokens,
+            seconds``; the newest ``history`` of every rank).
 
     Example::
 
@@ -76,6 +85,9 @@ class StreamState:
     carry_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     carry_holders: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     generation: int = 0
+    sequence: int = -1
+    speeds: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    reports: np.ndarray = field(default_factory=lambda: np.zeros((0, 5)))
 
     @property
     def exhausted(self) -> bool:
@@ -94,6 +106,9 @@ class StreamState:
             "step": self.step,
             "consumed": self.consumed,
             "generation": self.generation,
+            "sequence": self.sequence,
+            "speeds": self.speeds.tolist(),
+            "reports": self.reports.tolist(),
             **{name: getattr(self, name).tolist() for name in arrays + carry},
             "lanes": [lane.to_dict() for lane in self.lanes],
         }
@@ -126,6 +141,9 @@ class StreamState:
             consumed=int(state["consumed"]),
             lanes=tuple(LaneState.from_dict(lane) for lane in state["lanes"]),
             generation=int(state["generation"]),
+            sequence=int(state.get("sequence", -1)),
+            speeds=np.asarray(state.get("speeds", []), dtype=np.float64).reshape(-1),
+            reports=np.asarray(state.get("reports", []), dtype=np.float64).reshape(-1, 5),
             **arrays,
         )
 
@@ -171,7 +189,8 @@ def reshard(state: StreamState, plan: WindowPlan, world_size: int, seed: int) ->
     window's unconsumed samples, its carry-over, earlier carry-over and every lane's
     buffer become carry-over (held round-robin by the new ranks), and the lanes' unread
     row ranges are dealt round-robin to ``world_size`` new lanes with fresh keys. The pool
-    is then empty (no window under way) and ``step`` counts the window's steps begun.
+    is then empty (no window under way), ``step`` counts the window's steps begun, and the
+    measured speeds and their reports, which were the old ranks', are dropped.
 
     Args:
         state: the saved state.
@@ -229,4 +248,6 @@ def reshard(state: StreamState, plan: WindowPlan, world_size: int, seed: int) ->
         carry_lengths=carry_lengths,
         carry_holders=np.arange(carry_ids.shape[0], dtype=np.int64) % w,
         generation=generation,
+        speeds=np.zeros(0),
+        reports=np.zeros((0, 5)),
     )

@@ -112,3 +112,19 @@ def test_injected_collectives_and_a_resume_at_another_world_keep_exactly_once():
     rest = list(alone)
     ids = [i for b in done[0] + done[1] + rest for i in b["ids"].tolist() if i >= 0]
     assert sorted(ids) == list(range(source.offsets[-1]))
+
+
+def test_a_dynamic_stream_takes_reports_and_keeps_them_in_the_state():
+    source = make_source()
+    batches = chronica.jax.stream(source, PACKING, kind="dynamic", **OPTIONS)
+    out = []
+    for b in batches:
+        out.append(b)
+        if int(b["micro"]) == int(b["num_micro"]) - 1:
+            batches.report(1e-3 * (1 + int(b["lengths"].sum())), step=int(b["step"]))
+    assert sorted(i for b in out for i in b["ids"].tolist() if i >= 0) == list(
+        range(source.offsets[-1])
+    )
+    state = batches.state_dict()
+    assert state["speeds"] == [1.0] and len(state["reports"]) > 0
+    assert state["reports_due"]["rank"] == 0

@@ -3,6 +3,8 @@ resume bitwise, and the worker-process guard."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -10,7 +12,9 @@ torch = pytest.importorskip("torch")
 from stream_source import make_source  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
+from chronica.core import ScheduleConfig  # noqa: E402
 from chronica.core.packing import Packing  # noqa: E402
+from chronica.core.streaming import StreamOptions  # noqa: E402
 from chronica.torch import StreamingDataset  # noqa: E402
 
 PACKING = Packing(max_tokens=1024, row_length=512)
@@ -76,3 +80,18 @@ def test_pad_to_and_the_worker_guard():
     )
     with pytest.raises(ValueError, match="num_workers=0"):
         next(iter(DataLoader(dataset, batch_size=None, num_workers=1)))
+
+
+def test_whole_options_objects_give_the_keywords_stream():
+    source = make_source()
+    by_keywords = [_signature(b) for b in StreamingDataset(source, PACKING, **OPTIONS)]
+    config = ScheduleConfig(num_replicas=1, batch_size=12, seed=1, packing=PACKING)
+    whole = StreamingDataset(source, config=config, stream=StreamOptions(buffer_size=6))
+    assert [_signature(b) for b in whole] == by_keywords
+    assert "buffer_size=6" in repr(whole) and "seed=1" in repr(whole)
+    parameters = inspect.signature(StreamingDataset).parameters
+    assert {"buffer_size", "window_steps", "infinite", "kind", "seed"} <= set(parameters)
+    with pytest.raises(ValueError, match="buffer_size inside it"):
+        StreamingDataset(source, PACKING, batch_size=12, buffer_size=6, stream=StreamOptions())
+    with pytest.raises(ValueError, match=r"shuffle=.*buffer_size"):
+        StreamingDataset(source, PACKING, batch_size=12, shuffle=False)
