@@ -16,24 +16,28 @@ ranks of a method running equally many micro-batches:
 ``micro``
     The same with ``balance="micro"``: ``sum_k max_r`` minimised (FSDP's objective).
 
-First the cost model is fitted to this machine, on micro-batches like the measured ones:
-``calibration`` other global batches, drawn like the steps, cut the same three ways (the
+The cost model is fitted to this machine on micro-batches like the measured ones:
+``calibration`` other global batches, drawn like the steps and cut the same three ways (the
 chronica plans made with a prior model, tokens + L²/1024), run on both ranks as the steps
-are; ``benchmarks.measured_cost.fit`` fits ``overhead + a·n + b·ΣL + c·ΣL²`` (a fixed cost
-per micro-batch: the collectives and the launch; ``chronica.CostModel(a, b, c)`` per document)
-to every rank's micro-batches. The plans of the measured steps are made with the fitted model,
-and their predicted step is ``sum_k max_r (overhead + C[r, k])``.
+are. ``benchmarks.measured_cost.fit`` fits ``overhead + a·n + b·ΣL + c·ΣL²`` (a fixed cost
+per micro-batch: the collectives and the launch; ``chronica.CostModel(a, b, c)`` per
+document) to every rank's micro-batches. A first pass over the calibration batches gives the
+*planning* model, which plans the measured steps; then the calibration batches run again, in
+turn with the steps, every repeat, and the model fitted on them (none of the steps'
+micro-batches) gives the *predicted* step ``sum_k max_r (overhead + C[r, k])``: a model
+calibrated under the load the steps ran under, which the planning model, minutes older on a
+shared machine, is not (the result reports that drift).
 
 Measured: each rank's compute per micro-batch, the CPU time of its training thread over the
 forward and backward pass (``time.thread_time``), which neither waiting for the other rank
 in a collective nor other processes on a shared machine stretch; every micro-batch's time
 is its median over the repeats, and the lockstep step is ``sum_k max_r t[r, k]``, summed
 over the steps. The methods run interleaved, step by step, so the machine's noise falls on
-all alike. Each rank is pinned to its own core, and glibc keeps freed memory (no page faults
-in a micro-batch: the kernel's page zeroing grew with the largest tensor, not with the model's
-features). The model's attention runs torch's fused CPU kernel (the recipe passes 4-D tensors
-to ``scaled_dot_product_attention``), whose cost is ``b·L + c·L²`` per document; the math
-kernel it replaced materialised L x L scores and grew faster than L² past the caches.
+all alike. Each rank is pinned to its own core, and glibc keeps freed memory (no page
+faults in a micro-batch: their cost grew with the largest tensor, not with the model's
+features). The model's attention runs torch's fused CPU kernel (the recipe passes 4-D
+tensors to ``scaled_dot_product_attention``), whose cost is ``b·L + c·L²`` per document; the
+math kernel it replaced materialised L x L scores and grew faster than L² past the caches.
 
     python -m benchmarks --only fsdp_micro [--quick]
 """
