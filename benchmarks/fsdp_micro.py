@@ -47,13 +47,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import itertools
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
@@ -383,11 +384,12 @@ def _launch(settings: Settings, timeout_s: float) -> dict[str, Any]:
 # -- analysis ---------------------------------------------------------------------------------
 
 
-def analyse(settings: Settings, raw: dict[str, Any]) -> dict[str, Any]:
+def analyse(settings: Settings, raw: dict[str, Any], sensitivity: bool = True) -> dict[str, Any]:
     """Per method: the measured and predicted lockstep step and slowest rank's sum (seconds,
     summed over the steps), their ratios, every micro-batch's error and each rank's, the
     planning model's and the in-sample refit's ratios; the fits' errors and the drift between
-    the planning calibration and the run."""
+    the planning calibration and the run; with ``sensitivity`` (and 3 repeats or more), the
+    range of the lockstep ratio over every choice of all repeats but two."""
     lengths, repeats, record = np.array(raw["lengths"]), settings.repeats, raw["measured"]
     total = len(lengths)
     plans = _per_batch(raw["layouts"], total)
@@ -454,6 +456,9 @@ def analyse(settings: Settings, raw: dict[str, Any]) -> dict[str, Any]:
         1,
         list(range(settings.calibration)),
     )
+    if sensitivity and repeats >= 3:
+        for name, low, high in _repeat_sensitivity(settings, raw):
+            methods[name]["ratio_range"] = [low, high]
     return {
         "settings": asdict(settings),
         "overhead": overhead,
@@ -470,6 +475,23 @@ def analyse(settings: Settings, raw: dict[str, Any]) -> dict[str, Any]:
         "methods": methods,
         "raw": raw,
     }
+
+
+def _repeat_sensitivity(settings: Settings, raw: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """Per method, the lowest and highest lockstep ratio (measured over predicted) when the
+    run keeps only ``repeats - 2`` of its repeats, over every such choice: how much the
+    figure moves with the noise of the repeats."""
+    total, kept = len(raw["lengths"]), settings.repeats - 2
+    ratios: dict[str, list[float]] = {m: [] for m in METHODS}
+    for chosen in itertools.combinations(range(settings.repeats), kept):
+        record = [
+            {m: [rank[m][r * total + i] for r in chosen for i in range(total)] for m in METHODS}
+            for rank in raw["measured"]
+        ]
+        part = analyse(replace(settings, repeats=kept), {**raw, "measured": record}, False)
+        for m in METHODS:
+            ratios[m].append(part["methods"][m]["ratio"])
+    return [(m, min(r), max(r)) for m, r in ratios.items()]
 
 
 def _turn(shift: int) -> list[str]:
@@ -522,6 +544,12 @@ def format_table(result: dict[str, Any]) -> str:
             f"{n} {100 * m['repeat_spread_median']:.1f}%" for n, m in result["methods"].items()
         )
     )
+    ranges = {n: m["ratio_range"] for n, m in result["methods"].items() if "ratio_range" in m}
+    if ranges:
+        lines.append(
+            "lockstep ratio over every choice of all repeats but two: "
+            + ", ".join(f"{n} {low:.3f}-{high:.3f}" for n, (low, high) in ranges.items())
+        )
     lines.append(f"ranks: {result['ranks']}")
     return "\n".join(lines)
 
@@ -539,6 +567,13 @@ def render_markdown(result: dict[str, Any], img_dir: Path) -> str:
         f"rank {r}: core {p['cores']}, {p['minor_faults']} page faults, "
         f"{p['system_s']:.2f} s system of {p['user_s']:.1f} s user"
         for r, p in enumerate(result["ranks"])
+    )
+    ranges = [m["ratio_range"] for m in methods.values() if "ratio_range" in m]
+    moves = (
+        f" (kept {s['repeats'] - 2} of the {s['repeats']} repeats, every choice: "
+        f"{min(r[0] for r in ranges):.3f} to {max(r[1] for r in ranges):.3f})"
+        if ranges
+        else ""
     )
     shared = (
         f"; the run took {result['wall_seconds']:.0f} s of wall time for "
@@ -583,7 +618,7 @@ def render_markdown(result: dict[str, Any], img_dir: Path) -> str:
         )
     lines += [
         "",
-        f"Measured over predicted, lockstep: {min(ratios):.3f} to {max(ratios):.3f}. "
+        f"Measured over predicted, lockstep: {min(ratios):.3f} to {max(ratios):.3f}{moves}. "
         "*planning model*: the same layouts under the model of the first calibration pass "
         "(the plans were made with it); the machine's load moved CPU times by "
         f"{100 * (result['drift'] - 1):+.1f}% between that pass and the run (the calibration "

@@ -10,7 +10,7 @@ import pytest
 from benchmarks import fsdp_micro as bench
 from chronica import CostModel
 
-SETTINGS = bench.Settings(steps=3, repeats=2, calibration=2, documents=12, max_tokens=1024, row=512)
+SETTINGS = bench.Settings(steps=3, repeats=3, calibration=2, documents=12, max_tokens=1024, row=512)
 
 
 @pytest.mark.parametrize("documents,world,num_micro", [(12, 2, 3), (13, 2, 2), (32, 4, 5)])
@@ -101,3 +101,4 @@ def test_times_that_follow_a_cost_model_are_predicted_exactly():
             assert m[key] == pytest.approx(1.0, rel=1e-9)
         assert m["rank_ratio"] == pytest.approx([1.0] * SETTINGS.world)
         assert m["micro_error_max"] == pytest.approx(0.0, abs=1e-9)
+        assert m["ratio_range"] == pytest.approx([1.0, 1.0])
