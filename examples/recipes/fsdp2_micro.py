@@ -68,12 +68,17 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cu_seqlens: list[int]) -> torch.Tensor:
         qkv = self.qkv(self.norm1(x)).view(-1, 3, self.heads, self.hidden // self.heads)
-        q, k, v = qkv.permute(1, 2, 0, 3)
+        # (1, heads, T, head_dim): 4-D inputs let torch pick its fused (flash) CPU kernel,
+        # which works block by block; 3-D ones fall back to the math kernel, which
+        # materialises every document's T x T scores.
+        q, k, v = qkv.permute(1, 2, 0, 3).unsqueeze(1)
         attended = [
-            F.scaled_dot_product_attention(q[:, s:e], k[:, s:e], v[:, s:e], is_causal=True)
+            F.scaled_dot_product_attention(
+                q[..., s:e, :], k[..., s:e, :], v[..., s:e, :], is_causal=True
+            )
             for s, e in itertools.pairwise(cu_seqlens)
         ]
-        x = x + self.out(torch.cat(attended, dim=1).transpose(0, 1).reshape(-1, self.hidden))
+        x = x + self.out(torch.cat(attended, dim=2)[0].transpose(0, 1).reshape(-1, self.hidden))
         return x + self.mlp(self.norm2(x))
 
 
