@@ -12,13 +12,16 @@ on each rank's planned micro-batches, cell by cell. From those cell times ``t[r,
 * the same figures **predicted** by the fitted model ``overhead + sum(a + b·L + c·L²)`` of
   each cell, and their relative error.
 
-The model is fitted first (``benchmarks.fsdp_micro.fit``: a fixed cost per micro-batch plus
-``chronica.CostModel.fit``) on calibration micro-batches drawn apart from the plans: random
-documents of the case's lengths filled to a random share of the cap, timed the same way.
-Every method then plans with the fitted model (the peers that balance a cost get the same
-costs), so the plans are scored where they will run. Methods: chronica ``plan_step`` with
-``balance="micro"`` and ``"rank"``, verl, NeMo-RL and the lockstep LPT reference
-(``benchmarks/lockstep_peers.py``).
+The model (``benchmarks.measured_cost.fit``: a fixed cost per micro-batch and
+``chronica.CostModel``'s three terms, fitted jointly, none below zero) is fitted first to
+calibration micro-batches drawn apart from the plans (random documents of the case's
+lengths filled to a random share of the cap), and every method plans with it (the peers that
+balance a cost get the same costs). Then every cell of every plan, the calibration set again
+and chronica micro's plan a second time are timed in one shuffled order, so that a drift of
+the GPU's clocks falls on all alike; the model fitted to that pass's calibration times makes
+the prediction, and the two timings of one plan give the noise figure no prediction can
+beat. Methods: chronica ``plan_step`` with ``balance="micro"`` and ``"rank"``, verl, NeMo-RL
+and the lockstep LPT reference (``benchmarks/lockstep_peers.py``).
 
     python -m benchmarks.device.attention_cost              # a CUDA machine, < 8 minutes
     python -m benchmarks.device.attention_cost --dry-run    # CPU, tiny model, a minute
@@ -50,8 +53,8 @@ from benchmarks.device.llama import (
     parameters_millions,
     pick_attention,
 )
-from benchmarks.fsdp_micro import fit
 from benchmarks.lockstep import DATA, docs_per_rank
+from benchmarks.measured_cost import fit, lockstep, rank_step
 from benchmarks.packing import default_data_dir
 from benchmarks.packing_peers import MicroBatches
 from chronica import CostModel, Packing, plan_step
@@ -213,8 +216,8 @@ def step_figures(times: np.ndarray) -> dict[str, Any]:
     """Lockstep step, rank-sum step and per-rank sums of a ``(W, micro-batches)`` table."""
     sums = times.sum(axis=1)
     return {
-        "lockstep": float(times.max(axis=0).sum()),
-        "ranksum": float(sums.max()),
+        "lockstep": lockstep(times),
+        "ranksum": rank_step(times),
         "mean": float(sums.mean()),
         "ranks": [float(s) for s in sums],
     }
