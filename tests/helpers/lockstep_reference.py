@@ -43,6 +43,10 @@ def lockstep_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row
         cells[r][k] += costs[i]
         top[k] = max(top[k], time)
     level_steps(lengths, costs, docs, speeds, free, slots, rank, micro, row, cells)
+    order = [int(i) for i in reference.descending_order(np.asarray(costs))]
+    relieve_columns(
+        lengths, costs, docs, order, speeds, free, slots, rank, micro, row, cells, max(n, 8192)
+    )
     return rank, micro, row, cells
 
 
@@ -128,3 +132,99 @@ def level_steps(lengths, costs, docs, speeds, free, slots, rank, micro, row, cel
             members[a][k][members[a][k].index(i)] = j
             members[b][k][members[b][k].index(j)] = i
             rank[i], row[i], rank[j], row[j] = b, qb, a, qa
+
+
+def slowest(cells, speeds, k):
+    """``lockstep_relief._slowest``: micro-batch ``k``'s slowest cell, ``(rank, time, next
+    time)``: per speed class (in order of first rank), the cell of the highest (cost, rank);
+    the class top of the highest time, ties to the earlier class."""
+    classes: dict[float, list[int]] = {}
+    for r, s in enumerate(speeds):
+        classes.setdefault(s, []).append(r)
+    a, high, second = -1, -np.inf, -np.inf
+    for ranks in classes.values():
+        ladder = sorted(ranks, key=lambda r: (cells[r][k], r))
+        r = ladder[-1]
+        time = cells[r][k] / speeds[r]
+        if time > high:
+            second = max(second, high)
+            a, high = r, time
+        else:
+            second = max(second, time)
+        if len(ladder) > 1:
+            second = max(second, cells[ladder[-2]][k] / speeds[ladder[-2]])
+    return a, high, second
+
+
+def relieve_columns(
+    lengths, costs, docs, order, speeds, free, slots, rank, micro, row, cells, budget
+):
+    """``lockstep_relief.relieve_columns`` on lists (mutated in place): sweeps over the
+    micro-batches while one changes and fewer than ``budget`` candidates were looked at;
+    each trades a unit of the slowest cell for one of the 64 next-cheaper units in
+    ``order`` in another micro-batch, keyed (-gain, slack, time, micro-batch, rank)."""
+    w, n = len(speeds), len(lengths)
+    num_micro = len(cells[0]) if w else 0
+    if w < 2 or num_micro < 2 or n == 0:
+        return 0
+    units = [[[] for _ in range(num_micro)] for _ in range(w)]
+    for i in range(n):
+        units[rank[i]][micro[i]].append(i)
+    pos = {i: t for t, i in enumerate(order)}
+    top = [slowest(cells, speeds, k)[1] for k in range(num_micro)]
+    reach = max(
+        [0.0] + [top[k] * speeds[r] - cells[r][k] for k in range(num_micro) for r in range(w)]
+    )
+    trades = looks = 0
+    changed = True
+    while changed and looks < budget:
+        changed = False
+        for k in range(num_micro):
+            a, high, second = slowest(cells, speeds, k)
+            best = None
+            for i in units[a][k]:
+                qa = row[i]
+                for t in range(pos[i] + 1, min(n, pos[i] + 1 + 64)):
+                    j = order[t]
+                    d = costs[i] - costs[j]
+                    if d > reach:
+                        break
+                    looks += 1
+                    kk, b, qb = micro[j], rank[j], row[j]
+                    if d <= 0.0 or kk == k:
+                        continue
+                    time = (cells[b][kk] + d) / speeds[b]
+                    gain = high - max(second, (cells[a][k] - d) / speeds[a])
+                    if time > top[kk] or (gain == 0.0 and time >= top[kk]):
+                        continue
+                    if best is not None and gain < best[0][0] * -1:
+                        continue
+                    if (
+                        lengths[j] > free[a][k][qa] + lengths[i]
+                        or lengths[i] > free[b][kk][qb] + lengths[j]
+                        or docs[j] > slots[a][k][qa] + docs[i]
+                        or docs[i] > slots[b][kk][qb] + docs[j]
+                    ):
+                        continue
+                    key = (-gain, top[kk] - time, time, kk, b)
+                    if best is None or key < best[0]:
+                        best = (key, i, j)
+            if best is None:
+                continue
+            (_, _, _, kk, b), i, j = best
+            qa, qb = row[i], row[j]
+            d = costs[i] - costs[j]
+            cells[a][k] -= d
+            cells[b][kk] += d
+            free[a][k][qa] += lengths[i] - lengths[j]
+            free[b][kk][qb] += lengths[j] - lengths[i]
+            slots[a][k][qa] += docs[i] - docs[j]
+            slots[b][kk][qb] += docs[j] - docs[i]
+            units[a][k][units[a][k].index(i)] = j
+            units[b][kk][units[b][kk].index(j)] = i
+            rank[i], micro[i], row[i], rank[j], micro[j], row[j] = b, kk, qb, a, k, qa
+            top[k] = slowest(cells, speeds, k)[1]
+            top[kk] = slowest(cells, speeds, kk)[1]
+            trades += 1
+            changed = True
+    return trades

@@ -11,15 +11,18 @@ when it takes the document; among cells where it does not rise, the one left wit
 slack below that maximum (best fit, so that large gaps stay for large documents); ties by the
 lower time, then the lower cell (micro-batch, then rank). While as many documents are left as
 cells are empty, a document goes to an empty cell, so no cell is empty where the step has at
-least as many documents as cells. (A refinement by moves and trades was measured: it bought
-less than 0.1% of the lockstep figure for 10-50x the planning time.)
+least as many documents as cells. Then every micro-batch is leveled across the ranks
+(``level_steps``: moves and trades between its slowest and its fastest cells), and units of
+the slowest cells trade places with cheaper units of other micro-batches where those have
+slack (``chronica.core.packing.lockstep_relief``), for at most as many candidate looks as
+the step has units (and at least ``_RELIEF_LOOKS``), so the planning time stays bounded.
 
-The cells of ranks of one speed are kept, per micro-batch, sorted by cost (a "ladder"), so
-the fullest cell a document fits under the maximum is found by bisection, and so is the
-new place of a cell that took a document (the rungs it passes shift down as one block,
-not one swap at a time): a step of 16,384
-documents into 256 ranks plans in tens of milliseconds, not the seconds a scan of every cell
-per document takes.
+The cells of ranks of one speed are kept, per micro-batch, sorted by cost (a "ladder",
+``chronica.core.packing.ladder``), so the fullest cell a document fits under the maximum is
+found by bisection, and so is the new place of a cell that took a document (the rungs it
+passes shift down as one block, not one swap at a time): a step of 16,384 documents into
+256 ranks plans in tens of milliseconds, not the seconds a scan of every cell per document
+takes.
 
 Documents that fit no row make the attempt fail (``False``); ``pack_step`` then retries with
 more micro-batches. The result depends on the inputs only (deterministic on every machine).
@@ -32,11 +35,15 @@ import numpy as np
 from numba import njit
 
 from chronica.core.packing.kernels import fit_row, largest_room
+from chronica.core.packing.ladder import cell_before, climb, rung, speed_classes
+from chronica.core.packing.lockstep_relief import relieve_columns
 
 __all__ = ["level_steps", "lockstep_attempt", "speed_classes"]
 
 # Cells a slowest cell looks for a partner among, fastest first, when the fastest has no room.
 _PARTNERS = 8
+# The relief pass looks at as many candidate units as the step has, and at least this many.
+_RELIEF_LOOKS = 8192
 
 
 @njit(cache=True, nogil=True)
@@ -121,11 +128,15 @@ def lockstep_attempt(
         if count[r, k] == 0:
             empty -= 1
         count[r, k] += 1
-        rung = _rung(cells[:, k], ladder[k, level[r]], size[level[r]], r)
+        x = rung(cells[:, k], ladder[k, level[r]], size[level[r]], r)
         cells[r, k] += costs[i]
         top[k] = max(top[k], time)
-        _climb(cells[:, k], ladder[k, level[r]], size[level[r]], rung, r)
+        climb(cells[:, k], ladder[k, level[r]], size[level[r]], x, r)
     level_steps(lengths, costs, docs, speeds, free, slots, rank, micro, row, cells)
+    relieve_columns(
+        lengths, costs, docs, order, speeds, free, slots, rank, micro, row, cells,
+        max(n, _RELIEF_LOOKS),
+    )  # fmt: skip
     return True
 
 
@@ -244,89 +255,6 @@ def level_steps(
 
 
 @njit(cache=True)
-def speed_classes(speeds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Ranks grouped by equal speed: every rank's class, each class's ranks in ascending
-    order (a ``(classes, largest class)`` table) and each class's size. Classes are numbered
-    by their lowest rank.
-
-    Args:
-        speeds: ``float64`` relative speed per rank.
-
-    Example::
-
-        >>> level, members, size = speed_classes(np.array([1.0, 2.0, 1.0]))
-        >>> level.tolist(), members[0, :2].tolist(), size.tolist()
-        ([0, 1, 0], [0, 2], [2, 1])
-    """
-    w = speeds.shape[0]
-    level = np.full(w, -1, np.int64)
-    size = np.zeros(w, np.int64)
-    classes = 0
-    for r in range(w):
-        if level[r] >= 0:
-            continue
-        for x in range(r, w):
-            if level[x] < 0 and speeds[x] == speeds[r]:
-                level[x] = classes
-                size[classes] += 1
-        classes += 1
-    members = np.empty((classes, size[:classes].max()), np.int64)
-    filled = np.zeros(classes, np.int64)
-    for r in range(w):
-        members[level[r], filled[level[r]]] = r
-        filled[level[r]] += 1
-    return level, members, size[:classes].copy()
-
-
-@njit(cache=True)
-def _rung(cells: np.ndarray, ladder: np.ndarray, size: int, r: int) -> int:
-    # Rank ``r``'s place on its class's ladder, sorted by (cost, rank): the first rung not
-    # below it (bisection).
-    lo, hi = 0, size
-    while lo < hi:
-        mid = (lo + hi) // 2
-        other = ladder[mid]
-        if cells[other] < cells[r] or (cells[other] == cells[r] and other < r):
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-@njit(cache=True)
-def _climb(cells: np.ndarray, ladder: np.ndarray, size: int, x: int, r: int) -> None:
-    # Rank ``r``'s cell, on rung ``x``, grew: the rungs it now passes (bisected) shift down
-    # one and it takes its (cost, rank) place above them.
-    lo, hi = x + 1, size
-    while lo < hi:
-        mid = (lo + hi) // 2
-        other = ladder[mid]
-        if cells[other] < cells[r] or (cells[other] == cells[r] and other < r):
-            lo = mid + 1
-        else:
-            hi = mid
-    ladder[x : lo - 1] = ladder[x + 1 : lo]
-    ladder[lo - 1] = r
-
-
-@njit(cache=True)
-def _better(
-    rise: float, slack: float, time: float, k: int, r: int,
-    b_rise: float, b_slack: float, b_time: float, b_k: int, b_r: int,
-) -> bool:  # fmt: skip
-    # The greedy's order of cells: rise, slack, time, micro-batch, rank.
-    if rise != b_rise:
-        return rise < b_rise
-    if slack != b_slack:
-        return slack < b_slack
-    if time != b_time:
-        return time < b_time
-    if k != b_k:
-        return k < b_k
-    return r < b_r
-
-
-@njit(cache=True)
 def _best_cell(
     length: int,
     cost: float,
@@ -379,7 +307,7 @@ def _best_cell(
                             break
                 if q >= 0:
                     time = (value + cost) / speed
-                    if _better(0.0, top[k] - time, time, k, r,
+                    if cell_before(0.0, top[k] - time, time, k, r,
                                b_rise, b_slack, b_time, best_k, best_r):  # fmt: skip
                         best_r, best_k, best_q = r, k, q
                         b_rise, b_slack, b_time = 0.0, top[k] - time, time
@@ -397,7 +325,7 @@ def _best_cell(
                 if q >= 0:
                     time = (cells[r, k] + cost) / speeds[r]
                     rise = time - top[k]
-                    if _better(rise, 0.0, time, k, r, b_rise, b_slack, b_time, best_k, best_r):
+                    if cell_before(rise, 0.0, time, k, r, b_rise, b_slack, b_time, best_k, best_r):
                         best_r, best_k, best_q = r, k, q
                         b_rise, b_slack, b_time = rise, 0.0, time
                     break
@@ -430,7 +358,7 @@ def _best_empty_cell(
             time = (cells[r, k] + cost) / speeds[r]
             rise = max(0.0, time - top[k])
             slack = top[k] - time if rise == 0.0 else 0.0
-            if _better(rise, slack, time, k, r, b_rise, b_slack, b_time, best_k, best_r):
+            if cell_before(rise, slack, time, k, r, b_rise, b_slack, b_time, best_k, best_r):
                 best_r, best_k, best_q = r, k, q
                 b_rise, b_slack, b_time = rise, slack, time
     return best_r, best_k, best_q, b_time
