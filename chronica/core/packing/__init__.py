@@ -11,6 +11,9 @@ package's rooms, each one job:
 ``step``      ``pack_step``/``PackedStep``: one step for its ranks, the fewest micro-batches
               (``fill_empty``: no empty rank or micro-batch where units allow);
 ``lockstep``  the numba kernel of ``balance="micro"``: cells of (rank, micro-batch) in lockstep;
+``ladder``    the cells kept sorted by cost for it (find, climb, sink one cell);
+``lockstep_relief``  the pass after its greedy: one-for-one swaps that lower a micro-batch's
+              slowest cell without raising another above its own;
 ``weights``   ``micro_weights``: loss normalisation per micro-batch;
 ``epoch``     ``step_starts``, ``pack_epoch``, ``pack_steps``: steps cut from owners' streams
               and assembled into the arrays of a packed ``EpochPlan``;
