@@ -41,11 +41,11 @@ def modules(group: str) -> list[str]:
 
 def fill(timeout: float) -> list[str]:
     """Run every group's examples, one process per group at once, and wait for them;
-    returns the groups whose process failed, each with the end of its error output.
+    returns the groups whose process failed or was still running after ``timeout`` (then
+    stopped), each with the end of its error output.
 
     Args:
-        timeout: seconds to wait for each group; raises ``subprocess.TimeoutExpired``
-            after it.
+        timeout: seconds to wait for each group.
 
     Example::
 
@@ -67,7 +67,12 @@ def fill(timeout: float) -> list[str]:
             for group in GROUPS
         ]
         for proc, group in zip(procs, GROUPS, strict=True):
-            _, err = proc.communicate(timeout=timeout)
+            try:
+                _, err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+                err += f"\nstill running after {timeout:g} s"
             if proc.returncode:
                 failed.append(f"{group}: {err[-2000:]}")
     return failed
