@@ -13,6 +13,10 @@ that starts a process (``run_workers``, ``subprocess``, ``Popen``, ...). So the 
 cannot go stale as tests are added. Processes a library starts inside the test's own
 process (a data loader's workers) do not count. ``python -m pytest -q -m "not
 multiprocess"`` is the fast check; CI runs all.
+
+Under ``-n`` (xdist) the controller fills numba's cache of chronica's kernels before it
+starts the workers (``helpers/kernel_cache.py``), so that in a fresh clone the workers and
+the processes the tests start load the kernels instead of each compiling them.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
+
+import kernel_cache
+from workers import scaled
 
 settings.register_profile(
     "chronica",
@@ -92,6 +99,14 @@ def _process_starters(path: Path) -> frozenset[str]:
         starters |= more
         grew = bool(more)
     return frozenset(starters)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Only the xdist controller (a worker has ``workerinput``), only when it starts workers.
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+        return
+    for failure in kernel_cache.fill(timeout=scaled(600)):
+        print(f"numba's cache was not filled before the workers started ({failure})")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
