@@ -27,10 +27,6 @@ import tensorflow as tf
 import chronica.tf
 from chronica.runtime import auto
 
-# The trial at its shortest: no extra windows where the noise cannot tell (a bound the unit
-# tests of chronica.runtime.auto cover), so that the steps below always decide.
-auto.MAX_WINDOWS_KEPT = 2
-
 STEPS, BATCH, WORKERS = 4, 16, 2
 # mode="auto" with min_saving=0: a bucketed window, two settings searched (each beside bucketed
 # windows) and a second window of the better one: decided by step 34, whatever it measured;
@@ -313,4 +309,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # The trial at its shortest: no extra windows where the noise cannot tell (a bound the
+    # unit tests of chronica.runtime.auto cover), so that the steps below always decide. Set
+    # here, not at import: a test that imports this module must not change its process.
+    auto.MAX_WINDOWS_KEPT = 2
     main()

@@ -25,10 +25,6 @@ from torch.nn.parallel import DistributedDataParallel
 from chronica.runtime import auto
 from chronica.torch.distributed import ScheduledOptimizer
 
-# The trial at its shortest: no extra windows where the noise cannot tell (a bound the unit
-# tests of chronica.runtime.auto cover), so that the steps below always decide.
-auto.MAX_WINDOWS_KEPT = 2
-
 STEPS = 4
 
 
@@ -249,4 +245,8 @@ def main(out_path: str, timeline: str) -> None:
 
 
 if __name__ == "__main__":
+    # The trial at its shortest: no extra windows where the noise cannot tell (a bound the
+    # unit tests of chronica.runtime.auto cover), so that the steps below always decide. Set
+    # here, not at import: a test that imports this module must not change its process.
+    auto.MAX_WINDOWS_KEPT = 2
     main(sys.argv[1], sys.argv[2])
