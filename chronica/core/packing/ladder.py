@@ -126,14 +126,7 @@ def sink(cells: np.ndarray, ladder: np.ndarray, x: int, r: int) -> None:
         >>> ladder.tolist()
         [2, 0, 1]
     """
-    lo, hi = 0, x
-    while lo < hi:
-        mid = (lo + hi) // 2
-        other = ladder[mid]
-        if cells[other] < cells[r] or (cells[other] == cells[r] and other < r):
-            lo = mid + 1
-        else:
-            hi = mid
+    lo = rung(cells, ladder, x, r)
     ladder[lo + 1 : x + 1] = ladder[lo:x].copy()
     ladder[lo] = r
 
