@@ -196,13 +196,12 @@ def calibration_batches(
 
 def plan(key: str, lengths: np.ndarray, model: CostModel, w: int, cap: int) -> MicroBatches:
     """Method ``key``'s micro-batches of one step, planned with ``model``."""
-    costs = model(lengths)
     if key in ("micro", "rank"):
         step = plan_step(lengths, w, Packing(max_tokens=cap, balance=key), cost=model)
         return MicroBatches(step.rank, step.micro, step.num_micro, lengths.astype(np.float64))
     if key == "nemo_rl":
         return peers.nemo_rl(lengths, w, cap)
-    return getattr(peers, key)(lengths, costs, w, cap)
+    return getattr(peers, key)(lengths, model(lengths), w, cap)  # verl, lpt: by cost
 
 
 def cells(mb: MicroBatches, lengths: np.ndarray, w: int) -> list[list[np.ndarray]]:
