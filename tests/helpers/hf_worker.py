@@ -26,6 +26,8 @@ order the training code received them:
   ``StreamingDataset`` under accelerate's default for iterable data sets
   (``dispatch_batches=True``); ``stream``: the micro-batches (step, micro-batch, count,
   sample ids) of the same loader prepared with ``dispatch_batches=False``;
+* ``streamed``: ``stream_trainer.run`` (``chronica.torch.hf.Trainer`` on a stream of
+  parquet shards: uninterrupted, stopped mid-window with a checkpoint, resumed from it);
 * ``sizes`` (of the samples) and ``stop``.
 """
 
@@ -39,6 +41,7 @@ import warnings
 import datasets
 import numpy as np
 import packed_trainer
+import stream_trainer
 import torch
 import transformers
 from accelerate import Accelerator, DataLoaderConfiguration
@@ -199,6 +202,9 @@ def main(out_path: str, folder: str) -> None:
         for b in prepare(streaming, stream_loader())
     ]
     results["stream_samples"] = int(make_source().offsets[-1])
+    results["streamed"] = stream_trainer.run(
+        os.path.join(folder, "streamed"), accelerator.process_index
+    )
     with open(out_path, "w") as f:
         json.dump(results, f)
 

@@ -16,11 +16,15 @@ TRL's) train on a ``DistributedSampler`` built from the training arguments: the 
 sizes from the data set's ``length_column_name`` column when it has one. The Trainer's own
 checkpoints resume it exactly: ``resume_from_checkpoint`` skips the epoch's trained batches
 of the same plan. With ``packing`` in ``scheduling`` it trains on packed micro-batches, one
-Trainer batch per step (``chronica.adapters.torch.hf_packed``).
+Trainer batch per step (``chronica.adapters.torch.hf_packed``); a ``StreamingDataset`` as
+``train_dataset`` trains the same way, step by step of the stream, its position saved in
+the Trainer's checkpoints (``chronica.adapters.torch.hf_stream``).
 """
 
 from __future__ import annotations
 
+import os
+import time
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -154,6 +158,13 @@ class TrainerMixin:
     the last built training loader is ``train_sampler``. ``train_sampling_strategy`` is
     replaced (a warning says so when it was set).
 
+    A ``chronica.torch.StreamingDataset`` as ``train_dataset`` (with ``max_steps``, no
+    ``scheduling``, ``gradient_accumulation_steps=1``, ``dataloader_num_workers=0``) trains
+    one whole step of the stream per Trainer batch: every rank the same micro-batches
+    count, the update the gradient of the step's global mean loss over its loss-bearing
+    tokens, and a run resumed from one of the Trainer's checkpoints continues the stream
+    where it stopped (bitwise the same run for the same world size).
+
     Args:
         args: the ``transformers.Trainer``'s positional arguments.
         scheduling: the sampler's other arguments: ``sizes``, ``labels``, ``partitions``,
@@ -181,6 +192,8 @@ class TrainerMixin:
             )
         self.scheduling = options
         self.train_sampler: DistributedSampler | DistributedBatchSampler | None = None
+        self._stream_steps: Any = None  # the loader's StreamSteps over a StreamingDataset
+        self._stream_trained: int | None = None  # the stream's step trained last
         super().__init__(*args, **kwargs)
 
     def _sampler_arguments(self, dataset: Any) -> dict[str, Any]:
@@ -228,15 +241,13 @@ class TrainerMixin:
 
     def get_train_dataloader(self) -> Any:
         """The Trainer's training loader, passed through ``unshard``; with ``packing`` in
-        ``scheduling``, a loader of whole packed steps (``hf_packed.PackedSteps``). A
-        ``StreamingDataset`` is refused, naming what trains one."""
+        ``scheduling``, a loader of whole packed steps (``hf_packed.PackedSteps``); over a
+        ``StreamingDataset``, a loader of the stream's whole steps
+        (``hf_stream.StreamSteps``), after refusing (``ValueError``) what a stream cannot
+        honour: ``scheduling=``, no ``max_steps``, ``gradient_accumulation_steps != 1``,
+        worker processes, ``dispatch_batches=True``."""
         if isinstance(self.train_dataset, StreamingDataset):
-            raise ValueError(
-                "chronica.torch.hf.Trainer plans map-style data sets; a StreamingDataset "
-                "already yields this rank's packed micro-batches, a varying number per step: "
-                "train it with accelerate in a loop of your own (chronica.torch.hf.prepare) or "
-                "with Lightning (docs/integrations-hf.md, docs/integrations-lightning.md)"
-            )
+            return self._stream_loader(self.train_dataset)
         if "packing" not in self.scheduling:
             return unshard(super().get_train_dataloader())  # type: ignore[misc]
         from chronica.adapters.torch.hf_packed import PackedSteps, collate_steps
@@ -263,26 +274,116 @@ class TrainerMixin:
             num_workers=self.args.dataloader_num_workers,
         )
 
+    def _stream_loader(self, stream: StreamingDataset) -> Any:
+        """A loader of the stream's whole steps (``hf_stream.StreamSteps``), after refusing
+        the training arguments a stream cannot honour."""
+        from chronica.adapters.torch.hf_stream import StreamSteps
+
+        args = self.args
+        refused = {
+            "scheduling=": (
+                bool(self.scheduling),
+                "a StreamingDataset carries its own plan (packing, batch_size, kind...): "
+                "give it to the StreamingDataset and leave scheduling= out",
+            ),
+            "max_steps": (
+                args.max_steps <= 0,
+                "a stream has no length: set TrainingArguments(max_steps=...), the "
+                "optimizer steps to train (a pass ends, the next one starts)",
+            ),
+            "gradient_accumulation_steps": (
+                args.gradient_accumulation_steps != 1,
+                "every Trainer batch is one whole step of the stream (its micro-batches are "
+                "accumulated inside it): use gradient_accumulation_steps=1",
+            ),
+            "dataloader_num_workers": (
+                args.dataloader_num_workers != 0,
+                "a StreamingDataset reads ahead in a thread of its own, and each worker "
+                "process would read the whole stream: use dataloader_num_workers=0",
+            ),
+            "dispatch_batches": (
+                getattr(args.accelerator_config, "dispatch_batches", None) is True,
+                "every rank reads its own lanes of the stream; rank 0 cannot read for the "
+                "others: leave accelerator_config's dispatch_batches unset or False",
+            ),
+        }
+        for name, (wrong, fix) in refused.items():
+            if wrong:
+                raise ValueError(f"chronica.torch.hf.Trainer on a StreamingDataset: {name}: {fix}")
+        self._stream_steps, self._stream_trained = StreamSteps(stream), None
+        return torch.utils.data.DataLoader(self._stream_steps, batch_size=None)
+
     def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         """transformers' training step; a packed step (a list of micro-batches) runs every
-        micro-batch's forward and backward (``hf_packed.packed_step_loss``)."""
+        micro-batch's forward and backward (``hf_packed.packed_step_loss``), its loss
+        normalised over the whole step on every rank (``hf_packed.step_norms`` from the
+        plan, or ``hf_stream.stream_step_norms`` by one all-reduce for a stream). A
+        stream's step time is reported to it (``StreamingDataset.report``: used by
+        ``kind="dynamic"``)."""
         if not isinstance(inputs, list):
             return super().training_step(model, inputs, *args, **kwargs)  # type: ignore[misc]
         from chronica.adapters.torch.hf_packed import packed_step_loss, step_norms
 
         model.train()
-        sampler = self.train_sampler
-        assert isinstance(sampler, DistributedBatchSampler)
         accelerator = self.accelerator  # type: ignore[attr-defined]
-        return packed_step_loss(
+        device = self.args.device
+        stream = self.train_dataset if isinstance(self.train_dataset, StreamingDataset) else None
+        if stream is None:
+            sampler = self.train_sampler
+            assert isinstance(sampler, DistributedBatchSampler)
+            norms, world = step_norms(sampler, inputs[0]["step"]), sampler.num_replicas
+        else:
+            from chronica.adapters.torch.hf_stream import stream_step_norms
+
+            loss = stream.engine.packing.loss
+            norms = stream_step_norms(inputs, loss, lambda t: accelerator.reduce(t, "sum"), device)
+            world = accelerator.num_processes
+            started = time.perf_counter()
+        total = packed_step_loss(
             model,
             inputs,
-            step_norms(sampler, inputs[0]["step"]),
-            sampler.num_replicas,
+            norms,
+            world,
             accelerator.backward,
             lambda: accelerator.no_sync(model),
-            self.args.device,
+            device,
         )
+        if stream is not None:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            stream.report(time.perf_counter() - started, inputs[0]["step"])
+            self._stream_trained = int(inputs[0]["step"])
+        return total
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """transformers' ``train``; on a ``StreamingDataset``, its planning thread is
+        stopped afterwards on every rank (``StreamingDataset.close``: a later ``train``
+        continues from the last step trained)."""
+        output = super().train(*args, **kwargs)  # type: ignore[misc]
+        if isinstance(self.train_dataset, StreamingDataset):
+            self.train_dataset.close()
+        return output
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """transformers' checkpoint, plus a stream's position at the last step trained
+        (``hf_stream.save_stream_state``) in the checkpoint folder."""
+        super()._save_checkpoint(model, trial)  # type: ignore[misc]
+        steps = getattr(self, "_stream_steps", None)
+        if not isinstance(self.train_dataset, StreamingDataset) or steps is None:
+            return
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        from chronica.adapters.torch.hf_stream import save_stream_state
+
+        if steps.step != self._stream_trained:
+            raise RuntimeError(
+                f"the stream's loader read step {steps.step} but step "
+                f"{self._stream_trained} was trained last: a loader that reads ahead "
+                "cannot save the stream's position; train on get_train_dataloader()'s loader"
+            )
+        folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"  # type: ignore[attr-defined]
+        output = os.path.join(self._get_output_dir(trial=trial), folder)  # type: ignore[attr-defined]
+        save_stream_state(self.train_dataset, output, self.args.process_index)
 
     def _run_epoch(self, *args: Any, **kwargs: Any) -> Any:
         """transformers' one pass over the training loader (``epoch``, ``train_dataloader``
@@ -293,6 +394,15 @@ class TrainerMixin:
         epoch = kwargs.get("epoch")
         if sampler is not None and isinstance(epoch, int):
             sampler.set_epoch(epoch)
+        checkpoint = kwargs.get("resume_from_checkpoint")
+        stream = self.train_dataset
+        if isinstance(stream, StreamingDataset) and checkpoint is not None:
+            if epoch == kwargs.get("epochs_trained"):
+                # The stream resumes at its own saved position: nothing to skip.
+                from chronica.adapters.torch.hf_stream import load_stream_state
+
+                load_stream_state(stream, checkpoint, self.args.process_index)
+                kwargs["steps_trained_in_current_epoch"] = 0
         return super()._run_epoch(*args, **kwargs)  # type: ignore[misc]
 
 

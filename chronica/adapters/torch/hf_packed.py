@@ -28,7 +28,7 @@ from chronica.adapters.torch.data import DistributedBatchSampler
 from chronica.adapters.torch.packed import PackedIndex, collate_packed
 from chronica.runtime.micro import planned_micro_batches
 
-__all__ = ["PackedSteps", "collate_steps", "packed_step_loss", "step_norms"]
+__all__ = ["PackedSteps", "collate_steps", "normalisers", "packed_step_loss", "step_norms"]
 
 
 class PackedSteps(Sampler[list[int]]):
@@ -105,14 +105,36 @@ def _norms(plan: Any, step: int, loss: str) -> tuple[float, dict[int, float]]:
             pieces += [
                 (int(d), int(n)) for d, n in zip(micro.indices, micro.lengths, strict=True) if n > 1
             ]
-    if loss == "token":
-        norms: tuple[float, dict[int, float]] = (1.0 / max(1, sum(n - 1 for _, n in pieces)), {})
-    else:
-        norms = (1.0 / max(1, len(pieces)), {d: 1.0 / (n - 1) for d, n in pieces})
+    norms = normalisers(pieces, loss)
     if len(_NORMS) > 1024:
         _NORMS.clear()
     _NORMS[key] = (plan, norms)
     return norms
+
+
+def normalisers(
+    pieces: Sequence[tuple[int, int]], loss: str, totals: tuple[int, int] | None = None
+) -> tuple[float, dict[int, float]]:
+    """``(scale, per_document)`` of one step (see ``step_norms``) from its ``pieces``: the
+    ``(document, tokens)`` of every piece of a document the step trains with more than one
+    token (a causal model predicts ``tokens - 1`` of them: the loss-bearing tokens, those
+    whose label is not -100).
+
+    Args:
+        pieces: the step's pieces, on every rank, or on this rank only with ``totals``.
+        loss: ``Packing.loss``: ``"sample"`` weighs documents equally, else tokens.
+        totals: ``(predicted tokens, documents)`` of the whole step on every rank when
+            ``pieces`` are this rank's only (``None``: counted from ``pieces``).
+
+    Example::
+
+        >>> normalisers([(0, 3), (1, 5)], "token")
+        (0.16666666666666666, {})
+    """
+    tokens, documents = (sum(n - 1 for _, n in pieces), len(pieces)) if totals is None else totals
+    if loss == "sample":
+        return 1.0 / max(1, documents), {d: 1.0 / (n - 1) for d, n in pieces}
+    return 1.0 / max(1, tokens), {}
 
 
 def step_norms(sampler: DistributedBatchSampler, step: int) -> tuple[float, dict[int, float]]:

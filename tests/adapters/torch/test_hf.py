@@ -4,8 +4,9 @@ A real 2-process job (``tests/helpers/hf_worker.py``, torchrun's variables, gloo
 checks what the training code received: the errors of a second sharding, exactly-once
 coverage and new orders per epoch through ``chronica.torch.hf.prepare`` and ``Trainer``, the
 planned (balanced) batches, accelerate's ``skip_first_batches`` and the Trainer's
-``resume_from_checkpoint`` continuing exactly mid-epoch. In-process tests cover sizes read
-from Arrow columns and ``StatefulDataLoader``.
+``resume_from_checkpoint`` continuing exactly mid-epoch, and the Trainer on a
+``StreamingDataset`` (the step's global loss, resumed bitwise mid-window). In-process tests
+cover sizes read from Arrow columns and ``StatefulDataLoader``.
 """
 
 from __future__ import annotations
@@ -76,6 +77,31 @@ def test_packed_trainer_on_2_processes_trains_every_document_once_with_the_unpac
     from packed_trainer import DOCUMENTS, EPOCHS
 
     assert_packed_steps([result["packed"] for result in job], DOCUMENTS, EPOCHS)
+
+
+def test_trainer_trains_a_stream_with_the_global_loss_and_resumes_it_bitwise(job):
+    from stream_trainer import MAX_STEPS, STOP
+
+    runs = [result["streamed"] for result in job]
+    lengths = runs[0]["lengths"]
+    full = [run["full"]["steps"] for run in runs]
+    assert [[s[1] for s in steps] for steps in full] == [list(range(MAX_STEPS))] * WORLD
+    for steps in zip(*full, strict=True):  # one step on every rank
+        assert len({s[3] for s in steps}) == 1  # the same micro-batch count on every rank
+        assert all(s[4] == s[3] for s in steps)  # all of them in the Trainer's batch
+        predicted = sum(lengths[d] - 1 for s in steps for d in s[2])
+        for _, _, _, _, _, packed, reference, scale in steps:
+            assert scale == 1.0 / predicted  # the step's loss-bearing tokens on every rank
+            assert abs(packed - reference) <= 1e-5 * max(1.0, abs(reference))
+    first_pass = sorted(d for steps in full for s in steps if s[0] == 0 for d in s[2])
+    assert first_pass == list(range(len(lengths)))  # every document once
+    assert {s[0] for s in full[0]} == {0, 1}  # max_steps runs into the second pass
+    for run in runs:  # stopped mid-window (2 steps a window), resumed by a new Trainer
+        stopped, resumed = run["stopped"]["steps"], run["resumed"]["steps"]
+        assert len(stopped) == STOP and STOP % 2 == 1
+        assert [s[:3] for s in stopped + resumed] == [s[:3] for s in run["full"]["steps"]]
+        assert run["resumed"]["params"] == run["full"]["params"] != run["stopped"]["params"]
+    assert runs[0]["full"]["params"] == runs[1]["full"]["params"]
 
 
 def test_hf_second_sharding_fails_loudly(job):
@@ -284,12 +310,29 @@ def test_trainer_builds_the_sampler_from_its_arguments(tmp_path):
     from chronica.torch import StreamingDataset
 
     stream = StreamingDataset(make_source(), Packing(max_tokens=1024), batch_size=12)
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path), max_steps=3, use_cpu=True, report_to=[]
-    )  # transformers needs max_steps for a data set without len
-    streamed = Trainer(model=model, args=args, train_dataset=stream)
-    with pytest.raises(ValueError, match=r"a StreamingDataset .*chronica.torch.hf.prepare"):
-        streamed.get_train_dataloader()
+
+    def streamed(scheduling=None, **options):
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path), use_cpu=True, report_to=[], **options
+        )
+        return Trainer(model=model, args=args, train_dataset=stream, scheduling=scheduling)
+
+    with pytest.raises(ValueError, match="max_steps"):
+        streamed()  # a stream has no length
+    refused = {
+        "scheduling=": streamed({"cost": "linear"}, max_steps=3),
+        "gradient_accumulation_steps": streamed(max_steps=3, gradient_accumulation_steps=2),
+        "dataloader_num_workers": streamed(max_steps=3, dataloader_num_workers=2),
+        "dispatch_batches": streamed(max_steps=3, accelerator_config={"dispatch_batches": True}),
+    }
+    for name, trainer in refused.items():
+        with pytest.raises(ValueError, match=f"StreamingDataset: {name}: "):
+            trainer.get_train_dataloader()
+    steps = list(streamed(max_steps=3).get_train_dataloader())
+    assert [[m["micro"] for m in step] for step in steps] == [
+        list(range(step[0]["num_micro"])) for step in steps
+    ]
+    assert len({step[0]["step"] for step in steps}) == len(steps) > 2  # one step per item
 
 
 def test_packed_trainer_trains_every_document_once_with_the_unpacked_loss(tmp_path):
