@@ -21,6 +21,12 @@ to argv[1] as JSON the batches every training step received, for each scenario:
   (``DataLoader(stream, batch_size=None)``, Lightning's defaults), one pass, trained by the
   same module: the same records per micro-batch as ``packed``, and ``stream_samples`` (the
   source's sample count);
+* ``stream_stopped`` and ``stream_resumed``: the same stream in a ``StatefulDataLoader``,
+  trained one whole step per ``training_step(dataloader_iter)`` (``StepModel``), stopped
+  by ``max_steps`` at ``STREAM_STOP`` with a ``ModelCheckpoint`` there, then a new
+  Trainer, model and stream resumed from that checkpoint (``fit(ckpt_path=...)``): their
+  micro-batches as ``stream`` records them, and ``stream_params`` (the final parameters
+  of ``stream`` and of ``stream_resumed``);
 * ``refused``: the message of the error a ``DistributedBatchSampler`` under Lightning's
   default ``use_distributed_sampler=True`` raises;
 * ``sizes`` (of the samples) and ``stop`` (the global step the stopped run ended at).
@@ -57,6 +63,7 @@ SIZES = np.random.default_rng(0).lognormal(3, 1, N).round() + 1
 DOCUMENTS, DOCUMENTS_PER_STEP, PACKED_EPOCHS = 200, 20, 3
 LENGTHS = np.random.default_rng(0).integers(5, 120, size=DOCUMENTS)
 PACKING = Packing(max_tokens=256)
+STREAM_STOP = 3  # optimizer steps; the stream plans 2 steps a window: mid-window
 
 
 class Clips(Dataset):
@@ -114,6 +121,7 @@ class PackedModel(L.LightningModule):
     def __init__(self, make_loader, epochs):
         super().__init__()
         self.automatic_optimization = False
+        torch.manual_seed(0)  # the same start in every run
         self.embedding = torch.nn.Embedding(64, 1)
         self.make_loader = make_loader
         self.seen: list[list] = []
@@ -143,6 +151,24 @@ class PackedModel(L.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class StepModel(PackedModel):
+    """``PackedModel`` taking one whole step of the stream per ``training_step``, from
+    ``dataloader_iter``: Lightning then reads no micro-batch ahead, so the stream's state
+    in its checkpoints is the one after the last step trained. ``stream`` is the stream
+    of the last loader built."""
+
+    def train_dataloader(self):
+        self.stream = self.make_loader()
+        return StatefulDataLoader(self.stream, batch_size=None)
+
+    def training_step(self, dataloader_iter):
+        while True:
+            batch, batch_idx, _ = next(dataloader_iter)
+            super().training_step(batch, batch_idx)
+            if batch["last"]:
+                return
 
 
 def trainer(**kwargs) -> L.Trainer:
@@ -214,15 +240,30 @@ def main(out_path: str, folder: str) -> None:
     results["packed_plan"] = counts
 
     def stream():  # built in train_dataloader, where the process group exists
-        dataset = StreamingDataset(make_source(high=256), PACKING, batch_size=DOCUMENTS_PER_STEP)
-        return DataLoader(dataset, batch_size=None)
+        return StreamingDataset(make_source(high=256), PACKING, batch_size=DOCUMENTS_PER_STEP)
 
-    streamed = PackedModel(stream, 1)
+    streamed = PackedModel(lambda: DataLoader(stream(), batch_size=None), 1)
     trainer(max_epochs=1).fit(streamed)
     results["stream"], results["stream_samples"] = (
         streamed.seen,
         int(make_source(high=256).offsets[-1]),
     )
+    stream_folder = os.path.join(folder, "stream")
+    checkpoint = ModelCheckpoint(
+        dirpath=stream_folder, every_n_train_steps=STREAM_STOP, save_top_k=-1
+    )
+    stopped = StepModel(stream, 1)
+    trainer(
+        max_epochs=1, max_steps=STREAM_STOP, enable_checkpointing=True, callbacks=[checkpoint]
+    ).fit(stopped)
+    stopped.stream.close()  # the pass is unfinished: stop its planning thread on every rank
+    (saved,) = glob.glob(os.path.join(stream_folder, "*.ckpt"))
+    resumed = StepModel(stream, 1)
+    trainer(max_epochs=1).fit(resumed, ckpt_path=saved)
+    results["stream_stopped"], results["stream_resumed"] = stopped.seen, resumed.seen
+    results["stream_params"] = [
+        model.embedding.weight.detach().flatten().tolist() for model in (streamed, resumed)
+    ]
 
     try:
         fit(batches)

@@ -3,8 +3,9 @@
 One real job (``tests/helpers/lightning_worker.py``) runs every scenario; the tests below
 check what its training steps received: exactly-once coverage per epoch, a new order each
 epoch, the batches chronica planned (so the planned balance), an exact mid-epoch resume
-through Lightning's own checkpoint of a ``StatefulDataLoader``, and the error a batch
-sampler gets under Lightning's default ``use_distributed_sampler=True``.
+through Lightning's own checkpoint of a ``StatefulDataLoader`` (over a sampler, and over
+a stream, bitwise), and the error a batch sampler gets under Lightning's default
+``use_distributed_sampler=True``.
 """
 
 from __future__ import annotations
@@ -89,3 +90,12 @@ def test_a_streamed_dataset_trains_every_sample_once_in_equal_micro_batch_counts
     assert len(seen[0]) == len(seen[1]) > 2  # no rank waits at a collective for another
     assert [last for _, _, last, *_ in seen[0]] == [last for _, _, last, *_ in seen[1]]
     assert all(tokens <= 256 for rank in seen for *_, tokens in rank)
+
+
+def test_a_stream_resumed_from_a_lightning_checkpoint_continues_exactly(job):
+    for result in job:
+        stopped, resumed = result["stream_stopped"], result["stream_resumed"]
+        assert sum(last for _, _, last, *_ in stopped) == 3  # STREAM_STOP steps, mid-window
+        assert stopped + resumed == result["stream"]  # the uninterrupted pass's micro-batches
+        whole, continued = result["stream_params"]
+        assert continued == whole  # bitwise: JSON keeps every float32 exactly
