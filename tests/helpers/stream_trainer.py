@@ -2,11 +2,12 @@
 here: a tiny config-built causal language model (``packed_trainer.model``) trained for
 ``MAX_STEPS`` optimizer steps (more than one pass), once uninterrupted and once stopped at
 ``STOP`` (mid-window) with a checkpoint, then resumed from it by a new Trainer and a new
-stream, for test_hf (the 2-process job).
+stream, and once on a ``kind="dynamic"`` stream, for test_hf (the 2-process job).
 
 ``run`` returns, per run, every step's ``[pass, step, documents, micro-batches promised,
-micro-batches received, packed loss share, unpacked reference share, scale]`` and a digest
-of the final parameters, and the documents' lengths by global id.
+micro-batches received, packed loss share, unpacked reference share (uninterrupted run
+only), scale]``, a digest of the final parameters and the stream's final speeds, and the
+documents' lengths by global id.
 """
 
 from __future__ import annotations
@@ -46,11 +47,12 @@ def write(folder: str) -> list[str]:
 
 class Recording(Trainer):
     """Records every step (see the module docstring); the reference runs each document
-    alone, unpacked, with the step's normaliser."""
+    alone, unpacked, with the step's normaliser (with ``check``; else it is 0)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, check: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.steps: list[list] = []
+        self.check = check
 
     def training_step(self, model, inputs, *args, **kwargs):
         from chronica.adapters.torch.hf_stream import stream_step_norms
@@ -61,7 +63,7 @@ class Recording(Trainer):
         docs = [int(d) for micro in inputs for d in micro["indices"]]
         with torch.no_grad():
             reference = 0.0
-            for d in docs:
+            for d in docs if self.check else ():
                 ids = torch.tensor(TOKENS[d])[None]
                 logits = model(input_ids=ids).logits[0, :-1]
                 losses = torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum")
@@ -75,8 +77,11 @@ class Recording(Trainer):
         return loss
 
 
-def train(files: list[str], folder: str, resume: bool = False, **options) -> dict:
-    """One Trainer run on a new stream; its steps and final parameters' digest."""
+def train(
+    files: list[str], folder: str, resume: bool = False, kind: str = "static", **options
+) -> dict:
+    """One Trainer run on a new ``kind`` stream: its steps, its final parameters' digest,
+    the stream's speeds at the end (``kind="dynamic"``: fitted from the reported times)."""
     args = transformers.TrainingArguments(
         output_dir=folder,
         max_steps=options.pop("max_steps", MAX_STEPS),
@@ -92,14 +97,16 @@ def train(files: list[str], folder: str, resume: bool = False, **options) -> dic
     )
     stream = StreamingDataset(
         ParquetSource(files, length="input_ids"), PACKING, batch_size=PER_STEP,
-        window_steps=2, buffer_size=4, seed=5,
+        window_steps=2, buffer_size=4, seed=5, kind=kind,
     )  # fmt: skip
-    trainer = Recording(model=model(), args=args, train_dataset=stream)
+    check = kind == "static" and not resume and args.max_steps == MAX_STEPS
+    trainer = Recording(model=model(), args=args, train_dataset=stream, check=check)
     trainer.train(resume_from_checkpoint=True if resume else None)
     digest = hashlib.sha256()
     for tensor in trainer.model.state_dict().values():
         digest.update(tensor.detach().cpu().numpy().tobytes())
-    return {"steps": trainer.steps, "params": digest.hexdigest()}
+    speeds = stream.state_dict()["speeds"]
+    return {"steps": trainer.steps, "params": digest.hexdigest(), "speeds": speeds}
 
 
 def run(folder: str, rank: int) -> dict:
@@ -110,5 +117,6 @@ def run(folder: str, rank: int) -> dict:
         "full": train(files, os.path.join(folder, "full")),
         "stopped": train(files, cut, max_steps=STOP, save_strategy="steps", save_steps=STOP),
         "resumed": train(files, cut, resume=True),
+        "dynamic": train(files, os.path.join(folder, "dynamic"), kind="dynamic"),
         "lengths": LENGTHS.tolist(),
     }

@@ -39,6 +39,7 @@ from chronica.adapters.torch.data import (
 )
 from chronica.adapters.torch.packed import PackedDataset
 from chronica.adapters.torch.streaming import StreamingDataset
+from chronica.core.modes import DYNAMIC
 
 __all__ = ["Trainer", "TrainerMixin", "prepare", "unshard"]
 
@@ -194,6 +195,7 @@ class TrainerMixin:
         self.train_sampler: DistributedSampler | DistributedBatchSampler | None = None
         self._stream_steps: Any = None  # the loader's StreamSteps over a StreamingDataset
         self._stream_trained: int | None = None  # the stream's step trained last
+        self._stream_timed: Any = None  # the DDP model a ComputeTimer times for the stream
         super().__init__(*args, **kwargs)
 
     def _sampler_arguments(self, dataset: Any) -> dict[str, Any]:
@@ -319,7 +321,7 @@ class TrainerMixin:
         normalised over the whole step on every rank (``hf_packed.step_norms`` from the
         plan, or ``hf_stream.stream_step_norms`` by one all-reduce for a stream). A
         stream's step time is reported to it (``StreamingDataset.report``: used by
-        ``kind="dynamic"``)."""
+        ``kind="dynamic"``; on a DDP model, by a ``ComputeTimer``)."""
         if not isinstance(inputs, list):
             return super().training_step(model, inputs, *args, **kwargs)  # type: ignore[misc]
         from chronica.adapters.torch.hf_packed import packed_step_loss, step_norms
@@ -338,6 +340,7 @@ class TrainerMixin:
             loss = stream.engine.packing.loss
             norms = stream_step_norms(inputs, loss, lambda t: accelerator.reduce(t, "sum"), device)
             world = accelerator.num_processes
+            timed = self._stream_timer(model, stream)
             started = time.perf_counter()
         total = packed_step_loss(
             model,
@@ -349,11 +352,29 @@ class TrainerMixin:
             device,
         )
         if stream is not None:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            stream.report(time.perf_counter() - started, inputs[0]["step"])
+            if not timed:  # one process: the step's time is its own compute
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                stream.report(time.perf_counter() - started, inputs[0]["step"])
             self._stream_trained = int(inputs[0]["step"])
         return total
+
+    def _stream_timer(self, model: Any, stream: StreamingDataset) -> bool:
+        """Whether a ``ComputeTimer`` on the DDP ``model`` reports a ``kind="dynamic"``
+        stream's step times (this rank's forward and backward, none of the waiting at the
+        gradient all-reduce); made on first use for each model."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        if stream.engine.config.mode is not DYNAMIC:
+            return False
+        if not isinstance(model, DistributedDataParallel):
+            return False
+        if self._stream_timed is not model:
+            from chronica.adapters.torch.feedback import ComputeTimer
+
+            ComputeTimer(model, stream)
+            self._stream_timed = model
+        return True
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         """transformers' ``train``; on a ``StreamingDataset``, its planning thread is

@@ -102,6 +102,14 @@ def test_trainer_trains_a_stream_with_the_global_loss_and_resumes_it_bitwise(job
         assert [s[:3] for s in stopped + resumed] == [s[:3] for s in run["full"]["steps"]]
         assert run["resumed"]["params"] == run["full"]["params"] != run["stopped"]["params"]
     assert runs[0]["full"]["params"] == runs[1]["full"]["params"]
+    dynamic = [run["dynamic"]["steps"] for run in runs]  # kind="dynamic": the same promises
+    assert [[s[1] for s in steps] for steps in dynamic] == [list(range(MAX_STEPS))] * WORLD
+    for steps in zip(*dynamic, strict=True):
+        assert len({s[3] for s in steps}) == 1 and all(s[4] == s[3] for s in steps)
+    first_pass = sorted(d for steps in dynamic for s in steps if s[0] == 0 for d in s[2])
+    assert first_pass == list(range(len(lengths)))
+    speeds = [run["dynamic"]["speeds"] for run in runs]  # fitted from the reported times
+    assert speeds[0] == speeds[1] and len(speeds[0]) == WORLD
 
 
 def test_hf_second_sharding_fails_loudly(job):
