@@ -389,7 +389,7 @@ class TrainerMixin:
         """transformers' checkpoint, plus a stream's position at the last step trained
         (``hf_stream.save_stream_state``) in the checkpoint folder."""
         super()._save_checkpoint(model, trial)  # type: ignore[misc]
-        steps = getattr(self, "_stream_steps", None)
+        steps = self._stream_steps
         if not isinstance(self.train_dataset, StreamingDataset) or steps is None:
             return
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -410,7 +410,9 @@ class TrainerMixin:
         """transformers' one pass over the training loader (``epoch``, ``train_dataloader``
         by keyword), after selecting the epoch on a chronica sampler found in that loader:
         also one that a ``get_train_dataloader`` of your own built, which transformers
-        cannot reach (a plain ``DataLoader`` has no ``set_epoch``)."""
+        cannot reach (a plain ``DataLoader`` has no ``set_epoch``). Resuming a
+        ``StreamingDataset`` (``resume_from_checkpoint``), its first pass loads the stream's
+        saved position (``hf_stream.load_stream_state``) and skips no batch."""
         sampler = _chronica_sampler(kwargs.get("train_dataloader"))
         epoch = kwargs.get("epoch")
         if sampler is not None and isinstance(epoch, int):

@@ -361,3 +361,46 @@ def assert_packed_steps(ranks: list[list[list]], documents: int, epochs: int) ->
     for steps in ranks:
         for _, _, _, packed, reference in steps:
             assert abs(packed - reference) <= 1e-5 * max(1.0, abs(reference))
+
+
+def test_a_streamed_step_is_normalised_over_every_rank_and_its_position_saved(tmp_path):
+    from stream_source import make_source
+
+    from chronica import Packing
+    from chronica.adapters.torch.hf_stream import (
+        StreamSteps,
+        load_stream_state,
+        save_stream_state,
+        stream_step_norms,
+    )
+    from chronica.torch import StreamingDataset
+
+    def stream():
+        return StreamingDataset(make_source(), Packing(max_tokens=1024), batch_size=12)
+
+    first = stream()
+    step = next(iter(StreamSteps(first)))
+    pieces = [
+        (d, n)
+        for micro in step
+        for d, n in zip(
+            micro["indices"].tolist(), torch.diff(micro["cu_seqlens"]).tolist(), strict=True
+        )
+    ]
+    assert all(n > 1 for _, n in pieces)
+
+    def twice(counts):  # the sum over two ranks, as if the other held as much
+        return counts * 2
+
+    assert stream_step_norms(step, "token", twice) == (1 / (2 * sum(n - 1 for _, n in pieces)), {})
+    scale, per_document = stream_step_norms(step, "sample", twice)
+    assert scale == 1 / (2 * len(pieces))
+    assert per_document == {d: 1 / (n - 1) for d, n in pieces}
+    with pytest.raises(ValueError, match=r"chronica_stream_0\.json is missing"):
+        load_stream_state(first, str(tmp_path), 0)
+    save_stream_state(first, str(tmp_path), 0)
+    first.close()
+    again = stream()
+    load_stream_state(again, str(tmp_path), 0)
+    whole = [s[0]["step"] for s in StreamSteps(stream())]
+    assert [s[0]["step"] for s in StreamSteps(again)] == whole[1:]
