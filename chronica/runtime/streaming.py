@@ -50,9 +50,11 @@ from chronica.runtime.streaming_lane import ReadingLane
 from chronica.runtime.streaming_records import RecordTable
 from chronica.runtime.streaming_speeds import StreamSpeeds
 
-__all__ = ["StreamMicroBatch", "StreamStats", "StreamingEngine"]
+__all__ = ["CPU_PARTS", "StreamMicroBatch", "StreamStats", "StreamingEngine"]
 
 _END = object()
+# The parts of the planning thread's CPU time (``StreamStats.cpu``).
+CPU_PARTS = ("reading", "shuffling", "exchanging", "planning", "assembling")
 
 
 @dataclass(frozen=True, repr=False)
@@ -99,7 +101,10 @@ class StreamStats:
     sent to other ranks by the all-to-all), ``rows_fetched`` (records read by index instead),
     seconds the planning thread spent ``reading``, ``exchanging`` and ``planning``, and
     seconds the consumer spent ``waiting`` for a planned window (0 when planning keeps
-    ahead of training).
+    ahead of training); and ``cpu``: the planning thread's CPU seconds (its own, not the
+    other jobs' of a shared machine) in ``"reading"`` (the source's reads and the records'
+    lengths), ``"shuffling"`` (the shuffle buffer), ``"exchanging"`` (the collectives and
+    gathering this rank's records), ``"planning"`` and ``"assembling"`` (the micro-batches).
 
     Example: ``engine.stats.bytes_sent / engine.stats.steps`` is the bytes per step.
     """
@@ -112,6 +117,7 @@ class StreamStats:
     exchanging: float = 0.0
     planning: float = 0.0
     waiting: float = 0.0
+    cpu: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CPU_PARTS, 0.0))
 
 
 @dataclass
@@ -293,7 +299,7 @@ class StreamingEngine:
         position), its records gathered once; every micro-batch is a slice of them (an
         empty one where the rank has no sample in it). The consumer only hands them out."""
         me, state, steps = self.rank, window.state, window.plan.steps
-        empty = np.zeros(0, np.int64)
+        empty, cpu = np.zeros(0, np.int64), time.thread_time()
         first = np.cumsum([0] + [s.num_micro for s in steps])
         part = [s.rank == me for s in steps]
         ids, lengths, rows, micro, position = (
@@ -328,6 +334,7 @@ class StreamingEngine:
                     )
                 )
         window.records = RecordTable.empty()
+        self.stats.cpu["assembling"] += time.thread_time() - cpu
         return window
 
     # The planning thread -------------------------------------------------------------
@@ -346,13 +353,14 @@ class StreamingEngine:
         return reshard(saved, self._plan(saved), self.world_size, self.seed)
 
     def _plan(self, state: StreamState) -> WindowPlan:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         plan = plan_window(
             state.pool_ids, state.pool_lengths, state.world_size, self.packing,
             batch_size=self.batch_size, final=state.exhausted, cost=self.cost,
             speeds=state.speeds if state.speeds.shape[0] else None,
         )  # fmt: skip
         self.stats.planning += time.perf_counter() - start
+        self.stats.cpu["planning"] += time.thread_time() - cpu
         return plan
 
     def _produce(self, position: StreamState, run: _Run) -> None:
@@ -412,12 +420,16 @@ class StreamingEngine:
             empty, tuple(lanes), sequence=state.sequence, speeds=state.speeds,
             reports=state.reports,
         )  # fmt: skip
-        return fresh, self._plan(fresh), ReadingLane(lanes[self.rank], self.source, self._offsets)
+        return (
+            fresh,
+            self._plan(fresh),
+            ReadingLane(lanes[self.rank], self.source, self._offsets, self.stats.cpu),
+        )
 
     def _restore_lane(self, saved: LaneState) -> ReadingLane:
         lane = LaneState.from_dict(saved.to_dict())
         lane.payloads = self._fetch(lane.buffer_ids).take(lane.buffer_ids)
-        return ReadingLane(lane, self.source, self._offsets)
+        return ReadingLane(lane, self.source, self._offsets, self.stats.cpu)
 
     def _restored_carry(self, state: StreamState, plan: WindowPlan) -> _Carry:
         ids = np.concatenate([state.carry_ids, state.pool_ids[plan.carry]])
@@ -441,10 +453,11 @@ class StreamingEngine:
         start = time.perf_counter()
         ids, lengths, records = lane.take(self._share(state.lanes, carry), self._lengths)
         self.stats.reading += time.perf_counter() - start
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         payload = encode([ids, lengths, lane.state.to_dict(), stop, reports])
         parts = [decode(p) for p in self.collectives.allgather(payload)]
         self.stats.exchanging += time.perf_counter() - start
+        self.stats.cpu["exchanging"] += time.thread_time() - cpu
         speeds, measured = self.speeds.absorb(state, [p[4] for p in parts])
         # The ranks' samples interleaved: the j-th sample of every rank, rank after rank.
         counts = [len(p[0]) for p in parts]
@@ -521,7 +534,7 @@ class StreamingEngine:
     def _gather(self, pool: StreamState, plan: WindowPlan, held: RecordTable) -> RecordTable:
         """The records of this rank's planned samples: its own, then by index or by the
         all-to-all from the ranks holding them."""
-        me, empty = self.rank, np.zeros(0, np.int64)
+        me, empty, cpu = self.rank, np.zeros(0, np.int64), time.thread_time()
         ids = np.concatenate([empty, *(s.ids for s in plan.steps)])
         ranks = np.concatenate([empty, *(s.rank for s in plan.steps)])
         wanted = ids[ranks == me]
@@ -546,4 +559,5 @@ class StreamingEngine:
                 got, records = decode(received)
                 mine = mine.join(RecordTable(got, records))
         self.stats.exchanging += time.perf_counter() - start
+        self.stats.cpu["exchanging"] += time.thread_time() - cpu
         return mine

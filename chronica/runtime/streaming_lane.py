@@ -11,6 +11,7 @@ reading costs what reading the source alone does plus one list per block.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,6 +30,9 @@ class ReadingLane:
         state: the lane (its ``payloads``: the buffered records, or ``None`` each).
         source: the ``ShardedSource`` read.
         offsets: the source's ``shard_offsets``.
+        cpu: where the reading thread's CPU seconds are added up, under ``"reading"``
+            (the source's reads and the lengths) and ``"shuffling"`` (the buffer); ``None``:
+            a dictionary of its own.
 
     Example::
 
@@ -39,8 +43,15 @@ class ReadingLane:
         ([0, 1, 2], 0)
     """
 
-    def __init__(self, state: LaneState, source: Any, offsets: np.ndarray) -> None:
+    def __init__(
+        self,
+        state: LaneState,
+        source: Any,
+        offsets: np.ndarray,
+        cpu: dict[str, float] | None = None,
+    ) -> None:
         self.state, self._source, self._offsets = state, source, offsets
+        self.cpu = {"reading": 0.0, "shuffling": 0.0} if cpu is None else cpu
         self._reader: Iterator[Any] | None = None
         self._at: tuple[int, int] | None = None
 
@@ -71,16 +82,21 @@ class ReadingLane:
                 shard, row, end = lane.segments[0]
                 room = lane.capacity - len(lane.buffer_ids)
                 rows = min(end - row, room if room > 0 else max(count - got, 1))
+                cpu = time.thread_time()
                 block = self._read(shard, row, rows)
+                block_lengths = lengths_of(block)
+                read = time.thread_time()
+                self.cpu["reading"] += read - cpu
                 first = int(self._offsets[shard]) + row
                 out = lane.offer_block(
-                    np.arange(first, first + rows, dtype=np.int64),
-                    lengths_of(block),
-                    objects(block),
+                    np.arange(first, first + rows, dtype=np.int64), block_lengths, objects(block)
                 )
+                self.cpu["shuffling"] += time.thread_time() - read
             else:
+                cpu = time.thread_time()
                 drained = lane.drain_block(max(count - got, 1))
                 out = (drained[0], drained[1], objects(drained[2]))
+                self.cpu["shuffling"] += time.thread_time() - cpu
             ids.append(out[0])
             lengths.append(out[1])
             records.append(out[2])
