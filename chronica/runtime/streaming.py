@@ -538,9 +538,8 @@ class StreamingEngine:
         ids = np.concatenate([empty, *(s.ids for s in plan.steps)])
         ranks = np.concatenate([empty, *(s.rank for s in plan.steps)])
         wanted = ids[ranks == me]
-        found, _ = held.positions(wanted)
-        mine = held.select(wanted[found])
-        missing = wanted[~found]
+        found, at = held.positions(wanted)
+        mine, missing = RecordTable(held.ids[at], held.records[at]), wanted[~found]
         start = time.perf_counter()
         if self.source.random_access:
             mine = mine.join(self._fetch(missing.tolist()))
