@@ -8,22 +8,34 @@ to 16,384, ``int32`` tokens, 16 shards) kept as local MDS (``MDSSource``), parqu
   over the reader does);
 * **through chronica**: ``StreamingEngine`` (lane, 256-sample shuffle buffer, planning
   thread, ``K = 2`` windows of 318-document steps, ``Packing(max_tokens=16384)``), every
-  micro-batch drained.
+  micro-batch drained;
+* **alone, held** (CPU only, a diagnostic): the reader alone again, in blocks of one
+  window's share with the records of the last two windows kept alive, as the engine keeps
+  them: what holding the records costs the reader (allocation and cache);
+* **pickled** (CPU only): the same blocks pickled, then unpickled, each timed: what
+  handing the records over from a reader in a worker process would cost at least (the
+  worker pickles, the training process unpickles).
 
 Per reader, ``repeats`` rounds each run the reader alone then through the engine (after
 one warm round that is not counted), so both see the same load: medians of samples/s
 (wall clock), of CPU seconds per sample (``time.process_time``, every thread of the
 process, which other jobs on a shared machine do not inflate) and of the paired ratio
-(the overhead). The engine's own accounts (``StreamStats``: the planning thread's reading,
-planning and exchange seconds, the consumer's wait) say where the added time goes.
+(the overhead). The engine's own accounts (``StreamStats.cpu``: the planning thread's CPU
+in reading, shuffling, exchanging, planning and assembling micro-batches) say where the
+added CPU goes; the rest of the process's CPU (the consumer's hand-over, thread switches)
+is the remainder. The machine's load average is recorded before and after.
 
 Run with the streaming benchmark: ``python -m benchmarks --only streaming``.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
+import pickle
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from statistics import median
@@ -34,7 +46,7 @@ import numpy as np
 from benchmarks.sources import _write_all
 from chronica import Packing, ScheduleConfig, StreamOptions
 from chronica.runtime.sources import ListSource, MDSSource, ParquetSource, WebDatasetSource
-from chronica.runtime.streaming import StreamingEngine
+from chronica.runtime.streaming import CPU_PARTS, StreamingEngine
 from chronica.runtime.streaming_exchange import LocalGroup
 
 __all__ = ["READERS", "markdown_lines", "measure"]
@@ -45,8 +57,8 @@ BUFFER = 256
 SHARDS = 16
 SEED = 2030
 READERS = ("MDS", "parquet", "WebDataset", "list")
-# The engine's accounts (``StreamStats`` seconds) reported per sample.
-PARTS = ("reading", "planning", "exchanging", "waiting")
+# The engine's CPU accounts (``StreamStats.cpu``) reported per sample, then the rest.
+PARTS = (*CPU_PARTS, "other")
 
 
 def _sources(folder: Path, docs: list[np.ndarray]) -> dict[str, Any]:
@@ -68,6 +80,33 @@ def _alone(source: Any) -> tuple[int, StreamingEngine | None]:
         for record in source.read(shard):
             count += source.length(record) >= 0
     return count, None
+
+
+def _held(source: Any) -> tuple[int, StreamingEngine | None]:
+    count = 0
+    kept: deque[list[Any]] = deque(maxlen=2)
+    for shard in range(source.num_shards):
+        records = iter(source.read(shard))
+        while block := list(itertools.islice(records, 2 * BATCH)):
+            lengths = np.fromiter(map(source.length, block), np.int64, len(block))
+            kept.append(block)
+            count += int((lengths >= 0).sum())
+    return count, None
+
+
+def _pickled(source: Any) -> tuple[int, list[float]]:
+    """Samples, and the CPU seconds of pickling and of unpickling them in blocks."""
+    count, seconds = 0, [0.0, 0.0]
+    for shard in range(source.num_shards):
+        records = iter(source.read(shard))
+        while block := list(itertools.islice(records, 2 * BATCH)):
+            start = time.process_time()
+            data = pickle.dumps(block, protocol=pickle.HIGHEST_PROTOCOL)
+            middle = time.process_time()
+            count += len(pickle.loads(data))
+            seconds[0] += middle - start
+            seconds[1] += time.process_time() - middle
+    return count, seconds
 
 
 def _through(source: Any) -> tuple[int, StreamingEngine | None]:
@@ -99,17 +138,23 @@ def measure(samples: int, repeats: int) -> dict[str, Any]:
     lengths = np.clip(rng.lognormal(6.0, 1.2, samples).astype(np.int64), 1, CAP)
     docs = [np.zeros(n, np.int32) for n in lengths.tolist()]
     rows = []
+    load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as folder:
         for name, source in _sources(Path(folder), docs).items():
-            alone, through, parts = [], [], []
+            alone, through, held, pickled, parts = [], [], [], [], []
             for repeat in range(repeats + 1):
                 a = _timed(_alone, source)
                 c = _timed(_through, source)
-                assert a[3] == c[3] == samples, (name, a[3], c[3])
+                h = _timed(_held, source)
+                p = _timed(_pickled, source)
+                assert a[3] == c[3] == h[3] == p[3] == samples, (name, a[3], c[3], h[3], p[3])
                 if repeat:  # the first round compiles and warms caches
                     alone.append(a[:2])
                     through.append(c[:2])
-                    parts.append([1e6 * getattr(c[2].stats, k) / samples for k in PARTS])
+                    held.append(h[1])
+                    pickled.append([1e6 * x / samples for x in p[2]])
+                    cpu = [1e6 * c[2].stats.cpu[k] / samples for k in CPU_PARTS]
+                    parts.append([*cpu, c[1] - sum(cpu)])
             rows.append(
                 {
                     "reader": name,
@@ -120,49 +165,106 @@ def measure(samples: int, repeats: int) -> dict[str, Any]:
                     - median(c[0] / a[0] for a, c in zip(alone, through, strict=True)),
                     "alone_cpu_us": median(u for _, u in alone),
                     "chronica_cpu_us": median(u for _, u in through),
+                    "held_cpu_us": median(held),
+                    "pickle_cpu_us": median(x for x, _ in pickled),
+                    "unpickle_cpu_us": median(x for _, x in pickled),
                     "engine_us": dict(zip(PARTS, np.median(parts, axis=0).tolist(), strict=True)),
                 }
             )
-    return {"samples": samples, "repeats": repeats, "batch": BATCH, "readers": rows}
+    load.append(os.getloadavg()[0])
+    return {"samples": samples, "repeats": repeats, "batch": BATCH, "readers": rows, "load": load}
+
+
+def _cpu_overhead(row: dict[str, Any]) -> float:
+    """The share of the CPU per sample through the engine that the reader alone does not
+    spend: the overhead in samples/s on a core of its own."""
+    return 1 - row["alone_cpu_us"] / row["chronica_cpu_us"]
 
 
 def markdown_lines(t: dict[str, Any]) -> list[str]:
     """The throughput table of the streaming section."""
+    load = t.get("load", [float("nan")] * 2)
     lines = [
         f"Reader throughput, one rank, {t['samples']:,} documents (lognormal(6, 1.2) "
         f"tokens, {SHARDS} shards, steps of {t['batch']} documents, K = 2, a {BUFFER}-sample "
         "shuffle buffer): each reader alone (every shard in order, each record's length "
         "taken) and through the engine (lane, shuffle buffer, planning thread, packed "
-        f"micro-batches), run in turn, medians of {t['repeats']} rounds. CPU is the "
-        "process's CPU time per sample (all threads); the engine's columns are the planning "
-        "thread's reading (the reader, lengths and shuffle buffer), planning and exchange, "
-        "and the consumer's wait, per sample (wall).",
+        f"micro-batches), run in turn, medians of {t['repeats']} rounds; the machine's load "
+        f"average was {load[0]:.1f} before and {load[-1]:.1f} after (2 cores, shared). CPU "
+        "is the process's CPU time per sample (all threads). *Held* is the reader alone in "
+        "blocks of a window's share, the last two windows' records kept alive as the engine "
+        "keeps them. The engine's columns are the planning thread's CPU per sample "
+        "(`StreamStats.cpu`): reading (the reader and the lengths, inside the engine), the "
+        "shuffle buffer, exchange (collectives, gathering the rank's records), planning, "
+        "micro-batches; *other* is the rest of the process's CPU (the consumer's hand-over, "
+        "thread switches). *Pickle* and *unpickle* are the records pickled and unpickled in "
+        "the same blocks (the least a reader in a worker process would add, in the worker "
+        "and in the training process). *CPU overhead* is 1 − CPU alone / CPU through "
+        "chronica: the overhead in samples/s where the process has a core of its own.",
         "",
         "| reader | alone samples/s | through chronica | overhead (target ≤ 5%) | CPU µs/sample "
-        "alone | through chronica | reading | planning | exchange | consumer waits |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "alone | held | pickle | unpickle | through chronica | CPU overhead | reading | "
+        "shuffling | exchange | planning | micro-batches | other |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in t["readers"]:
         e = r["engine_us"]
         lines.append(
             f"| {r['reader']} (`{r['source']}`) | {r['alone']:,.0f} | {r['chronica']:,.0f} | "
-            f"{100 * r['overhead']:.1f}% | {r['alone_cpu_us']:.1f} | "
-            f"{r['chronica_cpu_us']:.1f} | {e['reading']:.1f} | {e['planning']:.1f} | "
-            f"{e['exchanging']:.1f} | {e['waiting']:.1f} |"
+            f"{100 * r['overhead']:.1f}% | {r['alone_cpu_us']:.2f} | {r['held_cpu_us']:.2f} | "
+            f"{r['pickle_cpu_us']:.2f} | {r['unpickle_cpu_us']:.2f} | "
+            f"{r['chronica_cpu_us']:.2f} | {100 * _cpu_overhead(r):.1f}% | "
+            + " | ".join(f"{e[k]:.2f}" for k in PARTS)
+            + " |"
         )
     added = {r["reader"]: r["chronica_cpu_us"] - r["alone_cpu_us"] for r in t["readers"]}
-    own = added.get("list", min(added.values()))
+    own = {r["reader"]: sum(r["engine_us"][k] for k in CPU_PARTS if k != "reading")
+           for r in t["readers"]}  # fmt: skip
+    other = [r["engine_us"]["other"] for r in t["readers"]]
+    inside = {r["reader"]: r["engine_us"]["reading"] - r["alone_cpu_us"] for r in t["readers"]}
+    held = {r["reader"]: r["held_cpu_us"] - r["alone_cpu_us"] for r in t["readers"]}
+    low, high = min(own.values()), max(own.values())
+    over = [r["reader"] for r in t["readers"] if r["pickle_cpu_us"] > 0.05 * r["alone_cpu_us"]]
     lines += [
         "",
         f"The engine adds {min(added.values()):.1f}–{max(added.values()):.1f} µs of CPU per "
-        f"sample on one rank; {own:.1f} µs over the in-memory list, whose reading costs "
-        "almost nothing, is the engine's own work (shuffle buffer, window bookkeeping, "
-        "planning, hand-over); over MDS and WebDataset it adds more: the reader itself costs "
-        "more inside the engine than alone (not pinned down here). That work holds the GIL "
-        "beside the reader "
-        "(all but the packing kernels), so the overhead in samples/s follows the added CPU "
-        "over the reader's own: 5% needs a reader of about "
-        f"{20 * own:.0f} µs of CPU per sample or more. The wall-clock columns also carry the "
-        "machine's load (other jobs shared its cores); the CPU columns much less.",
+        f"sample on one rank. The planning thread's own work (all but reading) is "
+        f"{low:.1f}–{high:.1f} µs per sample, most of it planning (the packing kernels are "
+        "nogil, the planner's numpy glue around them is not); the shuffle buffer and the "
+        "window's records are arrays (a few numpy operations per block, no Python step per "
+        "record), the micro-batches one object each. The rest of the process's CPU (*other*, "
+        f"{min(other):.1f}–{max(other):.1f} µs) is the consumer's thread (handing out the "
+        "micro-batches, and freeing the records it drops, which the reader alone pays in its "
+        "own loop: hence more over MDS than over the list, whose records the source keeps), "
+        "the engine's start, and for parquet pyarrow's decoding threads (so parquet's "
+        "*reading* column is low and its *other* high). The reader inside the engine costs "
+        + ", ".join(f"{v:+.2f}" for v in inside.values())
+        + " µs per sample more than alone ("
+        + ", ".join(t["readers"][i]["reader"] for i in range(len(inside)))
+        + "), close to what holding the records costs the reader alone ("
+        + ", ".join(f"{v:+.2f}" for v in held.values())
+        + " µs, the *held* column): a window's records stay alive until they are served "
+        "(allocation and cache), where a reader alone reuses the memory of the record it "
+        "just dropped. All that work holds the GIL beside the reader, so the overhead in "
+        "samples/s follows the added CPU over the reader's own: 5% needs a reader of about "
+        f"{20 * low:.0f}–{20 * high:.0f} µs of CPU per sample or more (WebDataset's tar "
+        "decoding is closest). A reader in a worker process would take the reading off the "
+        "engine's core but hand every record over: the worker would read and pickle (its "
+        "pickling alone costs "
+        + ", ".join(
+            f"{100 * r['pickle_cpu_us'] / max(r['alone_cpu_us'], 1e-9):.0f}%" for r in t["readers"]
+        )
+        + " of the reader's CPU), and the training process would unpickle ("
+        + ", ".join(f"{r['unpickle_cpu_us']:.2f}" for r in t["readers"])
+        + " µs per sample) beside the engine's own work; the worker's pickling alone is "
+        "over 5% of the reader's CPU for "
+        + (", ".join(over) or "none of the readers")
+        + ", so a worker process is not used here. The wall-clock columns carry the "
+        "machine's load (wall-clock overhead against CPU overhead: "
+        + ", ".join(
+            f"{100 * r['overhead']:.0f}% against {100 * _cpu_overhead(r):.0f}% ({r['reader']})"
+            for r in t["readers"]
+        )
+        + "); the CPU columns much less.",
     ]
     return lines

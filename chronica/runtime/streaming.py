@@ -24,7 +24,6 @@ world size, and with exactly-once for the rest of the pass for another.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import queue
 import threading
 import time
@@ -47,11 +46,15 @@ from chronica.core.streaming import (
 )
 from chronica.runtime.sources.base import shard_offsets
 from chronica.runtime.streaming_exchange import Collectives, decode, encode, fetch_records
+from chronica.runtime.streaming_lane import ReadingLane
+from chronica.runtime.streaming_records import RecordTable
 from chronica.runtime.streaming_speeds import StreamSpeeds
 
-__all__ = ["StreamMicroBatch", "StreamStats", "StreamingEngine"]
+__all__ = ["CPU_PARTS", "StreamMicroBatch", "StreamStats", "StreamingEngine"]
 
 _END = object()
+# The parts of the planning thread's CPU time (``StreamStats.cpu``).
+CPU_PARTS = ("reading", "shuffling", "exchanging", "planning", "assembling")
 
 
 @dataclass(frozen=True, repr=False)
@@ -98,7 +101,10 @@ class StreamStats:
     sent to other ranks by the all-to-all), ``rows_fetched`` (records read by index instead),
     seconds the planning thread spent ``reading``, ``exchanging`` and ``planning``, and
     seconds the consumer spent ``waiting`` for a planned window (0 when planning keeps
-    ahead of training).
+    ahead of training); and ``cpu``: the planning thread's CPU seconds (its own, not the
+    other jobs' of a shared machine) in ``"reading"`` (the source's reads and the records'
+    lengths), ``"shuffling"`` (the shuffle buffer), ``"exchanging"`` (the collectives and
+    gathering this rank's records), ``"planning"`` and ``"assembling"`` (the micro-batches).
 
     Example: ``engine.stats.bytes_sent / engine.stats.steps`` is the bytes per step.
     """
@@ -111,6 +117,7 @@ class StreamStats:
     exchanging: float = 0.0
     planning: float = 0.0
     waiting: float = 0.0
+    cpu: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CPU_PARTS, 0.0))
 
 
 @dataclass
@@ -119,7 +126,7 @@ class _Window:
 
     state: StreamState
     plan: WindowPlan
-    records: dict[int, Any]
+    records: RecordTable
     start: int = 0
     batches: list[StreamMicroBatch] = field(default_factory=list)
     resumed: bool = False
@@ -138,7 +145,7 @@ class _Carry:
     ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     holders: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    held: dict[int, Any] = field(default_factory=dict)
+    held: RecordTable = field(default_factory=RecordTable.empty)
 
 
 class StreamingEngine:
@@ -292,7 +299,7 @@ class StreamingEngine:
         position), its records gathered once; every micro-batch is a slice of them (an
         empty one where the rank has no sample in it). The consumer only hands them out."""
         me, state, steps = self.rank, window.state, window.plan.steps
-        empty = np.zeros(0, np.int64)
+        empty, cpu = np.zeros(0, np.int64), time.thread_time()
         first = np.cumsum([0] + [s.num_micro for s in steps])
         part = [s.rank == me for s in steps]
         ids, lengths, rows, micro, position = (
@@ -308,14 +315,14 @@ class StreamingEngine:
         order = np.lexsort((position, rows, micro))
         ids, lengths, rows = ids[order], lengths[order], rows[order]
         cut = np.searchsorted(micro[order], np.arange(first[-1] + 1)).tolist()
-        records = [window.records[i] for i in ids.tolist()]
+        records = window.records.take(ids)
         for index, step in enumerate(steps):
             weights = step.weights[me].tolist()
             for m in range(step.num_micro):
                 a, b = cut[first[index] + m], cut[first[index] + m + 1]
                 window.batches.append(
                     StreamMicroBatch(
-                        records=records[a:b],
+                        records=records[a:b].tolist(),
                         ids=ids[a:b],
                         lengths=lengths[a:b],
                         rows=rows[a:b],
@@ -326,7 +333,8 @@ class StreamingEngine:
                         loss_weight=weights[m],
                     )
                 )
-        window.records = {}
+        window.records = RecordTable.empty()
+        self.stats.cpu["assembling"] += time.thread_time() - cpu
         return window
 
     # The planning thread -------------------------------------------------------------
@@ -345,13 +353,14 @@ class StreamingEngine:
         return reshard(saved, self._plan(saved), self.world_size, self.seed)
 
     def _plan(self, state: StreamState) -> WindowPlan:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         plan = plan_window(
             state.pool_ids, state.pool_lengths, state.world_size, self.packing,
             batch_size=self.batch_size, final=state.exhausted, cost=self.cost,
             speeds=state.speeds if state.speeds.shape[0] else None,
         )  # fmt: skip
         self.stats.planning += time.perf_counter() - start
+        self.stats.cpu["planning"] += time.thread_time() - cpu
         return plan
 
     def _produce(self, position: StreamState, run: _Run) -> None:
@@ -378,7 +387,7 @@ class StreamingEngine:
                 state, plan, lane = self._next_epoch(state, plan)
             elif consumed < plan.num_micro:
                 mine = [i for s in plan.steps for i in s.ids[s.rank == self.rank].tolist()]
-                window = _Window(state, plan, fetch_records(self.source, self._offsets, mine))
+                window = _Window(state, plan, self._fetch(mine))
                 window.start, window.resumed = consumed, True
                 put(self._prepared(window))
             while True:
@@ -401,7 +410,7 @@ class StreamingEngine:
 
     def _next_epoch(
         self, state: StreamState, plan: WindowPlan
-    ) -> tuple[StreamState, WindowPlan, _Lane]:
+    ) -> tuple[StreamState, WindowPlan, ReadingLane]:
         """The next pass's start after ``state``'s window (its last), and its empty plan."""
         sizes = np.diff(self._offsets)
         lanes = deal_lanes(sizes, self.world_size, self.seed, state.epoch + 1, self.buffer_size)
@@ -411,30 +420,32 @@ class StreamingEngine:
             empty, tuple(lanes), sequence=state.sequence, speeds=state.speeds,
             reports=state.reports,
         )  # fmt: skip
-        return fresh, self._plan(fresh), _Lane(lanes[self.rank], self.source, self._offsets)
+        return (
+            fresh,
+            self._plan(fresh),
+            ReadingLane(lanes[self.rank], self.source, self._offsets, self.stats.cpu),
+        )
 
-    def _restore_lane(self, saved: LaneState) -> _Lane:
+    def _restore_lane(self, saved: LaneState) -> ReadingLane:
         lane = LaneState.from_dict(saved.to_dict())
-        records = fetch_records(self.source, self._offsets, lane.buffer_ids)
-        lane.payloads = [records[i] for i in lane.buffer_ids]
-        return _Lane(lane, self.source, self._offsets)
+        lane.payloads = self._fetch(lane.buffer_ids).take(lane.buffer_ids)
+        return ReadingLane(lane, self.source, self._offsets, self.stats.cpu)
 
     def _restored_carry(self, state: StreamState, plan: WindowPlan) -> _Carry:
         ids = np.concatenate([state.carry_ids, state.pool_ids[plan.carry]])
         lengths = np.concatenate([state.carry_lengths, state.pool_lengths[plan.carry]])
         holders = np.concatenate([state.carry_holders, state.pool_holders[plan.carry]])
-        held = fetch_records(self.source, self._offsets, ids[holders == self.rank].tolist())
-        return _Carry(ids, lengths, holders, held)
+        return _Carry(ids, lengths, holders, self._fetch(ids[holders == self.rank].tolist()))
 
     def _window(
         self,
         state: StreamState,
         plan: WindowPlan,
-        lane: _Lane,
+        lane: ReadingLane,
         carry: _Carry,
         stop: bool,
         reports: list[Any],
-    ) -> tuple[StreamState, WindowPlan, dict[int, Any], _Carry, bool]:
+    ) -> tuple[StreamState, WindowPlan, RecordTable, _Carry, bool]:
         """Read this rank's share, exchange (with this rank's step-time ``reports``), plan
         and gather the next window; the last element: whether any rank's thread was
         stopping (this one's is ``stop``)."""
@@ -442,10 +453,11 @@ class StreamingEngine:
         start = time.perf_counter()
         ids, lengths, records = lane.take(self._share(state.lanes, carry), self._lengths)
         self.stats.reading += time.perf_counter() - start
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         payload = encode([ids, lengths, lane.state.to_dict(), stop, reports])
         parts = [decode(p) for p in self.collectives.allgather(payload)]
         self.stats.exchanging += time.perf_counter() - start
+        self.stats.cpu["exchanging"] += time.thread_time() - cpu
         speeds, measured = self.speeds.absorb(state, [p[4] for p in parts])
         # The ranks' samples interleaved: the j-th sample of every rank, rank after rank.
         counts = [len(p[0]) for p in parts]
@@ -470,8 +482,7 @@ class StreamingEngine:
             reports=measured,
         )
         new_plan = self._plan(pool)
-        held = carry.held  # the carry's records, then this window's (the carry is done)
-        held.update(zip(ids.tolist(), records, strict=True))
+        held = carry.held.join(RecordTable(ids, records))  # the carry's, then this window's
         mine = self._gather(pool, new_plan, held)
         keep = pool.pool_ids[new_plan.carry]
         holders = pool.pool_holders[new_plan.carry]
@@ -479,7 +490,7 @@ class StreamingEngine:
             keep,
             pool.pool_lengths[new_plan.carry],
             holders,
-            {i: held[i] for i in keep[holders == me].tolist()},
+            held.select(keep[holders == me]),
         )
         self.stats.windows += 1
         self.stats.steps += len(new_plan.steps)
@@ -511,88 +522,41 @@ class StreamingEngine:
     def _lengths(self, records: list[Any]) -> np.ndarray:
         """The records' tokens, cut to a row with ``long_documents="truncate"``."""
         length = self.source.length
-        lengths = np.fromiter((length(r) for r in records), np.int64, len(records))
+        lengths = np.fromiter(map(length, records), np.int64, len(records))
         if self.packing.long_documents == "truncate":
             return np.minimum(lengths, self.packing.length)
         return lengths
 
-    def _gather(self, pool: StreamState, plan: WindowPlan, held: dict[int, Any]) -> dict[int, Any]:
+    def _fetch(self, ids: Any) -> RecordTable:
+        """The records of ``ids`` read from the source (by index where it allows it)."""
+        return RecordTable.of(fetch_records(self.source, self._offsets, ids))
+
+    def _gather(self, pool: StreamState, plan: WindowPlan, held: RecordTable) -> RecordTable:
         """The records of this rank's planned samples: its own, then by index or by the
         all-to-all from the ranks holding them."""
-        me, empty = self.rank, np.zeros(0, np.int64)
+        me, empty, cpu = self.rank, np.zeros(0, np.int64), time.thread_time()
         ids = np.concatenate([empty, *(s.ids for s in plan.steps)])
         ranks = np.concatenate([empty, *(s.rank for s in plan.steps)])
-        wanted = ids[ranks == me].tolist()
-        mine = {i: held[i] for i in wanted if i in held}
-        missing = [i for i in wanted if i not in held]
+        wanted = ids[ranks == me]
+        found, at = held.positions(wanted)
+        mine, missing = RecordTable(held.ids[at], held.records[at]), wanted[~found]
         start = time.perf_counter()
         if self.source.random_access:
-            mine.update(fetch_records(self.source, self._offsets, missing))
-            self.stats.rows_fetched += len(missing)
+            mine = mine.join(self._fetch(missing.tolist()))
+            self.stats.rows_fetched += missing.shape[0]
         else:
             by_id = np.argsort(pool.pool_ids, kind="stable")
             at = by_id[np.searchsorted(pool.pool_ids[by_id], ids)]
             sent = pool.pool_holders[at] == me
             outgoing = [
-                [(i, held[i]) for i in ids[sent & (ranks == r)].tolist()] if r != me else []
+                held.select(ids[sent & (ranks == r)]) if r != me else RecordTable.empty()
                 for r in range(self.world_size)
             ]
-            payloads = [encode(items) for items in outgoing]
+            payloads = [encode([t.ids, t.records.tolist()]) for t in outgoing]
             self.stats.bytes_sent += sum(len(p) for r, p in enumerate(payloads) if r != me)
             for received in self.collectives.alltoall(payloads):
-                mine.update((int(i), record) for i, record in decode(received))
+                got, records = decode(received)
+                mine = mine.join(RecordTable(got, records))
         self.stats.exchanging += time.perf_counter() - start
+        self.stats.cpu["exchanging"] += time.thread_time() - cpu
         return mine
-
-
-class _Lane:
-    """A lane and the open reader of its current shard."""
-
-    def __init__(self, state: LaneState, source: Any, offsets: np.ndarray) -> None:
-        self.state, self._source, self._offsets = state, source, offsets
-        self._reader: Iterator[Any] | None = None
-        self._at: tuple[int, int] | None = None
-
-    def take(
-        self, share: tuple[int, int], lengths_of: Any
-    ) -> tuple[np.ndarray, np.ndarray, list[Any]]:
-        """Samples out of the shuffle buffer until ``share`` (samples, tokens) is met or
-        the lane is empty: ids, lengths, records. Rows are read and offered in blocks
-        (the buffer's free room, then the samples still wanted; one row at a time for a
-        share of tokens, which is met only once the samples pushed out are known)."""
-        count, tokens = share
-        ids: list[np.ndarray] = []
-        lengths: list[np.ndarray] = []
-        records: list[Any] = []
-        lane = self.state
-        got, taken = 0, 0
-        while (got < count or (tokens and taken < tokens)) and lane.remaining:
-            if lane.segments:
-                shard, row, end = lane.segments[0]
-                room = lane.capacity - len(lane.buffer_ids)
-                rows = min(end - row, room if room > 0 else max(count - got, 1))
-                block = self._read(shard, row, rows)
-                first = int(self._offsets[shard]) + row
-                out = lane.offer_block(
-                    np.arange(first, first + rows, dtype=np.int64), lengths_of(block), block
-                )
-            else:
-                one = lane.drain()
-                out = (np.array([one[0]], np.int64), np.array([one[1]], np.int64), [one[2]])
-            ids.append(out[0])
-            lengths.append(out[1])
-            records.extend(out[2])
-            got += len(out[2])
-            taken += int(out[1].sum())
-        if not ids:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64), records
-        return np.concatenate(ids), np.concatenate(lengths), records
-
-    def _read(self, shard: int, row: int, rows: int) -> list[Any]:
-        """``rows`` records of ``shard`` from ``row`` on, from the open reader when it
-        stands there."""
-        if self._at != (shard, row) or self._reader is None:
-            self._reader = iter(self._source.read(shard, row))
-        block = list(itertools.islice(self._reader, rows))
-        self._at = (shard, row + rows)
-        return block

@@ -13,6 +13,9 @@ def test_every_reader_alone_and_through_the_engine_reads_every_sample():
     for row in result["readers"]:
         assert row["alone"] > 0 and row["chronica"] > 0
         assert row["chronica_cpu_us"] > 0 and set(row["engine_us"]) == set(stream_throughput.PARTS)
+        assert row["held_cpu_us"] > 0 and row["pickle_cpu_us"] > 0 and row["unpickle_cpu_us"] > 0
+        assert row["engine_us"]["reading"] > 0 and row["engine_us"]["planning"] > 0
+    assert len(result["load"]) == 2
     lines = streaming._throughput_lines(result)
     table = [line for line in lines if line.startswith("| ")]
     assert len(table) == 1 + len(stream_throughput.READERS)

@@ -81,3 +81,27 @@ def test_offering_a_block_is_offering_its_samples_one_by_one(capacity):
         got.extend(zip(out_ids.tolist(), out_lengths.tolist(), out_payloads, strict=True))
         assert block.to_dict() == one.to_dict() and block.payloads == one.payloads
     assert got == expected
+
+
+@pytest.mark.parametrize("capacity", [1, 5, 64])
+def test_payload_arrays_move_as_lists_do_and_a_drained_block_is_drains_one_by_one(capacity):
+    """Object-array payloads (records that are lists stay whole) give the same samples,
+    buffer and draws as lists; ``drain_block`` is ``drain`` repeated."""
+    as_list = LaneState(key=9, capacity=capacity, segments=[[0, 0, 300]])
+    as_array = LaneState(key=9, capacity=capacity, segments=[[0, 0, 300]])
+    for first in range(0, 300, 70):
+        ids = np.arange(first, min(first + 70, 300), dtype=np.int64)
+        payloads = [[int(i), "record"] for i in ids]
+        array = np.empty(len(payloads), object)
+        array[:] = payloads
+        a = as_list.offer_block(ids, ids % 13, payloads)
+        b = as_array.offer_block(ids, ids % 13, array)
+        assert isinstance(b[2], np.ndarray) and b[2].tolist() == a[2]
+        assert a[0].tolist() == b[0].tolist() and as_list.to_dict() == as_array.to_dict()
+    assert as_array.payloads.tolist() == as_list.payloads
+    one = [as_list.drain() for _ in range(min(3, capacity))]
+    ids, lengths, payloads = as_array.drain_block(3)
+    assert list(zip(ids.tolist(), lengths.tolist(), payloads.tolist(), strict=True)) == one
+    assert as_array.to_dict() == as_list.to_dict()
+    with pytest.raises(ValueError, match="drain"):
+        LaneState(key=1, capacity=2, segments=[[0, 0, 2]]).drain_block(1)

@@ -13,10 +13,12 @@ rank.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from chronica.core.checks import check_int
 from chronica.core.rng import derive_key, permutation, uniforms
@@ -37,7 +39,8 @@ class LaneState:
     ``segments`` are ``[shard, start, end]`` row ranges still to read, in order (the first
     one's ``start`` is the cursor); ``buffer_ids``/``buffer_lengths`` the buffered samples
     (slot order); ``draws`` the random draws made so far under ``key``. The buffer's
-    records themselves are the reader's (``payloads``, kept beside the state, not in it).
+    records themselves are the reader's (``payloads``, kept beside the state, not in it: a
+    list, or an object ``ndarray`` once ``offer_block`` was given one).
 
     Args:
         key: the lane's random key (``derive_key``), as an ``int``.
@@ -60,8 +63,10 @@ class LaneState:
     buffer_ids: list[int] = field(default_factory=list)
     buffer_lengths: list[int] = field(default_factory=list)
     draws: int = 0
-    payloads: list[Any] = field(default_factory=list, compare=False)
-    _block: tuple[int, list[float]] = field(default=(-1, []), init=False, compare=False)
+    payloads: Any = field(default_factory=list, compare=False)
+    _block: tuple[int, np.ndarray] = field(
+        default=(-1, np.zeros(0)), init=False, compare=False, repr=False
+    )
 
     @property
     def remaining(self) -> int:
@@ -93,16 +98,19 @@ class LaneState:
         return out
 
     def offer_block(
-        self, samples: np.ndarray, lengths: np.ndarray, payloads: list[Any]
-    ) -> tuple[np.ndarray, np.ndarray, list[Any]]:
+        self, samples: np.ndarray, lengths: np.ndarray, payloads: Sequence[Any] | np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, Any]:
         """``offer`` of consecutive samples read from ``next_row`` on, at once (batch
         operations instead of one call per sample; the same draws, the same buffer after):
-        the ``(ids, lengths, payloads)`` they push out, in order.
+        the ``(ids, lengths, payloads)`` they push out, in order. Payloads given as an
+        object ``ndarray`` are moved as arrays (no Python step per sample): the buffer's
+        ``payloads`` become one and the pushed-out payloads are one; a list stays a list.
 
         Args:
             samples: ``int64`` their global ids, in reading order.
             lengths: ``int64`` their tokens.
-            payloads: their records (``None`` where the reader re-reads by id).
+            payloads: their records (``None`` where the reader re-reads by id): a list or
+                an object ``ndarray``.
 
         Example::
 
@@ -115,27 +123,18 @@ class LaneState:
         fill = min(max(self.capacity - len(self.buffer_ids), 0), n)
         self.buffer_ids.extend(samples[:fill].tolist())
         self.buffer_lengths.extend(lengths[:fill].tolist())
-        self.payloads.extend(payloads[:fill])
+        self.payloads = _joined(self.payloads, payloads[:fill])
         size, count = len(self.buffer_ids), n - fill
         slots = np.minimum((self._uniforms(count) * size).astype(np.int64), size - 1)
-        # Where every pushed-out sample is: in the buffer before the block, or the block's
-        # sample last written to its slot (``size + position``); and every slot's content
-        # after the block.
-        order = np.argsort(slots, kind="stable")
-        ranked = slots[order]
-        repeat = np.zeros(count, bool)
-        repeat[1:] = ranked[1:] == ranked[:-1]
-        source = slots.copy()
-        source[order[repeat]] = size + fill + order[np.flatnonzero(repeat) - 1]
-        last = np.ones(count, bool)
-        last[:-1] = ~repeat[1:]
-        after = np.arange(size)
-        after[ranked[last]] = size + fill + order[last]
+        source, after = _replace_slots(slots, size, size + fill)
         every_id = np.concatenate([np.asarray(self.buffer_ids, np.int64), samples])
         every_length = np.concatenate([np.asarray(self.buffer_lengths, np.int64), lengths])
-        every_payload = self.payloads + payloads
         self.buffer_ids = every_id[after].tolist()
         self.buffer_lengths = every_length[after].tolist()
+        every_payload = _joined(self.payloads, payloads)
+        if isinstance(every_payload, np.ndarray):
+            self.payloads = every_payload[after]
+            return every_id[source], every_length[source], every_payload[source]
         self.payloads = [every_payload[i] for i in after.tolist()]
         return (
             every_id[source],
@@ -151,8 +150,50 @@ class LaneState:
         out = (self.buffer_ids[slot], self.buffer_lengths[slot], self.payloads[slot])
         for values in (self.buffer_ids, self.buffer_lengths, self.payloads):
             values[slot] = values[-1]
-            values.pop()
+        self.buffer_ids.pop()
+        self.buffer_lengths.pop()
+        if isinstance(self.payloads, np.ndarray):
+            self.payloads = self.payloads[:-1]
+        else:
+            self.payloads.pop()
         return out
+
+    def drain_block(self, count: int) -> tuple[np.ndarray, np.ndarray, Any]:
+        """``drain()`` ``count`` times at once (or until the buffer is empty): the same
+        draws and samples, as ``(ids, lengths, payloads)`` arrays (payloads a list when
+        the buffer's are).
+
+        Args:
+            count: the most samples drained, ``>= 1``.
+
+        Example::
+
+            >>> lane = LaneState(key=1, capacity=2, segments=[[0, 0, 2]])
+            >>> _ = lane.offer_block(np.arange(2), np.ones(2, np.int64), [None] * 2)
+            >>> sorted(lane.drain_block(5)[0].tolist()), lane.remaining
+            ([0, 1], 0)
+        """
+        if self.segments or not self.buffer_ids:
+            raise ValueError("drain() is for a lane whose rows are all read and buffer not empty")
+        check_int("count", count, 1)
+        left = list(range(len(self.buffer_ids)))
+        out = []
+        for _ in range(min(count, len(left))):
+            slot = self._draw(len(left))
+            out.append(left[slot])
+            left[slot] = left[-1]
+            left.pop()
+        ids, lengths = np.asarray(self.buffer_ids), np.asarray(self.buffer_lengths)
+        payloads = self.payloads
+        self.buffer_ids, self.buffer_lengths = ids[left].tolist(), lengths[left].tolist()
+        taken: Any
+        if isinstance(payloads, np.ndarray):
+            self.payloads = payloads[left]
+            taken = payloads[out]
+        else:
+            self.payloads = [payloads[i] for i in left]
+            taken = [payloads[i] for i in out]
+        return ids[out].astype(np.int64), lengths[out].astype(np.int64), taken
 
     def _advance(self, rows: int) -> None:
         """Move the cursor ``rows`` rows on."""
@@ -167,14 +208,14 @@ class LaneState:
     def _push(self, sample: int, length: int, payload: Any) -> None:
         self.buffer_ids.append(int(sample))
         self.buffer_lengths.append(int(length))
-        self.payloads.append(payload)
+        if isinstance(self.payloads, np.ndarray):
+            self.payloads = _joined(self.payloads, [payload])
+        else:
+            self.payloads.append(payload)
 
     def _draw(self, bound: int) -> int:
         block, i = divmod(self.draws, _BLOCK)
-        if self._block[0] != block:
-            key = derive_key(self.key, 0, LANE_STREAM, block)
-            self._block = (block, uniforms(_BLOCK, key).tolist())
-        u = self._block[1][i]
+        u = float(self._uniform_block(block)[i])
         self.draws += 1
         return min(int(u * bound), bound - 1)
 
@@ -182,11 +223,17 @@ class LaneState:
         """The next ``count`` draws' uniforms (the draws are made)."""
         first, end = self.draws, self.draws + count
         blocks = range(first // _BLOCK, -(-end // _BLOCK))
-        every = [uniforms(_BLOCK, derive_key(self.key, 0, LANE_STREAM, b)) for b in blocks]
+        every = [self._uniform_block(b) for b in blocks]
         self.draws = end
         if not every:
             return np.zeros(0)
         return np.concatenate(every)[first - blocks.start * _BLOCK : end - blocks.start * _BLOCK]
+
+    def _uniform_block(self, block: int) -> np.ndarray:
+        """The uniforms of draw block ``block`` (the last one used is kept)."""
+        if self._block[0] != block:
+            self._block = (block, uniforms(_BLOCK, derive_key(self.key, 0, LANE_STREAM, block)))
+        return self._block[1]
 
     def to_dict(self) -> dict[str, Any]:
         """The lane as plain integers and lists (no payloads)."""
@@ -257,3 +304,32 @@ def deal_lanes(
         )
         for r in range(w)
     ]
+
+
+def _joined(kept: Any, more: Any) -> Any:
+    """``kept + more``: a list while both are lists, else an object ``ndarray``."""
+    if not isinstance(kept, np.ndarray) and not isinstance(more, np.ndarray):
+        return list(kept) + list(more)
+    return np.concatenate([_objects(kept), _objects(more)])
+
+
+def _objects(values: Any) -> np.ndarray:
+    """``values`` as a 1-d object ``ndarray`` (records that are sequences stay whole)."""
+    if isinstance(values, np.ndarray) and values.dtype == object:
+        return values
+    return np.fromiter(values, dtype=object, count=len(values))
+
+
+@njit(cache=True, nogil=True)
+def _replace_slots(slots: np.ndarray, size: int, first: int) -> tuple[np.ndarray, np.ndarray]:
+    """A full buffer of ``size`` slots (holding elements ``0 .. size - 1``) takes the
+    elements ``first, first + 1, ...`` one after another, each into slot ``slots[j]``,
+    pushing out what the slot held: the elements pushed out, in order, and every slot's
+    element after."""
+    after = np.arange(size)
+    source = np.empty(slots.shape[0], np.int64)
+    for j in range(slots.shape[0]):
+        slot = slots[j]
+        source[j] = after[slot]
+        after[slot] = first + j
+    return source, after
