@@ -59,6 +59,7 @@ from benchmarks.grad_models import (
     knobs_for,
 )
 from benchmarks.grad_models import model as _model
+from chronica.runtime.auto import MEASURE_STEPS
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -85,14 +86,17 @@ DDP_ARGS: dict[str, dict[str, Any]] = {
     "DDP bucket_cap_mb=0.5": {"bucket_cap_mb": 0.5},
     "DDP again": {},  # a second default DDP: the run's noise, measured like any variant
 }
-AUTO_WARM = 19  # chronica auto: first step, 5 bucketed, a trial of 3 + 5 scheduled, 5 bucketed
+# chronica auto's shortest trial where it searches: the first step, then windows of
+# MEASURE_STEPS + 1 steps: one bucketed, the search's 8 (3 settings, then the best 2, bucketed
+# between) and its survivor's 2 beside 2 bucketed ones; plus the scheduled engine's re-plans.
+AUTO_WARM = 1 + (1 + 8 + 4) * (MEASURE_STEPS + 1) + 4
 # Steps per block as a multiple of the run's, so that every model's blocks last about as long
 # (mlp670k's steps are about 5x shorter than vgg's): a block of a few short steps is mostly
 # the machine's noise.
 BLOCK_SCALE = {"mlp670k": 5}
 
 
-MAX_AUTO_BLOCKS = 40  # the auto target's warm-up: chronica auto's blocks until it decided
+MAX_AUTO_BLOCKS = 48  # the auto target's warm-up: chronica auto's blocks until it decided
 
 
 def _warm_until_decided(runners: dict, chosen: list[str], steps: int, result: dict) -> None:
