@@ -13,7 +13,10 @@ The trial, in order:
 
 1. ``"measure"``: one bucketed window. If the communication it exposed could save less than
    ``min_saving`` of the step (``Window.saving_bound``: what is exposed, but no more than
-   the step time the link leaves to hide it in), bucketed is kept.
+   the step time the link leaves to hide it in), bucketed is kept. Where that bound lies
+   between half ``min_saving`` and ``min_saving``, a second bucketed window is measured and
+   their mean decides: a bucketed decision stands until the communication's share drifts,
+   and one window of a few steps near the threshold is a coin's toss.
 2. ``"search"``: successive halving over the candidates (``candidates``): each candidate
    gets a window, bucketed windows interleaved after every second one; a candidate's score
    is the median, over its windows, of its cost over the mean of the bucketed windows
@@ -394,13 +397,17 @@ class AutoTrial:
 
     def _measured(self, window: Window) -> None:
         self._log.append((BUCKETED, window))
-        bound = window.saving_bound
+        bound = float(np.mean([w.saving_bound for _, w in self._log]))
+        near = self.min_saving / 2 <= bound < self.min_saving < 1.0
+        if near and len(self._log) < 2:
+            return  # one window near the threshold does not decide: measure another
         if bound < self.min_saving or self.min_saving >= 1.0:
             below = "<" if bound < self.min_saving else "never searched at"
+            over = f" (mean of {len(self._log)} windows)" if len(self._log) > 1 else ""
             self._settle(
                 BUCKETED,
                 f"the ranks measured that priority scheduling would save at most {bound:.1%} "
-                f"of step time ({below} min_saving={self.min_saving:.0%})",
+                f"of step time{over} ({below} min_saving={self.min_saving:.0%})",
             )
             return
         self.phase = "search"

@@ -174,6 +174,20 @@ def test_bound_below_min_saving_or_min_saving_one_never_searches():
         never.observe(Window(0.1))
 
 
+def test_a_bound_near_min_saving_is_measured_twice_before_bucketed_stays():
+    clear = AutoTrial([A], accelerator=True)  # min_saving 5%: 1% decides at once
+    assert clear.observe(Window(0.1, after_backward=0.001)) == BUCKETED and clear.settled
+    for second, phase in ((0.008, "search"), (0.004, "settled")):
+        trial = AutoTrial([A], accelerator=True)
+        assert trial.observe(Window(0.1, after_backward=0.004)) == BUCKETED  # 4%: near
+        assert trial.phase == "measure" and not trial.settled
+        trial.observe(Window(0.1, after_backward=second))  # the mean of both decides
+        assert trial.phase == phase
+    assert trial.decision.endswith(
+        "at most 4.0% of step time (mean of 2 windows) (< min_saving=5%)"
+    )
+
+
 def test_bound_no_more_than_the_link_leaves_free():
     """Exposed 60 ms of a 100 ms step, but the link is busy 98 ms: 2% at most, not tried."""
     trial = AutoTrial([A])
