@@ -21,18 +21,21 @@ The trial, in order:
    gets a window, bucketed windows interleaved after every second one; a candidate's score
    is the median, over its windows, of its cost over the mean of the bucketed windows
    beside it. The better half goes on to the next round until one is left.
-3. The survivor is judged on windows of its own measured after the search chose it
-   (``MIN_WINDOWS_KEPT`` at first, each beside bucketed ones): the windows that made it the
-   best of several are the luckiest of their round and prove nothing more. It is kept
-   only if its score over those windows is below ``1 - max(margin, need)``: ``noise`` is
-   how much two neighbouring bucketed windows of this same trial differ (the root mean
-   square of their relative differences: the median of the few a trial has is often far
-   below the truth), and ``need`` is that noise shrunk as the median over more paired
-   windows is surer of itself (``noise * sqrt(2 / windows)``: all of it at 2 windows,
-   half at 8). Where the score saves more than ``margin`` but not more than ``need`` (the
-   noise cannot tell), the survivor and bucketed get as many windows again, interleaved,
-   and it is judged anew, up to ``MAX_WINDOWS_KEPT`` windows; there, what did not beat
-   ``need`` stays bucketed.
+3. The survivor gets windows of its own after the search chose it (``MIN_WINDOWS_KEPT`` at
+   first, each beside bucketed ones): the windows that made it the best of several are the
+   luckiest of their round, so the fresh ones must on their own save ``margin``. It is
+   kept only if that holds and its score over all its windows is below
+   ``1 - max(margin, need)``: ``noise`` is how much two neighbouring bucketed windows of
+   this same trial differ (the root mean square of their relative differences: the median
+   of the few a trial has is often far below the truth), and ``need`` is that noise shrunk
+   as the median over more paired windows is surer of itself (``noise * sqrt(2 /
+   windows)``: all of it at 2 windows, half at 8). Where the noise cannot tell (the score
+   saves more than ``margin`` but not more than ``need``, or the fresh windows do not
+   confirm it), the survivor and bucketed get as many fresh windows again, interleaved,
+   and it is judged anew, up to ``MAX_WINDOWS_KEPT`` fresh windows; there, what is still
+   not confirmed stays bucketed. Simulated (three settings, lognormal window noise of 11%),
+   a setting 5% slower than bucketed is kept 5% of the time (judged on the search's
+   windows against the median noise, 16%), one 10% faster 57% (59%).
 4. ``"settled"``: the decision is printed once (WARNING, rank 0) and kept in ``decision``.
    Windows of ``WATCH_STEPS`` then watch the share of the step the communication takes; if
    it moves by more than ``drift`` (or half its value) in ``DRIFT_WINDOWS`` windows in a
@@ -483,16 +486,22 @@ class AutoTrial:
 
     def _conclude(self, best: Candidate) -> int:
         """Keep ``best`` or bucketed, or (0 returned where decided) how many more windows of
-        ``best`` beside bucketed ones the noise asks for before deciding."""
-        ratios, noise = self._ratios(best, self._judged_from), self._noise()
+        ``best`` beside bucketed ones the noise asks for before deciding. Its score is the
+        median over all its windows; the median over those after the search (``fresh``)
+        must also save ``margin``: the search's windows chose it, the fresh ones test it."""
+        ratios, noise = self._ratios(best), self._noise()
+        fresh = self._ratios(best, self._judged_from)
         need = max(self.margin, noise * math.sqrt(MIN_WINDOWS_KEPT / len(ratios)))
-        score = float(np.median(ratios))
-        if 1.0 - need < score < 1.0 - self.margin and len(ratios) < MAX_WINDOWS_KEPT:
-            return min(len(ratios), MAX_WINDOWS_KEPT - len(ratios))  # the noise cannot tell
+        score, tested = float(np.median(ratios)), float(np.median(fresh))
+        beaten = score <= 1.0 - need and tested <= 1.0 - self.margin
+        unsure = 1.0 - need < score < 1.0 - self.margin or (score <= 1.0 - need and not beaten)
+        if unsure and len(fresh) < MAX_WINDOWS_KEPT:
+            return min(len(fresh), MAX_WINDOWS_KEPT - len(fresh))  # the noise cannot tell
         basis = "step time" if self.accelerator else "step time, extra CPU beyond idle counted"
         searched = len(self.settings)
         chosen = (
-            f", the best of {searched} settings searched, measured after the search"
+            f", {len(fresh)} of them after the search at {tested:.3f}x; the best of "
+            f"{searched} settings searched"
             if searched > 1
             else ""
         )
@@ -501,11 +510,12 @@ class AutoTrial:
             f"bucketed ones{chosen}; noise between bucketed windows {noise:.1%}, {need:.1%} "
             f"over {len(ratios)} windows)"
         )
-        if score <= 1.0 - need:
+        if beaten:
             self._settle(best, f"{best} {measured}")
         else:
+            after = f", and {self.margin:.1%} after the search" if searched > 1 else ""
             self._settle(
-                BUCKETED, f"the best, {best}, {measured}: it must save more than {need:.1%}"
+                BUCKETED, f"the best, {best}, {measured}: it must save more than {need:.1%}{after}"
             )
         return 0
 

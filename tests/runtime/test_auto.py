@@ -52,8 +52,8 @@ def test_search_interleaves_bucketed_halves_and_keeps_the_best():
     assert trial.current == A and trial.engine == "scheduled"
     assert trial.decision.startswith(
         "scheduled: scheduled (256 KiB partitions, 1 MiB credit) cost 0.800x bucketed "
-        "(step time, median of 2 windows beside bucketed ones, the best of 3 settings "
-        "searched, measured after the search"
+        "(step time, median of 4 windows beside bucketed ones, 2 of them after the search "
+        "at 0.800x; the best of 3 settings searched"
     )
 
 
@@ -86,11 +86,13 @@ def keeps(settings, seeds, sigma):
 
 
 def test_noise_rarely_makes_a_setting_that_saves_nothing_win():
-    # Windows 8% apart, no setting faster than bucketed: judged on the windows that chose
-    # it, against the median noise, the best of three was kept 39% of the time (simulated).
-    assert keeps({}, range(100), 0.08) <= 0.2
-    assert keeps({A: 1.05, B: 1.05, C: 1.05}, range(100), 0.08) <= 0.1
-    assert keeps({A: 0.85}, range(100), 0.08) >= 0.85  # a real saving is still kept
+    # 100 seeded trials each. Judged on the windows that chose it, against the median noise,
+    # the best of three was kept 37% of the time where none was faster than bucketed (8%
+    # window noise) and 14% where all were 5% slower (11% noise): now 19% and 5%; a setting
+    # 15% faster is kept as often as before (98%).
+    assert keeps({}, range(100), 0.08) <= 0.25
+    assert keeps({A: 1.05, B: 1.05, C: 1.05}, range(100), 0.11) <= 0.08
+    assert keeps({A: 0.85}, range(100), 0.08) >= 0.95
 
 
 def test_a_single_setting_gets_two_windows_beside_bucketed_ones():
@@ -103,7 +105,7 @@ def test_not_cheaper_than_margin_keeps_bucketed():
     slower = AutoTrial([A, B], accelerator=True)
     drive(slower, {A: 0.110, B: 0.120})
     assert slower.current == BUCKETED and slower.decision.startswith("bucketed: the best, ")
-    assert slower.decision.endswith("it must save more than 2.0%")
+    assert slower.decision.endswith("it must save more than 2.0%, and 2.0% after the search")
 
 
 def drive_noisy(trial, setting_s):
