@@ -8,6 +8,7 @@ __all__ = [
     "AUTO_BATCH",
     "GRID",
     "MODELS",
+    "OUTSIDE",
     "VARIANTS",
     "WHOLE",
     "input_shape",
@@ -49,11 +50,30 @@ VARIANTS: dict[str, dict | None] = {
     "auto-tuned": {"mode": "scheduled", "order": "priority", "auto_tune": True},
     # The settings chronica auto searches (chronica.runtime.auto.candidates), each fixed:
     # partitions no bigger than all the gradients, credit four partitions.
-    "scheduled 256 KiB": {"mode": "scheduled", "partition_bytes": 256 << 10, "credit_bytes": 4},
-    "scheduled 1 MiB": {"mode": "scheduled", "partition_bytes": 1 << 20, "credit_bytes": 4},
-    "scheduled 4 MiB": {"mode": "scheduled", "partition_bytes": 4 << 20, "credit_bytes": 4},
+    "scheduled 256 KiB": {"mode": "scheduled", "partition_bytes": 256 << 10, "credit_parts": 4},
+    "scheduled 1 MiB": {"mode": "scheduled", "partition_bytes": 1 << 20, "credit_parts": 4},
+    "scheduled 4 MiB": {"mode": "scheduled", "partition_bytes": 4 << 20, "credit_parts": 4},
+    # Settings outside that search (``OUTSIDE``), measured only where named (``--only``).
+    "scheduled 128 KiB": {"mode": "scheduled", "partition_bytes": 128 << 10, "credit_parts": 4},
+    "scheduled 512 KiB": {"mode": "scheduled", "partition_bytes": 512 << 10, "credit_parts": 4},
+    "scheduled 256 KiB (credit 2)": {
+        "mode": "scheduled",
+        "partition_bytes": 256 << 10,
+        "credit_parts": 2,
+    },
+    "scheduled 256 KiB (credit 8)": {
+        "mode": "scheduled",
+        "partition_bytes": 256 << 10,
+        "credit_parts": 8,
+    },
 }
 GRID = ("scheduled 256 KiB", "scheduled 1 MiB", "scheduled 4 MiB")  # credit: 4 partitions
+OUTSIDE = (
+    "scheduled 128 KiB",
+    "scheduled 512 KiB",
+    "scheduled 256 KiB (credit 2)",
+    "scheduled 256 KiB (credit 8)",
+)
 # The auto target's batches: compute about as long as vgg's and mlp's all-reduce at 100 Mbit/s
 # on this machine (two ranks on two shared cores), where the order of communication matters.
 AUTO_BATCH = {"vgg": 64, "mlp": 1536}
@@ -79,9 +99,9 @@ def knobs_for(variant: str, net) -> dict:
     sizes = [4 * p.numel() for p in net.parameters()]
     if knobs.get("partition_bytes") == WHOLE:
         knobs["partition_bytes"] = max(sizes)
-    if variant in GRID:
+    if "credit_parts" in knobs:  # cut as chronica.runtime.auto.candidates cuts
         knobs["partition_bytes"] = min(knobs["partition_bytes"], sum(sizes))
-        knobs["credit_bytes"] *= knobs["partition_bytes"]
+        knobs["credit_bytes"] = knobs.pop("credit_parts") * knobs["partition_bytes"]
     return knobs
 
 

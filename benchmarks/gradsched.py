@@ -53,11 +53,13 @@ from benchmarks.grad_models import (
     AUTO_BATCH,
     GRID,
     MODELS,
+    OUTSIDE,
     VARIANTS,
     input_shape,
     knobs_for,
 )
 from benchmarks.grad_models import model as _model
+from chronica.runtime.auto import MEASURE_STEPS
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -84,14 +86,17 @@ DDP_ARGS: dict[str, dict[str, Any]] = {
     "DDP bucket_cap_mb=0.5": {"bucket_cap_mb": 0.5},
     "DDP again": {},  # a second default DDP: the run's noise, measured like any variant
 }
-AUTO_WARM = 19  # chronica auto: first step, 5 bucketed, a trial of 3 + 5 scheduled, 5 bucketed
+# chronica auto's shortest trial where it searches: the first step, then windows of
+# MEASURE_STEPS + 1 steps: one bucketed, the search's 8 (3 settings, then the best 2, bucketed
+# between) and its survivor's 2 beside 2 bucketed ones; plus the scheduled engine's re-plans.
+AUTO_WARM = 1 + (1 + 8 + 4) * (MEASURE_STEPS + 1) + 4
 # Steps per block as a multiple of the run's, so that every model's blocks last about as long
 # (mlp670k's steps are about 5x shorter than vgg's): a block of a few short steps is mostly
 # the machine's noise.
 BLOCK_SCALE = {"mlp670k": 5}
 
 
-MAX_AUTO_BLOCKS = 40  # the auto target's warm-up: chronica auto's blocks until it decided
+MAX_AUTO_BLOCKS = 48  # the auto target's warm-up: chronica auto's blocks until it decided
 
 
 def _warm_until_decided(runners: dict, chosen: list[str], steps: int, result: dict) -> None:
@@ -110,12 +115,82 @@ def _warm_until_decided(runners: dict, chosen: list[str], steps: int, result: di
     result["auto_warm_blocks"] = blocks
 
 
-def _predict(name: str, result: dict, steps: int, batch: int) -> dict:
+PROBE_ROUNDS = 4  # the simulator's probe: rounds of a DDP block and a best-setting block
+
+
+def steady_steps(block: dict) -> dict:
+    """One probed block's per-step records (``forward``, ``backward``: one row of layer
+    times per step; ``update``: the optimizer's seconds) without its first step, which
+    follows the previous block's ``synchronize()``: nothing in flight, so its forward
+    waits for nothing, unlike the steps the rounds' step-to-step times hold.
+
+    Args:
+        block: lists of one entry per step of the block, by key.
+
+    Example::
+
+        >>> steady_steps({"forward": [[3.0], [1.0]], "update": [0.5, 0.1]})
+        {'forward': [[1.0]], 'update': [0.1]}
+    """
+    return {key: list(rows)[1:] for key, rows in block.items()}
+
+
+def probe_pairs(best: str, rounds: int) -> list[tuple[str, str]]:
+    """The probe's blocks: ``rounds`` pairs of a DDP block and a ``best`` one, the pair's
+    order alternating, as the rounds run them (each ratio over the DDP block beside it).
+
+    Args:
+        best: the setting probed beside DDP.
+        rounds: pairs of blocks.
+
+    Example::
+
+        >>> probe_pairs("scheduled 1 MiB", 2)
+        [('DDP', 'scheduled 1 MiB'), ('scheduled 1 MiB', 'DDP')]
+    """
+    return [("DDP", best) if r % 2 == 0 else (best, "DDP") for r in range(rounds)]
+
+
+def _probe_rounds(runners: dict, best: str, steps: int) -> tuple[dict, float]:
+    """Layer times of ``best`` and of DDP in blocks of the rounds' own runners (the models,
+    optimizers and warm state the rounds measured), ``PROBE_ROUNDS`` interleaved pairs:
+    per variant, both ranks' steady steps as ``_slowest`` keeps them, with the median of
+    its blocks' step times; and the median over pairs of best's block over DDP's."""
+    import torch.distributed as dist
+
+    from benchmarks.grad_sim_validation import _slowest
+
+    records: dict[str, list[dict]] = {"DDP": [], best: []}
+    seconds: dict[str, list[float]] = {"DDP": [], best: []}
+    for pair in probe_pairs(best, PROBE_ROUNDS):
+        for variant in pair:
+            series, record = runners[variant][0](steps + 1, probed=True)
+            records[variant].append(record)
+            seconds[variant].append(float(np.median(series[0])))
+    runs = {}
+    for variant, blocks in records.items():
+        steady = [
+            steady_steps({k: b[k] for k in ("forward", "backward", "update")}) for b in blocks
+        ]
+        mine: dict[str, Any] = {
+            key: np.asarray([row for b in steady for row in b[key]])
+            for key in ("forward", "backward", "update")
+        }
+        mine |= {"reduce": np.asarray([]), "step_s": float(np.median(seconds[variant]))}
+        ranks: list = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, mine)
+        layout = {k: blocks[0][k] for k in ("names", "tensor_bytes")}
+        runs[variant] = {**layout, **_slowest(ranks)}
+    ratio = float(np.median(np.asarray(seconds[best]) / np.asarray(seconds["DDP"])))
+    return runs, ratio
+
+
+def _predict(name: str, result: dict, steps: int, batch: int, runners: dict) -> dict:
     """The simulator's scheduled/DDP step-time ratio for the best fixed setting of ``GRID``
     (by rank 0's median ratio, agreed), as ``benchmarks.grad_sim_validation`` predicts it:
-    each variant's in-run layer times (probed steps of its own), compute alone for the
-    time outside the layers and the shim's optimizer, on the link fitted from all-reduce
-    times measured here and now."""
+    each variant's in-run layer times (probed in blocks of the rounds' own runners,
+    interleaved: ``_probe_rounds``), compute alone for the time outside the layers and the
+    shim's optimizer, on the link fitted from all-reduce times measured here and now."""
     import torch.distributed as dist
 
     from benchmarks.grad_sim_validation import (
@@ -137,8 +212,8 @@ def _predict(name: str, result: dict, steps: int, batch: int) -> dict:
     pick = [min(measured, key=measured.__getitem__)]
     dist.broadcast_object_list(pick, src=0)
     best = pick[0]
-    alone = _run_steps(name, None, steps, batch=batch)
-    runs = {v: _run_steps(name, v, probe_steps(steps), batch=batch) for v in ("DDP", best)}
+    runs, probed = _probe_rounds(runners, best, steps)
+    alone = _run_steps(name, None, probe_steps(steps), batch=batch)
     numel = sum(sum(b) for b in alone["tensor_bytes"]) // 4
     sizes = [*ALLREDUCE_SIZES, numel]
     dist.barrier()
@@ -158,8 +233,8 @@ def _predict(name: str, result: dict, steps: int, batch: int) -> dict:
         "predicted": scheduled.step_s / ddp.step_s,
         "sim_ddp_s": ddp.step_s,
         "sim_scheduled_s": scheduled.step_s,
-        "probed": runs[best]["step_s"] / runs["DDP"]["step_s"],
-        "probe_steps": probe_steps(steps),
+        "probed": probed,
+        "probe_blocks": PROBE_ROUNDS,
         "bandwidth": bandwidth,
         "latency_s": latency,
         "queued_latency_s": queued,
@@ -198,6 +273,7 @@ def _worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    from benchmarks.grad_sim_validation import _Probe
     from chronica.runtime.dispatcher import AutoTuner
     from chronica.torch.distributed import ScheduledOptimizer
 
@@ -221,9 +297,11 @@ def _worker(args: argparse.Namespace) -> None:
         def make(variant: str, x=x, y=y, loss_fn=loss_fn, name=name):
             """A ``block(count) -> (seconds, cpu_seconds)`` stepping ``variant``'s own model,
             and the optimizer (a ScheduledOptimizer is synchronized after each block: no
-            variant may have collectives in flight while another one steps)."""
+            variant may have collectives in flight while another one steps). ``block(count,
+            probed=True)`` also times every layer of those steps (``_Probe``, attached to
+            the model at its first probed block) and returns them beside the series."""
             torch.manual_seed(0)
-            model = _model(name)
+            model = bare = _model(name)
             opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
             knobs = knobs_for(variant, model)
             if variant in DDP_ARGS:
@@ -231,14 +309,24 @@ def _worker(args: argparse.Namespace) -> None:
             elif knobs:
                 opt = ScheduledOptimizer(model, opt, **knobs)
             params = list(model.parameters())
+            probes: list[_Probe] = []
 
-            def block(count: int) -> list[list[float]]:
-                """Step to step, each of ``QUANTITIES``."""
+            def block(count: int, probed: bool = False):
+                """Step to step, each of ``QUANTITIES`` (and, ``probed``, the layers' names,
+                bytes and times and the optimizer's seconds, of every step)."""
+                if probed and not probes:
+                    probes.append(_Probe(bare))
+                probe = probes[0] if probed else None
                 series: list[list[float]] = [[] for _ in QUANTITIES]
+                update: list[float] = []
                 prev = None
                 for _ in range(count):
                     opt.zero_grad()
-                    loss_fn(model(x), y).backward()
+                    loss = loss_fn(model(x), y)
+                    loss_end = time.perf_counter()
+                    loss.backward()
+                    if probe is not None:
+                        probe.step(loss_end)
                     if variant == "no overlap":
                         flat = torch.cat([p.grad.view(-1) for p in params])
                         dist.all_reduce(flat)
@@ -246,15 +334,20 @@ def _worker(args: argparse.Namespace) -> None:
                         sizes = [p.numel() for p in params]
                         for p, part in zip(params, flat.split(sizes), strict=True):
                             p.grad.view(-1).copy_(part)
+                    before = time.perf_counter()
                     opt.step()
                     now = _clocks()
+                    update.append(now[0] - before)
                     if prev is not None:
                         for kept, a, b in zip(series, now, prev, strict=True):
                             kept.append(a - b)
                     prev = now
                 if isinstance(opt, ScheduledOptimizer):
                     opt.synchronize()
-                return series
+                if probe is None:
+                    return series
+                layers = {"forward": probe.forward[-count:], "backward": probe.backward[-count:]}
+                return series, {**probe.layout(), **layers, "update": update}
 
             return block, opt
 
@@ -291,7 +384,9 @@ def _worker(args: argparse.Namespace) -> None:
                 times.append(time.perf_counter() - t0)
             return times
 
-        chosen = args.variants.split(",") if args.variants else list(VARIANTS)
+        chosen = (
+            args.variants.split(",") if args.variants else [v for v in VARIANTS if v not in OUTSIDE]
+        )
         chosen = ["DDP", *(v for v in chosen if v != "DDP")]  # every ratio's reference
         # Per measured round and variant: its block and the DDP block run next to it.
         result: dict = {q: {v: [] for v in chosen} for q in QUANTITIES}
@@ -356,9 +451,11 @@ def _worker(args: argparse.Namespace) -> None:
                     "saving_bound": exposure.saving_bound,
                     "setting": str(opt.setting),
                 }
+        if args.rounds_of_all:  # probes the runners as the rounds left them
+            result["sim"] = _predict(name, result, steps, batch, runners)
+        for _, opt in runners.values():
+            if isinstance(opt, ScheduledOptimizer):
                 opt.close()
-        if args.rounds_of_all:
-            result["sim"] = _predict(name, result, steps, batch)
         bounds()
         dist.barrier()
         n = sum(p.numel() for p in _model(name).parameters())
@@ -738,6 +835,12 @@ def auto_rows(result: dict) -> list[dict]:
                     "to_best": to_best,
                     "to_best_interval": to_best_interval,
                     "speedup": 1.0 / ratio,
+                    # the link's time for all the gradients (at the bandwidth fitted after
+                    # the rounds) over DDP's step: every step sends them all, so no
+                    # schedule's step can be shorter
+                    "link_bound": model["param_bytes"] / sim["bandwidth"] / s["median"]["DDP"]
+                    if sim.get("bandwidth") and model.get("param_bytes")
+                    else float("nan"),
                     "within_3": to_best <= 1.03,
                     "not_worse": ratio - 1.0 <= noise,
                     "sim_variant": sim.get("variant", ""),
@@ -746,6 +849,7 @@ def auto_rows(result: dict) -> list[dict]:
                     "sim_interval": s["interval"].get(sim.get("variant", ""), (np.nan, np.nan)),
                     "sim_probed": sim.get("probed", float("nan")),
                     "sim_probe_steps": sim.get("probe_steps", 0),
+                    "sim_probe_blocks": sim.get("probe_blocks", 0),
                     "sim_error": sim.get("predicted", float("nan")) / measured_sim - 1.0,
                     "decision": model.get("stats", {}).get("chronica auto", {}).get("decision", ""),
                     "setting": model.get("stats", {}).get("chronica auto", {}).get("setting", ""),
@@ -799,8 +903,10 @@ def _render_auto(result: dict) -> str:
         "|---|---|---|---:|---:|---:|---|---:|",
     ]
     fixed = [
-        "| link | model | " + " | ".join(GRID) + " |",
-        "|---|---|" + "---:|" * len(GRID),
+        "| link | model | "
+        + " | ".join(GRID)
+        + " | the link's time for all gradients | most x DDP |",
+        "|---|---|" + "---:|" * (len(GRID) + 2),
     ]
     for r in rows:
         lo, hi = r["auto_interval"]
@@ -827,7 +933,7 @@ def _render_auto(result: dict) -> str:
         fixed.append(
             f"| {r['link']} | {r['model']} | "
             + " | ".join(f"{r['fixed'].get(v, float('nan')):.3f}" for v in GRID)
-            + " |"
+            + f" | {r['link_bound']:.3f} | {1 / r['link_bound']:.3f}x |"
         )
     hundred = [r for r in rows if r["link"] == "100mbit"]
     shares = [r["core_share"] for r in rows]
@@ -881,14 +987,22 @@ def _render_auto(result: dict) -> str:
             *table,
             "",
             *crowded,
-            "Every fixed setting over DDP:",
+            "Every fixed setting over DDP, and the link's bound over DDP's step: all the "
+            "gradients' bytes at the bandwidth fitted from all-reduces measured after the "
+            "rounds (the simulator's link, below). Every step sends all of them, so no "
+            "schedule's step can be shorter; *most x DDP* is the speed-up that leaves to any "
+            "schedule:",
             "",
             *fixed,
+            "",
+            OUTSIDE_WORDS,
             "",
             "The targets: chronica auto within 3% of the best fixed setting on every link "
             f"({sum(r['within_3'] for r in rows)} of {len(rows)}); at least 1.15x faster than "
             "DDP at 100 Mbit/s ("
             + ", ".join(f"{r['model']} {r['speedup']:.2f}x" for r in hundred)
+            + "; the link's bound allows at most "
+            + ", ".join(f"{r['model']} {1 / r['link_bound']:.3f}x" for r in hundred)
             + "); never worse than DDP by more than the noise "
             f"({sum(r['not_worse'] for r in rows)} of {len(rows)}).",
             "",
@@ -901,16 +1015,9 @@ def _render_auto(result: dict) -> str:
             "run's own probed steps (each variant's in-run layer times, compute alone for "
             "the time outside the layers and the shim's optimizer) on the link fitted from "
             "all-reduce times measured in the same process pair after the rounds. The last "
-            "column is the probed runs' own step-time ratio: where it lies far from the "
+            "column is the probed steps' own step-time ratio: where it lies far from the "
             "measured one, the probed steps were not the steps the rounds ran. "
-            + (
-                "This run probed 5 steps per variant, whose measured half followed the "
-                "scheduled engine's re-plans (which drain the link); the probe now warms up "
-                "past them (`probe_steps`):"
-                if any(not r["sim_probe_steps"] for r in rows)
-                else f"Each probed run: {rows[0]['sim_probe_steps']} steps, the first half "
-                "warm-up (past the scheduled engine's re-plans):"
-            ),
+            + _probe_words(rows),
             "",
             *sim,
             "",
@@ -924,6 +1031,48 @@ def _render_auto(result: dict) -> str:
             + f". Reproduce: `{result['command']}`.",
             "",
         ]
+    )
+
+
+# Settings outside auto's search at 100 Mbit/s (benchmarks.grad_models.OUTSIDE), measured once
+# beside the searched 256 KiB; a run of its own, so its words are kept here.
+OUTSIDE_WORDS = (
+    "Settings outside the search, at 100 Mbit/s with vgg, 10 rounds on the machine shared "
+    "with other work (2026-11-27 09:49 UTC; `python -m benchmarks.gradsched --target auto "
+    "--links 100mbit --model vgg --rounds 10 --only 'DDP again' --only 'scheduled 256 KiB' "
+    "--only 'scheduled 128 KiB' --only 'scheduled 512 KiB' --only 'scheduled 256 KiB (credit "
+    "2)' --only 'scheduled 256 KiB (credit 8)'`): partitions of 128 KiB 0.799 of DDP, 512 KiB "
+    "0.797, 256 KiB with a credit of 2 or 8 partitions 0.839 and 0.809, against 0.811 for the "
+    "searched 256 KiB with 4 (DDP again 1.007 [0.941, 1.162]): none told apart from it. Each "
+    "ran 378-396 ms per step where the link needs 376 ms for all the gradients (its fitted "
+    "bandwidth), the link busy 373-381 ms of each step (`stats()`): the scheduled step is the "
+    "link's time for the gradients plus the few milliseconds from the last layer's reduced "
+    "weights to its next gradient, and no partition size, credit or cheaper shim can take "
+    "more than those few milliseconds off. What scheduling gains over DDP there is the "
+    "compute DDP leaves exposed, so its speed-up is DDP's step over the link's time (*most x "
+    "DDP*): DDP, slower on that loaded machine (472 ms), read 1.23x for the same 256 KiB."
+)
+
+
+def _probe_words(rows: list[dict]) -> str:
+    """How the run's simulator probe measured its steps, for the page."""
+    if rows[0].get("sim_probe_blocks"):
+        return (
+            f"The probe: {rows[0]['sim_probe_blocks']} pairs of blocks of the rounds' own "
+            "models and optimizers (the same settings and warm state), a DDP block and one "
+            "of the best setting, the pair's order alternating as in the rounds, with every "
+            "layer timed; each block's first step (nothing in flight before it) left out; "
+            "its own ratio the median over pairs:"
+        )
+    if any(not r["sim_probe_steps"] for r in rows):
+        return (
+            "This run probed 5 steps per variant, whose measured half followed the scheduled "
+            "engine's re-plans (which drain the link); the probe now warms up past them "
+            "(`probe_steps`):"
+        )
+    return (
+        f"Each probed run: {rows[0]['sim_probe_steps']} steps of a fresh model, the first "
+        "half warm-up (past the scheduled engine's re-plans):"
     )
 
 

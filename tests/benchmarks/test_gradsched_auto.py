@@ -13,10 +13,13 @@ from benchmarks.grad_models import GRID, knobs_for  # noqa: E402
 from benchmarks.grad_sim_validation import SCHEDULED_WARM, probe_steps  # noqa: E402
 from benchmarks.gradsched import (  # noqa: E402
     AUTO_TARGET,
+    PROBE_ROUNDS,
     auto_rows,
     auto_table,
+    probe_pairs,
     record_auto_target,
     render_markdown,
+    steady_steps,
 )
 
 QUANTITIES = ("variants", "cpu", "thread", "faults")
@@ -69,6 +72,17 @@ def test_rows_find_the_best_fixed_setting_and_judge_every_target():
     assert row["not_worse"] and row["noise"] >= 0.01
     assert row["sim_error"] == pytest.approx(0.90 / 0.80 - 1)
     assert "scheduled 256 KiB" in auto_table(result())
+
+
+def test_the_links_bound_is_all_gradients_at_the_fitted_bandwidth_over_ddps_step(tmp_path):
+    run = result()
+    model = run["links"][0]["models"]["vgg"]
+    model["param_bytes"], model["sim"]["bandwidth"] = 4_000_000, 12_500_000.0  # 320 ms
+    (row,) = auto_rows(run)
+    assert row["link_bound"] == pytest.approx(0.32 / 0.4)
+    page = render_markdown(run, tmp_path)
+    assert "| 0.800 | 1.250x |" in page and "the link's bound allows at most vgg 1.250x" in page
+    assert "Settings outside the search" in page
 
 
 def test_ddp_is_the_best_fixed_setting_when_no_schedule_beats_it():
@@ -134,6 +148,7 @@ def test_fixed_settings_cut_as_auto_cuts_them():
     assert knobs_for("scheduled 4 MiB", model)["partition_bytes"] == total
     assert knobs_for("scheduled 4 MiB", model)["credit_bytes"] == 4 * total
     assert knobs_for("DDP", model) == {}
+    assert knobs_for("scheduled 256 KiB (credit 8)", model)["credit_bytes"] == 8 * (256 << 10)
 
 
 def test_probed_runs_measure_steps_past_the_scheduled_engines_replans():
@@ -145,6 +160,21 @@ def test_probed_runs_measure_steps_past_the_scheduled_engines_replans():
     for steps in (1, 3, 6, 20):
         count = probe_steps(steps)
         assert count // 2 >= SCHEDULED_WARM and count - count // 2 >= steps
+
+
+def test_the_simulators_probe_measures_the_rounds_steps(tmp_path):
+    # Blocks of the rounds' own runners, DDP and the best setting alternating first as the
+    # rounds' pairs do, each block without its first step (nothing in flight before it).
+    pairs = probe_pairs("scheduled 1 MiB", PROBE_ROUNDS)
+    assert len(pairs) == PROBE_ROUNDS >= 4
+    assert [p[0] for p in pairs[:2]] == ["DDP", "scheduled 1 MiB"]
+    assert all(set(p) == {"DDP", "scheduled 1 MiB"} for p in pairs)
+    block = {"forward": [[9.0, 9.0], [1.0, 2.0]], "backward": [[0.0], [3.0]], "update": [5, 1]}
+    assert steady_steps(block) == {"forward": [[1.0, 2.0]], "backward": [[3.0]], "update": [1]}
+    run = result()
+    run["links"][0]["models"]["vgg"]["sim"] |= {"probed": 0.81, "probe_blocks": PROBE_ROUNDS}
+    page = render_markdown(run, tmp_path)
+    assert f"The probe: {PROBE_ROUNDS} pairs of blocks of the rounds' own models" in page
 
 
 def test_record_keeps_an_auto_run_beside_the_main_results(tmp_path):

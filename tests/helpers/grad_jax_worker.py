@@ -26,7 +26,8 @@ from chronica.runtime import auto
 
 STEPS = 4
 # mode="auto" with min_saving=0: a bucketed window, two settings searched (each beside bucketed
-# windows) and a second window of the better one: decided by step 34, whatever it measured;
+# windows) and a window of the better one after the search: decided by step 34, whatever it
+# measured;
 # "redecided" reopens the trial at REOPEN_STEP and decides again by step 68.
 AUTO_STEPS, REOPEN_STEP = 70, 36
 
@@ -298,8 +299,9 @@ def main(port: str, process_id: str, num_processes: str, out_path: str, timeline
 
 
 if __name__ == "__main__":
-    # The trial at its shortest: no extra windows where the noise cannot tell (a bound the
-    # unit tests of chronica.runtime.auto cover), so that the steps below always decide. Set
-    # here, not at import: a test that imports this module must not change its process.
-    auto.MAX_WINDOWS_KEPT = 2
+    # The trial at its shortest: one window of the survivor after the search, no extra ones
+    # where the noise cannot tell (bounds the unit tests of chronica.runtime.auto cover), so
+    # that the steps below always decide. Set here, not at import: a test that imports this
+    # module must not change its process.
+    auto.MIN_WINDOWS_KEPT = auto.MAX_WINDOWS_KEPT = 1
     main(*sys.argv[1:6])
