@@ -98,6 +98,10 @@ def lockstep_attempt(
     slots = np.full((w, num_micro, rows), row_docs, np.int64)
     room = np.full((w, num_micro), row_length if row_docs > 0 else -1, np.int64)
     count = np.zeros((w, num_micro), np.int64)
+    # Every micro-batch's largest room and how many of its cells have it: a micro-batch
+    # where no cell has room for a unit is skipped without a walk down its ladder.
+    room_top = room[0].copy()
+    room_at = np.full(num_micro, w, np.int64)
     cells[:, :] = 0.0
     top = np.zeros(num_micro)
     empty = w * num_micro
@@ -117,14 +121,20 @@ def lockstep_attempt(
         else:
             r, k, q, time = _best_cell(
                 lengths[i], costs[i], docs[i], speeds, free, slots, room, cells, top,
-                ladder, size, level,
+                ladder, size, level, room_top,
             )  # fmt: skip
         if r < 0:
             return False
         rank[i], micro[i], row[i] = r, k, q
         free[r, k, q] -= lengths[i]
         slots[r, k, q] -= docs[i]
+        before = room[r, k]
         room[r, k] = largest_room(free[r, k : k + 1], slots[r, k : k + 1])
+        if room[r, k] != before and before == room_top[k]:
+            room_at[k] -= 1
+            if room_at[k] == 0:
+                room_top[k] = room[:, k].max()
+                room_at[k] = np.sum(room[:, k] == room_top[k])
         if count[r, k] == 0:
             empty -= 1
         count[r, k] += 1
@@ -186,7 +196,8 @@ def level_steps(
     count = np.zeros((w, num_micro), np.int64)
     for i in range(n):
         count[rank[i], micro[i]] += 1
-    members = np.empty((w, num_micro, max(1, count.max()) + n), np.int64)
+    # A cell gains at most one unit per change, and a micro-batch takes at most ``w`` changes.
+    members = np.empty((w, num_micro, count.max() + w), np.int64)
     filled = np.zeros((w, num_micro), np.int64)
     for i in range(n):
         r, k = rank[i], micro[i]
@@ -268,14 +279,18 @@ def _best_cell(
     ladder: np.ndarray,
     size: np.ndarray,
     level: np.ndarray,
+    room_top: np.ndarray,
 ) -> tuple[int, int, int, float]:
     # The greedy's cell for one unit: per micro-batch and speed class, the fullest cell it
     # fits under the micro-batch's maximum (bisection, then down past cells without room);
-    # where there is none anywhere, the emptiest cell with room.
+    # where there is none anywhere, the emptiest cell with room. Micro-batches whose largest
+    # room (``room_top``) is too small are skipped.
     num_micro, classes = ladder.shape[0], ladder.shape[1]
     best_r, best_k, best_q = -1, -1, -1
     b_rise, b_slack, b_time = np.inf, np.inf, np.inf
     for k in range(num_micro):
+        if room_top[k] < length:
+            continue
         for g in range(classes):
             speed = speeds[ladder[k, g, 0]]
             lo, hi = 0, size[g]
@@ -316,6 +331,8 @@ def _best_cell(
     if best_r >= 0:
         return best_r, best_k, best_q, b_time
     for k in range(num_micro):
+        if room_top[k] < length:
+            continue
         for g in range(classes):
             for y in range(size[g]):
                 r = ladder[k, g, y]
