@@ -5,12 +5,53 @@ from __future__ import annotations
 import numpy as np
 import reference
 
+LPT_LOOKS = 1 << 20  # lockstep._LPT_LOOKS
+
 
 def lockstep_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row_docs):
     """``lockstep_attempt``: ``(rank, micro, row, cells)`` lists, or ``None`` if a unit fits
-    no cell. Each unit, by descending cost, to the cell minimising (rise of its micro-batch's
-    maximum, slack left below that maximum, its new time, micro-batch, rank); while no more
-    units are left than cells are empty, only empty cells are candidates."""
+    no cell. The ladder greedy, refined; where units × cells is at most ``LPT_LOOKS``, the
+    LPT construction too, refined, which replaces it where the greedy failed or where its
+    lockstep step is shorter."""
+    n, w = len(lengths), len(speeds)
+    order = [int(i) for i in reference.descending_order(np.asarray(costs))]
+    best = greedy_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row_docs)
+    if best is not None:
+        refine(lengths, costs, docs, order, speeds, *best)
+    if n * w * num_micro <= LPT_LOOKS:
+        other = lpt_pack(lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs)
+        if other is not None:
+            refine(lengths, costs, docs, order, speeds, *other)
+            if best is None or step(other[5], speeds) < step(best[5], speeds):
+                best = other
+    return None if best is None else best[2:]
+
+
+def step(cells, speeds):
+    """``lockstep._step``: the sum over micro-batches of the slowest cell's time."""
+    total = 0.0
+    for k in range(len(cells[0]) if cells else 0):
+        high = 0.0
+        for r in range(len(cells)):
+            high = max(high, cells[r][k] / speeds[r])
+        total += high
+    return total
+
+
+def refine(lengths, costs, docs, order, speeds, free, slots, rank, micro, row, cells):
+    """``lockstep._refine``: leveling, then relief (mutated in place)."""
+    level_steps(lengths, costs, docs, speeds, free, slots, rank, micro, row, cells)
+    relieve_columns(
+        lengths, costs, docs, order, speeds, free, slots, rank, micro, row, cells,
+        max(len(lengths), 8192),
+    )  # fmt: skip
+
+
+def greedy_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row_docs):
+    """The ladder greedy: ``(free, slots, rank, micro, row, cells)`` lists, or ``None`` if a
+    unit fits no cell. Each unit, by descending cost, to the cell minimising (rise of its
+    micro-batch's maximum, slack left below that maximum, its new time, micro-batch, rank);
+    while no more units are left than cells are empty, only empty cells are candidates."""
     w, n = len(speeds), len(lengths)
     free = [[[row_length] * rows for _ in range(num_micro)] for _ in range(w)]
     slots = [[[row_docs] * rows for _ in range(num_micro)] for _ in range(w)]
@@ -42,12 +83,47 @@ def lockstep_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row
         count[r][k] += 1
         cells[r][k] += costs[i]
         top[k] = max(top[k], time)
-    level_steps(lengths, costs, docs, speeds, free, slots, rank, micro, row, cells)
-    order = [int(i) for i in reference.descending_order(np.asarray(costs))]
-    relieve_columns(
-        lengths, costs, docs, order, speeds, free, slots, rank, micro, row, cells, max(n, 8192)
-    )
-    return rank, micro, row, cells
+    return free, slots, rank, micro, row, cells
+
+
+def lpt_pack(lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs):
+    """``lockstep_lpt.lpt_cells``: ``(free, slots, rank, micro, row, cells)`` lists, or
+    ``None`` if a unit fits no cell. Each unit, in ``order``, to the cell with a row it fits
+    minimising (rise of its micro-batch's maximum, its rank's time after, micro-batch, rank);
+    while no more units are left than cells are empty, only empty cells are candidates."""
+    w, n = len(speeds), len(lengths)
+    free = [[[row_length] * rows for _ in range(num_micro)] for _ in range(w)]
+    slots = [[[row_docs] * rows for _ in range(num_micro)] for _ in range(w)]
+    count = [[0] * num_micro for _ in range(w)]
+    cells = [[0.0] * num_micro for _ in range(w)]
+    sums = [0.0] * w
+    top = [0.0] * num_micro
+    rank, micro, row = [-1] * n, [-1] * n, [-1] * n
+    empty = w * num_micro
+    for t, i in enumerate(order):
+        forced = empty > 0 and n - t <= empty
+        candidates = []
+        for k in range(num_micro):
+            for r in range(w):
+                if forced and count[r][k] > 0:
+                    continue
+                q = reference.fit_row(free[r][k], lengths[i], slots[r][k], docs[i])
+                if q < 0:
+                    continue
+                rise = max(0.0, (cells[r][k] + costs[i]) / speeds[r] - top[k])
+                candidates.append((rise, (sums[r] + costs[i]) / speeds[r], k, r, q))
+        if not candidates:
+            return None
+        _, _, k, r, q = min(candidates)
+        rank[i], micro[i], row[i] = r, k, q
+        free[r][k][q] -= lengths[i]
+        slots[r][k][q] -= docs[i]
+        empty -= count[r][k] == 0
+        count[r][k] += 1
+        cells[r][k] += costs[i]
+        sums[r] += costs[i]
+        top[k] = max(top[k], cells[r][k] / speeds[r])
+    return free, slots, rank, micro, row, cells
 
 
 def level_steps(lengths, costs, docs, speeds, free, slots, rank, micro, row, cells):

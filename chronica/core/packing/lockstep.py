@@ -16,13 +16,19 @@ least as many documents as cells. Then every micro-batch is leveled across the r
 the slowest cells trade places with cheaper units of other micro-batches where those have
 slack (``chronica.core.packing.lockstep_relief``), for at most as many candidate looks as
 the step has units (and at least ``_RELIEF_LOOKS``), so the planning time stays bounded.
+Where units × cells is at most ``_LPT_LOOKS``, a second construction, a lockstep LPT
+(``chronica.core.packing.lockstep_lpt``: each unit where its micro-batch's maximum rises
+least, then where its rank's sum is lowest), is refined the same way, and the shorter of the
+two plans is kept (the greedy on ties); it also stands in where the greedy leaves a unit
+without a cell, so the step needs no extra micro-batch.
 
 The cells of ranks of one speed are kept, per micro-batch, sorted by cost (a "ladder",
 ``chronica.core.packing.ladder``), so the fullest cell a document fits under the maximum is
 found by bisection, and so is the new place of a cell that took a document (the rungs it
-passes shift down as one block, not one swap at a time): a step of 16,384 documents into
-256 ranks plans in tens of milliseconds, not the seconds a scan of every cell per document
-takes.
+passes shift down as one block, not one swap at a time); a micro-batch whose largest room is
+too small for the document is skipped without a walk down its ladder. A step of 16,384
+documents into 256 ranks plans in tens of milliseconds, not the seconds a scan of every
+cell per document takes.
 
 Documents that fit no row make the attempt fail (``False``); ``pack_step`` then retries with
 more micro-batches. The result depends on the inputs only (deterministic on every machine).
@@ -36,6 +42,7 @@ from numba import njit
 
 from chronica.core.packing.kernels import fit_row, largest_room
 from chronica.core.packing.ladder import cell_before, climb, rung, speed_classes
+from chronica.core.packing.lockstep_lpt import lpt_cells
 from chronica.core.packing.lockstep_relief import relieve_columns
 
 __all__ = ["level_steps", "lockstep_attempt", "speed_classes"]
@@ -44,6 +51,8 @@ __all__ = ["level_steps", "lockstep_attempt", "speed_classes"]
 _PARTNERS = 8
 # The relief pass looks at as many candidate units as the step has, and at least this many.
 _RELIEF_LOOKS = 8192
+# The LPT construction runs where units × cells is at most this (it looks at every cell).
+_LPT_LOOKS = 1 << 20
 
 
 @njit(cache=True, nogil=True)
@@ -112,6 +121,7 @@ def lockstep_attempt(
     ladder = np.empty((num_micro, g_count, members.shape[1]), np.int64)
     for k in range(num_micro):
         ladder[k] = members
+    r = 0  # the last unit's rank; -1 where a unit fit nowhere
     for t in range(n):
         i = order[t]
         if empty > 0 and n - t <= empty:
@@ -124,7 +134,7 @@ def lockstep_attempt(
                 ladder, size, level, room_top,
             )  # fmt: skip
         if r < 0:
-            return False
+            break
         rank[i], micro[i], row[i] = r, k, q
         free[r, k, q] -= lengths[i]
         slots[r, k, q] -= docs[i]
@@ -142,12 +152,88 @@ def lockstep_attempt(
         cells[r, k] += costs[i]
         top[k] = max(top[k], time)
         climb(cells[:, k], ladder[k, level[r]], size[level[r]], x, r)
+    fits = r >= 0
+    if fits:
+        _refine(lengths, costs, docs, order, speeds, free, slots, rank, micro, row, cells)
+    if n * w * num_micro <= _LPT_LOOKS:
+        fits = _lpt_instead(
+            lengths, costs, docs, order, speeds, rows, row_length, row_docs, rank, micro, row,
+            cells, fits,
+        ) or fits  # fmt: skip
+    return fits
+
+
+@njit(cache=True)
+def _refine(
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    docs: np.ndarray,
+    order: np.ndarray,
+    speeds: np.ndarray,
+    free: np.ndarray,
+    slots: np.ndarray,
+    rank: np.ndarray,
+    micro: np.ndarray,
+    row: np.ndarray,
+    cells: np.ndarray,
+) -> None:
+    # The passes after a construction: leveling, then relief between micro-batches.
     level_steps(lengths, costs, docs, speeds, free, slots, rank, micro, row, cells)
     relieve_columns(
         lengths, costs, docs, order, speeds, free, slots, rank, micro, row, cells,
-        max(n, _RELIEF_LOOKS),
+        max(lengths.shape[0], _RELIEF_LOOKS),
     )  # fmt: skip
+
+
+@njit(cache=True)
+def _lpt_instead(
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    docs: np.ndarray,
+    order: np.ndarray,
+    speeds: np.ndarray,
+    rows: int,
+    row_length: int,
+    row_docs: int,
+    rank: np.ndarray,
+    micro: np.ndarray,
+    row: np.ndarray,
+    cells: np.ndarray,
+    fits: bool,
+) -> bool:
+    # The LPT construction, refined the same way, replaces the outputs where it fits and
+    # the greedy did not, or where its lockstep step is shorter: True where it did.
+    w, num_micro = cells.shape
+    n = lengths.shape[0]
+    free = np.empty((w, num_micro, rows), np.int64)
+    slots = np.empty_like(free)
+    other_rank = np.empty(n, np.int64)
+    other_micro = np.empty(n, np.int64)
+    other_row = np.empty(n, np.int64)
+    other = np.empty_like(cells)
+    if not lpt_cells(
+        lengths, costs, docs, order, speeds, row_length, row_docs, free, slots, other_rank,
+        other_micro, other_row, other,
+    ):  # fmt: skip
+        return False
+    _refine(lengths, costs, docs, order, speeds, free, slots, other_rank, other_micro,
+            other_row, other)  # fmt: skip
+    if fits and _step(other, speeds) >= _step(cells, speeds):
+        return False
+    rank[:], micro[:], row[:], cells[:, :] = other_rank, other_micro, other_row, other
     return True
+
+
+@njit(cache=True)
+def _step(cells: np.ndarray, speeds: np.ndarray) -> float:
+    # The lockstep step: the sum over micro-batches of the slowest cell's time.
+    total = 0.0
+    for k in range(cells.shape[1]):
+        high = 0.0
+        for r in range(cells.shape[0]):
+            high = max(high, cells[r, k] / speeds[r])
+        total += high
+    return total
 
 
 @njit(cache=True)
