@@ -6,25 +6,62 @@ import numpy as np
 import reference
 
 LPT_LOOKS = 1 << 20  # lockstep._LPT_LOOKS
+RANKED_LOOKS = 1 << 19  # lockstep._RANKED_LOOKS
 
 
 def lockstep_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row_docs):
     """``lockstep_attempt``: ``(rank, micro, row, cells)`` lists, or ``None`` if a unit fits
-    no cell. The ladder greedy, refined; where units × cells is at most ``LPT_LOOKS``, the
-    LPT construction too, refined, which replaces it where the greedy failed or where its
-    lockstep step is shorter."""
+    no cell. The ladder greedy, refined; where units × cells is at most ``RANKED_LOOKS``
+    (``LPT_LOOKS``), the sorted rank plan (the LPT construction) too, refined, each of which
+    replaces the plan so far where that failed or where its lockstep step is shorter."""
     n, w = len(lengths), len(speeds)
     order = [int(i) for i in reference.descending_order(np.asarray(costs))]
     best = greedy_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row_docs)
     if best is not None:
         refine(lengths, costs, docs, order, speeds, *best)
-    if n * w * num_micro <= LPT_LOOKS:
-        other = lpt_pack(lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs)
+    for limit, build in ((RANKED_LOOKS, ranked_pack), (LPT_LOOKS, lpt_pack)):
+        if n * w * num_micro > limit:
+            continue
+        other = build(lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs)
         if other is not None:
             refine(lengths, costs, docs, order, speeds, *other)
             if best is None or step(other[5], speeds) < step(best[5], speeds):
                 best = other
     return None if best is None else best[2:]
+
+
+def ranked_pack(lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs):
+    """``lockstep_ranked.ranked_cells``: the rank kernel's plan (``reference.pack``, even
+    micro-batches first) with every rank's micro-batches by descending cost (ties: the lower
+    index first), as ``(free, slots, rank, micro, row, cells)`` lists; ``None`` where it
+    finds a unit no row or leaves a cell empty although the step has a unit for each."""
+    w, n = len(speeds), len(lengths)
+    placed = reference.pack(
+        lengths, costs, speeds, num_micro, rows, row_length, docs=docs, row_docs=row_docs
+    )
+    if placed is None:
+        return None
+    rank, micro, row = (list(x) for x in placed[:3])
+    sums = [[0.0] * num_micro for _ in range(w)]
+    count = [[0] * num_micro for _ in range(w)]
+    for i in range(n):
+        sums[rank[i]][micro[i]] += costs[i]
+        count[rank[i]][micro[i]] += 1
+    if n >= w * num_micro and min(min(c) for c in count) == 0:
+        return None
+    place = [[0] * num_micro for _ in range(w)]
+    for r in range(w):
+        for p, k in enumerate(sorted(range(num_micro), key=lambda k: (-sums[r][k], k))):
+            place[r][k] = p
+    free = [[[row_length] * rows for _ in range(num_micro)] for _ in range(w)]
+    slots = [[[row_docs] * rows for _ in range(num_micro)] for _ in range(w)]
+    cells = [[0.0] * num_micro for _ in range(w)]
+    for i in range(n):
+        micro[i] = place[rank[i]][micro[i]]
+        free[rank[i]][micro[i]][row[i]] -= lengths[i]
+        slots[rank[i]][micro[i]][row[i]] -= docs[i]
+        cells[rank[i]][micro[i]] += costs[i]
+    return free, slots, rank, micro, row, cells
 
 
 def step(cells, speeds):

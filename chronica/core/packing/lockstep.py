@@ -16,11 +16,14 @@ least as many documents as cells. Then every micro-batch is leveled across the r
 the slowest cells trade places with cheaper units of other micro-batches where those have
 slack (``chronica.core.packing.lockstep_relief``), for at most as many candidate looks as
 the step has units (and at least ``_RELIEF_LOOKS``), so the planning time stays bounded.
-Where units × cells is at most ``_LPT_LOOKS``, a second construction, a lockstep LPT
-(``chronica.core.packing.lockstep_lpt``: each unit where its micro-batch's maximum rises
-least, then where its rank's sum is lowest), is refined the same way, and the shorter of the
-two plans is kept (the greedy on ties); it also stands in where the greedy leaves a unit
-without a cell, so the step needs no extra micro-batch.
+On small steps two more constructions are refined the same way, and the shortest plan is
+kept (the earlier on ties): where units × cells is at most ``_RANKED_LOOKS``, the rank
+kernel's plan with every rank's micro-batches by descending cost
+(``chronica.core.packing.lockstep_ranked``: alike micro-batches below the cap, which the
+leveling can even out where documents are short), and where it is at most ``_LPT_LOOKS``,
+a lockstep LPT (``chronica.core.packing.lockstep_lpt``: each unit where its micro-batch's
+maximum rises least, then where its rank's sum is lowest). They also stand in where the
+greedy leaves a unit without a cell, so the step needs no extra micro-batch.
 
 The cells of ranks of one speed are kept, per micro-batch, sorted by cost (a "ladder",
 ``chronica.core.packing.ladder``), so the fullest cell a document fits under the maximum is
@@ -43,6 +46,7 @@ from numba import njit
 from chronica.core.packing.kernels import fit_row, largest_room
 from chronica.core.packing.ladder import cell_before, climb, rung, speed_classes
 from chronica.core.packing.lockstep_lpt import lpt_cells
+from chronica.core.packing.lockstep_ranked import ranked_cells
 from chronica.core.packing.lockstep_relief import relieve_columns
 
 __all__ = ["level_steps", "lockstep_attempt", "speed_classes"]
@@ -53,6 +57,8 @@ _PARTNERS = 8
 _RELIEF_LOOKS = 8192
 # The LPT construction runs where units × cells is at most this (it looks at every cell).
 _LPT_LOOKS = 1 << 20
+# The sorted rank plan runs where units × cells is at most this.
+_RANKED_LOOKS = 1 << 19
 
 
 @njit(cache=True, nogil=True)
@@ -155,10 +161,16 @@ def lockstep_attempt(
     fits = r >= 0
     if fits:
         _refine(lengths, costs, docs, order, speeds, free, slots, rank, micro, row, cells)
-    if n * w * num_micro <= _LPT_LOOKS:
-        fits = _lpt_instead(
-            lengths, costs, docs, order, speeds, rows, row_length, row_docs, rank, micro, row,
-            cells, fits,
+    work = n * w * num_micro
+    if work <= _RANKED_LOOKS:
+        fits = _instead(
+            False, lengths, costs, docs, order, speeds, rows, row_length, row_docs, rank,
+            micro, row, cells, fits,
+        ) or fits  # fmt: skip
+    if work <= _LPT_LOOKS:
+        fits = _instead(
+            True, lengths, costs, docs, order, speeds, rows, row_length, row_docs, rank,
+            micro, row, cells, fits,
         ) or fits  # fmt: skip
     return fits
 
@@ -186,7 +198,8 @@ def _refine(
 
 
 @njit(cache=True)
-def _lpt_instead(
+def _instead(
+    lpt: bool,
     lengths: np.ndarray,
     costs: np.ndarray,
     docs: np.ndarray,
@@ -201,8 +214,9 @@ def _lpt_instead(
     cells: np.ndarray,
     fits: bool,
 ) -> bool:
-    # The LPT construction, refined the same way, replaces the outputs where it fits and
-    # the greedy did not, or where its lockstep step is shorter: True where it did.
+    # Another construction (the LPT, or the sorted rank plan), refined the same way,
+    # replaces the outputs where it fits and they do not, or where its lockstep step is
+    # shorter: True where it did.
     w, num_micro = cells.shape
     n = lengths.shape[0]
     free = np.empty((w, num_micro, rows), np.int64)
@@ -211,10 +225,17 @@ def _lpt_instead(
     other_micro = np.empty(n, np.int64)
     other_row = np.empty(n, np.int64)
     other = np.empty_like(cells)
-    if not lpt_cells(
-        lengths, costs, docs, order, speeds, row_length, row_docs, free, slots, other_rank,
-        other_micro, other_row, other,
-    ):  # fmt: skip
+    if lpt:
+        built = lpt_cells(
+            lengths, costs, docs, order, speeds, row_length, row_docs, free, slots, other_rank,
+            other_micro, other_row, other,
+        )  # fmt: skip
+    else:
+        built = ranked_cells(
+            lengths, costs, docs, order, speeds, row_length, row_docs, free, slots, other_rank,
+            other_micro, other_row, other,
+        )  # fmt: skip
+    if not built:
         return False
     _refine(lengths, costs, docs, order, speeds, free, slots, other_rank, other_micro,
             other_row, other)  # fmt: skip
