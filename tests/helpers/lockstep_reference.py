@@ -31,13 +31,14 @@ def lockstep_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row
 
 
 def ranked_pack(lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs):
-    """``lockstep_ranked.ranked_cells``: the rank kernel's plan (``reference.pack``, even
-    micro-batches first) with every rank's micro-batches by descending cost (ties: the lower
-    index first), as ``(free, slots, rank, micro, row, cells)`` lists; ``None`` where it
-    finds a unit no row or leaves a cell empty although the step has a unit for each."""
+    """``lockstep_ranked.ranked_cells``: the rank kernel's LPT (``reference.pack``, even
+    micro-batches first, not refined) with every rank's micro-batches by descending cost
+    (ties: the lower index first), as ``(free, slots, rank, micro, row, cells)`` lists;
+    ``None`` where it finds a unit no row or leaves a cell empty although the step has a
+    unit for each."""
     w, n = len(speeds), len(lengths)
     placed = reference.pack(
-        lengths, costs, speeds, num_micro, rows, row_length, docs=docs, row_docs=row_docs
+        lengths, costs, speeds, num_micro, rows, row_length, False, docs=docs, row_docs=row_docs
     )
     if placed is None:
         return None

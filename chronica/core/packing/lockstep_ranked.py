@@ -3,8 +3,9 @@ micro-batches in descending cost order, which the lockstep kernel
 (``chronica.core.packing.lockstep``) tries beside its ladder greedy on small steps, keeping
 whichever plan is shorter.
 
-``chronica.core.packing.kernels.pack_attempt`` (even micro-batches first) balances the
-ranks' sums and leaves each rank's micro-batches of similar cost, below the cap; sorting
+The rank kernel's placement (``chronica.core.packing.kernels.lpt_place``, even
+micro-batches first, without its refinement: the lockstep passes refine instead) balances
+the ranks' sums and leaves each rank's micro-batches of similar cost, below the cap; sorting
 them makes micro-batch *k* of every rank its *k*-th costliest, so the micro-batches that run
 in lockstep are alike, and the room the cap leaves lets the leveling even them out. Where
 documents are short against the cap this beats the ladder greedy, which fills micro-batches
@@ -18,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from chronica.core.packing.kernels import pack_attempt
+from chronica.core.packing.kernels import lpt_place
 
 __all__ = ["ranked_cells"]
 
@@ -71,12 +72,12 @@ def ranked_cells(
         [[3.0, 3.0]]
     """
     w, num_micro = cells.shape
-    rows = free.shape[2]
     n = lengths.shape[0]
-    loads = np.empty(w)
-    if not pack_attempt(
-        lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs, False,
-        rank, micro, row, loads,
+    free[:] = row_length
+    slots[:] = row_docs
+    if not lpt_place(
+        lengths, costs, docs, order, speeds, False, free, slots, np.zeros((w, num_micro)),
+        np.full(w, row_length, np.int64), np.zeros(w), rank, micro, row,
     ):  # fmt: skip
         return False
     cells[:, :] = 0.0
