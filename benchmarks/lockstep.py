@@ -171,18 +171,32 @@ def _plan(key: str, lengths: np.ndarray, costs: np.ndarray, case: Case):
 
 def lockstep_bound(lengths: np.ndarray, costs: np.ndarray, w: int, cap: int) -> float:
     """A lower bound of ``sum_k max_r C[r, k]`` over every plan of the step for ``w`` equal
-    ranks with at most ``cap`` tokens a micro-batch, divided by the mean rank sum ``T / w``:
-    the largest of
+    ranks with at most ``cap`` tokens a micro-batch (any number of micro-batches), divided by
+    the mean rank sum ``T / w``: the largest of
 
     * the mean and the costliest document ``c_1``;
     * *halves*: documents longer than half the cap never share a micro-batch, so micro-batch
-      *k* of the ranks holds at most ``w`` of them; with their costs sorted descending, the
-      *j*-th costliest micro-batch index costs at least the ``((j-1)·w+1)``-th of them;
+      *k* of the ranks holds at most ``w`` of them; with their costs sorted descending,
+      ``b_0 >= b_1 >= ...``, the *j*-th costliest micro-batch index costs at least ``b_{j·w}``
+      (``j·w + 1`` of them need ``j + 1`` indices);
     * *the wall's column*: the micro-batch index holding ``c_1`` costs ``M >= c_1``, and its
       other ``w - 1`` cells hold at most ``(w-1)·cap`` tokens, so at most ``F``, the cost of
       the documents besides ``c_1`` with the highest cost per token up to that many tokens
       (a fraction of the last); the other indices cost at least their mean, so the step is
-      at least ``M + (T - M - F) / w >= c_1·(1 - 1/w) + (T - F) / w``.
+      at least ``M + (T - M - F) / w >= c_1·(1 - 1/w) + (T - F) / w``;
+    * *cells that cannot reach their index's maximum* (``_idle_bound``): ``w`` times the
+      step is ``T`` plus every cell's idle time ``max_k - C[r, k]``; a cell holding a long
+      document ``i`` (over half the cap) costs at most ``u_i = c_i + (cap - L_i)·d(cap - L_i)``
+      (``d(R)``: the highest cost per token of a document of at most ``R`` tokens), a cell
+      without one at most ``u_0 = cap·d(cap / 2)``. The ``q`` indices with the costliest
+      maxima (``q = ceil(long documents / w)``) have maxima ``t_j >= b_{j·w}``, and their
+      ``q·w`` cells are distinct cells: each long document's ``u_i`` at most once, ``u_0``
+      any number of times. Their idle time is at least ``sum (t - u)^+`` over the cells, and
+      matching the largest ``u`` to the largest ``t`` minimises it (``(x)^+`` is convex, so
+      swapping a crossed pair never lowers the sum), so the step is at least
+      ``(T + that minimum) / w``.
+
+    ``tests/benchmarks/test_lockstep_peers.py`` checks it against every plan of small steps.
     """
     total = float(costs.sum())
     first = int(np.argmax(costs))
@@ -197,7 +211,32 @@ def lockstep_bound(lengths: np.ndarray, costs: np.ndarray, w: int, cap: int) -> 
         left = room - (taken[whole - 1] if whole else 0.0)
         most += costs[dense[whole]] * left / max(int(lengths[dense[whole]]), 1)
     column = float(costs[first]) * (1 - 1 / w) + (total - most) / w
-    return max(total / w, float(costs[first]), float(halves[::w].sum()), column) / (total / w)
+    idle = _idle_bound(lengths, costs, w, cap)
+    return max(total / w, float(costs[first]), float(halves[::w].sum()), column, idle) / (total / w)
+
+
+def _idle_bound(lengths: np.ndarray, costs: np.ndarray, w: int, cap: int) -> float:
+    """``(T + the least idle time of the costliest indices' cells) / w`` (``lockstep_bound``)."""
+    total = float(costs.sum())
+    long = 2 * lengths > cap
+    if not long.any():
+        return 0.0
+    by_length = np.argsort(lengths, kind="stable")
+    sorted_lengths = lengths[by_length]
+    densest = np.maximum.accumulate(costs[by_length] / np.maximum(sorted_lengths, 1))
+
+    def density(tokens: np.ndarray) -> np.ndarray:
+        """The highest cost per token of a document of at most ``tokens`` tokens (0: none)."""
+        at = np.searchsorted(sorted_lengths, tokens, side="right")
+        return np.where(at > 0, densest[np.maximum(at - 1, 0)], 0.0)
+
+    room = cap - lengths[long]
+    reach = costs[long] + room * density(room)
+    maxima = np.sort(costs[long])[::-1][::w]
+    cells = maxima.shape[0] * w
+    none = float(cap * density(np.array([cap // 2]))[0])
+    best = np.sort(np.concatenate((reach, np.full(cells, none))))[::-1][:cells]
+    return (total + float(np.maximum(np.repeat(maxima, w) - best, 0.0).sum())) / w
 
 
 def figures(mb: MicroBatches, costs: np.ndarray, w: int, cap: int) -> dict:
@@ -558,7 +597,15 @@ def render_markdown(result: dict, img_dir: Path) -> str:
         "counts the cap: documents longer than half of it never share a micro-batch, and the "
         "micro-batch index that holds the costliest document c₁ has W − 1 other cells of at "
         "most (W − 1)·cap tokens, costing at most F (the costliest tokens besides c₁), so a "
-        "step lasts at least c₁·(1 − 1/W) + (total − F)/W. The 1.05 target applies where the "
+        "step lasts at least c₁·(1 − 1/W) + (total − F)/W. And cells idle where they cannot "
+        "reach their index's maximum: W times the step is the total plus every cell's idle "
+        "time; a cell holding a document i longer than half the cap costs at most "
+        "uᵢ = cᵢ + (cap − Lᵢ)·d(cap − Lᵢ) (d(R): the highest cost per token of a document of "
+        "at most R tokens), any other cell at most cap·d(cap/2); the q = ⌈long documents / W⌉ "
+        "costliest indices have maxima tⱼ ≥ b_{jW} (the long documents' costs sorted "
+        "descending), and their qW distinct cells idle at least Σ (t − u)⁺, least when the "
+        "largest u meet the largest t (a convex sum: uncrossing a pair never raises it), so a "
+        "step lasts at least (total + that idle time)/W. The 1.05 target applies where the "
         "lockstep bound's mean is at most 1.05. Planning time is CPU time of one call, the "
         "worst step of the case.",
         "",

@@ -108,10 +108,11 @@ def _optimum(lengths: np.ndarray, costs: np.ndarray, w: int, cap: int) -> float:
 
 @pytest.mark.parametrize(("w", "n"), [(2, 5), (3, 4)])
 @pytest.mark.parametrize("seed", range(4))
-def test_the_lockstep_bound_is_at_most_the_best_plan(w, n, seed):
+@pytest.mark.parametrize("shortest", [1, 5])  # 5: most documents over half the cap
+def test_the_lockstep_bound_is_at_most_the_best_plan(w, n, seed, shortest):
     rng = np.random.default_rng(seed)
     cap = 12
-    lengths = rng.integers(1, cap + 1, size=n).astype(np.int64)
+    lengths = rng.integers(shortest, cap + 1, size=n).astype(np.int64)
     costs = COST(lengths)
     assert lockstep.lockstep_bound(lengths, costs, w, cap) <= _optimum(lengths, costs, w, cap) * (
         1 + 1e-12
@@ -124,3 +125,13 @@ def test_the_lockstep_bound_counts_the_cap():
     lengths = np.array([10, 10, 10, 1, 1], dtype=np.int64)
     costs = lengths.astype(np.float64)
     assert lockstep.lockstep_bound(lengths, costs, 2, 12) == 20 / 16
+
+
+def test_the_lockstep_bound_counts_cells_that_cannot_reach_their_maximum():
+    # Cap 10, costs L²; W = 2. The index holding 10 (cost 100) has one other cell: 6 tokens
+    # (36) and at most 4 more of documents of 3 tokens (9 each), so at most 45 + 3 = 48 by
+    # the cost per token: it idles at least 52. (172 + 52) / 2 = 112 over the mean 86.
+    lengths = np.array([10, 6, 3, 3, 3, 3], dtype=np.int64)
+    costs = lengths.astype(np.float64) ** 2
+    assert lockstep._idle_bound(lengths, costs, 2, 10) == 112.0
+    assert lockstep.lockstep_bound(lengths, costs, 2, 10) == pytest.approx(112 / 86)

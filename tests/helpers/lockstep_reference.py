@@ -5,12 +5,91 @@ from __future__ import annotations
 import numpy as np
 import reference
 
+LPT_LOOKS = 1 << 21  # lockstep._LPT_LOOKS
+RANKED_LOOKS = 1 << 19  # lockstep._RANKED_LOOKS
+
 
 def lockstep_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row_docs):
     """``lockstep_attempt``: ``(rank, micro, row, cells)`` lists, or ``None`` if a unit fits
-    no cell. Each unit, by descending cost, to the cell minimising (rise of its micro-batch's
-    maximum, slack left below that maximum, its new time, micro-batch, rank); while no more
-    units are left than cells are empty, only empty cells are candidates."""
+    no cell. The ladder greedy, refined; where units × cells is at most ``RANKED_LOOKS``
+    (``LPT_LOOKS``), the sorted rank plan (the LPT construction) too, refined, each of which
+    replaces the plan so far where that failed or where its lockstep step is shorter."""
+    n, w = len(lengths), len(speeds)
+    order = [int(i) for i in reference.descending_order(np.asarray(costs))]
+    best = greedy_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row_docs)
+    if best is not None:
+        refine(lengths, costs, docs, order, speeds, *best)
+    for limit, build in ((RANKED_LOOKS, ranked_pack), (LPT_LOOKS, lpt_pack)):
+        if n * w * num_micro > limit:
+            continue
+        other = build(lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs)
+        if other is not None:
+            refine(lengths, costs, docs, order, speeds, *other)
+            if best is None or step(other[5], speeds) < step(best[5], speeds):
+                best = other
+    return None if best is None else best[2:]
+
+
+def ranked_pack(lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs):
+    """``lockstep_ranked.ranked_cells``: the rank kernel's LPT (``reference.pack``, even
+    micro-batches first, not refined) with every rank's micro-batches by descending cost
+    (ties: the lower index first), as ``(free, slots, rank, micro, row, cells)`` lists;
+    ``None`` where it finds a unit no row or leaves a cell empty although the step has a
+    unit for each."""
+    w, n = len(speeds), len(lengths)
+    placed = reference.pack(
+        lengths, costs, speeds, num_micro, rows, row_length, False, docs=docs, row_docs=row_docs
+    )
+    if placed is None:
+        return None
+    rank, micro, row = (list(x) for x in placed[:3])
+    sums = [[0.0] * num_micro for _ in range(w)]
+    count = [[0] * num_micro for _ in range(w)]
+    for i in range(n):
+        sums[rank[i]][micro[i]] += costs[i]
+        count[rank[i]][micro[i]] += 1
+    if n >= w * num_micro and min(min(c) for c in count) == 0:
+        return None
+    place = [[0] * num_micro for _ in range(w)]
+    for r in range(w):
+        for p, k in enumerate(sorted(range(num_micro), key=lambda k: (-sums[r][k], k))):
+            place[r][k] = p
+    free = [[[row_length] * rows for _ in range(num_micro)] for _ in range(w)]
+    slots = [[[row_docs] * rows for _ in range(num_micro)] for _ in range(w)]
+    cells = [[0.0] * num_micro for _ in range(w)]
+    for i in range(n):
+        micro[i] = place[rank[i]][micro[i]]
+        free[rank[i]][micro[i]][row[i]] -= lengths[i]
+        slots[rank[i]][micro[i]][row[i]] -= docs[i]
+        cells[rank[i]][micro[i]] += costs[i]
+    return free, slots, rank, micro, row, cells
+
+
+def step(cells, speeds):
+    """``lockstep._step``: the sum over micro-batches of the slowest cell's time."""
+    total = 0.0
+    for k in range(len(cells[0]) if cells else 0):
+        high = 0.0
+        for r in range(len(cells)):
+            high = max(high, cells[r][k] / speeds[r])
+        total += high
+    return total
+
+
+def refine(lengths, costs, docs, order, speeds, free, slots, rank, micro, row, cells):
+    """``lockstep._refine``: leveling, then relief (mutated in place)."""
+    level_steps(lengths, costs, docs, speeds, free, slots, rank, micro, row, cells)
+    relieve_columns(
+        lengths, costs, docs, order, speeds, free, slots, rank, micro, row, cells,
+        max(len(lengths), 8192),
+    )  # fmt: skip
+
+
+def greedy_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row_docs):
+    """The ladder greedy: ``(free, slots, rank, micro, row, cells)`` lists, or ``None`` if a
+    unit fits no cell. Each unit, by descending cost, to the cell minimising (rise of its
+    micro-batch's maximum, slack left below that maximum, its new time, micro-batch, rank);
+    while no more units are left than cells are empty, only empty cells are candidates."""
     w, n = len(speeds), len(lengths)
     free = [[[row_length] * rows for _ in range(num_micro)] for _ in range(w)]
     slots = [[[row_docs] * rows for _ in range(num_micro)] for _ in range(w)]
@@ -42,12 +121,47 @@ def lockstep_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row
         count[r][k] += 1
         cells[r][k] += costs[i]
         top[k] = max(top[k], time)
-    level_steps(lengths, costs, docs, speeds, free, slots, rank, micro, row, cells)
-    order = [int(i) for i in reference.descending_order(np.asarray(costs))]
-    relieve_columns(
-        lengths, costs, docs, order, speeds, free, slots, rank, micro, row, cells, max(n, 8192)
-    )
-    return rank, micro, row, cells
+    return free, slots, rank, micro, row, cells
+
+
+def lpt_pack(lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs):
+    """``lockstep_lpt.lpt_cells``: ``(free, slots, rank, micro, row, cells)`` lists, or
+    ``None`` if a unit fits no cell. Each unit, in ``order``, to the cell with a row it fits
+    minimising (rise of its micro-batch's maximum, its rank's time after, micro-batch, rank);
+    while no more units are left than cells are empty, only empty cells are candidates."""
+    w, n = len(speeds), len(lengths)
+    free = [[[row_length] * rows for _ in range(num_micro)] for _ in range(w)]
+    slots = [[[row_docs] * rows for _ in range(num_micro)] for _ in range(w)]
+    count = [[0] * num_micro for _ in range(w)]
+    cells = [[0.0] * num_micro for _ in range(w)]
+    sums = [0.0] * w
+    top = [0.0] * num_micro
+    rank, micro, row = [-1] * n, [-1] * n, [-1] * n
+    empty = w * num_micro
+    for t, i in enumerate(order):
+        forced = empty > 0 and n - t <= empty
+        candidates = []
+        for k in range(num_micro):
+            for r in range(w):
+                if forced and count[r][k] > 0:
+                    continue
+                q = reference.fit_row(free[r][k], lengths[i], slots[r][k], docs[i])
+                if q < 0:
+                    continue
+                rise = max(0.0, (cells[r][k] + costs[i]) / speeds[r] - top[k])
+                candidates.append((rise, (sums[r] + costs[i]) / speeds[r], k, r, q))
+        if not candidates:
+            return None
+        _, _, k, r, q = min(candidates)
+        rank[i], micro[i], row[i] = r, k, q
+        free[r][k][q] -= lengths[i]
+        slots[r][k][q] -= docs[i]
+        empty -= count[r][k] == 0
+        count[r][k] += 1
+        cells[r][k] += costs[i]
+        sums[r] += costs[i]
+        top[k] = max(top[k], cells[r][k] / speeds[r])
+    return free, slots, rank, micro, row, cells
 
 
 def level_steps(lengths, costs, docs, speeds, free, slots, rank, micro, row, cells):

@@ -16,13 +16,22 @@ least as many documents as cells. Then every micro-batch is leveled across the r
 the slowest cells trade places with cheaper units of other micro-batches where those have
 slack (``chronica.core.packing.lockstep_relief``), for at most as many candidate looks as
 the step has units (and at least ``_RELIEF_LOOKS``), so the planning time stays bounded.
+On small steps two more constructions are refined the same way, and the shortest plan is
+kept (the earlier on ties): where units × cells is at most ``_RANKED_LOOKS``, the rank
+kernel's plan with every rank's micro-batches by descending cost
+(``chronica.core.packing.lockstep_ranked``: alike micro-batches below the cap, which the
+leveling can even out where documents are short), and where it is at most ``_LPT_LOOKS``,
+a lockstep LPT (``chronica.core.packing.lockstep_lpt``: each unit where its micro-batch's
+maximum rises least, then where its rank's sum is lowest). They also stand in where the
+greedy leaves a unit without a cell, so the step needs no extra micro-batch.
 
 The cells of ranks of one speed are kept, per micro-batch, sorted by cost (a "ladder",
 ``chronica.core.packing.ladder``), so the fullest cell a document fits under the maximum is
 found by bisection, and so is the new place of a cell that took a document (the rungs it
-passes shift down as one block, not one swap at a time): a step of 16,384 documents into
-256 ranks plans in tens of milliseconds, not the seconds a scan of every cell per document
-takes.
+passes shift down as one block, not one swap at a time); a micro-batch whose largest room is
+too small for the document is skipped without a walk down its ladder. A step of 16,384
+documents into 256 ranks plans in tens of milliseconds, not the seconds a scan of every
+cell per document takes.
 
 Documents that fit no row make the attempt fail (``False``); ``pack_step`` then retries with
 more micro-batches. The result depends on the inputs only (deterministic on every machine).
@@ -36,6 +45,8 @@ from numba import njit
 
 from chronica.core.packing.kernels import fit_row, largest_room
 from chronica.core.packing.ladder import cell_before, climb, rung, speed_classes
+from chronica.core.packing.lockstep_lpt import lpt_cells
+from chronica.core.packing.lockstep_ranked import ranked_cells
 from chronica.core.packing.lockstep_relief import relieve_columns
 
 __all__ = ["level_steps", "lockstep_attempt", "speed_classes"]
@@ -44,6 +55,10 @@ __all__ = ["level_steps", "lockstep_attempt", "speed_classes"]
 _PARTNERS = 8
 # The relief pass looks at as many candidate units as the step has, and at least this many.
 _RELIEF_LOOKS = 8192
+# The LPT construction runs where units × cells is at most this (it looks at every cell).
+_LPT_LOOKS = 1 << 21
+# The sorted rank plan runs where units × cells is at most this.
+_RANKED_LOOKS = 1 << 19
 
 
 @njit(cache=True, nogil=True)
@@ -98,6 +113,10 @@ def lockstep_attempt(
     slots = np.full((w, num_micro, rows), row_docs, np.int64)
     room = np.full((w, num_micro), row_length if row_docs > 0 else -1, np.int64)
     count = np.zeros((w, num_micro), np.int64)
+    # Every micro-batch's largest room and how many of its cells have it: a micro-batch
+    # where no cell has room for a unit is skipped without a walk down its ladder.
+    room_top = room[0].copy()
+    room_at = np.full(num_micro, w, np.int64)
     cells[:, :] = 0.0
     top = np.zeros(num_micro)
     empty = w * num_micro
@@ -108,6 +127,7 @@ def lockstep_attempt(
     ladder = np.empty((num_micro, g_count, members.shape[1]), np.int64)
     for k in range(num_micro):
         ladder[k] = members
+    r = 0  # the last unit's rank; -1 where a unit fit nowhere
     for t in range(n):
         i = order[t]
         if empty > 0 and n - t <= empty:
@@ -117,14 +137,20 @@ def lockstep_attempt(
         else:
             r, k, q, time = _best_cell(
                 lengths[i], costs[i], docs[i], speeds, free, slots, room, cells, top,
-                ladder, size, level,
+                ladder, size, level, room_top,
             )  # fmt: skip
         if r < 0:
-            return False
+            break
         rank[i], micro[i], row[i] = r, k, q
         free[r, k, q] -= lengths[i]
         slots[r, k, q] -= docs[i]
+        before = room[r, k]
         room[r, k] = largest_room(free[r, k : k + 1], slots[r, k : k + 1])
+        if room[r, k] != before and before == room_top[k]:
+            room_at[k] -= 1
+            if room_at[k] == 0:
+                room_top[k] = room[:, k].max()
+                room_at[k] = np.sum(room[:, k] == room_top[k])
         if count[r, k] == 0:
             empty -= 1
         count[r, k] += 1
@@ -132,12 +158,103 @@ def lockstep_attempt(
         cells[r, k] += costs[i]
         top[k] = max(top[k], time)
         climb(cells[:, k], ladder[k, level[r]], size[level[r]], x, r)
+    fits = r >= 0
+    if fits:
+        _refine(lengths, costs, docs, order, speeds, free, slots, rank, micro, row, cells)
+    work = n * w * num_micro
+    if work <= _RANKED_LOOKS:
+        fits = _instead(
+            False, lengths, costs, docs, order, speeds, rows, row_length, row_docs, rank,
+            micro, row, cells, fits,
+        ) or fits  # fmt: skip
+    if work <= _LPT_LOOKS:
+        fits = _instead(
+            True, lengths, costs, docs, order, speeds, rows, row_length, row_docs, rank,
+            micro, row, cells, fits,
+        ) or fits  # fmt: skip
+    return fits
+
+
+@njit(cache=True)
+def _refine(
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    docs: np.ndarray,
+    order: np.ndarray,
+    speeds: np.ndarray,
+    free: np.ndarray,
+    slots: np.ndarray,
+    rank: np.ndarray,
+    micro: np.ndarray,
+    row: np.ndarray,
+    cells: np.ndarray,
+) -> None:
+    # The passes after a construction: leveling, then relief between micro-batches.
     level_steps(lengths, costs, docs, speeds, free, slots, rank, micro, row, cells)
     relieve_columns(
         lengths, costs, docs, order, speeds, free, slots, rank, micro, row, cells,
-        max(n, _RELIEF_LOOKS),
+        max(lengths.shape[0], _RELIEF_LOOKS),
     )  # fmt: skip
+
+
+@njit(cache=True)
+def _instead(
+    lpt: bool,
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    docs: np.ndarray,
+    order: np.ndarray,
+    speeds: np.ndarray,
+    rows: int,
+    row_length: int,
+    row_docs: int,
+    rank: np.ndarray,
+    micro: np.ndarray,
+    row: np.ndarray,
+    cells: np.ndarray,
+    fits: bool,
+) -> bool:
+    # Another construction (the LPT, or the sorted rank plan), refined the same way,
+    # replaces the outputs where it fits and they do not, or where its lockstep step is
+    # shorter: True where it did.
+    w, num_micro = cells.shape
+    n = lengths.shape[0]
+    free = np.empty((w, num_micro, rows), np.int64)
+    slots = np.empty_like(free)
+    other_rank = np.empty(n, np.int64)
+    other_micro = np.empty(n, np.int64)
+    other_row = np.empty(n, np.int64)
+    other = np.empty_like(cells)
+    if lpt:
+        built = lpt_cells(
+            lengths, costs, docs, order, speeds, row_length, row_docs, free, slots, other_rank,
+            other_micro, other_row, other,
+        )  # fmt: skip
+    else:
+        built = ranked_cells(
+            lengths, costs, docs, order, speeds, row_length, row_docs, free, slots, other_rank,
+            other_micro, other_row, other,
+        )  # fmt: skip
+    if not built:
+        return False
+    _refine(lengths, costs, docs, order, speeds, free, slots, other_rank, other_micro,
+            other_row, other)  # fmt: skip
+    if fits and _step(other, speeds) >= _step(cells, speeds):
+        return False
+    rank[:], micro[:], row[:], cells[:, :] = other_rank, other_micro, other_row, other
     return True
+
+
+@njit(cache=True)
+def _step(cells: np.ndarray, speeds: np.ndarray) -> float:
+    # The lockstep step: the sum over micro-batches of the slowest cell's time.
+    total = 0.0
+    for k in range(cells.shape[1]):
+        high = 0.0
+        for r in range(cells.shape[0]):
+            high = max(high, cells[r, k] / speeds[r])
+        total += high
+    return total
 
 
 @njit(cache=True)
@@ -186,7 +303,8 @@ def level_steps(
     count = np.zeros((w, num_micro), np.int64)
     for i in range(n):
         count[rank[i], micro[i]] += 1
-    members = np.empty((w, num_micro, max(1, count.max()) + n), np.int64)
+    # A cell gains at most one unit per change, and a micro-batch takes at most ``w`` changes.
+    members = np.empty((w, num_micro, count.max() + w), np.int64)
     filled = np.zeros((w, num_micro), np.int64)
     for i in range(n):
         r, k = rank[i], micro[i]
@@ -268,14 +386,18 @@ def _best_cell(
     ladder: np.ndarray,
     size: np.ndarray,
     level: np.ndarray,
+    room_top: np.ndarray,
 ) -> tuple[int, int, int, float]:
     # The greedy's cell for one unit: per micro-batch and speed class, the fullest cell it
     # fits under the micro-batch's maximum (bisection, then down past cells without room);
-    # where there is none anywhere, the emptiest cell with room.
+    # where there is none anywhere, the emptiest cell with room. Micro-batches whose largest
+    # room (``room_top``) is too small are skipped.
     num_micro, classes = ladder.shape[0], ladder.shape[1]
     best_r, best_k, best_q = -1, -1, -1
     b_rise, b_slack, b_time = np.inf, np.inf, np.inf
     for k in range(num_micro):
+        if room_top[k] < length:
+            continue
         for g in range(classes):
             speed = speeds[ladder[k, g, 0]]
             lo, hi = 0, size[g]
@@ -316,6 +438,8 @@ def _best_cell(
     if best_r >= 0:
         return best_r, best_k, best_q, b_time
     for k in range(num_micro):
+        if room_top[k] < length:
+            continue
         for g in range(classes):
             for y in range(size[g]):
                 r = ladder[k, g, y]
