@@ -74,8 +74,9 @@ OUTSIDE = (
     "scheduled 256 KiB (credit 2)",
     "scheduled 256 KiB (credit 8)",
 )
-# The auto target's batches: compute about as long as vgg's and mlp's all-reduce at 100 Mbit/s
-# on this machine (two ranks on two shared cores), where the order of communication matters.
+# The auto target's batches, chosen when the two ranks shared both cores: pinned to one core
+# each, their compute lasts about a third of vgg's and mlp's all-reduce at 100 Mbit/s, so the
+# link caps the gain there (vgg: DDP's step over the link's time, about 1.15x).
 AUTO_BATCH = {"vgg": 64, "mlp": 1536}
 MODELS = {"vgg": 32, "mlp": 1024, "mlp670k": 128}  # name -> per-rank batch
 
