@@ -777,9 +777,10 @@ def render_markdown(result: dict[str, Any], img_dir: Path) -> str:
         "the cap (its largest micro-batch is in the last column).",
         "",
         "**What the point figure misses is the noise in the max over ranks.** A lockstep "
-        "step is Σₖ meanᵣ t[r, k], the same for every cut of a batch into equally many "
-        f"micro-batches (the model predicts {micro['predicted_mean']:.3f} s for each "
-        "method), plus the lift of each micro-batch's slowest rank above the ranks' mean. "
+        "step is Σₖ meanᵣ t[r, k] (which the model predicts the same for every cut of a "
+        "batch into equally many micro-batches: "
+        f"{micro['predicted_mean']:.3f} s for each method) plus the lift of each "
+        "micro-batch's slowest rank above the ranks' mean. "
         "The mean parts are measured at "
         + ", ".join(
             f"{n} {m['measured_mean'] / m['predicted_mean']:.3f}" for n, m in methods.items()
