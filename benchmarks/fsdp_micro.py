@@ -91,9 +91,13 @@ SEED = 2026
 # Other runs of this benchmark, for how far its figures move from run to run (the page's
 # own figures are the recorded result's).
 PREVIOUS = (
-    "The run recorded before this one (5 repeats, 4 calibration batches, its measurements "
-    "analysed the same way) had measured over predicted 1.002, 1.000, 1.011 and its mean "
-    "parts at +0.9%, +0.3%, -0.1%: torch's miss changes sign from run to run."
+    "Two other runs show how far these figures move on this machine, in the order torch, "
+    "rank, micro. The run recorded before this one (5 repeats, 4 calibration batches, its "
+    "measurements analysed the same way): measured over predicted 1.002, 1.000, 1.011, mean "
+    "parts +0.9%, +0.3%, -0.1%. A run of the same code right after this one (1-minute load "
+    "average 7 to 17): 0.997, 1.015, 1.000 (point figures 0.993, 1.022, 1.011), mean parts "
+    "-0.6%, +0.2%, -0.2%. torch's mean part changes sign from run to run: the noise of a "
+    "loaded machine, not an effect of the plan."
 )
 
 
