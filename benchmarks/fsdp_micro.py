@@ -24,9 +24,14 @@ per micro-batch: the collectives and the launch; ``chronica.CostModel(a, b, c)``
 document) to every rank's micro-batches. A first pass over the calibration batches gives the
 *planning* model, which plans the measured steps; then the calibration batches run again, in
 turn with the steps, every repeat, and the model fitted on them (none of the steps'
-micro-batches) gives the *predicted* step ``sum_k max_r (overhead + C[r, k])``: a model
-calibrated under the load the steps ran under, which the planning model, minutes older on a
-shared machine, is not (the result reports that drift).
+micro-batches) gives the *point* step ``sum_k max_r p[r, k]``, ``p = overhead + C``: a
+model calibrated under the load the steps ran under, which the planning model, minutes
+older on a shared machine, is not (the result reports that drift). Measured times are
+noisy, and a max over ranks of noisy times exceeds the max of their expectations, most
+where a plan makes the ranks' micro-batches equal; the *predicted* step
+``sum_k E[max_r p[r, k]·(1 + e_r)]`` (``benchmarks.measured_cost.noisy_lockstep``) takes
+``e`` over the model's relative errors on the calibration micro-batches, the ranks' errors
+on one micro-batch together: the noise measured in the same run, none of it on the steps.
 
 Measured: each rank's compute per micro-batch, the CPU time of its training thread over the
 forward and backward pass (``time.thread_time``), which neither waiting for the other rank
@@ -62,7 +67,15 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.measured_cost import features, fit, lockstep, predicted, rank_step
+from benchmarks.measured_cost import (
+    features,
+    fit,
+    lockstep,
+    noisy_lockstep,
+    predicted,
+    rank_step,
+    relative_errors,
+)
 from chronica import CostModel, Packing, plan_step
 
 HERE = Path(__file__).resolve().parent
@@ -75,6 +88,17 @@ METHODS = {
     "micro": 'chronica `plan_step`, `balance="micro"`',
 }
 SEED = 2026
+# Other runs of this benchmark, for how far its figures move from run to run (the page's
+# own figures are the recorded result's).
+PREVIOUS = (
+    "Two other runs show how far these figures move on this machine, in the order torch, "
+    "rank, micro. The run recorded before this one (5 repeats, 4 calibration batches, its "
+    "measurements analysed the same way): measured over predicted 1.002, 1.000, 1.011, mean "
+    "parts +0.9%, +0.3%, -0.1%. A run of the same code right after this one (1-minute load "
+    "average 7 to 17): 0.997, 1.015, 1.000 (point figures 0.993, 1.022, 1.011), mean parts "
+    "-0.6%, +0.2%, -0.2%. torch's mean part changes sign from run to run: the noise of a "
+    "loaded machine, not an effect of the plan."
+)
 
 
 @dataclass(frozen=True)
@@ -98,7 +122,7 @@ class Settings:
 QUICK = Settings(
     steps=2, repeats=2, calibration=2, documents=12, max_tokens=1024, row=512, hidden=64
 )
-FULL = Settings(steps=6, repeats=5, calibration=4)
+FULL = Settings(steps=6, repeats=7, calibration=6)
 # The plans of the calibration batches: any sensible cost will do, they only need to look
 # like the measured steps' micro-batches.
 PRIOR = CostModel(0.0, 1.0, 1.0 / 1024)
@@ -216,13 +240,71 @@ def interleaved(first: int, second: int) -> list[bool]:
     return (np.argsort(spots, kind="stable") >= first).tolist()
 
 
+def repeat_times(
+    record: list[dict[str, list]], method: str, step: int, steps: int, repeats: int
+) -> np.ndarray:
+    """``(repeats, world, micro-batches)`` seconds of ``method`` on batch ``step``, every
+    repeat's.
+
+    Args:
+        record: per rank, per method, ``repeats * steps`` lists of micro-batch seconds.
+        method: one of ``METHODS``.
+        step: the batch, in run order.
+        steps: how many batches a repeat runs.
+        repeats: how many repeats.
+    """
+    runs = [[rank[method][r * steps + step] for rank in record] for r in range(repeats)]
+    return np.array(runs, dtype=np.float64)
+
+
 def median_times(
     record: list[dict[str, list]], method: str, step: int, steps: int, repeats: int
 ) -> np.ndarray:
     """``(world, micro-batches)`` seconds of ``method`` on batch ``step``: every micro-batch's
-    median over the repeats (a max over ranks of noisy times would favour unbalanced plans)."""
-    runs = [[rank[method][r * steps + step] for rank in record] for r in range(repeats)]
-    return np.median(np.array(runs, dtype=np.float64), axis=0)
+    median over the repeats (a max over ranks of noisy times would favour unbalanced plans).
+    Arguments as ``repeat_times``'."""
+    return np.median(repeat_times(record, method, step, steps, repeats), axis=0)
+
+
+def noise_figures(cells: list[np.ndarray], errors: np.ndarray) -> dict[str, Any]:
+    """How noisy the calibration's measurements are, and what the noise adds to a lockstep
+    step whose ranks' micro-batches are equal (the max over ranks above their mean).
+
+    ``single_sd``: one timing's relative deviation from its micro-batch's mean (pooled,
+    unbiased). ``median_sd`` and ``median_lift``: the same for the median over the repeats,
+    resampling a micro-batch's repeats (the ranks' timings of one repeat kept together;
+    a fixed seed), and ``E[maxᵣ - meanᵣ]`` of those medians' relative deviations. The fit's
+    relative errors on the calibration micro-batches (``errors``, noise and misfit):
+    ``error_mean`` and ``error_sd`` per rank, the ranks' ``error_correlation`` (mean over
+    pairs), and ``balanced_lift`` ``E[maxᵣ eᵣ - meanᵣ eᵣ]``: what ``noisy_lockstep`` adds
+    to an exactly balanced micro-batch, as a share of it.
+
+    Args:
+        cells: per calibration batch and method, its ``repeat_times``.
+        errors: ``(micro-batches, world)`` relative errors of the fit on those batches.
+    """
+    rng = np.random.default_rng(SEED)
+    squares, freedom, medians = 0.0, 0, []
+    for times in cells:
+        repeats = len(times)
+        squares += float(np.sum((times / times.mean(axis=0) - 1) ** 2))
+        freedom += (repeats - 1) * times[0].size
+        picks = rng.integers(0, repeats, (200, repeats))
+        resampled = np.median(times[picks], axis=1) / np.median(times, axis=0) - 1
+        medians.append(resampled.transpose(0, 2, 1).reshape(-1, times.shape[1]))
+    median = np.concatenate(medians)
+    correlation = np.corrcoef(errors.T) if errors.shape[1] > 1 else np.ones((1, 1))
+    pairs = correlation[np.triu_indices(len(correlation), 1)]
+    return {
+        "single_sd": float(np.sqrt(squares / max(freedom, 1))),
+        "median_sd": float(median.std()),
+        "median_lift": float(np.mean(median.max(axis=1) - median.mean(axis=1))),
+        "error_mean": errors.mean(axis=0).tolist(),
+        "error_sd": errors.std(axis=0).tolist(),
+        "error_correlation": float(pairs.mean()) if len(pairs) else 1.0,
+        "balanced_lift": float(np.mean(errors.max(axis=1) - errors.mean(axis=1))),
+        "error_rows": len(errors),
+    }
 
 
 # -- one rank ---------------------------------------------------------------------------------
@@ -368,7 +450,7 @@ def _launch(settings: Settings, timeout_s: float) -> dict[str, Any]:
             for r in range(settings.world)
         ]
         try:
-            codes = [p.wait(timeout=timeout_s) for p in procs]
+            codes, load = _wait(procs, timeout_s)
         finally:
             for p in procs:
                 if p.poll() is None:
@@ -378,7 +460,23 @@ def _launch(settings: Settings, timeout_s: float) -> dict[str, Any]:
             raise RuntimeError(f"fsdp_micro ranks exited with codes {codes}")
         if any(codes):  # after rank 0 wrote every rank's record: gloo's teardown
             print(f"fsdp_micro: ranks exited with codes {codes} after the results were written")
-        return json.loads(out.read_text())
+        return {**json.loads(out.read_text()), "load": load}
+
+
+def _wait(procs: list[subprocess.Popen], timeout_s: float) -> tuple[list[int], list[float]]:
+    """The ranks' exit codes, and the machine's 1-minute load average every 15 s while they
+    ran (the other jobs on a shared machine, and the ranks themselves)."""
+    deadline, load = time.monotonic() + timeout_s, [os.getloadavg()[0]]
+    for proc in procs:
+        while True:
+            try:
+                proc.wait(timeout=max(0.0, min(15.0, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    raise
+                load.append(os.getloadavg()[0])
+    return [proc.returncode for proc in procs], load
 
 
 # -- analysis ---------------------------------------------------------------------------------
@@ -397,6 +495,16 @@ def analyse(settings: Settings, raw: dict[str, Any], sensitivity: bool = True) -
     others = [i for i, is_step in enumerate(raw["is_step"]) if not is_step]
     calibration = measured_rows(lengths, plans, record, repeats, others)
     overhead, cost = fit(calibration)
+    # The fit's errors on its own calibration micro-batches (rank by rank, as they ran
+    # together): the noise that the max over ranks of the steps' measured times takes.
+    calibration_errors = {
+        m: relative_errors(
+            [median_times(record, m, i, total, repeats) for i in others],
+            [predicted(plans[i][m], lengths[i], overhead, cost) for i in others],
+        )
+        for m in METHODS
+    }
+    noise = np.concatenate(list(calibration_errors.values()))
     models = {
         "predicted": (overhead, cost),
         "planning": (raw["overhead"], CostModel(*raw["cost"])),
@@ -405,10 +513,7 @@ def analyse(settings: Settings, raw: dict[str, Any], sensitivity: bool = True) -
     methods: dict[str, Any] = {}
     for method in METHODS:
         measured = [median_times(record, method, i, total, repeats) for i in steps]
-        runs = [
-            np.array([[rank[method][r * total + i] for rank in record] for r in range(repeats)])
-            for i in steps
-        ]
+        runs = [repeat_times(record, method, i, total, repeats) for i in steps]
         forecasts = {
             name: [predicted(plans[i][method], lengths[i], *model) for i in steps]
             for name, model in models.items()
@@ -422,6 +527,11 @@ def analyse(settings: Settings, raw: dict[str, Any], sensitivity: bool = True) -
             "measured_rank": sum(rank_step(t) for t in measured),
             "predicted_rank": sum(rank_step(p) for p in forecast),
             **{f"{n}_lockstep": sum(lockstep(p) for p in f) for n, f in forecasts.items()},
+            "point_lockstep": sum(lockstep(p) for p in forecast),
+            "predicted_lockstep": sum(noisy_lockstep(p, noise) for p in forecast),
+            "measured_mean": sum(float(t.mean(axis=0).sum()) for t in measured),
+            "predicted_mean": sum(float(p.mean(axis=0).sum()) for p in forecast),
+            "calibration_error_mean": float(calibration_errors[method].mean()),
             "micro_error_median": float(np.median(np.abs(error))),
             "micro_error_max": float(np.max(np.abs(error))),
             "rank_ratio": [
@@ -440,6 +550,7 @@ def analyse(settings: Settings, raw: dict[str, Any], sensitivity: bool = True) -
             ),
         }
         m["ratio"] = m["measured_lockstep"] / m["predicted_lockstep"]
+        m["point_ratio"] = m["measured_lockstep"] / m["point_lockstep"]
         m["rank_step_ratio"] = m["measured_rank"] / m["predicted_rank"]
         m["planning_ratio"] = m["measured_lockstep"] / m["planning_lockstep"]
         m["refit_ratio"] = m["measured_lockstep"] / m["refit_lockstep"]
@@ -469,9 +580,13 @@ def analyse(settings: Settings, raw: dict[str, Any], sensitivity: bool = True) -
         "fit_error_median": float(np.median(errors)),
         "fit_error_max": float(errors.max()),
         "drift": float(calibration[:, 3].sum() / first[:, 3].sum()),
+        "noise": noise_figures(
+            [repeat_times(record, m, i, total, repeats) for m in METHODS for i in others], noise
+        ),
         "refit_overhead": models["refit"][0],
         "refit_cost": list(models["refit"][1].to_tuple()),
         "ranks": raw["ranks"],
+        "load": raw.get("load", []),
         "methods": methods,
         "raw": raw,
     }
@@ -519,30 +634,37 @@ def run(quick: bool) -> dict[str, Any]:
 def format_table(result: dict[str, Any]) -> str:
     lines = [
         f"{'method':8}{'micro':>7}{'lockstep s':>12}{'predicted':>11}{'ratio':>8}"
-        f"{'refit':>8}{'rank s':>9}{'ratio':>8}{'|err| mb':>10}{'per rank':>14}"
+        f"{'point':>9}{'ratio':>8}{'rank s':>9}{'ratio':>8}{'|err| mb':>10}{'per rank':>14}"
         f"{'vs torch':>10}{'max tokens':>12}"
     ]
     for name, m in result["methods"].items():
         per_rank = "/".join(f"{x:.3f}" for x in m["rank_ratio"])
         lines.append(
             f"{name:8}{sum(m['num_micro']):>7}{m['measured_lockstep']:12.3f}"
-            f"{m['predicted_lockstep']:11.3f}{m['ratio']:8.3f}{m['refit_ratio']:8.3f}"
-            f"{m['measured_rank']:9.3f}{m['rank_step_ratio']:8.3f}"
+            f"{m['predicted_lockstep']:11.3f}{m['ratio']:8.3f}{m['point_lockstep']:9.3f}"
+            f"{m['point_ratio']:8.3f}{m['measured_rank']:9.3f}{m['rank_step_ratio']:8.3f}"
             f"{100 * m['micro_error_median']:9.1f}%{per_rank:>14}"
             f"{m['vs_torch']:10.3f}{m['max_tokens']:12}"
         )
     a, b, c = result["cost"]
+    noise = result["noise"]
     lines.append(
         f"cost fit: {1e3 * result['overhead']:.2f} ms + {a:.3g}·n + {b:.3g}·ΣL + {c:.3g}·ΣL² s; "
         f"median error {100 * result['fit_error_median']:.1f}%, worst "
         f"{100 * result['fit_error_max']:.1f}% over {result['calibration_micro_batches']} "
         f"calibration micro-batches; drift since planning {result['drift']:.3f}; "
-        "planning model's ratio "
+        "point ratio of the planning model "
         + ", ".join(f"{n} {m['planning_ratio']:.3f}" for n, m in result["methods"].items())
-        + "; repeat spread (median) "
-        + ", ".join(
-            f"{n} {100 * m['repeat_spread_median']:.1f}%" for n, m in result["methods"].items()
-        )
+        + ", of the refit "
+        + ", ".join(f"{n} {m['refit_ratio']:.3f}" for n, m in result["methods"].items())
+    )
+    lines.append(
+        f"noise (calibration): one timing {100 * noise['single_sd']:.1f}% sd, a median "
+        f"{100 * noise['median_sd']:.1f}%, lifting an equal pair's max by "
+        f"{100 * noise['median_lift']:.2f}%; the fit's errors sd "
+        + "/".join(f"{100 * x:.1f}%" for x in noise["error_sd"])
+        + f", correlated {noise['error_correlation']:.2f} across ranks, lifting a balanced "
+        f"micro-batch by {100 * noise['balanced_lift']:.2f}%"
     )
     ranges = {n: m["ratio_range"] for n, m in result["methods"].items() if "ratio_range" in m}
     if ranges:
@@ -550,16 +672,23 @@ def format_table(result: dict[str, Any]) -> str:
             "lockstep ratio over every choice of all repeats but two: "
             + ", ".join(f"{n} {low:.3f}-{high:.3f}" for n, (low, high) in ranges.items())
         )
+    if result.get("load"):
+        lines.append(f"load average (1 min) during the run: {_load(result['load'])}")
     lines.append(f"ranks: {result['ranks']}")
     return "\n".join(lines)
+
+
+def _load(samples: list[float]) -> str:
+    """The 1-minute load averages sampled during a run: median and range."""
+    return f"median {np.median(samples):.1f}, {min(samples):.1f} to {max(samples):.1f}"
 
 
 def render_markdown(result: dict[str, Any], img_dir: Path) -> str:
     """The section of docs/benchmarks.md."""
     del img_dir
-    s, methods = result["settings"], result["methods"]
+    s, methods, noise = result["settings"], result["methods"], result["noise"]
     a, b, c = result["cost"]
-    rank, micro = methods["rank"], methods["micro"]
+    torch_, rank, micro = methods["torch"], methods["rank"], methods["micro"]
     predicted_gain = micro["predicted_lockstep"] / rank["predicted_lockstep"]
     measured_gain = micro["measured_lockstep"] / rank["measured_lockstep"]
     ratios = [m["ratio"] for m in methods.values()]
@@ -578,11 +707,19 @@ def render_markdown(result: dict[str, Any], img_dir: Path) -> str:
     )
     shared = (
         f"; the run took {result['wall_seconds']:.0f} s of wall time for "
-        f"{max(p['user_s'] for p in result['ranks']):.0f} s of CPU per rank: the machine's "
-        "cores were shared with other jobs"
+        f"{max(p['user_s'] for p in result['ranks']):.0f} s of CPU per rank"
         if "wall_seconds" in result and result["ranks"]
         else ""
     )
+    if result.get("load"):
+        shared += (
+            f"; the machine's 2 cores were shared with other jobs (1-minute load average "
+            f"{_load(result['load'])})"
+        )
+
+    def lift(m: dict[str, Any], key: str, mean: str) -> str:
+        return f"{100 * (m[key] - m[mean]) / m[key]:.1f}%"
+
     lines = [
         "## Lockstep micro-batches under FSDP2",
         "",
@@ -598,34 +735,43 @@ def render_markdown(result: dict[str, Any], img_dir: Path) -> str:
         "over the batches. The cost model comes from "
         f"{s['calibration']} other global batches drawn the same way and cut the same "
         "three ways: measured once first to plan the steps with (the *planning* model), "
-        "then again in turn with the steps, every repeat. The *predicted* figure is the "
-        f"model fitted on those ({result['calibration_micro_batches']} micro-batches, none "
-        f"of the steps'): {1e3 * result['overhead']:.2f} ms per micro-batch + "
-        f"{1e3 * a:.3g} ms per document + {b:.3g}·L + {c:.3g}·L² seconds (median error "
+        "then again in turn with the steps, every repeat. Fitted on those "
+        f"({result['calibration_micro_batches']} micro-batches, none of the steps'): "
+        f"{1e3 * result['overhead']:.2f} ms per micro-batch + {1e3 * a:.3g} ms per document "
+        f"+ {b:.3g}·L + {c:.3g}·L² seconds (median error "
         f"{100 * result['fit_error_median']:.1f}%, worst "
-        f"{100 * result['fit_error_max']:.1f}% on its own micro-batches).",
+        f"{100 * result['fit_error_max']:.1f}% on its own micro-batches). The *point* "
+        "figure is Σₖ maxᵣ p[r, k] of that model's times p; the *predicted* one is "
+        "Σₖ E[maxᵣ p[r, k]·(1 + eᵣ)] (`benchmarks.measured_cost.noisy_lockstep`), e the "
+        "relative errors the model makes on the calibration micro-batches' medians, the "
+        f"two ranks' errors on one micro-batch taken together ({noise['error_rows']} pairs, "
+        "each in turn): the noise that the max over ranks of measured times takes, measured "
+        "in the same run, none of it on the steps.",
         "",
         "| method | micro-batches | lockstep (s) | predicted (s) | measured / predicted "
-        "| slowest rank's sum (s) | measured / predicted | planning model | refitted "
+        "| point (s) | measured / point | slowest rank's sum (s) | measured / point "
         "| vs torch | most tokens in a micro-batch |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, m in methods.items():
         lines.append(
             f"| {METHODS[name]} | {sum(m['num_micro'])} | {m['measured_lockstep']:.3f} "
-            f"| {m['predicted_lockstep']:.3f} | {m['ratio']:.3f} | {m['measured_rank']:.3f} "
-            f"| {m['rank_step_ratio']:.3f} | {m['planning_ratio']:.3f} "
-            f"| {m['refit_ratio']:.3f} | {m['vs_torch']:.3f} | {m['max_tokens']} |"
+            f"| {m['predicted_lockstep']:.3f} | {m['ratio']:.3f} | {m['point_lockstep']:.3f} "
+            f"| {m['point_ratio']:.3f} | {m['measured_rank']:.3f} "
+            f"| {m['rank_step_ratio']:.3f} | {m['vs_torch']:.3f} | {m['max_tokens']} |"
         )
     lines += [
         "",
         f"Measured over predicted, lockstep: {min(ratios):.3f} to {max(ratios):.3f}{moves}. "
-        "*planning model*: the same layouts under the model of the first calibration pass "
-        "(the plans were made with it); the machine's load moved CPU times by "
-        f"{100 * (result['drift'] - 1):+.1f}% between that pass and the run (the calibration "
-        "batches' summed time, run against first pass). *refitted*: under the model fitted "
-        "on the steps' own micro-batches (in-sample, the best the model's form can do). "
-        "Per micro-batch the predicted error is "
+        "The point figure of the same layouts under the *planning* model (the plans were "
+        "made with it): "
+        + ", ".join(f"{n} {m['planning_ratio']:.3f}" for n, m in methods.items())
+        + f" (the machine's load moved CPU times by {100 * (result['drift'] - 1):+.1f}% "
+        "between that pass and the run: the calibration batches' summed time, run against "
+        "first pass); under a model *refitted* on the steps' own micro-batches (in-sample, "
+        "the best the model's form can do): "
+        + ", ".join(f"{n} {m['refit_ratio']:.3f}" for n, m in methods.items())
+        + ". Per micro-batch the point prediction's error is "
         + ", ".join(
             f"{n} {100 * m['micro_error_median']:.1f}% (median)" for n, m in methods.items()
         )
@@ -634,13 +780,55 @@ def render_markdown(result: dict[str, Any], img_dir: Path) -> str:
         + f" (median range over the repeats). {faults}{shared}. torch's baseline ignores "
         "the cap (its largest micro-batch is in the last column).",
         "",
-        "What is left is noise, not the model: each rank's summed micro-batches are "
-        f"predicted within {100 * per_rank:.1f}% (every method, every rank), and the "
-        "slowest rank's sum (one max per step) within "
-        f"{100 * max(abs(m['rank_step_ratio'] - 1) for m in methods.values()):.1f}%; "
-        "the lockstep figure takes a max over ranks of every micro-batch's noisy time, which "
-        "lifts it most where the plan makes the ranks' micro-batches equal (a max of two "
-        "equal noisy times exceeds their mean) and least for torch's unequal ones.",
+        "**What the point figure misses is the noise in the max over ranks.** A lockstep "
+        "step is Σₖ meanᵣ t[r, k] (which the model predicts the same for every cut of a "
+        "batch into equally many micro-batches: "
+        f"{micro['predicted_mean']:.3f} s for each method) plus the lift of each "
+        "micro-batch's slowest rank above the ranks' mean. "
+        "The mean parts are measured at "
+        + ", ".join(
+            f"{n} {m['measured_mean'] / m['predicted_mean']:.3f}" for n, m in methods.items()
+        )
+        + " of the prediction, and each rank's summed micro-batches within "
+        f"{100 * per_rank:.1f}% (every method, every rank). The lifts, as a share of the "
+        f"step: measured torch {lift(torch_, 'measured_lockstep', 'measured_mean')}, rank "
+        f"{lift(rank, 'measured_lockstep', 'measured_mean')}, micro "
+        f"{lift(micro, 'measured_lockstep', 'measured_mean')}; point "
+        f"{lift(torch_, 'point_lockstep', 'predicted_mean')}, "
+        f"{lift(rank, 'point_lockstep', 'predicted_mean')}, "
+        f"{lift(micro, 'point_lockstep', 'predicted_mean')}; predicted "
+        f"{lift(torch_, 'predicted_lockstep', 'predicted_mean')}, "
+        f"{lift(rank, 'predicted_lockstep', 'predicted_mean')}, "
+        f"{lift(micro, 'predicted_lockstep', 'predicted_mean')}. The point figure has "
+        "little lift where a plan makes the ranks' micro-batches equal, but their "
+        "measured times are not equal: on the calibration batches one timing deviates from "
+        f"its micro-batch's mean by {100 * noise['single_sd']:.1f}% (sd), the median of "
+        f"{s['repeats']} by "
+        f"{100 * noise['median_sd']:.1f}% (its repeats resampled), so the max of two equal "
+        f"micro-batches' medians exceeds their mean by {100 * noise['median_lift']:.1f}% "
+        "from the repeats' noise alone; the model's errors on the calibration micro-batches "
+        "(noise and misfit) have sd "
+        + " and ".join(f"{100 * x:.1f}%" for x in noise["error_sd"])
+        + " on the two ranks, their means "
+        + " and ".join(f"{100 * x:+.1f}%" for x in noise["error_mean"])
+        + f" (the cores are not equally fast), correlated {noise['error_correlation']:.2f} "
+        "(the same load slows both), and lift a balanced micro-batch by "
+        f"{100 * noise['balanced_lift']:.1f}%: the figure the *predicted* column adds, "
+        "largest for the balanced plans and least for torch's unequal micro-batches. More "
+        "repeats shrink it (the median's noise falls as one over the square root of their "
+        "number), a quieter machine more.",
+        "",
+        "What the predicted figure leaves is in the mean part: the model's error on a whole "
+        "method's micro-batches, which does not cancel within a run. On the calibration "
+        "batches themselves the model misses each method's micro-batches by "
+        + ", ".join(f"{n} {100 * m['calibration_error_mean']:+.1f}%" for n, m in methods.items())
+        + " on average, on the steps their mean parts by "
+        + ", ".join(
+            f"{n} {100 * (m['measured_mean'] / m['predicted_mean'] - 1):+.1f}%"
+            for n, m in methods.items()
+        )
+        + ": the model's errors on single micro-batches, which do not cancel over one "
+        "method's micro-batches of a run as loaded as this one. " + PREVIOUS,
         "",
         "Where the 10-12% gap of the first version of this benchmark came from (each "
         "measured on this machine, one process, one thread): the recipe passed 3-D tensors "

@@ -10,6 +10,13 @@ of rank ``r``'s micro-batch ``k``; a *times* array is ``(ranks, micro-batches)``
 ranks of a lockstep layout run equally many). The lockstep step is ``Σₖ maxᵣ t[r, k]``
 (FSDP, ZeRO-3, experts), the rank step ``maxᵣ Σₖ t[r, k]`` (DDP).
 
+A measured time is its prediction times ``1 + e``, ``e`` a noise no model removes (the
+repeats' median still moves with the machine). The max over ranks lifts it: the expected
+lockstep step is ``Σₖ E[maxᵣ p[r, k]·(1 + eᵣ)]``, above ``Σₖ maxᵣ p[r, k]`` the more the
+ranks' micro-batches are equal (for two equal ones by ``E|e₀ - e₁| / 2``). ``noisy_lockstep``
+predicts that figure from the errors the fit makes on its own calibration micro-batches
+(``relative_errors``).
+
 Example::
 
     >>> import numpy as np
@@ -22,6 +29,9 @@ Example::
     >>> times = predicted(layout, lengths, 1.0, CostModel(0.0, 1.0, 0.0))
     >>> times.tolist(), lockstep(times), rank_step(times)
     ([[31.0], [31.0]], 31.0, 31.0)
+    >>> errors = relative_errors([np.array([[34.1], [27.9]])], [times])
+    >>> errors.round(6).tolist(), round(noisy_lockstep(times, errors), 6)
+    ([[0.1, -0.1]], 34.1)
 """
 
 from __future__ import annotations
@@ -116,6 +126,85 @@ def rank_step(times: np.ndarray) -> float:
         times: ``(ranks, micro-batches)`` seconds.
     """
     return float(np.asarray(times).sum(axis=1).max())
+
+
+def relative_errors(measured: list[np.ndarray], predicted: list[np.ndarray]) -> np.ndarray:
+    """``(micro-batches, ranks)`` relative errors ``measured / predicted - 1``: one row per
+    lockstep micro-batch, rank ``r``'s error in column ``r`` (the ranks' errors on the
+    micro-batch they ran together, their correlation kept), for ``noisy_lockstep``.
+
+    Args:
+        measured: per global batch, ``(ranks, micro-batches)`` measured seconds.
+        predicted: the same batches' predicted seconds, in the same shapes.
+
+    Example::
+
+        >>> relative_errors([np.array([[1.1, 2.0], [0.9, 2.2]])], [np.ones((2, 2)) * [[1], [2]]])
+        array([[ 0.1 , -0.55],
+               [ 1.  ,  0.1 ]])
+    """
+    if len(measured) != len(predicted):
+        raise ValueError(
+            f"measured and predicted must hold the same batches ({len(measured)} and "
+            f"{len(predicted)})"
+        )
+    rows = []
+    for m, p in zip(measured, predicted, strict=True):
+        m, p = np.asarray(m, dtype=np.float64), np.asarray(p, dtype=np.float64)
+        if m.shape != p.shape or m.ndim != 2:
+            raise ValueError(
+                f"a batch's measured and predicted times must be the same (ranks, "
+                f"micro-batches) shape (got {m.shape} and {p.shape})"
+            )
+        rows.append((m / p - 1).T)
+    return np.concatenate(rows) if rows else np.zeros((0, 0))
+
+
+def noisy_lockstep(times: np.ndarray, errors: np.ndarray) -> float:
+    """``Σₖ E[maxᵣ times[r, k]·(1 + eᵣ)]``: the lockstep step that times measured with the
+    noise of ``errors`` are expected to add up to, exactly over the errors' empirical
+    distribution (no sampling). Equals ``lockstep(times)`` when every error is zero.
+
+    Args:
+        times: ``(ranks, micro-batches)`` predicted seconds.
+        errors: ``(n, ranks)``: ``n`` joint draws of the ranks' relative errors (rows of
+            ``relative_errors``); or ``(n,)``: draws that each rank takes independently
+            (micro-batches timed apart from each other, as one device playing every rank).
+
+    Example::
+
+        >>> times = np.array([[1.0, 2.0], [1.0, 1.0]])
+        >>> round(noisy_lockstep(times, np.array([[0.1, -0.1], [-0.1, 0.1]])), 6)
+        3.1
+        >>> round(noisy_lockstep(times, np.array([0.1, -0.1])), 6)  # independent draws
+        3.05
+    """
+    times = np.asarray(times, dtype=np.float64)
+    errors = np.asarray(errors, dtype=np.float64)
+    if times.ndim != 2:
+        raise ValueError(f"times must be (ranks, micro-batches) (got {times.shape})")
+    if errors.ndim == 2 and errors.shape[1] == times.shape[0] and len(errors):
+        # (ranks, micro-batches, draws): every draw's max over ranks, averaged.
+        noisy = times[:, :, None] * (1 + errors.T[:, None, :])
+        return float(noisy.max(axis=0).mean(axis=1).sum())
+    if errors.ndim == 1 and len(errors):
+        return float(sum(_expected_max(column, errors) for column in times.T))
+    raise ValueError(
+        f"errors must be (n, {times.shape[0]}) joint draws or (n,) independent ones, n > 0 "
+        f"(got {errors.shape})"
+    )
+
+
+def _expected_max(times: np.ndarray, errors: np.ndarray) -> float:
+    """``E[maxᵣ times[r]·(1 + eᵣ)]``, each ``eᵣ`` drawn independently from ``errors``: the
+    max's distribution is the product of the ranks' distributions, evaluated at every value
+    one of them takes."""
+    spread = np.sort(1 + errors)
+    values = np.sort(np.outer(times, spread).ravel())
+    below = np.ones(len(values))
+    for t in times:  # the share of rank r's draws at or below every value
+        below *= np.searchsorted(t * spread, values, side="right") / len(spread)
+    return float(values @ np.diff(below, prepend=0.0))
 
 
 def _nonnegative_least_squares(design: np.ndarray, target: np.ndarray) -> np.ndarray:

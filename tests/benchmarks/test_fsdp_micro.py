@@ -1,8 +1,9 @@
 """The pieces of the FSDP2 lockstep benchmark (benchmarks/fsdp_micro.py) that could be wrong
 without the benchmark noticing: torch's baseline covers every document once in equal
 micro-batch counts, every method's layout has the same count on every rank, the run
-alternates calibration batches and steps, and times that follow a cost model are predicted
-exactly (the same aggregation on both sides, every record read at its place)."""
+alternates calibration batches and steps, times that follow a cost model are predicted
+exactly (the same aggregation on both sides, every record read at its place, no noise
+added), and the noise figures read known deviations right."""
 
 import numpy as np
 import pytest
@@ -97,8 +98,27 @@ def test_times_that_follow_a_cost_model_are_predicted_exactly():
     assert result["fit_error_max"] == pytest.approx(0.0, abs=1e-9)
     assert result["drift"] == pytest.approx(1.0)
     for m in result["methods"].values():
-        for key in ("ratio", "rank_step_ratio", "planning_ratio", "refit_ratio"):
+        for key in ("ratio", "point_ratio", "rank_step_ratio", "planning_ratio", "refit_ratio"):
             assert m[key] == pytest.approx(1.0, rel=1e-9)
+        assert m["measured_mean"] == pytest.approx(m["predicted_mean"], rel=1e-9)
         assert m["rank_ratio"] == pytest.approx([1.0] * SETTINGS.world)
         assert m["micro_error_max"] == pytest.approx(0.0, abs=1e-9)
         assert m["ratio_range"] == pytest.approx([1.0, 1.0])
+    noise = result["noise"]
+    for key in ("single_sd", "median_sd", "median_lift", "balanced_lift"):
+        assert noise[key] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_noise_figures_of_known_deviations():
+    base = np.array([[1.0, 2.0], [3.0, 4.0]])  # (world, micro-batches)
+    cells = [base * (1 + np.array([-0.1, 0.0, 0.1]))[:, None, None]]
+    errors = np.array([[0.1, -0.1], [-0.1, 0.1]])
+    noise = bench.noise_figures(cells, errors)
+    assert noise["single_sd"] == pytest.approx(0.1)
+    assert noise["error_mean"] == pytest.approx([0.0, 0.0])
+    assert noise["error_sd"] == pytest.approx([0.1, 0.1])
+    assert noise["error_correlation"] == pytest.approx(-1.0)
+    assert noise["balanced_lift"] == pytest.approx(0.1)
+    # every rank's repeats move together: resampled medians never differ across ranks
+    assert noise["median_lift"] == pytest.approx(0.0, abs=1e-12)
+    assert 0 < noise["median_sd"] < 0.1

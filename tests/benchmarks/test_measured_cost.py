@@ -1,6 +1,8 @@
 """benchmarks/measured_cost.py: the rows of a layout, the fit that recovers a known overhead and
 cost (and never a negative coefficient), a plan's predicted times and the two step figures."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -61,3 +63,74 @@ def test_predicted_times_and_the_lockstep_and_rank_steps():
     np.testing.assert_allclose(times, [[11.5, 52.5], [41.5, 0.5]])
     assert mc.lockstep(times) == pytest.approx(41.5 + 52.5)
     assert mc.rank_step(times) == pytest.approx(64.0)
+
+
+def test_relative_errors_are_one_row_per_micro_batch_one_column_per_rank():
+    predicted = [np.array([[1.0, 2.0], [4.0, 5.0]]), np.array([[10.0], [20.0]])]
+    measured = [np.array([[1.1, 2.0], [3.0, 5.5]]), np.array([[9.0], [22.0]])]
+    errors = mc.relative_errors(measured, predicted)
+    np.testing.assert_allclose(errors, [[0.1, -0.25], [0.0, 0.1], [-0.1, 0.1]])
+
+
+@pytest.mark.parametrize(
+    "measured,predicted",
+    [([np.ones((2, 2))], []), ([np.ones((2, 2))], [np.ones((2, 3))]), ([np.ones(2)], [np.ones(2)])],
+)
+def test_relative_errors_refuse_batches_that_do_not_match(measured, predicted):
+    with pytest.raises(ValueError, match="same"):
+        mc.relative_errors(measured, predicted)
+
+
+def test_without_noise_the_noisy_lockstep_is_the_lockstep():
+    times = np.array([[1.0, 3.0, 2.0], [2.0, 1.0, 2.0]])
+    assert mc.noisy_lockstep(times, np.zeros((4, 2))) == pytest.approx(mc.lockstep(times))
+    assert mc.noisy_lockstep(times, np.zeros(3)) == pytest.approx(mc.lockstep(times))
+
+
+def test_noise_lifts_equal_micro_batches_by_half_the_mean_difference():
+    # max(1 + e0, 1 + e1) = 1 + (e0 + e1) / 2 + |e0 - e1| / 2
+    rng = np.random.default_rng(2)
+    errors = rng.normal(0, 0.05, (50, 2))
+    lift = np.mean(errors.mean(axis=1) + np.abs(errors[:, 0] - errors[:, 1]) / 2)
+    times = np.full((2, 3), 2.0)
+    assert mc.noisy_lockstep(times, errors) == pytest.approx(6.0 * (1 + lift))
+
+
+def _joint_reference(times, errors):
+    return sum(
+        np.mean([max(t * (1 + e) for t, e in zip(column, row, strict=True)) for row in errors])
+        for column in times.T
+    )
+
+
+def _independent_reference(times, errors):
+    total = 0.0
+    for column in times.T:
+        draws = list(itertools.product(errors, repeat=len(column)))
+        total += np.mean([max(t * (1 + e) for t, e in zip(column, d, strict=True)) for d in draws])
+    return total
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_noisy_lockstep_is_the_expectation_over_the_draws(seed):
+    rng = np.random.default_rng(seed)
+    times = rng.uniform(0.5, 2.0, (3, 4))
+    joint = rng.normal(0, 0.1, (7, 3))
+    independent = rng.normal(0, 0.1, 5)
+    assert mc.noisy_lockstep(times, joint) == pytest.approx(_joint_reference(times, joint))
+    assert mc.noisy_lockstep(times, independent) == pytest.approx(
+        _independent_reference(times, independent)
+    )
+
+
+@pytest.mark.parametrize(
+    "times,errors",
+    [
+        (np.ones(3), np.zeros(3)),
+        (np.ones((2, 3)), np.zeros((4, 3))),
+        (np.ones((2, 3)), np.zeros(0)),
+    ],
+)
+def test_the_noisy_lockstep_refuses_shapes_that_do_not_fit(times, errors):
+    with pytest.raises(ValueError, match="must be"):
+        mc.noisy_lockstep(times, errors)
