@@ -205,16 +205,6 @@ def test_bad_inputs_raise_clear_errors():
         )
 
 
-def test_import_chronica_loads_no_tensorflow_and_adapter_no_torch():
-    # (tensorflow itself may import jax when it is installed, so only torch is checked)
-    code = (
-        "import sys, chronica; assert 'tensorflow' not in sys.modules; "
-        "import chronica.tf; assert 'torch' not in sys.modules"
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
-
-
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     """Both workers of tf_worker.py, one MultiWorkerMirroredStrategy job over 127.0.0.1
@@ -366,42 +356,65 @@ def _take(t, ds, count):
     return out
 
 
-def test_state_after_a_delivered_batch_resumes_exactly_in_a_fresh_process(tmp_path):
-    n, world, batch, rank = 61, 2, 8, 1
-    lengths = lengths_of(n, 8)
-    kw = dict(global_batch_size=batch, num_replicas=world, rank=rank, epochs=2, seed=3)
-    t = chronica.tf.schedule(lengths, **kw)
+RESUME = dict(global_batch_size=8, num_replicas=2, rank=1, epochs=2, seed=3)
+
+
+@pytest.fixture(scope="module")
+def fresh_process(tmp_path_factory):
+    """One fresh Python process: what ``import chronica`` and then ``import chronica.tf``
+    loaded, and the rest of a schedule (``RESUME``) it resumed from the state this fixture
+    took after 5 delivered batches. Returns the state, the state the producer had reached,
+    every batch of the uninterrupted run and what the process reports."""
+    tmp = tmp_path_factory.mktemp("fresh")
+    lengths = lengths_of(61, 8)
+    t = chronica.tf.schedule(lengths, **RESUME)
     ds = make_dataset(lengths).apply(t)
     everything = [(int(b["epoch"]), b["idx"].numpy().tolist()) for b in ds]
     taken = _take(t, ds, 5)
     state = t.get_state(delivered=taken[-1])
-    assert (state["epoch"], state["step"]) == (0, 5)
     produced = t.get_state()  # the producer may run ahead by tf.data's prefetch
-    assert (produced["epoch"], produced["step"]) >= (0, 5)
-    json.dumps(state)
-    (tmp_path / "state.json").write_text(json.dumps(state))
-    np.save(tmp_path / "lengths.npy", lengths)
+    (tmp / "state.json").write_text(json.dumps(state))
+    np.save(tmp / "lengths.npy", lengths)
     code = f"""
 import json, sys
+import chronica
+imported = {{"tensorflow after chronica": "tensorflow" in sys.modules}}
+import chronica.tf
+imported["torch after chronica.tf"] = "torch" in sys.modules
 import numpy as np
 sys.path.insert(0, {str(HELPERS)!r})
 from tf_data import make_dataset
-import chronica.tf
-lengths = np.load({str(tmp_path / "lengths.npy")!r})
-t = chronica.tf.schedule(lengths, **{kw!r})
-t.set_state(json.loads(open({str(tmp_path / "state.json")!r}).read()))
+lengths = np.load({str(tmp / "lengths.npy")!r})
+t = chronica.tf.schedule(lengths, **{RESUME!r})
+t.set_state(json.loads(open({str(tmp / "state.json")!r}).read()))
 out = [(int(b["epoch"]), b["idx"].numpy().tolist()) for b in make_dataset(lengths).apply(t)]
-print(json.dumps(out))
+print(json.dumps({{"imported": imported, "resumed": out}}))
 """
     done = subprocess.run(
         [sys.executable, "-c", code],
         env=base_env(ROOT, TF_CPP_MIN_LOG_LEVEL="2"),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    resumed = [tuple(x) for x in json.loads(done.stdout.strip().splitlines()[-1])]
+    return state, produced, everything, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_import_chronica_loads_no_tensorflow_and_adapter_no_torch(fresh_process):
+    # (tensorflow itself may import jax when it is installed, so only torch is checked)
+    assert fresh_process[-1]["imported"] == {
+        "tensorflow after chronica": False,
+        "torch after chronica.tf": False,
+    }
+
+
+def test_state_after_a_delivered_batch_resumes_exactly_in_a_fresh_process(fresh_process):
+    state, produced, everything, reported = fresh_process
+    assert (state["epoch"], state["step"]) == (0, 5)
+    assert (produced["epoch"], produced["step"]) >= (0, 5)
+    json.dumps(state)
+    resumed = [tuple(x) for x in reported["resumed"]]
     assert resumed == [(e, b) for e, b in everything[5:]]
 
 
