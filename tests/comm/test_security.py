@@ -937,9 +937,14 @@ def test_a_gate_killed_every_second_costs_few_windows(monkeypatch):
         threads = [threading.Thread(target=run, args=(rank,)) for rank in range(2)]
         for t in threads:
             t.start()
+        steps = scheduler.num_steps()
         try:
-            end = time.monotonic() + 30.0
-            while time.monotonic() < end and not errors:
+            # 30 s of kills, and on until both ranks have run two epochs under them (a loaded
+            # machine runs fewer steps in 30 s); a job that stalls meets the limit and fails.
+            end, limit = time.monotonic() + 30.0, time.monotonic() + scaled(300)
+            while not errors and time.monotonic() < limit:
+                if time.monotonic() >= end and min(map(len, got.values())) >= 2 * steps:
+                    break
                 pid = coordinator._gate.pid()
                 if pid is not None:
                     os.kill(pid, signal.SIGKILL)
@@ -951,7 +956,6 @@ def test_a_gate_killed_every_second_costs_few_windows(monkeypatch):
                 t.join(scaled(300))
         assert not errors and not any(t.is_alive() for t in threads), errors
         restarts = coordinator.stats.gate_restarts
-    steps = scheduler.num_steps()
     epochs = len(got[0]) // steps
     assert epochs >= 2 and len(got[1]) == len(got[0]) == epochs * steps
     for (epoch, step, a), (_, _, b) in zip(got[0], got[1], strict=True):

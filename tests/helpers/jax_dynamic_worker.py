@@ -1,24 +1,22 @@
-"""One process of a real 2-process ``jax.distributed`` job with kind="dynamic" (the job of
-dynamic_job.py), started by tests/adapters/jax/test_jax.py (the JAX twin of
-dynamic_worker.py).
+"""The kind="dynamic" scenarios of the 2-process ``jax.distributed`` job of
+tests/adapters/jax/test_jax.py (the job of dynamic_job.py; the JAX twin of dynamic_worker.py),
+run by jax_worker.py in each process once ``jax.distributed`` is initialised.
 
-argv: output JSON path, scenario, jax.distributed coordinator port, chronica coordinator
-port (and the next three, for a second coordinator), sync dir, process id. Scenarios:
-"train" (two epochs, variable batches, the last process emulated 3x slower, loss-weighted
-gradients checked against the whole step's gradient; then one epoch as global arrays over
-a sharding spanning both processes), "kill" (the test kills a standalone coordinator, named
-by CHRONICA_COORDINATOR, after step 3 of epoch 0). The processes exchange each step's
-indices and weighted gradient through the coordination service's key-value store, as a
-gradient all-reduce would, so every step ends in lockstep.
+Scenarios: "train" (two epochs, variable batches, the last process emulated 3x slower,
+loss-weighted gradients checked against the whole step's gradient; then one epoch as global
+arrays over a sharding spanning both processes), "kill" (the test kills a standalone
+coordinator, named by CHRONICA_COORDINATOR, after step 3 of epoch 0). The processes exchange
+each step's indices and weighted gradient through the coordination service's key-value
+store, as a gradient all-reduce would, so every step ends in lockstep.
 """
 
 import json
-import sys
 from pathlib import Path
 
 import jax
 import numpy as np
 from dynamic_job import KILL_AT, PER_RANK, WINDOW, N, features, kill_point, sizes
+from workers import scaled
 
 SLOW = 3.0
 
@@ -29,15 +27,9 @@ def whole_step_gradient(w, indices):
     return 2.0 * x.T @ (x @ w - y) / len(indices)
 
 
-def main(out_path: str, scenario: str, jax_port: str, port: str, sync: str, pid: str) -> None:
-    jax.config.update("jax_platforms", "cpu")
-    jax.config.update("jax_enable_x64", True)
-    jax.distributed.initialize(
-        coordinator_address=f"127.0.0.1:{jax_port}",
-        num_processes=2,
-        process_id=int(pid),
-        initialization_timeout=60,
-    )
+def dynamic(scenario: str, out: Path, port: int, sync: Path) -> None:
+    """Run ``scenario`` with chronica's coordinator on ``port`` (and the next three), the
+    kill handshake's files in ``sync``; writes this process's result to ``out``."""
     import jax.numpy as jnp
     from jax._src.distributed import global_state
 
@@ -54,7 +46,7 @@ def main(out_path: str, scenario: str, jax_port: str, port: str, sync: str, pid:
         kind="dynamic",
         variable_batch=True,
         window=WINDOW,
-        dynamic=DynamicOptions(port=int(port), timeout=3.0),
+        dynamic=DynamicOptions(port=port, timeout=scaled(3.0)),
         epochs=2,
     )
     w = np.array([0.3, -0.2, 0.5, 0.1])
@@ -83,7 +75,7 @@ def main(out_path: str, scenario: str, jax_port: str, port: str, sync: str, pid:
         except StopIteration:
             break
         if scenario == "kill" and (epoch, step) == KILL_AT:
-            kill_point(Path(sync), rank)
+            kill_point(sync, rank)
         indices = batch["indices"][batch["valid"]].tolist()
         rows.add(batch["inputs"].shape[0])
         weight = float(batch["loss_weight"])
@@ -92,11 +84,11 @@ def main(out_path: str, scenario: str, jax_port: str, port: str, sync: str, pid:
         weights[epoch].append(weight)
         # The "all-reduce": every process publishes its part of the step, reads the others'.
         kv.key_value_set(
-            f"step/{epoch}/{step}/{rank}",
+            f"{scenario}/step/{epoch}/{step}/{rank}",
             json.dumps({"indices": indices, "grad": np.asarray(grad).tolist()}),
         )
         parts = [
-            json.loads(kv.blocking_key_value_get(f"step/{epoch}/{step}/{r}", 60_000))
+            json.loads(kv.blocking_key_value_get(f"{scenario}/step/{epoch}/{step}/{r}", 60_000))
             for r in range(world)
         ]
         average = np.mean([p["grad"] for p in parts], axis=0)
@@ -118,7 +110,7 @@ def main(out_path: str, scenario: str, jax_port: str, port: str, sync: str, pid:
             kind="dynamic",
             variable_batch=True,
             window=WINDOW,
-            dynamic=DynamicOptions(port=int(port) + 2, timeout=3.0),
+            dynamic=DynamicOptions(port=port + 2, timeout=scaled(3.0)),
             as_jax=True,
             sharding=sharding,
         )
@@ -140,11 +132,4 @@ def main(out_path: str, scenario: str, jax_port: str, port: str, sync: str, pid:
         "global_shapes": sorted(global_shapes),
         "local_counts": local_counts,
     }
-    with open(out_path, "w") as f:
-        json.dump(result, f)
-    kv.wait_at_barrier("chronica-test-done", 60_000)
-    jax.distributed.shutdown()
-
-
-if __name__ == "__main__":
-    main(*sys.argv[1:7])
+    out.write_text(json.dumps(result))

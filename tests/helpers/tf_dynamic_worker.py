@@ -1,24 +1,22 @@
-"""One TensorFlow worker of a kind="dynamic" job (the job of dynamic_job.py; run by
-tests/adapters/tf/test_tf.py, not by pytest).
+"""The kind="dynamic" scenarios of the 2-worker TensorFlow job of
+tests/adapters/tf/test_tf.py (the job of dynamic_job.py), run by tf_worker.py in each worker
+on its ``MultiWorkerMirroredStrategy`` (whose coordination service carries the ranks'
+agreement).
 
-Usage:
-``python tests/helpers/tf_dynamic_worker.py RANK PORT0,PORT1 COORDINATOR_PORT SCENARIO SYNC``:
-a ``MultiWorkerMirroredStrategy`` from ``TF_CONFIG`` on 127.0.0.1 (its coordination service
-carries the ranks' agreement), fed by ``distribute_datasets_from_function`` with
+The strategy is fed by ``distribute_datasets_from_function`` with
 ``chronica.tf.schedule(kind="dynamic", variable_batch=True)``; the last worker is emulated
 3x slower in what it reports. Scenario ``train``: two epochs; ``kill``: at step 3 of epoch 0
 rank 0 touches ``SYNC/killme`` and both wait for ``SYNC/killed`` (the test kills the
 standalone coordinator in between). Every step, each replica's loss-weighted gradient of
 its local mean loss is averaged over the replicas (``strategy.reduce`` MEAN) and compared
 with the gradient of the mean loss over the static plan's samples of that step. Writes
-``SYNC/rank<R>.json``.
+``SYNC/<scenario>.rank<R>.json``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -26,6 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import tensorflow as tf
 from dynamic_job import KILL_AT, PER_RANK, WINDOW, N, kill_point, sizes, static_plan
+from workers import scaled
 
 import chronica.tf
 from chronica.runtime import DynamicOptions
@@ -50,14 +49,12 @@ def mean_loss_grad(index) -> tf.Tensor:
     return tape.gradient(loss, w)
 
 
-def main(rank: int, ports: list[str], port: int, scenario: str, sync: Path) -> None:
-    os.environ["TF_CONFIG"] = json.dumps(
-        {
-            "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
-            "task": {"type": "worker", "index": rank},
-        }
-    )
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+def dynamic(
+    strategy: tf.distribute.Strategy, rank: int, port: int, scenario: str, sync: Path
+) -> None:
+    """Run ``scenario`` on ``strategy`` as worker ``rank``, chronica's coordinator on
+    ``port`` (unless ``CHRONICA_COORDINATOR`` names a standalone one), the kill handshake's
+    files and the result in ``sync``."""
     world = strategy.num_replicas_in_sync
     lengths = sizes()
     examples = tf.data.Dataset.from_tensor_slices({"idx": tf.range(N, dtype=tf.int64)})
@@ -71,7 +68,7 @@ def main(rank: int, ports: list[str], port: int, scenario: str, sync: Path) -> N
                 kind="dynamic",
                 variable_batch=True,
                 window=WINDOW,
-                dynamic=DynamicOptions(port=port, timeout=3.0),
+                dynamic=DynamicOptions(port=port, timeout=scaled(3.0)),
                 epochs=EPOCHS,
                 input_context=ctx,
             )
@@ -120,11 +117,7 @@ def main(rank: int, ports: list[str], port: int, scenario: str, sync: Path) -> N
         "dynamic_windows": session.windows_dynamic,
         "static_windows": session.windows_static,
     }
-    (sync / f"rank{rank}.json").write_text(json.dumps(result))
+    (sync / f"{scenario}.rank{rank}.json").write_text(json.dumps(result))
     # A last collective: neither worker leaves while the other still needs it.
     tf.function(lambda: strategy.reduce("SUM", strategy.run(lambda: tf.constant(1)), None))()
     schedule.close()
-
-
-if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2].split(","), int(sys.argv[3]), sys.argv[4], Path(sys.argv[5]))

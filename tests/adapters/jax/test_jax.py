@@ -18,7 +18,7 @@ from workers import (  # noqa: E402
     base_env,
     free_port,
     free_ports,
-    run_workers,
+    scaled,
     start_workers,
     wait_workers,
 )
@@ -386,17 +386,36 @@ def test_import_chronica_does_not_import_jax():
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
 
 
-def test_two_jax_processes_cover_every_sample_once(tmp_path):
-    world = 2
-    port = free_port()
-    outs = [tmp_path / f"rank{i}.json" for i in range(world)]
-    worker = str(HELPERS / "jax_worker.py")
-    run_workers(
-        [[sys.executable, worker, str(port), str(i), "2", str(out)] for i, out in enumerate(outs)],
-        base_env(ROOT, JAX_PLATFORMS="cpu"),
-        timeout=120,
-    )
-    results = [json.loads(out.read_text()) for out in outs]
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """Both processes of jax_worker.py, one jax.distributed job running every scenario in
+    turn ("cover", then kind="dynamic" "kill" against a standalone coordinator this fixture
+    kills mid-epoch, then "train"): each scenario's results, sorted by rank."""
+    folder = tmp_path_factory.mktemp("jax_job")
+    standalone = free_ports(2)[0]
+    ports = [free_port(), free_ports(4)[0]]  # jax.distributed's; chronica's two coordinators
+    with standalone_coordinator(folder, 2, standalone) as kill_on_request:
+        procs = start_workers(
+            [
+                [sys.executable, str(HELPERS / "jax_worker.py"), str(folder)]
+                + [str(port) for port in (*ports, standalone)]
+                + [str(i)]
+                for i in range(2)
+            ],
+            base_env(ROOT, JAX_PLATFORMS="cpu"),
+        )
+        try:
+            kill_on_request(procs, timeout=scaled(180))
+        finally:
+            wait_workers(procs, timeout=360)
+    return {
+        scenario: [json.loads((folder / f"{scenario}.rank{i}.json").read_text()) for i in range(2)]
+        for scenario in ("cover", "kill", "train")
+    }
+
+
+def test_two_jax_processes_cover_every_sample_once(job):
+    results = job["cover"]
     assert sorted((r["rank"], r["world"]) for r in results) == [(0, 2), (1, 2)]
     data, _ = _data(203)  # the worker's sizes: lognormal(3, 1), seed 0, 203 samples
     reference = cj.iterator(data, global_batch_size=16, num_replicas=2, rank=0)
@@ -429,34 +448,11 @@ def test_jax_train_example_runs():
     assert "compiled shapes:" in out and "epoch 3: mean loss" in out
 
 
-# -- kind="dynamic" over a real 2-process jax.distributed job --------------------------------
-
-DYNAMIC_WORKER = HELPERS / "jax_dynamic_worker.py"
+# -- kind="dynamic" over a real 2-process jax.distributed job (the job fixture) --------------
 
 
-def _dynamic_job(tmp_path, scenario, port, env_extra=None, between=None):
-    """Start both processes of jax_dynamic_worker.py; ``between(procs)`` runs while they
-    do; returns their results."""
-    jax_port = free_port()
-    outs = [tmp_path / f"rank{i}.json" for i in range(2)]
-    procs = start_workers(
-        [
-            [sys.executable, str(DYNAMIC_WORKER), str(out), scenario, str(jax_port), str(port)]
-            + [str(tmp_path), str(i)]
-            for i, out in enumerate(outs)
-        ],
-        base_env(ROOT, JAX_PLATFORMS="cpu", **(env_extra or {})),
-    )
-    try:
-        if between is not None:
-            between(procs)
-    finally:
-        wait_workers(procs, timeout=120)
-    return sorted((json.loads(out.read_text()) for out in outs), key=lambda r: r["rank"])
-
-
-def test_dynamic_two_processes_every_step_once_exact_gradients_slow_rank_smaller(tmp_path):
-    results = _dynamic_job(tmp_path, "train", free_ports(4)[0])  # two coordinators
+def test_dynamic_two_processes_every_step_once_exact_gradients_slow_rank_smaller(job):
+    results = job["train"]  # two coordinators
     check_exactly_once(results, 2)  # equal step counts, every step exactly the static one's
     slow = results[1]
     for r in results:
@@ -481,12 +477,8 @@ def test_dynamic_two_processes_every_step_once_exact_gradients_slow_rank_smaller
     assert counts[0] != counts[1]
 
 
-def test_dynamic_coordinator_killed_mid_epoch_falls_back_without_losing_a_sample(tmp_path):
-    port = free_ports(2)[0]
-    with standalone_coordinator(tmp_path, 2, port) as kill_on_request:
-        results = _dynamic_job(
-            tmp_path, "kill", port, {"CHRONICA_COORDINATOR": f"127.0.0.1:{port}"}, kill_on_request
-        )
+def test_dynamic_coordinator_killed_mid_epoch_falls_back_without_losing_a_sample(job):
+    results = job["kill"]
     check_exactly_once(results, 2)
     for r in results:
         assert r["dynamic_windows"] >= 1  # before the kill

@@ -23,7 +23,7 @@ from workers import (  # noqa: E402
     base_env,
     free_port,
     free_ports,
-    run_workers,
+    scaled,
     start_workers,
     wait_workers,
 )
@@ -205,28 +205,41 @@ def test_bad_inputs_raise_clear_errors():
         )
 
 
-def test_import_chronica_loads_no_tensorflow_and_adapter_no_torch():
-    # (tensorflow itself may import jax when it is installed, so only torch is checked)
-    code = (
-        "import sys, chronica; assert 'tensorflow' not in sys.modules; "
-        "import chronica.tf; assert 'torch' not in sys.modules"
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
-
-
-def test_two_multiworker_processes_cover_every_sample_once(tmp_path):
-    """Two TF processes, MultiWorkerMirroredStrategy over 127.0.0.1, one replica each."""
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """Both workers of tf_worker.py, one MultiWorkerMirroredStrategy job over 127.0.0.1
+    running every scenario in turn ("cover", then kind="dynamic" "kill" against a standalone
+    coordinator this fixture kills mid-epoch, then "train"): each scenario's results, by
+    rank."""
+    folder = tmp_path_factory.mktemp("tf_job")
     ports = ",".join(str(free_port()) for _ in range(2))
+    coordinator, standalone = free_ports(2)[0], free_ports(2)[0]
     env = base_env(ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    env.pop("TF_CONFIG", None)
+    for name in ("TF_CONFIG", "CHRONICA_COORDINATOR"):
+        env.pop(name, None)
     worker = str(HELPERS / "tf_worker.py")
-    commands = [
-        [sys.executable, worker, "multiworker", str(r), ports, str(tmp_path / f"w{r}.json")]
-        for r in range(2)
-    ]
-    run_workers(commands, env, timeout=60)
-    reports = [json.loads((tmp_path / f"w{r}.json").read_text()) for r in range(2)]
+    with standalone_coordinator(folder, 2, standalone) as kill_on_request:
+        procs = start_workers(
+            [
+                [sys.executable, worker, str(r), ports, str(coordinator), str(standalone)]
+                + [str(folder)]
+                for r in range(2)
+            ],
+            env,
+        )
+        try:
+            kill_on_request(procs, timeout=scaled(180))
+        finally:
+            wait_workers(procs, timeout=360)
+    return {
+        scenario: [json.loads((folder / f"{scenario}.rank{r}.json").read_text()) for r in range(2)]
+        for scenario in ("cover", "kill", "train")
+    }
+
+
+def test_two_multiworker_processes_cover_every_sample_once(job):
+    """Two TF processes, MultiWorkerMirroredStrategy over 127.0.0.1, one replica each."""
+    reports = job["cover"]
     n, batch, epochs = 53, 8, 2
     sch = core_plan(np.random.default_rng(7).integers(1, 30, size=n), 2, batch)
     assert len(reports[0]["steps"]) == len(reports[1]["steps"])
@@ -319,7 +332,7 @@ def test_dynamic_single_replica_yields_every_sample_each_epoch():
         kind="dynamic",
         variable_batch=True,
         window=2,
-        dynamic=DynamicOptions(port=free_ports(2)[0], timeout=3.0),
+        dynamic=DynamicOptions(port=free_ports(2)[0], timeout=scaled(3.0)),
         epochs=2,
     )
     try:
@@ -343,42 +356,65 @@ def _take(t, ds, count):
     return out
 
 
-def test_state_after_a_delivered_batch_resumes_exactly_in_a_fresh_process(tmp_path):
-    n, world, batch, rank = 61, 2, 8, 1
-    lengths = lengths_of(n, 8)
-    kw = dict(global_batch_size=batch, num_replicas=world, rank=rank, epochs=2, seed=3)
-    t = chronica.tf.schedule(lengths, **kw)
+RESUME = dict(global_batch_size=8, num_replicas=2, rank=1, epochs=2, seed=3)
+
+
+@pytest.fixture(scope="module")
+def fresh_process(tmp_path_factory):
+    """One fresh Python process: what ``import chronica`` and then ``import chronica.tf``
+    loaded, and the rest of a schedule (``RESUME``) it resumed from the state this fixture
+    took after 5 delivered batches. Returns the state, the state the producer had reached,
+    every batch of the uninterrupted run and what the process reports."""
+    tmp = tmp_path_factory.mktemp("fresh")
+    lengths = lengths_of(61, 8)
+    t = chronica.tf.schedule(lengths, **RESUME)
     ds = make_dataset(lengths).apply(t)
     everything = [(int(b["epoch"]), b["idx"].numpy().tolist()) for b in ds]
     taken = _take(t, ds, 5)
     state = t.get_state(delivered=taken[-1])
-    assert (state["epoch"], state["step"]) == (0, 5)
     produced = t.get_state()  # the producer may run ahead by tf.data's prefetch
-    assert (produced["epoch"], produced["step"]) >= (0, 5)
-    json.dumps(state)
-    (tmp_path / "state.json").write_text(json.dumps(state))
-    np.save(tmp_path / "lengths.npy", lengths)
+    (tmp / "state.json").write_text(json.dumps(state))
+    np.save(tmp / "lengths.npy", lengths)
     code = f"""
 import json, sys
+import chronica
+imported = {{"tensorflow after chronica": "tensorflow" in sys.modules}}
+import chronica.tf
+imported["torch after chronica.tf"] = "torch" in sys.modules
 import numpy as np
 sys.path.insert(0, {str(HELPERS)!r})
 from tf_data import make_dataset
-import chronica.tf
-lengths = np.load({str(tmp_path / "lengths.npy")!r})
-t = chronica.tf.schedule(lengths, **{kw!r})
-t.set_state(json.loads(open({str(tmp_path / "state.json")!r}).read()))
+lengths = np.load({str(tmp / "lengths.npy")!r})
+t = chronica.tf.schedule(lengths, **{RESUME!r})
+t.set_state(json.loads(open({str(tmp / "state.json")!r}).read()))
 out = [(int(b["epoch"]), b["idx"].numpy().tolist()) for b in make_dataset(lengths).apply(t)]
-print(json.dumps(out))
+print(json.dumps({{"imported": imported, "resumed": out}}))
 """
     done = subprocess.run(
         [sys.executable, "-c", code],
         env=base_env(ROOT, TF_CPP_MIN_LOG_LEVEL="2"),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    resumed = [tuple(x) for x in json.loads(done.stdout.strip().splitlines()[-1])]
+    return state, produced, everything, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_import_chronica_loads_no_tensorflow_and_adapter_no_torch(fresh_process):
+    # (tensorflow itself may import jax when it is installed, so only torch is checked)
+    assert fresh_process[-1]["imported"] == {
+        "tensorflow after chronica": False,
+        "torch after chronica.tf": False,
+    }
+
+
+def test_state_after_a_delivered_batch_resumes_exactly_in_a_fresh_process(fresh_process):
+    state, produced, everything, reported = fresh_process
+    assert (state["epoch"], state["step"]) == (0, 5)
+    assert (produced["epoch"], produced["step"]) >= (0, 5)
+    json.dumps(state)
+    resumed = [tuple(x) for x in reported["resumed"]]
     assert resumed == [(e, b) for e, b in everything[5:]]
 
 
@@ -430,26 +466,8 @@ def test_state_of_the_torch_batch_sampler_resumes_in_tf():
     assert tf_steps(out) == rest
 
 
-def _tf_config_workers(tmp_path, scenario, coordinator, extra_env=None):
-    ports = ",".join(str(free_port()) for _ in range(2))
-    env = base_env(ROOT, TF_CPP_MIN_LOG_LEVEL="2", **(extra_env or {}))
-    env.pop("TF_CONFIG", None)
-    worker = str(HELPERS / "tf_dynamic_worker.py")
-    commands = [
-        [sys.executable, worker, str(r), ports, str(coordinator), scenario, str(tmp_path)]
-        for r in range(2)
-    ]
-    return start_workers(commands, env)
-
-
-def _dynamic_results(tmp_path):
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-
-
-def test_dynamic_two_workers_rebalance_a_slow_worker_exactly_once(tmp_path):
-    procs = _tf_config_workers(tmp_path, "train", free_ports(2)[0])
-    wait_workers(procs, timeout=150)
-    results = _dynamic_results(tmp_path)
+def test_dynamic_two_workers_rebalance_a_slow_worker_exactly_once(job):
+    results = job["train"]
     check_exactly_once(results, 2)
     for r in results:
         assert r["static_windows"] == 0  # the coordinator delivered every window
@@ -462,19 +480,8 @@ def test_dynamic_two_workers_rebalance_a_slow_worker_exactly_once(tmp_path):
         assert results[0]["weights"][1][s] + results[1]["weights"][1][s] == pytest.approx(2)
 
 
-def test_dynamic_coordinator_killed_mid_epoch_falls_back_together(tmp_path):
-    router = free_ports(2)[0]
-    with standalone_coordinator(tmp_path, 2, router) as kill_on_request:
-        env = {"CHRONICA_COORDINATOR": f"127.0.0.1:{router}"}
-        procs = _tf_config_workers(tmp_path, "kill", router, env)
-        try:
-            kill_on_request(procs)
-            wait_workers(procs, timeout=150)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-    results = _dynamic_results(tmp_path)
+def test_dynamic_coordinator_killed_mid_epoch_falls_back_together(job):
+    results = job["kill"]
     check_exactly_once(results, 2)
     for r in results:
         assert r["dynamic_windows"] >= 1 and r["static_windows"] >= 1
