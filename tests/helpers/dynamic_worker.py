@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from dynamic_job import KILL_AT, PER_RANK, WINDOW, N, features, kill_point, sizes
+from workers import scaled
 
 from chronica.runtime import DynamicOptions
 from chronica.torch.utils.data import DistributedBatchSampler
@@ -36,7 +37,7 @@ def main(out_path: str, scenario: str, port: str, sync: str) -> None:
         variable_batch=True,
         sizes=lengths,
         window=WINDOW,
-        dynamic=DynamicOptions(port=int(port), timeout=3.0),
+        dynamic=DynamicOptions(port=int(port), timeout=scaled(3.0)),
     )
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1).double()
