@@ -428,14 +428,19 @@ def plan_step(
     model = as_cost_model(cost)
     doc_costs = np.asarray(model(padded.astype(np.float64)), dtype=np.float64)
     unit_of = np.arange(n) if groups is None else _group_units(groups, n)
-    units = int(unit_of.max()) + 1 if n else 0
+    units = n if groups is None else int(unit_of.max()) + 1 if n else 0
     if units < w:
         raise ValueError(
             f"the batch has {units} unit(s) (documents, or groups kept whole) for "
             f"world_size={w} ranks: a rank would be left empty; give the step at least "
             f"{w} units or plan it for fewer ranks"
         )
-    unit_len = np.bincount(unit_of, weights=padded, minlength=units).astype(np.int64)
+    # Without groups every document is its own unit: the sums per unit are the documents'.
+    unit_len = (
+        padded
+        if groups is None
+        else np.bincount(unit_of, weights=padded, minlength=units).astype(np.int64)
+    )
     if packing.context_parallel > 1:
         plan = _plan_context(raw, padded, doc_costs, unit_of, unit_len, w, packing, speeds)
         _loss_units(packing, raw, loss_tokens)  # refuses loss_tokens= under loss="token"
@@ -449,24 +454,20 @@ def plan_step(
             "chronica.core.packing.pieces (groups must fit in one row)"
         )
     speed = None if speeds is None else np.asarray(speeds, dtype=np.float64)
-    step = pack_step(
-        unit_len,
-        np.bincount(unit_of, weights=doc_costs, minlength=units),
-        w,
-        packing,
-        speed,
-        docs=np.bincount(unit_of, minlength=units),
+    unit_cost = (
+        doc_costs if groups is None else np.bincount(unit_of, weights=doc_costs, minlength=units)
     )
+    unit_docs = None if groups is None else np.bincount(unit_of, minlength=units)
+    step = pack_step(unit_len, unit_cost, w, packing, speed, docs=unit_docs)
     speed = np.ones(w) if speed is None else speed
-    unit_cost = np.bincount(unit_of, weights=doc_costs, minlength=units)
     step = in_pipeline_order(fill_empty(step, unit_cost), speed, packing)
     return StepPlan(
         lengths=raw,
         padded=padded,
         units=_loss_units(packing, raw, loss_tokens),
-        rank=step.rank[unit_of],
-        micro=step.micro[unit_of],
-        row=step.row[unit_of],
+        rank=step.rank if groups is None else step.rank[unit_of],
+        micro=step.micro if groups is None else step.micro[unit_of],
+        row=step.row if groups is None else step.row[unit_of],
         num_micro=step.num_micro,
         micro_costs=step.cells,
         speeds=speed,

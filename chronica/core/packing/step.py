@@ -164,7 +164,7 @@ def pack_step(
     rows, length = packing.rows, packing.length
 
     def attempt(num: int) -> PackedStep | None:
-        cells = np.zeros((w, num))
+        cells: np.ndarray = np.zeros((w, num) if lockstep else (0, 0))
         # Lockstep cells; or rank sums, even micro-batches first, then packed tightly.
         fits = (
             lockstep_attempt(
@@ -184,7 +184,9 @@ def pack_step(
         if not fits:
             return None
         if not lockstep:
-            np.add.at(cells, (rank, micro), costs)
+            # In document order, as ``np.add.at`` would add them, without its overhead.
+            cells = np.bincount(rank * num + micro, weights=costs, minlength=w * num)
+            cells = cells.reshape(w, num)
         # The rank kernel's own sums, so that its plans stay bitwise what they were.
         sums = cells.sum(1) if lockstep else loads.copy()
         return PackedStep(rank.copy(), micro.copy(), row.copy(), num, sums, cells)
@@ -301,7 +303,10 @@ def fill_empty(
         counts[empty] += 1
         # The same micro-batch: under lockstep, the donor's shrinks as the empty rank's grows.
         move(unit, empty, int(micro[unit]))
-    for r in range(w):
+    # Only a rank with at least ``m`` units and an empty micro-batch has one to fill.
+    per_cell = np.bincount(rank * m + micro, minlength=w * m).reshape(w, m)
+    short = (per_cell.sum(1) >= m) & (per_cell == 0).any(1)
+    for r in np.flatnonzero(short).tolist():
         mine = np.flatnonzero(rank == r)
         per_micro = np.bincount(micro[mine], minlength=m)
         while mine.size >= m and (per_micro == 0).any():
