@@ -8,58 +8,14 @@ from __future__ import annotations
 import lockstep_reference
 import numpy as np
 from hypothesis import given, settings
-from hypothesis import strategies as st
+from lockstep_constructions import GRIDS, check
 
-from chronica.core.kernels import argsort_descending
 from chronica.core.packing.lockstep_ranked import ranked_cells
-
-ROW = 16
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    lengths=st.lists(st.integers(0, ROW), max_size=40),
-    w=st.integers(1, 6),
-    num_micro=st.integers(1, 4),
-    rows=st.integers(1, 3),
-    row_docs=st.integers(1, 5),
-    speeds=st.sampled_from(["equal", "levels", "tied"]),
-    data=st.data(),
-)
-def test_ranked_cells_equals_the_reference(lengths, w, num_micro, rows, row_docs, speeds, data):
-    lengths = np.array(lengths, np.int64)
-    n = lengths.shape[0]
-    docs = np.array(data.draw(st.lists(st.integers(1, 2), min_size=n, max_size=n)), np.int64)
-    costs = lengths + lengths.astype(np.float64) ** 2 / 16 + 0.5
-    speed = {
-        "equal": np.ones(w),
-        "levels": np.array([1.0, 2.0, 0.5, 1.5, 3.0, 0.25])[:w],
-        "tied": np.array([1.0, 2.0, 1.0, 2.0, 1.0, 2.0])[:w],
-    }[speeds]
-    order = argsort_descending(costs)
-    free = np.empty((w, num_micro, rows), np.int64)
-    slots = np.empty_like(free)
-    rank, micro, row = (np.full(n, -1, np.int64) for _ in range(3))
-    cells = np.empty((w, num_micro))
-    fits = ranked_cells(
-        lengths, costs, docs, order, speed, ROW, row_docs, free, slots, rank, micro, row, cells
-    )
-    expected = lockstep_reference.ranked_pack(
-        lengths.tolist(), costs.tolist(), docs.tolist(), order.tolist(), speed.tolist(),
-        num_micro, rows, ROW, row_docs,
-    )  # fmt: skip
-    assert fits == (expected is not None)
-    if expected is None:
-        return
-    assert (free.tolist(), slots.tolist()) == (expected[0], expected[1])
-    assert (rank.tolist(), micro.tolist(), row.tolist()) == tuple(expected[2:5])
-    assert cells.tobytes() == np.array(expected[5]).tobytes()
-    assert (np.diff(cells, axis=1) <= 0).all(), "a rank's micro-batches not by descending cost"
-    for r in range(w):
-        for k in range(num_micro):
-            here = (rank == r) & (micro == k)
-            if n >= w * num_micro:
-                assert here.any(), "a cell is empty although the step has a unit for each"
-            for q in range(rows):
-                assert lengths[here & (row == q)].sum() + free[r, k, q] == ROW
-                assert docs[here & (row == q)].sum() + slots[r, k, q] == row_docs
+@given(**GRIDS)
+def test_ranked_cells_equals_the_reference(**grid):
+    cells = check(ranked_cells, lockstep_reference.ranked_pack, **grid)
+    if cells is not None:
+        assert (np.diff(cells, axis=1) <= 0).all(), "a rank's micro-batches not by descending cost"
