@@ -42,7 +42,7 @@ class RecordTable:
 
     Guarantees: ``take(ids)`` returns the records of ``ids`` in the order asked, or raises
     ``KeyError`` naming an id the table lacks; ``join`` and ``select`` keep records by
-    reference. Lookups sort the ids once (cached).
+    reference. Lookups sort the ids once (the order and the sorted ids cached).
 
     Args:
         ids: the samples' global ids (integers, distinct).
@@ -63,7 +63,7 @@ class RecordTable:
                 f"ids and records must be as many, got {self.ids.shape[0]} and "
                 f"{self.records.shape[0]}"
             )
-        self._order: np.ndarray | None = None
+        self._sorted: tuple[np.ndarray, np.ndarray] | None = None  # (order, ids[order])
 
     @classmethod
     def empty(cls) -> RecordTable:
@@ -100,10 +100,11 @@ class RecordTable:
             ids: global ids.
         """
         wanted = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if self._order is None:
-            self._order = np.argsort(self.ids, kind="stable")
-        order, n = self._order, self.ids.shape[0]
-        place = np.minimum(np.searchsorted(self.ids[order], wanted), max(n - 1, 0))
+        if self._sorted is None:
+            order = np.argsort(self.ids, kind="stable")
+            self._sorted = order, self.ids[order]
+        (order, ordered), n = self._sorted, self.ids.shape[0]
+        place = np.minimum(np.searchsorted(ordered, wanted), max(n - 1, 0))
         at = order[place] if n else np.zeros(wanted.shape[0], np.int64)
         found = self.ids[at] == wanted if n else np.zeros(wanted.shape[0], bool)
         return found, at[found]
