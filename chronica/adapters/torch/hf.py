@@ -340,7 +340,10 @@ class TrainerMixin:
             loss = stream.engine.packing.loss
             norms = stream_step_norms(inputs, loss, lambda t: accelerator.reduce(t, "sum"), device)
             world = accelerator.num_processes
-            timed = self._stream_timer(model, stream)
+            # Only kind="dynamic" uses step times: a static stream's step is not timed
+            # (no device synchronisation per step).
+            dynamic = stream.engine.config.mode is DYNAMIC
+            timed = dynamic and self._stream_timer(model)
             started = time.perf_counter()
         total = packed_step_loss(
             model,
@@ -352,27 +355,25 @@ class TrainerMixin:
             device,
         )
         if stream is not None:
-            if not timed:  # one process: the step's time is its own compute
+            if dynamic and not timed:  # one process: the step's time is its own compute
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 stream.report(time.perf_counter() - started, inputs[0]["step"])
             self._stream_trained = int(inputs[0]["step"])
         return total
 
-    def _stream_timer(self, model: Any, stream: StreamingDataset) -> bool:
+    def _stream_timer(self, model: Any) -> bool:
         """Whether a ``ComputeTimer`` on the DDP ``model`` reports a ``kind="dynamic"``
         stream's step times (this rank's forward and backward, none of the waiting at the
         gradient all-reduce); made on first use for each model."""
         from torch.nn.parallel import DistributedDataParallel
 
-        if stream.engine.config.mode is not DYNAMIC:
-            return False
         if not isinstance(model, DistributedDataParallel):
             return False
         if self._stream_timed is not model:
             from chronica.adapters.torch.feedback import ComputeTimer
 
-            ComputeTimer(model, stream)
+            ComputeTimer(model, self.train_dataset)
             self._stream_timed = model
         return True
 
