@@ -5,7 +5,8 @@ packed, balanced micro-batches, with ``state_dict``/``load_state_dict`` (torchda
 
 Each item is one micro-batch as ``collate_packed`` builds it (``input_ids``,
 ``position_ids``, ``segment_ids``, ``cu_seqlens``, ``max_seqlen``, ``loss_weight``,
-``step``, ``micro``, ``num_micro``, ``last``, ``indices``), plus ``epoch``; every rank gets
+``step``, ``micro``, ``num_micro``, ``last``, ``indices``, ``labels``: a record's own
+``labels`` field where it has one), plus ``epoch``; every rank gets
 the same number of items per step. The planning (``chronica.runtime.streaming``) runs in a
 thread of its own over a dedicated gloo group, so the trainer's collectives never interleave
 with it. Use ``DataLoader(dataset, batch_size=None, num_workers=0)``: the engine reads
