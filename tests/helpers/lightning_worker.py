@@ -26,7 +26,10 @@ to argv[1] as JSON the batches every training step received, for each scenario:
   by ``max_steps`` at ``STREAM_STOP`` with a ``ModelCheckpoint`` there, then a new
   Trainer, model and stream resumed from that checkpoint (``fit(ckpt_path=...)``): their
   micro-batches as ``stream`` records them, and ``stream_params`` (the final parameters
-  of ``stream`` and of ``stream_resumed``);
+  of ``stream``, of ``stream_resumed`` and of ``stream_micro_resumed``);
+* ``stream_micro_stopped`` and ``stream_micro_resumed``: the same, trained one micro-batch
+  per ``training_step(batch, batch_idx)`` (``MicroModel``: Lightning reads one micro-batch
+  ahead) with ``chronica.torch.StreamCheckpoint`` among the callbacks;
 * ``refused``: the message of the error a ``DistributedBatchSampler`` under Lightning's
   default ``use_distributed_sampler=True`` raises;
 * ``sizes`` (of the samples) and ``stop`` (the global step the stopped run ended at).
@@ -49,7 +52,7 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from chronica import Packing
-from chronica.torch import StreamingDataset
+from chronica.torch import StreamCheckpoint, StreamingDataset
 from chronica.torch.utils.data import (
     Dataset,
     DistributedBatchSampler,
@@ -171,6 +174,16 @@ class StepModel(PackedModel):
                 return
 
 
+class MicroModel(PackedModel):
+    """``PackedModel`` over the stream in a ``StatefulDataLoader``, one micro-batch per
+    ``training_step(batch, batch_idx)``: Lightning reads one ahead of what was trained.
+    ``stream`` is the stream of the last loader built."""
+
+    def train_dataloader(self):
+        self.stream = self.make_loader()
+        return StatefulDataLoader(self.stream, batch_size=None)
+
+
 def trainer(**kwargs) -> L.Trainer:
     options = dict(
         accelerator="cpu",
@@ -261,8 +274,26 @@ def main(out_path: str, folder: str) -> None:
     resumed = StepModel(stream, 1)
     trainer(max_epochs=1).fit(resumed, ckpt_path=saved)
     results["stream_stopped"], results["stream_resumed"] = stopped.seen, resumed.seen
+    micro_folder = os.path.join(folder, "stream-micro")
+    checkpoint = ModelCheckpoint(
+        dirpath=micro_folder, every_n_train_steps=STREAM_STOP, save_top_k=-1
+    )
+    micro_stopped = MicroModel(stream, 1)
+    trainer(
+        max_epochs=1,
+        max_steps=STREAM_STOP,
+        enable_checkpointing=True,
+        callbacks=[StreamCheckpoint(), checkpoint],
+    ).fit(micro_stopped)
+    micro_stopped.stream.close()
+    (saved,) = glob.glob(os.path.join(micro_folder, "*.ckpt"))
+    micro_resumed = MicroModel(stream, 1)
+    trainer(max_epochs=1, callbacks=[StreamCheckpoint()]).fit(micro_resumed, ckpt_path=saved)
+    results["stream_micro_stopped"] = micro_stopped.seen
+    results["stream_micro_resumed"] = micro_resumed.seen
     results["stream_params"] = [
-        model.embedding.weight.detach().flatten().tolist() for model in (streamed, resumed)
+        model.embedding.weight.detach().flatten().tolist()
+        for model in (streamed, resumed, micro_resumed)
     ]
 
     try:

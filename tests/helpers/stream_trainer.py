@@ -1,13 +1,14 @@
 """``chronica.torch.hf.Trainer`` on a ``StreamingDataset`` over local parquet shards written
-here: a tiny config-built causal language model (``packed_trainer.model``) trained for
+here (supervised fine-tuning data: prompt tokens labelled -100): a tiny config-built causal
+language model (``packed_trainer.model``) trained for
 ``MAX_STEPS`` optimizer steps (more than one pass), once uninterrupted and once stopped at
 ``STOP`` (mid-window) with a checkpoint, then resumed from it by a new Trainer and a new
 stream, and once on a ``kind="dynamic"`` stream, for test_hf (the 2-process job).
 
 ``run`` returns, per run, every step's ``[pass, step, documents, micro-batches promised,
-micro-batches received, packed loss share, unpacked reference share (uninterrupted run
-only), scale]``, a digest of the final parameters and the stream's final speeds, and the
-documents' lengths by global id.
+micro-batches received, packed loss share, unpacked reference share over the labelled
+tokens (uninterrupted run only), scale]``, a digest of the final parameters and the
+stream's final speeds, and the documents' lengths and loss-bearing tokens by global id.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from chronica.torch.hf import Trainer
 SHARDS, PER_SHARD, PER_STEP, MAX_STEPS, STOP = 4, 12, 8, 8, 3  # 6 steps a pass
 LENGTHS = np.random.default_rng(3).integers(2, 40, size=SHARDS * PER_SHARD)
 TOKENS = [np.random.default_rng(4 + i).integers(1, 64, n).tolist() for i, n in enumerate(LENGTHS)]
+# Supervised fine-tuning: a document's first PROMPTS[i] tokens are a prompt (labels -100).
+PROMPTS = np.random.default_rng(5).integers(0, LENGTHS + 1)
+LABELS = [[-100] * int(p) + t[int(p) :] for t, p in zip(TOKENS, PROMPTS, strict=True)]
 PACKING = Packing(max_tokens=64)
 
 
@@ -39,8 +43,9 @@ def write(folder: str) -> list[str]:
     files = []
     for s in range(SHARDS):
         path = os.path.join(folder, f"shard-{s}.parquet")
-        rows = TOKENS[s * PER_SHARD : (s + 1) * PER_SHARD]
-        pq.write_table(pa.table({"input_ids": rows}), path, row_group_size=4)
+        part = slice(s * PER_SHARD, (s + 1) * PER_SHARD)
+        table = pa.table({"input_ids": TOKENS[part], "labels": LABELS[part]})
+        pq.write_table(table, path, row_group_size=4)
         files.append(path)
     return files
 
@@ -64,9 +69,9 @@ class Recording(Trainer):
         with torch.no_grad():
             reference = 0.0
             for d in docs if self.check else ():
-                ids = torch.tensor(TOKENS[d])[None]
+                ids, labels = torch.tensor(TOKENS[d])[None], torch.tensor(LABELS[d])[1:]
                 logits = model(input_ids=ids).logits[0, :-1]
-                losses = torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum")
+                losses = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
                 reference += float(losses) * scale * world
         loss = super().training_step(model, inputs, *args, **kwargs)
         head = inputs[0]
@@ -119,4 +124,5 @@ def run(folder: str, rank: int) -> dict:
         "resumed": train(files, cut, resume=True),
         "dynamic": train(files, os.path.join(folder, "dynamic"), kind="dynamic"),
         "lengths": LENGTHS.tolist(),
+        "loss_tokens": [sum(x != -100 for x in labels[1:]) for labels in LABELS],
     }

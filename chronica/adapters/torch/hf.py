@@ -318,13 +318,13 @@ class TrainerMixin:
     def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         """transformers' training step; a packed step (a list of micro-batches) runs every
         micro-batch's forward and backward (``hf_packed.packed_step_loss``), its loss
-        normalised over the whole step on every rank (``hf_packed.step_norms`` from the
-        plan, or ``hf_stream.stream_step_norms`` by one all-reduce for a stream). A
+        normalised over the whole step's loss-bearing tokens (labels not -100) on every
+        rank (``hf_packed.labelled_step_norms``: one all-reduce of two integers). A
         stream's step time is reported to it (``StreamingDataset.report``: used by
         ``kind="dynamic"``; on a DDP model, by a ``ComputeTimer``)."""
         if not isinstance(inputs, list):
             return super().training_step(model, inputs, *args, **kwargs)  # type: ignore[misc]
-        from chronica.adapters.torch.hf_packed import packed_step_loss, step_norms
+        from chronica.adapters.torch.hf_packed import labelled_step_norms, packed_step_loss
 
         model.train()
         accelerator = self.accelerator  # type: ignore[attr-defined]
@@ -333,13 +333,13 @@ class TrainerMixin:
         if stream is None:
             sampler = self.train_sampler
             assert isinstance(sampler, DistributedBatchSampler)
-            norms, world = step_norms(sampler, inputs[0]["step"]), sampler.num_replicas
+            assert sampler.stream.config.packing is not None
+            loss, world = sampler.stream.config.packing.loss, sampler.num_replicas
         else:
-            from chronica.adapters.torch.hf_stream import stream_step_norms
-
-            loss = stream.engine.packing.loss
-            norms = stream_step_norms(inputs, loss, lambda t: accelerator.reduce(t, "sum"), device)
-            world = accelerator.num_processes
+            loss, world = stream.engine.packing.loss, accelerator.num_processes
+        # Normalised over the step's loss-bearing tokens (labels not -100) on every rank.
+        norms = labelled_step_norms(inputs, loss, lambda t: accelerator.reduce(t, "sum"), device)
+        if stream is not None:
             # Only kind="dynamic" uses step times: a static stream's step is not timed
             # (no device synchronisation per step).
             dynamic = stream.engine.config.mode is DYNAMIC

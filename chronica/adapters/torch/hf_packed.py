@@ -7,15 +7,20 @@ step, ``collate_steps`` turns them into a list of ``collate_packed`` dicts) and
 ``packed_step_loss`` runs them: every micro-batch a forward over its flat tokens with
 ``position_ids`` restarting in every document and a block-diagonal causal mask (a document
 never attends to another), its backward without gradient synchronisation but for the
-step's last one. The loss follows ``Packing.loss`` over the tokens a causal model predicts
-(every token but a document's first): ``"token"``, the mean over the step's predicted
-tokens on every rank; ``"sample"``, the mean over its documents of their mean. The
-all-reduced gradient is then that of the step's global loss, equal to the unpacked one.
+step's last one. The loss follows ``Packing.loss`` over the loss-bearing tokens: those
+whose label (``collate_packed``'s ``labels``: a document's own ``labels`` field, -100 on
+prompt tokens in supervised fine-tuning, else its tokens) is not -100, a document's first
+token never: ``"token"``, the mean over the step's loss-bearing tokens on every rank;
+``"sample"``, the mean over its documents of their mean. ``labelled_step_norms`` counts
+them from this rank's micro-batches with one all-reduce (``step_norms`` reads the plan
+instead, for documents without labels). The all-reduced gradient is then that of the
+step's global loss, equal to the unpacked one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -25,10 +30,18 @@ import torch
 from torch.utils.data import Sampler
 
 from chronica.adapters.torch.data import DistributedBatchSampler
-from chronica.adapters.torch.packed import PackedIndex, collate_packed
+from chronica.adapters.torch.packed import IGNORED_LABEL, PackedIndex, collate_packed
 from chronica.runtime.micro import planned_micro_batches
 
-__all__ = ["PackedSteps", "collate_steps", "normalisers", "packed_step_loss", "step_norms"]
+__all__ = [
+    "PackedSteps",
+    "collate_steps",
+    "labelled_step_norms",
+    "loss_pieces",
+    "normalisers",
+    "packed_step_loss",
+    "step_norms",
+]
 
 
 class PackedSteps(Sampler[list[int]]):
@@ -117,8 +130,8 @@ def normalisers(
 ) -> tuple[float, dict[int, float]]:
     """``(scale, per_document)`` of one step (see ``step_norms``) from its ``pieces``: the
     ``(document, tokens)`` of every piece of a document the step trains with more than one
-    token (a causal model predicts ``tokens - 1`` of them: the loss-bearing tokens, those
-    whose label is not -100).
+    token (a causal model predicts ``tokens - 1`` of them: the loss-bearing tokens of a
+    document without labels; ``labelled_step_norms`` counts them from labels).
 
     Args:
         pieces: the step's pieces, on every rank, or on this rank only with ``totals``.
@@ -131,10 +144,82 @@ def normalisers(
         >>> normalisers([(0, 3), (1, 5)], "token")
         (0.16666666666666666, {})
     """
-    tokens, documents = (sum(n - 1 for _, n in pieces), len(pieces)) if totals is None else totals
+    return _unit_norms([(d, n - 1) for d, n in pieces], loss, totals)
+
+
+def _unit_norms(
+    units: Sequence[tuple[int, int]], loss: str, totals: tuple[int, int] | None
+) -> tuple[float, dict[int, float]]:
+    """``normalisers`` from ``(document, loss-bearing tokens)`` pairs (a document in pieces
+    is one document, of its pieces' tokens)."""
+    if totals is None:
+        totals = (sum(n for _, n in units), len({d for d, _ in units}))
+    tokens, documents = totals
     if loss == "sample":
-        return 1.0 / max(1, documents), {d: 1.0 / (n - 1) for d, n in pieces}
+        per_document: dict[int, int] = defaultdict(int)
+        for d, n in units:
+            per_document[d] += n
+        return 1.0 / max(1, documents), {d: 1.0 / n for d, n in per_document.items()}
     return 1.0 / max(1, tokens), {}
+
+
+def loss_pieces(micro_batches: Sequence[dict[str, Any]]) -> list[tuple[int, int]]:
+    """``(document, loss-bearing tokens)`` of every piece of a document in
+    ``micro_batches`` that has at least one: its ``labels`` that are not -100 (a piece's
+    first is always -100: nothing before it in the micro-batch predicts it).
+
+    Args:
+        micro_batches: ``collate_packed`` dicts (``collate_steps`` of a step, or a
+            ``StreamSteps`` item).
+
+    Example::
+
+        >>> loss_pieces(collate_steps(items))   # [(document, tokens), ...]
+    """
+    out = []
+    for micro in micro_batches:
+        bounds = micro["cu_seqlens"].tolist()[: len(micro["indices"]) + 1]  # not the padding
+        if "labels" in micro:
+            counted = torch.cumsum(micro["labels"] != IGNORED_LABEL, 0).tolist()
+            counts = [
+                counted[b - 1] - (counted[a - 1] if a else 0) for a, b in itertools.pairwise(bounds)
+            ]
+        else:  # a dict built without labels: every token but a piece's first
+            counts = [b - a - 1 for a, b in itertools.pairwise(bounds)]
+        out += [
+            (int(d), n) for d, n in zip(micro["indices"].tolist(), counts, strict=True) if n > 0
+        ]
+    return out
+
+
+def labelled_step_norms(
+    micro_batches: Sequence[dict[str, Any]],
+    loss: str,
+    reduce: Callable[[torch.Tensor], torch.Tensor],
+    device: torch.device | str = "cpu",
+) -> tuple[float, dict[int, float]]:
+    """``(scale, per_document)`` of one step (see ``step_norms``) counted from the
+    ``labels`` of this rank's micro-batches (``loss_pieces``) and one all-reduce of two
+    integers (the step's loss-bearing tokens and documents): the accumulated, all-reduced
+    update is the gradient of the global mean over exactly the loss-bearing tokens
+    (``"sample"``: over the documents holding one). Every rank must call it for the step
+    (``reduce`` is a collective).
+
+    Args:
+        micro_batches: this rank's micro-batches of the step.
+        loss: ``Packing.loss`` (``"sample"`` weighs documents equally, else tokens).
+        reduce: sums a tensor over the ranks (``lambda t: accelerator.reduce(t, "sum")``).
+        device: where ``reduce`` takes its tensor (the process group's device).
+
+    Example::
+
+        norms = labelled_step_norms(step, "token", lambda t: accelerator.reduce(t, "sum"))
+    """
+    units = loss_pieces(micro_batches)
+    counts = [sum(n for _, n in units), len({d for d, _ in units})]
+    local = torch.tensor(counts, dtype=torch.int64, device=device)
+    tokens, documents = reduce(local).tolist()
+    return _unit_norms(units, loss, (int(tokens), int(documents)))
 
 
 def step_norms(sampler: DistributedBatchSampler, step: int) -> tuple[float, dict[int, float]]:
@@ -206,7 +291,14 @@ def _micro_loss(
         attention_mask=mask[None, None],
     ).logits[0]
     predicted = segments[1:] == segments[:-1]  # a document's first token is not predicted
-    losses = torch.nn.functional.cross_entropy(logits[:-1].float(), ids[1:], reduction="none")
+    targets = ids[1:]
+    if "labels" in micro:  # loss-bearing: labels not -100 (prompt tokens carry none)
+        targets = micro["labels"].to(device)[1:]
+        predicted = predicted & (targets != IGNORED_LABEL)
+    logits = logits[:-1].to(torch.promote_types(logits.dtype, torch.float32))
+    losses = torch.nn.functional.cross_entropy(
+        logits, targets, reduction="none", ignore_index=IGNORED_LABEL
+    )
     weights = torch.full_like(losses, scale)
     if per_document:
         documents = micro["indices"].numpy()[micro["segment_ids"].numpy()[1:]]

@@ -6,10 +6,11 @@ step, a count that changes from step to step. As for packed map-style data
 (``chronica.adapters.torch.hf_packed``), the Trainer's batch is the whole step:
 ``StreamSteps`` groups the stream's micro-batches by step, and the Trainer's
 ``training_step`` runs them with ``hf_packed.packed_step_loss``. Each rank sees only its own
-part of a step, so ``stream_step_norms`` counts the loss-bearing tokens (a causal model's
-predicted tokens: labels not -100) of the step on every rank with one all-reduce of two
-integers: the accumulated, all-reduced update is the gradient of the global mean over
-exactly those tokens (``Packing.loss="sample"``: over documents).
+part of a step, so ``stream_step_norms`` counts the loss-bearing tokens (labels not -100:
+a record's own ``labels`` field masks prompt tokens; a sample's first token never carries
+loss) of the step on every rank with one all-reduce of two integers: the accumulated,
+all-reduced update is the gradient of the global mean over exactly those tokens
+(``Packing.loss="sample"``: over documents).
 
 The stream's position travels with the Trainer's checkpoints: ``save_stream_state`` writes
 the stream's ``state_dict()`` at the last step trained (the loader never reads ahead) into
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
-from chronica.adapters.torch.hf_packed import normalisers
+from chronica.adapters.torch.hf_packed import labelled_step_norms
 from chronica.adapters.torch.streaming import StreamingDataset
 
 __all__ = ["StreamSteps", "load_stream_state", "save_stream_state", "stream_step_norms"]
@@ -74,9 +75,10 @@ def stream_step_norms(
     device: torch.device | str = "cpu",
 ) -> tuple[float, dict[int, float]]:
     """``(scale, per_document)`` of one streamed step, as ``hf_packed.step_norms`` gives
-    for a planned one: a predicted token's loss counts ``scale × per_document.get(document,
-    1)`` in the step's global loss. Every rank must call it for the step (``reduce`` is a
-    collective).
+    for a planned one: a loss-bearing token's loss (label not -100) counts
+    ``scale × per_document.get(document, 1)`` in the step's global loss
+    (``hf_packed.labelled_step_norms``). Every rank must call it for the step (``reduce``
+    is a collective).
 
     Args:
         micro_batches: this rank's micro-batches of the step (a ``StreamSteps`` item).
@@ -88,19 +90,7 @@ def stream_step_norms(
 
         norms = stream_step_norms(step, "token", lambda t: accelerator.reduce(t, "sum"))
     """
-    pieces = [
-        (int(document), int(tokens))
-        for micro in micro_batches
-        for document, tokens in zip(
-            micro["indices"].tolist(), torch.diff(micro["cu_seqlens"]).tolist(), strict=False
-        )  # cu_seqlens may end with the padding's entry
-        if tokens > 1
-    ]
-    local = torch.tensor(
-        [sum(n - 1 for _, n in pieces), len(pieces)], dtype=torch.int64, device=device
-    )
-    tokens, documents = reduce(local).tolist()
-    return normalisers(pieces, loss, (int(tokens), int(documents)))
+    return labelled_step_norms(micro_batches, loss, reduce, device)
 
 
 def _state_file(folder: str, rank: int) -> str:

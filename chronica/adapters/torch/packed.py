@@ -4,7 +4,9 @@ the data set wrapper that carries them to the collate function, and the collate 
 ``collate_packed`` builds what variable-length attention consumes: one flat token tensor
 per micro-batch with ``cu_seqlens`` (flash-attention's varlen path), ``position_ids``
 restarting at every document, and ``segment_ids`` (a document mask for SDPA or
-``flex_attention``), plus the micro-batch's ``loss_weight`` and its place in the step.
+``flex_attention``), ``labels`` (the tokens a causal model is trained to predict, -100
+where it is not: prompt tokens of supervised fine-tuning, every document's first token),
+plus the micro-batch's ``loss_weight`` and its place in the step.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from torch.utils.data import Dataset
 
 from chronica.runtime.micro import MicroBatch
 
-__all__ = ["PackedDataset", "PackedIndex", "collate_packed", "packed_indices"]
+__all__ = ["IGNORED_LABEL", "PackedDataset", "PackedIndex", "collate_packed", "packed_indices"]
+
+IGNORED_LABEL = -100  # a label that carries no loss (transformers' and torch's ignore_index)
 
 
 class PackedIndex(int):
@@ -138,7 +142,11 @@ def collate_packed(
     row, ``int64``), ``position_ids`` (restarting at 0 in every document), ``segment_ids``
     (the document's number within the micro-batch, from 0), ``cu_seqlens`` (``int32``, the
     cumulative lengths from 0, flash-attention's varlen argument), ``max_seqlen``,
-    ``num_tokens``, ``indices`` (the documents, ``int64``), ``loss_weight``, ``step``,
+    ``num_tokens``, ``indices`` (the documents, ``int64``), ``labels`` (``int64``, aligned
+    with ``input_ids``, unshifted as transformers' models take them: a mapping document's
+    ``labels`` field where it has one, of its tokens' length, -100 on the tokens that carry
+    no loss, else its tokens; -100 on the first token of every piece of a document, which
+    no token of the micro-batch predicts, and on the padding), ``loss_weight``, ``step``,
     ``micro``, ``num_micro`` and ``last`` (the step's last micro-batch: time for the
     optimizer). ``pad_to`` (e.g. ``max_tokens``, for one static shape) pads the tokens with
     ``pad_value`` and gives the padding ``segment_ids`` of -1 and its own ``cu_seqlens``
@@ -157,26 +165,39 @@ def collate_packed(
     """
     if not items:
         raise ValueError("collate_packed got an empty micro-batch; use a packed sampler")
-    tokens, lengths, docs = [], [], []
+    tokens, labels, lengths, docs = [], [], [], []
     for item, index in items:
         if not isinstance(index, PackedIndex):
             raise TypeError("collate_packed needs PackedDataset items ((document, PackedIndex))")
         if index.length == 0:
             continue
-        sequence = item[key] if isinstance(item, Mapping) else item
-        values = torch.as_tensor(np.asarray(sequence) if isinstance(sequence, list) else sequence)
+        mapping = isinstance(item, Mapping)
+        values = _sequence(item[key] if mapping else item)
         if values.ndim != 1 or values.shape[0] < index.start + index.length:
             raise ValueError(
                 f"document {int(index)} has {tuple(values.shape)} tokens but its size says "
                 f"at least {index.start + index.length}; sizes must be the documents' lengths"
             )
-        tokens.append(values[index.start : index.start + index.length].to(torch.int64))
+        targets = values
+        if mapping and item.get("labels") is not None:
+            targets = _sequence(item["labels"])
+            if targets.shape != values.shape:
+                raise ValueError(
+                    f"document {int(index)} has {tuple(targets.shape)} labels for "
+                    f"{tuple(values.shape)} tokens; labels are aligned with {key!r} "
+                    f"(unshifted, {IGNORED_LABEL} where a token carries no loss)"
+                )
+        piece = slice(index.start, index.start + index.length)
+        tokens.append(values[piece].to(torch.int64))
+        labels.append(targets[piece].to(torch.int64, copy=True))
+        labels[-1][0] = IGNORED_LABEL  # nothing in the micro-batch predicts a piece's first
         lengths.append(index.length)
         docs.append(int(index))
     count = sum(lengths)
     if pad_to is not None and count > pad_to:
         raise ValueError(f"pad_to={pad_to} is below the micro-batch's {count} tokens")
     input_ids = torch.cat(tokens) if tokens else torch.empty(0, dtype=torch.int64)
+    label_ids = torch.cat(labels) if labels else input_ids
     position_ids = torch.cat([torch.arange(n) for n in lengths]) if lengths else input_ids
     segment_ids = torch.repeat_interleave(
         torch.arange(len(lengths)), torch.as_tensor(lengths, dtype=torch.int64)
@@ -185,6 +206,7 @@ def collate_packed(
     if pad_to is not None and pad_to > count:
         pad = pad_to - count
         input_ids = torch.cat([input_ids, torch.full((pad,), pad_value, dtype=torch.int64)])
+        label_ids = torch.cat([label_ids, torch.full((pad,), IGNORED_LABEL, dtype=torch.int64)])
         position_ids = torch.cat([position_ids, torch.arange(pad)])
         segment_ids = torch.cat([segment_ids, torch.full((pad,), -1, dtype=torch.int64)])
         seqlens.append(pad)
@@ -200,9 +222,15 @@ def collate_packed(
         "max_seqlen": max(seqlens, default=0),
         "num_tokens": count,
         "indices": torch.as_tensor(docs, dtype=torch.int64),
+        "labels": label_ids,
         "loss_weight": float(head.loss_weight),
         "step": head.step,
         "micro": head.micro,
         "num_micro": head.num_micro,
         "last": head.micro == head.num_micro - 1,
     }
+
+
+def _sequence(values: Any) -> torch.Tensor:
+    """A document's tokens or labels (a tensor, array or list) as a tensor."""
+    return torch.as_tensor(np.asarray(values) if isinstance(values, list) else values)

@@ -5,17 +5,28 @@ packed, balanced micro-batches, with ``state_dict``/``load_state_dict`` (torchda
 
 Each item is one micro-batch as ``collate_packed`` builds it (``input_ids``,
 ``position_ids``, ``segment_ids``, ``cu_seqlens``, ``max_seqlen``, ``loss_weight``,
-``step``, ``micro``, ``num_micro``, ``last``, ``indices``), plus ``epoch``; every rank gets
+``step``, ``micro``, ``num_micro``, ``last``, ``indices``, ``labels``: a record's own
+``labels`` field where it has one), plus ``epoch``; every rank gets
 the same number of items per step. The planning (``chronica.runtime.streaming``) runs in a
 thread of its own over a dedicated gloo group, so the trainer's collectives never interleave
 with it. Use ``DataLoader(dataset, batch_size=None, num_workers=0)``: the engine reads
 ahead in its own thread, and worker processes would each read the whole stream.
+
+A trainer that reads ahead of what it trained (Lightning reads one micro-batch ahead of a
+loader without a length) tells the stream what it trained: after ``track_trained()`` the
+stream keeps the states after the micro-batches it yielded last (a small ring, keyed by
+each item's ``(epoch, step, micro)``), ``trained(batch)`` marks one trained, and
+``state_dict()`` is then the state after it, so a resumed run starts with the first
+micro-batch not trained. ``chronica.torch.StreamCheckpoint`` (a Lightning callback) does
+both.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -31,6 +42,9 @@ from chronica.runtime.streaming_exchange import Collectives, LocalGroup
 from chronica.runtime.streaming_request import stream_face, stream_request
 
 __all__ = ["StreamingDataset", "TorchCollectives"]
+
+# Where a collated micro-batch stands: its (epoch, step, micro).
+_Key = tuple[int, int, int]
 
 
 class TorchCollectives:
@@ -135,6 +149,10 @@ class StreamingDataset(IterableDataset):
             face="StreamingDataset", config=config, stream=stream,
         )  # fmt: skip
         self.engine = StreamingEngine(source, config, collectives, stream)
+        self._ring: OrderedDict[_Key, dict[str, Any]] = OrderedDict()
+        self._depth = 0  # the states kept (0: track_trained() was not called)
+        self._last: _Key | None = None  # the micro-batch yielded last
+        self._trained: dict[str, Any] | None = None  # the state after the one trained last
 
     def __repr__(self) -> str:
         return f"StreamingDataset({self.engine!r})"
@@ -145,8 +163,75 @@ class StreamingDataset(IterableDataset):
                 "StreamingDataset reads ahead in a thread of its own: use num_workers=0 "
                 "(DataLoader(dataset, batch_size=None))"
             )
+        self._forget()
         for batch in self.engine.micro_batches():
+            self._last = (batch.epoch, batch.step, batch.micro)
+            if self._depth:
+                self._keep(self._last)
             yield self._collate(batch)
+
+    def track_trained(self, depth: int = 8) -> None:
+        """From now on keep the states after the ``depth`` micro-batches yielded last (the
+        one yielded last included, so calling it after a trainer has read ahead still
+        covers that micro-batch), for ``trained``. Costs one ``state_dict()`` per
+        micro-batch; calling it again changes only ``depth``.
+
+        Args:
+            depth: how many states to keep, ``>= 1`` (a trainer reading ``n`` micro-batches
+                ahead needs ``n + 1``).
+
+        Example::
+
+            >>> stream.track_trained()   # chronica.torch.StreamCheckpoint does it
+        """
+        if isinstance(depth, bool) or not isinstance(depth, int):
+            raise TypeError(f"depth must be an int, got {type(depth).__name__}")
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1 (the states kept), got {depth}")
+        if not self._depth and self._last is not None:
+            self._keep(self._last)
+        self._depth = depth
+        while len(self._ring) > depth:
+            self._ring.popitem(last=False)
+
+    def trained(self, batch: Mapping[str, Any] | tuple[int, int, int]) -> None:
+        """The trainer has trained ``batch`` (an item of this stream, or its
+        ``(epoch, step, micro)``): ``state_dict()`` is from now on the state after it, until
+        the next ``trained``, ``load_state_dict`` or pass. ``ValueError`` when its state is
+        not kept (``track_trained`` was not called, or more than ``depth`` micro-batches
+        were read after it): resuming elsewhere would skip or repeat micro-batches.
+
+        Args:
+            batch: the micro-batch trained (its ``epoch``, ``step`` and ``micro`` are read).
+
+        Example::
+
+            >>> stream.trained(batch)   # after the optimizer step of a read-ahead trainer
+        """
+        place = (
+            (batch["epoch"], batch["step"], batch["micro"]) if isinstance(batch, Mapping) else batch
+        )
+        epoch, step, micro = (int(x) for x in place)
+        key = (epoch, step, micro)
+        state = self._ring.get(key)
+        if state is None:
+            raise ValueError(
+                f"the state after micro-batch (epoch, step, micro) = {key} is not kept "
+                f"(kept: {list(self._ring)}); call track_trained(depth) before iterating, "
+                "with depth above the micro-batches the trainer reads ahead, so that a "
+                "checkpoint neither skips nor repeats micro-batches"
+            )
+        self._trained = state
+
+    def _keep(self, key: _Key) -> None:
+        self._ring[key] = self.engine.state_dict()
+        self._ring.move_to_end(key)
+        while len(self._ring) > max(1, self._depth):
+            self._ring.popitem(last=False)
+
+    def _forget(self) -> None:
+        self._ring.clear()
+        self._last = self._trained = None
 
     def _collate(self, batch: StreamMicroBatch) -> dict[str, Any]:
         place = (batch.step, batch.micro, batch.num_micro)
@@ -182,7 +267,10 @@ class StreamingDataset(IterableDataset):
 
     def state_dict(self) -> dict[str, Any]:
         """The stream's global state at the last micro-batch yielded (the same on every
-        rank), as plain lists and integers."""
+        rank), as plain lists and integers; after ``trained(batch)``, the state after
+        ``batch`` (with ``kind="dynamic"``, its step-time reports as of then too)."""
+        if self._trained is not None:
+            return copy.deepcopy(self._trained)
         return self.engine.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -193,3 +281,4 @@ class StreamingDataset(IterableDataset):
             state: what ``state_dict()`` returned.
         """
         self.engine = self.engine.resumed(state)
+        self._forget()

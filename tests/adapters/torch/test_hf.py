@@ -89,9 +89,10 @@ def test_trainer_trains_a_stream_with_the_global_loss_and_resumes_it_bitwise(job
     for steps in zip(*full, strict=True):  # one step on every rank
         assert len({s[3] for s in steps}) == 1  # the same micro-batch count on every rank
         assert all(s[4] == s[3] for s in steps)  # all of them in the Trainer's batch
-        predicted = sum(lengths[d] - 1 for s in steps for d in s[2])
+        labelled = sum(runs[0]["loss_tokens"][d] for s in steps for d in s[2])
+        assert labelled < sum(lengths[d] - 1 for s in steps for d in s[2])  # prompts masked
         for _, _, _, _, _, packed, reference, scale in steps:
-            assert scale == 1.0 / predicted  # the step's loss-bearing tokens on every rank
+            assert scale == 1.0 / labelled  # the step's loss-bearing tokens on every rank
             assert abs(packed - reference) <= 1e-5 * max(1.0, abs(reference))
     first_pass = sorted(d for steps in full for s in steps if s[0] == 0 for d in s[2])
     assert first_pass == list(range(len(lengths)))  # every document once
@@ -404,3 +405,127 @@ def test_a_streamed_step_is_normalised_over_every_rank_and_its_position_saved(tm
     load_stream_state(again, str(tmp_path), 0)
     whole = [s[0]["step"] for s in StreamSteps(stream())]
     assert [s[0]["step"] for s in StreamSteps(again)] == whole[1:]
+
+
+def _sft_documents(count: int, seed: int) -> list[dict]:
+    """Documents of 2..39 tokens whose first ``prompt`` tokens are a prompt (labels -100),
+    a few wholly masked, as supervised fine-tuning data is."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in rng.integers(2, 40, size=count):
+        tokens = rng.integers(1, 64, n)
+        prompt = int(rng.integers(0, n + 1))
+        labels = np.where(np.arange(n) < prompt, -100, tokens)
+        out.append({"input_ids": tokens.tolist(), "labels": labels.tolist()})
+    return out
+
+
+def _reference_gradient(model, documents: list[dict], loss: str) -> list[torch.Tensor]:
+    """The gradient of the plain mean loss over the labelled tokens of ``documents``, each
+    run alone through the model (no chronica): ``"token"``, over all their tokens;
+    ``"sample"``, the mean over documents (with one) of their mean."""
+    model.zero_grad()
+    sums, counts = [], []
+    for document in documents:
+        ids = torch.tensor(document["input_ids"])[None]
+        labels = torch.tensor(document["labels"])[1:]
+        logits = model(input_ids=ids).logits[0, :-1]
+        losses = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+        sums.append(losses.sum())  # cross_entropy gives 0 where the label is -100
+        counts.append(int((labels != -100).sum()))
+    if loss == "token":
+        total = torch.stack(sums).sum() / sum(counts)
+    else:
+        means = [s / c for s, c in zip(sums, counts, strict=True) if c]
+        total = torch.stack(means).mean()
+    total.backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def _packed_gradient(model, micro_batches: list[dict], loss: str) -> list[torch.Tensor]:
+    """The gradient chronica's Trainer accumulates over one step's micro-batches (1 rank)."""
+    import contextlib
+
+    from chronica.adapters.torch.hf_packed import labelled_step_norms, packed_step_loss
+
+    model.zero_grad()
+    norms = labelled_step_norms(micro_batches, loss, lambda t: t)
+    packed_step_loss(
+        model, micro_batches, norms, 1, lambda t: t.backward(), contextlib.nullcontext,
+        torch.device("cpu"),
+    )  # fmt: skip
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("loss", ["token", "sample"])
+def test_sft_labels_give_the_gradient_of_the_mean_over_labelled_tokens(loss):
+    from packed_trainer import model as tiny_model
+    from torch.utils.data import DataLoader
+
+    from chronica import Packing
+    from chronica.adapters.torch.hf_packed import PackedSteps, collate_steps
+    from chronica.torch.utils.data import PackedDataset
+
+    documents = _sft_documents(24, seed=1)
+    lengths = [len(d["input_ids"]) for d in documents]
+    batches = DistributedBatchSampler(
+        documents, 8, sizes=lengths, packing=Packing(max_tokens=64, loss=loss),
+        num_replicas=1, rank=0, seed=2,
+    )  # fmt: skip
+    loader = DataLoader(
+        PackedDataset(documents), batch_sampler=PackedSteps(batches), collate_fn=collate_steps
+    )
+    model = tiny_model().double()
+    steps = list(loader)
+    assert any(len(step) > 1 for step in steps)  # accumulated over micro-batches
+    for step in steps:
+        trained = [documents[int(d)] for micro in step for d in micro["indices"]]
+        packed = _packed_gradient(model, step, loss)
+        reference = _reference_gradient(model, trained, loss)
+        for got, want in zip(packed, reference, strict=True):
+            assert torch.allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+def test_a_stream_of_sft_records_gives_the_gradient_of_the_mean_over_labelled_tokens():
+    from packed_trainer import model as tiny_model
+    from stream_source import ListSource
+
+    from chronica import Packing
+    from chronica.adapters.torch.hf_stream import StreamSteps
+    from chronica.torch import StreamingDataset
+
+    documents = _sft_documents(30, seed=5)
+
+    class Records(ListSource):  # record i is documents[i]
+        def _record(self, shard, row):
+            document = documents[int(self.offsets[shard] + row)]
+            return {k: np.asarray(v) for k, v in document.items()}
+
+    source = Records([[len(d["input_ids"]) for d in documents[i : i + 10]] for i in (0, 10, 20)])
+    stream = StreamingDataset(source, Packing(max_tokens=64), batch_size=10, buffer_size=4)
+    model = tiny_model().double()
+    steps = list(StreamSteps(stream))
+    assert sorted(int(d) for s in steps for m in s for d in m["indices"]) == list(range(30))
+    for step in steps:
+        trained = [documents[int(d)] for micro in step for d in micro["indices"]]
+        for got, want in zip(
+            _packed_gradient(model, step, "token"),
+            _reference_gradient(model, trained, "token"),
+            strict=True,
+        ):
+            assert torch.allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+def test_collated_labels_mask_prompts_and_every_pieces_first_token():
+    from chronica.torch.utils.data import PackedIndex, collate_packed
+
+    document = {"input_ids": list(range(10, 20)), "labels": [-100] * 3 + list(range(13, 20))}
+    pieces = [(document, PackedIndex(0, 0, 4, 0, 0, 0, 1, 1.0)),
+              (document, PackedIndex(0, 4, 6, 1, 0, 0, 1, 1.0)),
+              ([7, 8, 9], PackedIndex(1, 0, 3, 1, 0, 0, 1, 1.0))]  # fmt: skip
+    out = collate_packed(pieces, pad_to=16)
+    assert out["labels"].tolist() == (
+        [-100, -100, -100, 13] + [-100, 15, 16, 17, 18, 19] + [-100, 8, 9] + [-100] * 3
+    )
+    with pytest.raises(ValueError, match="labels are aligned"):
+        collate_packed([({"input_ids": [1, 2, 3, 4], "labels": [1]}, pieces[0][1])])

@@ -4,7 +4,8 @@ One real job (``tests/helpers/lightning_worker.py``) runs every scenario; the te
 check what its training steps received: exactly-once coverage per epoch, a new order each
 epoch, the batches chronica planned (so the planned balance), an exact mid-epoch resume
 through Lightning's own checkpoint of a ``StatefulDataLoader`` (over a sampler, and over
-a stream, bitwise), and the error a batch sampler gets under Lightning's default
+a stream, bitwise, one step per ``training_step`` or one micro-batch per ``training_step``
+with ``StreamCheckpoint``), and the error a batch sampler gets under Lightning's default
 ``use_distributed_sampler=True``.
 """
 
@@ -97,5 +98,16 @@ def test_a_stream_resumed_from_a_lightning_checkpoint_continues_exactly(job):
         stopped, resumed = result["stream_stopped"], result["stream_resumed"]
         assert sum(last for _, _, last, *_ in stopped) == 3  # STREAM_STOP steps, mid-window
         assert stopped + resumed == result["stream"]  # the uninterrupted pass's micro-batches
-        whole, continued = result["stream_params"]
+        whole, continued, _ = result["stream_params"]
         assert continued == whole  # bitwise: JSON keeps every float32 exactly
+
+
+def test_a_stream_trained_per_micro_batch_resumes_after_the_last_one_trained(job):
+    # Lightning read one micro-batch ahead when it saved; StreamCheckpoint saved the state
+    # after the last one trained, so the resumed run neither skips nor repeats one.
+    for result in job:
+        stopped, resumed = result["stream_micro_stopped"], result["stream_micro_resumed"]
+        assert sum(last for _, _, last, *_ in stopped) == 3 and stopped[-1][2]
+        assert stopped + resumed == result["stream"]
+        whole, _, continued = result["stream_params"]
+        assert continued == whole

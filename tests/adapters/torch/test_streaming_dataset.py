@@ -95,3 +95,32 @@ def test_whole_options_objects_give_the_keywords_stream():
         StreamingDataset(source, PACKING, batch_size=12, buffer_size=6, stream=StreamOptions())
     with pytest.raises(ValueError, match=r"shuffle=.*buffer_size"):
         StreamingDataset(source, PACKING, batch_size=12, shuffle=False)
+
+
+def test_a_trainer_reading_ahead_resumes_after_the_micro_batch_it_trained():
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    source = make_source()
+    full = [_signature(b) for b in StreamingDataset(source, PACKING, **OPTIONS)]
+    stream = StreamingDataset(source, PACKING, **OPTIONS)
+    loader = stateful.StatefulDataLoader(stream, batch_size=None)
+    batches = iter(loader)
+    trained = [next(batches)]  # read before tracking starts, as Lightning's first batch is
+    stream.track_trained(depth=2)
+    ahead = next(batches)  # a trainer reading one micro-batch ahead
+    stream.trained(trained[0])
+    for _ in range(6):
+        trained.append(ahead)
+        ahead = next(batches)
+        stream.trained(trained[-1])
+    state = loader.state_dict()  # one micro-batch past the last one trained
+    again = stateful.StatefulDataLoader(StreamingDataset(source, PACKING, **OPTIONS), None)
+    again.load_state_dict(state)
+    assert [_signature(b) for b in trained] + [_signature(b) for b in again] == full
+    stale = trained[-2]  # two micro-batches were read after it: out of a ring of 2
+    with pytest.raises(ValueError, match="is not kept"):
+        stream.trained(stale)
+    with pytest.raises(ValueError, match="depth must be >= 1"):
+        stream.track_trained(0)
+    untracked = StreamingDataset(source, PACKING, **OPTIONS)
+    with pytest.raises(ValueError, match="call track_trained"):
+        untracked.trained(next(iter(untracked)))
