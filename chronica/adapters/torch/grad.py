@@ -52,7 +52,6 @@ from chronica.runtime.gradients import (
     BUCKET_BYTES,
     FIRST_BUCKET_BYTES,
     GradientViews,
-    PlanInputs,
     PlanRecord,
     StepHistory,
 )
@@ -202,11 +201,7 @@ class ScheduledOptimizer(GradientViews, ScheduledEngine):
         self._last_done = self._reduced_at = 0.0
         self._forward_wait = 0.0
         self._link_busy = 0.0  # seconds the link was busy with the last scheduled step
-        # The order's inputs: medians of the setting's last steps (ScheduledEngine._build).
-        self._plan_inputs = PlanInputs()
-        self._plan_knobs: tuple[int, int] | None = None
-        self._planned_from = 0
-        self._measured = True  # nothing to measure before the first scheduled step
+        self._start_plan()  # the order's inputs: medians of the setting's last steps
         # The scheduled engine, parked while bucketed steps are measured again after its trial.
         self._parked: dict[str, Any] | None = None
         self._tuner: AutoTuner | None = None

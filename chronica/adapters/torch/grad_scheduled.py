@@ -82,6 +82,13 @@ class ScheduledEngine:
     def _label(self, layout: Layout, credit_bytes: int) -> None:
         raise NotImplementedError
 
+    def _start_plan(self) -> None:
+        """No order planned yet, no step measured (``_build`` plans, ``_measure`` measures)."""
+        self._plan_inputs = PlanInputs()
+        self._plan_knobs = None
+        self._planned_from = 0
+        self._measured = True  # nothing to measure before the first scheduled step
+
     def _begin_step(self, dispatcher: Dispatcher) -> None:
         dispatcher.wait_all()
         # The link's busy time with the step just finished: its bytes over the measured rate.
