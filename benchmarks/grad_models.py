@@ -80,8 +80,10 @@ OUTSIDE = (
 # step) lasts about as long as the all-reduce of all their gradients at 100 Mbit/s (vgg
 # 4,583,336 bytes: 372 ms at the 12.31 MB/s fitted there; mlp 6,324,264 bytes: 514 ms), so
 # that priority scheduling can hide most of one behind the other there. Measured per batch
-# (thread CPU time, median of 10 steps after 2, one thread pinned to one core, load average
-# 6-7 on 2 cores; docs/benchmarks.md has the table): vgg 192 323 ms, mlp 4096 460 ms.
+# (``python -m benchmarks.grad_models``: thread CPU time, median of 10 steps after 2, one
+# thread pinned to one core) in two runs at load averages 5-8 on 2 cores: vgg 192 323 and
+# 355 ms (256: 617 ms, past a cache cliff), mlp 4096 460 and 472 ms; on a quiet machine the
+# conv net's figures run lower (vgg 64: 95-101 ms in the last quiet run, 120-177 ms loaded).
 AUTO_BATCH = {"vgg": 192, "mlp": 4096}
 AUTO_COMPUTE_MS = {"vgg": 323, "mlp": 460}  # those batches' compute, measured as above
 MODELS = {"vgg": 32, "mlp": 1024, "mlp670k": 128}  # name -> per-rank batch
