@@ -994,7 +994,10 @@ def _render_auto(result: dict) -> str:
             '(`mode="scheduled"`, priority order, partitions of 256 KiB, 1 MiB, 4 MiB '
             "capped at all the gradients' bytes, credit four partitions). Warm-up: a block "
             "of every variant, then chronica auto's blocks until it decided (its whole "
-            f"search is warm-up). Then {result['repeats']} rounds, each running every "
+            f"search is warm-up), then {PLAN_STEPS} more steps of every scheduled variant, "
+            "auto included: each re-plans its order once from the medians of its setting's "
+            f"first {PLAN_STEPS} steps and keeps it. Then {result['repeats']} rounds, each "
+            "running every "
             f"variant's block of {result['steps'] + 1} steps once, in an order rotated every "
             "round; a block's time is the median of its step-to-step times, a ratio the "
             "median over rounds of a block over the same round's DDP block (95% bootstrap "
