@@ -6,11 +6,13 @@ from __future__ import annotations
 
 __all__ = [
     "AUTO_BATCH",
+    "AUTO_COMPUTE_MS",
     "GRID",
     "MODELS",
     "OUTSIDE",
     "VARIANTS",
     "WHOLE",
+    "compute_ms",
     "input_shape",
     "knobs_for",
     "model",
@@ -74,10 +76,16 @@ OUTSIDE = (
     "scheduled 256 KiB (credit 2)",
     "scheduled 256 KiB (credit 8)",
 )
-# The auto target's batches, chosen when the two ranks shared both cores: pinned to one core
-# each, their compute lasts about a third of vgg's and mlp's all-reduce at 100 Mbit/s, so the
-# link caps the gain there (vgg: DDP's step over the link's time, about 1.15x).
-AUTO_BATCH = {"vgg": 64, "mlp": 1536}
+# The auto target's batches: pinned to one core each, their compute (forward, backward, SGD
+# step) lasts about as long as the all-reduce of all their gradients at 100 Mbit/s (vgg
+# 4,583,336 bytes: 372 ms at the 12.31 MB/s fitted there; mlp 6,324,264 bytes: 514 ms), so
+# that priority scheduling can hide most of one behind the other there. Measured per batch
+# (``python -m benchmarks.grad_models``: thread CPU time, median of 10 steps after 2, one
+# thread pinned to one core) in two runs at load averages 5-8 on 2 cores: vgg 192 323 and
+# 355 ms (256: 617 ms, past a cache cliff), mlp 4096 460 and 472 ms; on a quiet machine the
+# conv net's figures run lower (vgg 64: 95-101 ms in the last quiet run, 120-177 ms loaded).
+AUTO_BATCH = {"vgg": 192, "mlp": 4096}
+AUTO_COMPUTE_MS = {"vgg": 323, "mlp": 460}  # those batches' compute, measured as above
 MODELS = {"vgg": 32, "mlp": 1024, "mlp670k": 128}  # name -> per-rank batch
 
 
@@ -156,3 +164,60 @@ def model(name: str):
         )
     layers = [m for _ in range(6) for m in (nn.Linear(512, 512), nn.ReLU())]
     return nn.Sequential(*layers, nn.Linear(512, 10))
+
+
+def compute_ms(name: str, batch: int, repeats: int = 10, warm: int = 2) -> float:
+    """Median thread CPU milliseconds of one forward, backward and SGD step of
+    ``model(name)`` on ``batch`` samples, on one thread (pin the process to one core first):
+    a rank's compute per step, whatever else the machine runs.
+
+    Args:
+        name: one of ``MODELS``.
+        batch: samples per step.
+        repeats: measured steps.
+        warm: steps run first, not measured.
+
+    Example::
+
+        >>> compute_ms("mlp", 64, repeats=2)   # doctest: +SKIP
+        4.1
+    """
+    import time
+
+    import numpy as np
+    import torch
+
+    torch.manual_seed(0)
+    net = model(name)
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
+    x = torch.randn(*input_shape(name, batch))
+    y = torch.randint(0, 10, (batch,))
+    loss_fn = torch.nn.CrossEntropyLoss()
+    times = []
+    for _ in range(warm + repeats):
+        start = time.thread_time()
+        opt.zero_grad()
+        loss_fn(net(x), y).backward()
+        opt.step()
+        times.append(time.thread_time() - start)
+    return float(np.median(times[warm:])) * 1e3
+
+
+def _main() -> None:
+    """Print each model's compute per batch size, pinned to one core (``AUTO_COMPUTE_MS``)."""
+    import os
+
+    import torch
+
+    cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpus[-1]})
+    torch.set_num_threads(1)
+    print(f"load average before: {os.getloadavg()}")
+    for name, batches in {"vgg": (64, 128, 192, 256), "mlp": (1536, 3072, 4096)}.items():
+        for batch in batches:
+            print(f"{name} batch {batch}: {compute_ms(name, batch):.0f} ms", flush=True)
+    print(f"load average after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    _main()

@@ -42,6 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
+from chronica.runtime.gradients import PLAN_STEPS
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 NAMESPACES = ("chr-gsim-0", "chr-gsim-1")
@@ -61,9 +63,10 @@ LINKS = ("1gbit", "400mbit", "100mbit")
 ALLREDUCE_SIZES = (1, 64 << 10, 256 << 10)  # elements (fp32); plus all gradients at once
 QUEUED_PARTS = 16  # all gradients as this many collectives issued back to back
 # Steps a scheduled run needs before it is steady: the torch shim's first step discovers the
-# priority and its scheduled engine re-plans after its 1st and 3rd scheduled steps, waiting for
-# everything in flight each time (a drained link, which the next steps do not have).
-SCHEDULED_WARM = 4
+# priority and its scheduled engine re-plans after its 1st scheduled step and from the medians
+# of its first PLAN_STEPS, waiting for everything in flight each time (a drained link, which
+# the next steps do not have).
+SCHEDULED_WARM = 1 + PLAN_STEPS
 PREDICTION_RANKS = (8, 16, 32, 64)
 PREDICTION_LINKS = ("10gbit", "25gbit", "100gbit")
 PREDICTION_PROFILES = ("vgg16", "bert-base", "bert-large", "gpt2", "gpt2-medium")
@@ -169,8 +172,8 @@ def probe_steps(steps: int) -> int:
 
     Example::
 
-        >>> probe_steps(3), probe_steps(6)
-        (8, 12)
+        >>> probe_steps(3), probe_steps(12)
+        (18, 24)
     """
     return 2 * max(int(steps), SCHEDULED_WARM)
 

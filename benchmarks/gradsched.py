@@ -51,6 +51,7 @@ import numpy as np
 
 from benchmarks.grad_models import (
     AUTO_BATCH,
+    AUTO_COMPUTE_MS,
     GRID,
     MODELS,
     OUTSIDE,
@@ -60,6 +61,7 @@ from benchmarks.grad_models import (
 )
 from benchmarks.grad_models import model as _model
 from chronica.runtime.auto import MEASURE_STEPS
+from chronica.runtime.gradients import PLAN_STEPS
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -88,8 +90,9 @@ DDP_ARGS: dict[str, dict[str, Any]] = {
 }
 # chronica auto's shortest trial where it searches: the first step, then windows of
 # MEASURE_STEPS + 1 steps: one bucketed, the search's 8 (3 settings, then the best 2, bucketed
-# between) and its survivor's 2 beside 2 bucketed ones; plus the scheduled engine's re-plans.
-AUTO_WARM = 1 + (1 + 8 + 4) * (MEASURE_STEPS + 1) + 4
+# between) and its survivor's 2 beside 2 bucketed ones; plus the scheduled engine's re-plan
+# from the medians of the setting's first PLAN_STEPS steps.
+AUTO_WARM = 1 + (1 + 8 + 4) * (MEASURE_STEPS + 1) + PLAN_STEPS
 # Steps per block as a multiple of the run's, so that every model's blocks last about as long
 # (mlp670k's steps are about 5x shorter than vgg's): a block of a few short steps is mostly
 # the machine's noise.
@@ -102,7 +105,8 @@ MAX_AUTO_BLOCKS = 48  # the auto target's warm-up: chronica auto's blocks until 
 def _warm_until_decided(runners: dict, chosen: list[str], steps: int, result: dict) -> None:
     """The auto target's warm-up: a block of every variant, then chronica auto's blocks
     until its trial settled (the ranks agree on it, so both run as many blocks), at most
-    ``MAX_AUTO_BLOCKS``; how many in ``result["auto_warm_blocks"]``."""
+    ``MAX_AUTO_BLOCKS`` (how many in ``result["auto_warm_blocks"]``), then ``PLAN_STEPS``
+    steps of every scheduled variant, auto included."""
     for variant in chosen:
         runners[variant][0](steps + 1)
     if "chronica auto" not in runners:
@@ -113,6 +117,13 @@ def _warm_until_decided(runners: dict, chosen: list[str], steps: int, result: di
         block(steps + 1)
         blocks += 1
     result["auto_warm_blocks"] = blocks
+    # A scheduled engine re-plans its order from the medians of the setting's first
+    # PLAN_STEPS steps (fixed: from its start; auto: within PLAN_STEPS steps of settling):
+    # the rounds measure the order it then keeps.
+    for _ in range(-(-PLAN_STEPS // (steps + 1))):
+        for variant in chosen:
+            if (VARIANTS[variant] or {}).get("mode") in ("scheduled", "auto"):
+                runners[variant][0](steps + 1)
 
 
 PROBE_ROUNDS = 4  # the simulator's probe: rounds of a DDP block and a best-setting block
@@ -353,11 +364,14 @@ def _worker(args: argparse.Namespace) -> None:
 
         def warm_steps(variant: str, name=name) -> int:
             """Steps before ``variant`` is measured: chronica auto's decision, auto-tuned's
-            whole search and as many steps again."""
+            whole search and as many steps again, a scheduled engine's plan from the
+            medians of its first ``PLAN_STEPS`` steps."""
             if variant == "auto-tuned":
                 grid = AutoTuner.default_grid(sum(4 * p.numel() for p in _model(name).parameters()))
                 return (len(grid.candidates) + grid.finalists) * grid.steps_per_trial + 2 * warm
-            return warm + (AUTO_WARM if (VARIANTS[variant] or {}).get("mode") == "auto" else 0)
+            mode = (VARIANTS[variant] or {}).get("mode")
+            replans = PLAN_STEPS if mode in ("scheduled", "auto") else 0  # the order's
+            return warm + replans + (AUTO_WARM if mode == "auto" else 0)
 
         def compute_steps(count: int, running=None, x=x, y=y, loss_fn=loss_fn, name=name):
             """Seconds per step of forward+backward+update without communication: ``count``
@@ -965,8 +979,14 @@ def _render_auto(result: dict) -> str:
             "Mbit/s; models `vgg` (a small conv net, 96% of its 1.1 M parameters in the "
             f"last layers, batch {AUTO_BATCH['vgg']}) and `mlp` (six 512x512 layers, batch "
             f"{AUTO_BATCH['mlp']}): per-rank batches whose compute (one core each) lasts "
-            "about a third of the all-reduce at 100 Mbit/s here, so the link bounds what any "
-            "order can save there (*most x DDP* below). Variants: "
+            "about as long as the all-reduce of all their gradients at 100 Mbit/s, so that "
+            "priority scheduling can hide most of one behind the other there (measured "
+            "pinned to one core, one thread, the training thread's CPU time per forward, "
+            "backward and SGD step, median of 10 steps: "
+            f"vgg {AUTO_COMPUTE_MS['vgg']} ms against 372 ms for its 4,583,336 gradient bytes "
+            f"at the 12.31 MB/s fitted at 100 Mbit/s, mlp {AUTO_COMPUTE_MS['mlp']} ms against "
+            "514 ms for 6,324,264 bytes; `python -m benchmarks.grad_models` measures them); "
+            "the link still bounds what any order can save (*most x DDP* below). Variants: "
             "default DDP; `DDP again` (a second default DDP: the run's noise); `chronica "
             "auto` (`ScheduledOptimizer` with its defaults: it searches the settings below "
             "against bucketed windows, then keeps one, deciding on step time with the extra "
@@ -974,7 +994,10 @@ def _render_auto(result: dict) -> str:
             '(`mode="scheduled"`, priority order, partitions of 256 KiB, 1 MiB, 4 MiB '
             "capped at all the gradients' bytes, credit four partitions). Warm-up: a block "
             "of every variant, then chronica auto's blocks until it decided (its whole "
-            f"search is warm-up). Then {result['repeats']} rounds, each running every "
+            f"search is warm-up), then {PLAN_STEPS} more steps of every scheduled variant, "
+            "auto included: each re-plans its order once from the medians of its setting's "
+            f"first {PLAN_STEPS} steps and keeps it. Then {result['repeats']} rounds, each "
+            "running every "
             f"variant's block of {result['steps'] + 1} steps once, in an order rotated every "
             "round; a block's time is the median of its step-to-step times, a ratio the "
             "median over rounds of a block over the same round's DDP block (95% bootstrap "
@@ -1038,7 +1061,8 @@ def _render_auto(result: dict) -> str:
 # Settings outside auto's search at 100 Mbit/s (benchmarks.grad_models.OUTSIDE), measured once
 # beside the searched 256 KiB; a run of its own, so its words are kept here.
 OUTSIDE_WORDS = (
-    "Settings outside the search, at 100 Mbit/s with vgg, 10 rounds on the machine shared "
+    "Settings outside the search, at 100 Mbit/s with vgg at its earlier batch of 64 (compute "
+    "about a third of the link's time), 10 rounds on the machine shared "
     "with other work (2026-11-27 09:49 UTC; `python -m benchmarks.gradsched --target auto "
     "--links 100mbit --model vgg --rounds 10 --only 'DDP again' --only 'scheduled 256 KiB' "
     "--only 'scheduled 128 KiB' --only 'scheduled 512 KiB' --only 'scheduled 256 KiB (credit "

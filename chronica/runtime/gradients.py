@@ -24,12 +24,14 @@ __all__ = [
     "BUCKET_BYTES",
     "FIRST_BUCKET_BYTES",
     "GradientViews",
+    "PlanInputs",
     "PlanRecord",
     "StepHistory",
     "link_busy",
 ]
 
 HISTORY = 256  # steps kept for stats()
+PLAN_STEPS = 8  # steps whose medians the priority order is planned from
 FIRST_BUCKET_BYTES = 1 << 20  # DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
 BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb: the bucketed engine of every shim
 
@@ -125,6 +127,102 @@ class PlanRecord:
             [(names[t], a, b) for t, a, b in self.layout.segments(p)]
             for p in range(self.layout.num_partitions)
         ]
+
+
+class PlanInputs:
+    """What a priority order is planned from, robust to one noisy step: the per-tensor median
+    of the last ``steps`` steps' gradient ready times and the median of their link rates.
+
+    One step's ready times and rate are noisy (a loaded core delays one layer's backward, the
+    link's rate varies), and ``chronica.core.priority.simulate_order`` turns small
+    differences into different orders: planned from one step, two optimizers with the same
+    setting ran different orders. Medians over ``steps`` steps make the order a property of
+    the setting and the machine, not of one step.
+
+    Args:
+        steps: how many of the latest steps the medians are taken over (older ones drop).
+
+    Example::
+
+        >>> inputs = PlanInputs(steps=3)
+        >>> for ready, rate in (([0.0, 2.0], 10.0), ([0.0, 9.0], 11.0), ([0.0, 3.0], 50.0)):
+        ...     inputs.record(np.array(ready), rate)
+        >>> ready, rate = inputs.estimate()
+        >>> ready.tolist(), rate
+        ([0.0, 3.0], 11.0)
+    """
+
+    def __init__(self, steps: int = PLAN_STEPS) -> None:
+        if isinstance(steps, bool) or not isinstance(steps, int):
+            raise TypeError(f"steps={steps!r} must be an int (steps the medians are over)")
+        if steps < 1:
+            raise ValueError(f"steps={steps!r} must be at least 1")
+        self._ready: deque[np.ndarray] = deque(maxlen=steps)
+        self._rate: deque[float] = deque(maxlen=steps)
+
+    def __len__(self) -> int:
+        return len(self._ready)
+
+    def __repr__(self) -> str:
+        return f"PlanInputs(recorded={len(self)}, steps={self._ready.maxlen})"
+
+    @property
+    def full(self) -> bool:
+        """True once ``steps`` steps were recorded since the last ``clear``."""
+        return len(self._ready) == self._ready.maxlen
+
+    def record(self, tensor_ready: np.ndarray, bytes_per_second: float) -> None:
+        """One step's measurement: when each tensor's gradient was ready (seconds after the
+        first, NaN where never) and the link's rate (``inf`` or NaN where unmeasured).
+
+        Args:
+            tensor_ready: per tensor, seconds after the step's first gradient was ready.
+            bytes_per_second: the rate the step's partitions were reduced at.
+
+        Example::
+
+            >>> inputs = PlanInputs(); inputs.record(np.zeros(2), 1e6); len(inputs)
+            1
+        """
+        ready = np.asarray(tensor_ready, dtype=np.float64)
+        if self._ready and ready.shape != self._ready[0].shape:
+            raise ValueError(
+                f"tensor_ready has {ready.shape} entries where earlier steps had "
+                f"{self._ready[0].shape}: clear() between layouts of other tensors"
+            )
+        self._ready.append(ready.copy())
+        rate = float(bytes_per_second)
+        self._rate.append(rate if np.isfinite(rate) and rate > 0 else np.nan)
+
+    def clear(self) -> None:
+        """Forget every step (the setting changed: its steps plan the next order).
+
+        Example::
+
+            >>> inputs = PlanInputs(); inputs.record(np.zeros(1), 1.0); inputs.clear(); len(inputs)
+            0
+        """
+        self._ready.clear()
+        self._rate.clear()
+
+    def estimate(self) -> tuple[np.ndarray, float]:
+        """Per-tensor median ready times (0 where no step saw the tensor) and the median
+        rate (0 where none was measured: plan without the link), over the recorded steps.
+
+        Example::
+
+            >>> PlanInputs().estimate()
+            (array([], dtype=float64), 0.0)
+        """
+        if not self._ready:
+            return np.zeros(0), 0.0
+        rows = np.vstack(self._ready)
+        seen = ~np.isnan(rows).all(axis=0)
+        ready = np.zeros(rows.shape[1])
+        ready[seen] = np.nanmedian(rows[:, seen], axis=0)
+        rates = np.asarray(self._rate)
+        rates = rates[~np.isnan(rates)]
+        return ready, float(np.median(rates)) if len(rates) else 0.0
 
 
 class StepHistory:

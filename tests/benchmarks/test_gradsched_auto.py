@@ -152,11 +152,12 @@ def test_fixed_settings_cut_as_auto_cuts_them():
 
 
 def test_probed_runs_measure_steps_past_the_scheduled_engines_replans():
-    from chronica.adapters.torch.grad import _REFRESH_STEPS
+    from chronica.runtime.gradients import PLAN_STEPS
 
     # The first step discovers the priority; the engine re-plans (draining the link) after
-    # its scheduled steps in _REFRESH_STEPS: the warm-up half must hold all of them.
-    assert SCHEDULED_WARM >= 1 + max(_REFRESH_STEPS)
+    # its first scheduled step and from the medians of its first PLAN_STEPS: the warm-up half
+    # must hold all of them.
+    assert SCHEDULED_WARM >= 1 + PLAN_STEPS
     for steps in (1, 3, 6, 20):
         count = probe_steps(steps)
         assert count // 2 >= SCHEDULED_WARM and count - count // 2 >= steps

@@ -194,6 +194,9 @@ def against_ddp(kind: str, variant: str, rank: int) -> dict:
         report["settings"] = settings
         report["decisions"] = decisions
         report["decided"] = opt.trial.decisions if opt.trial is not None else 0
+        # How many steps' medians planned the order in force, and that order.
+        report["planned_from"] = opt._planned_from if opt.setting.engine == "scheduled" else None
+        report["dispatch"] = opt.last_dispatch
         state = opt.state_dict()
         opt.close()
     else:

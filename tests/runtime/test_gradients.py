@@ -4,8 +4,15 @@ every gradient shim's stats(), without any framework."""
 import numpy as np
 import pytest
 
-from chronica.core.priority import bucket_layout, build_layout
-from chronica.runtime.gradients import GradientViews, PlanRecord, StepHistory, link_busy
+from chronica.core.priority import bucket_layout, build_layout, simulate_order
+from chronica.runtime.gradients import (
+    PLAN_STEPS,
+    GradientViews,
+    PlanInputs,
+    PlanRecord,
+    StepHistory,
+    link_busy,
+)
 
 
 def _record(part=8, credit=16):
@@ -98,3 +105,56 @@ def test_history_keeps_the_busy_time_the_shims_measure_for_the_bound():
     assert exposure.link_busy == pytest.approx(0.06)  # capped by the issue span
     assert exposure.saving_bound == pytest.approx(0.04 / 0.1)  # the room the link leaves
     assert "the link is busy 60.0 ms per step" in exposure.verdict
+
+
+def test_plan_inputs_are_per_tensor_medians_of_the_last_steps():
+    inputs = PlanInputs(steps=3)
+    assert not inputs.full and inputs.estimate()[1] == 0.0
+    steps = [([0.0, 5.0, np.nan], 9.0), ([0.0, 1.0, 2.0], np.inf), ([0.0, 3.0, 4.0], 4.0)]
+    for ready, rate in [([0.0, 99.0, 99.0], 99.0), *steps]:  # the first drops out
+        inputs.record(np.array(ready), rate)
+    assert inputs.full and len(inputs) == 3
+    ready, rate = inputs.estimate()
+    # NaN (never ready that step) and an unmeasured rate are left out of the medians.
+    assert ready.tolist() == [0.0, 3.0, 3.0] and rate == 6.5
+    inputs.clear()
+    inputs.record(np.array([np.nan, 0.0]), 1.0)
+    assert inputs.estimate()[0].tolist() == [0.0, 0.0]  # never ready: planned as first
+    with pytest.raises(ValueError, match="clear"):
+        inputs.record(np.zeros(3), 1.0)
+    with pytest.raises(TypeError, match="steps"):
+        PlanInputs(steps=2.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="steps"):
+        PlanInputs(steps=0)
+    assert repr(PlanInputs(steps=4)) == "PlanInputs(recorded=0, steps=4)"
+
+
+def test_orders_planned_from_medians_agree_far_more_than_from_single_steps():
+    """Forty optimizers with one setting at 100 Mbit/s, each planning from its own noisy
+    steps: planned from one step they run five orders; from the medians of PLAN_STEPS steps
+    two, which differ only where the estimate lies on a boundary (the first layer's partition
+    ready just before or just after a partition's transfer ends: one place apart)."""
+    rng = np.random.default_rng(3)
+    numel = np.array([864, 32, 9216, 32, 18432, 64, 1048576, 256, 65536, 256, 2560, 10])
+    layout = build_layout(numel, np.full(12, 4), 256 << 10)
+    # Backward order: the last layers first; each gap one layer's backward (seconds).
+    gaps = np.repeat([0.010, 0.035, 0.020, 0.006, 0.001, 0.0003], 2)[::-1]
+    rate = 12.5e6  # 100 Mbit/s
+
+    def noisy_step() -> tuple[np.ndarray, float]:
+        ready = np.cumsum(gaps * rng.lognormal(0.0, 0.25, 12))[::-1]
+        return ready - ready.min(), rate * rng.lognormal(0.0, 0.08)
+
+    def order(steps: int) -> tuple[int, ...]:
+        inputs = PlanInputs(steps)
+        for _ in range(steps):
+            inputs.record(*noisy_step())
+        ready, bps = inputs.estimate()
+        return tuple(simulate_order(layout, ready, 4 * (256 << 10), bps).tolist())
+
+    single = {order(1) for _ in range(40)}
+    medians = {order(PLAN_STEPS) for _ in range(40)}
+    assert len(single) == 5 and len(medians) == 2
+    a, b = (np.array(o) for o in medians)
+    moved = np.flatnonzero(a != b)
+    assert len(moved) == 2 and moved[1] == moved[0] + 1  # one partition, one place

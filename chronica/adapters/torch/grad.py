@@ -61,7 +61,6 @@ __all__ = ["MODES", "ScheduledOptimizer"]
 
 log = logging.getLogger("chronica")
 
-_REFRESH_STEPS = (1, 3)  # scheduled steps after which ready times and bandwidth are re-measured
 _BROADCAST_BYTES = 250 << 20  # DDP's broadcast_bucket_size
 # What the scheduled engine runs on, kept aside while mode="auto" measures bucketed steps
 # (see _switch).
@@ -199,10 +198,10 @@ class ScheduledOptimizer(GradientViews, ScheduledEngine):
         self._left = np.zeros(n, dtype=np.int64)
         self._hyper: list[dict[str, Any]] = []
         self._steps = 0
-        self._scheduled_steps = 0
         self._last_done = self._reduced_at = 0.0
         self._forward_wait = 0.0
         self._link_busy = 0.0  # seconds the link was busy with the last scheduled step
+        self._start_plan()  # the order's inputs: medians of the setting's last steps
         # The scheduled engine, parked while bucketed steps are measured again after its trial.
         self._parked: dict[str, Any] | None = None
         self._tuner: AutoTuner | None = None
@@ -585,13 +584,16 @@ class ScheduledOptimizer(GradientViews, ScheduledEngine):
         after = max(0.0, self._reduced_at - previous) if previous is not None else 0.0
         self._record_step(now, after, self._forward_wait, self._link_busy)
         self._forward_wait = 0.0
-        self._scheduled_steps += 1
         knobs = None
         if self._tuner is not None and previous is not None:
             knobs = self._tuner.record(now - previous)
-        if knobs is not None or self._scheduled_steps in _REFRESH_STEPS:
+        settled = (self._trial is None or self._trial.settled) and (
+            self._tuner is None or self._tuner.best is not None
+        )
+        refresh = knobs is None and self._plan_due(settled)
+        if knobs is not None or refresh:
             self._replan(dispatcher, knobs)
-            if self._scheduled_steps in _REFRESH_STEPS:  # the re-plan's wait is no step's
-                self._history.restart()
-        if self._scheduled_steps > _REFRESH_STEPS[-1]:
+        if refresh:  # the re-plan's wait is no step's
+            self._history.restart()
+        else:
             self._maybe_observe()

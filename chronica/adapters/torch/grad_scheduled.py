@@ -21,7 +21,7 @@ import torch.distributed as dist
 from chronica.adapters.torch.grad_buffers import Packing
 from chronica.core.priority import GradientQueue, Layout, build_layout, fifo_order, simulate_order
 from chronica.runtime.dispatcher import Dispatcher, SchedulingOptions
-from chronica.runtime.gradients import PlanRecord
+from chronica.runtime.gradients import PLAN_STEPS, PlanInputs, PlanRecord
 
 __all__ = ["ScheduledEngine"]
 
@@ -32,9 +32,11 @@ class ScheduledEngine:
     """Priority scheduling's half of ``ScheduledOptimizer``: plan, dispatch callbacks, updates.
 
     Guarantees: partitions and order are a pure function of rank 0's broadcast
-    measurements and knobs; each parameter is updated once per step, after all of its
-    partitions arrived, with the hyper-parameters of the step that released it; a
-    parameter no rank used loses its gradient untouched, as under DDP.
+    measurements and knobs (once the setting in force ran ``PLAN_STEPS`` steps, the
+    per-tensor medians of those steps, ``PlanInputs``: the same in every mode); each
+    parameter is updated once per step, after all of its partitions arrived, with the
+    hyper-parameters of the step that released it; a parameter no rank used loses its
+    gradient untouched, as under DDP.
 
     Example::
 
@@ -72,14 +74,25 @@ class ScheduledEngine:
     _parts_per_param: np.ndarray
     _part_params: list[list[int]]
     _link_busy: float
+    _plan_inputs: PlanInputs
+    _plan_knobs: tuple[int, int] | None
+    _planned_from: int
+    _measured: bool
 
     def _label(self, layout: Layout, credit_bytes: int) -> None:
         raise NotImplementedError
 
+    def _start_plan(self) -> None:
+        """No order planned yet, no step measured (``_build`` plans, ``_measure`` measures)."""
+        self._plan_inputs = PlanInputs()
+        self._plan_knobs = None
+        self._planned_from = 0
+        self._measured = True  # nothing to measure before the first scheduled step
+
     def _begin_step(self, dispatcher: Dispatcher) -> None:
         dispatcher.wait_all()
         # The link's busy time with the step just finished: its bytes over the measured rate.
-        rate = dispatcher.stats().bytes_per_second
+        rate = self._measure(dispatcher)
         nbytes = float(self._layout.part_bytes.sum())
         self._link_busy = nbytes / rate if 0 < rate < float("inf") else 0.0
         if self._released:  # parameters the forward did not use are still to update
@@ -92,8 +105,38 @@ class ScheduledEngine:
             self._left[:] = self._parts_per_param
         assert self._record is not None  # _build labelled the partitions
         dispatcher.begin(self._queue, self._record.labels)
+        self._measured = False
 
-    def _build(self, opts: SchedulingOptions, tensor_ready: np.ndarray, rate: float = 0.0) -> None:
+    def _measure(self, dispatcher: Dispatcher) -> float:
+        """Keep the finished step's ready times and rate for the plan (once per step); its
+        rate."""
+        stats = dispatcher.stats()
+        if not self._measured and stats.tensor_ready.size == self._layout.num_tensors:
+            self._plan_inputs.record(stats.tensor_ready, stats.bytes_per_second)
+        self._measured = True
+        return stats.bytes_per_second
+
+    def _plan_due(self, settled: bool) -> bool:
+        """Whether this step's measurements should re-plan the order (the same on every
+        rank): the first plan was made without a measured link, or the setting is settled
+        and ``PLAN_STEPS`` steps of it can now replace a plan made from fewer."""
+        if self._planned_from == 0:
+            return True
+        steps = len(self._plan_inputs) + (0 if self._measured else 1)
+        return settled and self._planned_from < PLAN_STEPS <= steps
+
+    def _build(
+        self, opts: SchedulingOptions, tensor_ready: np.ndarray, rate: float = 0.0, steps: int = 0
+    ) -> None:
+        """Partitions and order for ``opts`` from ready times and rate measured over ``steps``
+        steps (a rate of 0: none measured, backward order); another setting's steps no longer
+        count towards its plan."""
+        knobs = (opts.partition_bytes, opts.credit_bytes)
+        if knobs != self._plan_knobs:
+            self._plan_inputs.clear()
+            self._plan_knobs = knobs
+            steps = min(steps, 1)  # measured with another setting: good for a first plan
+        self._planned_from = steps if rate > 0 else 0
         layout = build_layout(self._numel, self._itemsize, opts.partition_bytes, self._dtype_key)
         if opts.order == "fifo" or rate <= 0:
             order = fifo_order(layout, tensor_ready)
@@ -118,19 +161,23 @@ class ScheduledEngine:
         """At a step boundary: finish, then rebuild from rank 0's measurements and knobs."""
         dispatcher.wait_all()
         self._apply_reduced()
-        stats = dispatcher.stats()
-        ready = np.nan_to_num(stats.tensor_ready, nan=0.0)
-        rate = stats.bytes_per_second if np.isfinite(stats.bytes_per_second) else 0.0
-        part, credit = knobs or (self._current.partition_bytes, self._current.credit_bytes)
-        agreed = self._agree(np.concatenate([ready, [rate, part, credit]]).astype(np.float64))
+        self._measure(dispatcher)
         n = len(self._params)
+        ready, rate = self._plan_inputs.estimate()
+        if ready.size != n:  # no step of the scheduled engine measured yet
+            ready = np.zeros(n)
+        steps = len(self._plan_inputs)
+        part, credit = knobs or (self._current.partition_bytes, self._current.credit_bytes)
+        values = np.concatenate([ready, [rate, part, credit, steps]])
+        agreed = self._agree(values.astype(np.float64))
         opts = self._current.with_knobs(int(agreed[n + 1]), int(agreed[n + 2]))
-        self._build(opts, agreed[:n], float(agreed[n]))
+        self._build(opts, agreed[:n], float(agreed[n]), int(agreed[n + 3]))
         log.debug(
-            "chronica replan at step %d: %s, %d partitions",
+            "chronica replan at step %d: %s, %d partitions, from %d steps",
             self._steps,
             opts,
             self._layout.num_partitions,
+            self._planned_from,
         )
 
     def _agree(self, values: Iterable[float] | np.ndarray) -> np.ndarray:

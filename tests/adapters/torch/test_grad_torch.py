@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 from partitions import assert_tiled, spans_by_tensor  # noqa: E402
 from workers import HELPERS, ROOT, base_env, run_workers, torch_rendezvous  # noqa: E402
 
+from chronica.runtime.gradients import PLAN_STEPS  # noqa: E402
 from chronica.runtime.timeline import read_exposure  # noqa: E402
 from chronica.torch.distributed import ScheduledOptimizer  # noqa: E402
 
@@ -158,6 +159,18 @@ def test_auto_mode_searches_and_every_rank_agrees_on_each_switch_and_decision(jo
             assert "priority scheduling would save at most" in stats["verdict"]
         forced = rank_result["ddp-sgd"]["bucketed"]["stats"]
         assert forced["mode"] == "bucketed" and forced["decision"] == ""
+
+
+def test_order_planned_from_medians_of_the_setting_in_force_alike_in_auto_and_fixed(job):
+    """80 steps: the fixed setting re-planned from its PLAN_STEPS steps' medians; auto, once
+    settled on a scheduled setting, too; the same order on both ranks, exact throughout."""
+    results, _ = job
+    for kind in ("ddp-sgd", "ddp-adamw"):
+        for variant in ("scheduled", "auto-switch", "auto-redecide"):
+            a, b = (r[kind][variant] for r in results)
+            assert a["dispatch"] == b["dispatch"] and a["planned_from"] == b["planned_from"]
+            assert a["planned_from"] in (None, PLAN_STEPS), (variant, a["planned_from"])
+        assert results[0][kind]["scheduled"]["planned_from"] == PLAN_STEPS
 
 
 def test_each_decision_printed_once_by_rank_0_without_any_logging_setup(job):
