@@ -507,7 +507,10 @@ def _reading(cases: list[dict]) -> list[str]:
         f'`balance="micro"`\'s mean rank-sum figure is {span("micro", "ranksum")} against '
         f'`balance="rank"`\'s {span("rank", "ranksum")} (at most {max(price):+.4f}). '
         f"verl put more than max_tokens tokens in a micro-batch in {len(over)} of "
-        f"{len(cases)} cases (its micro-batch split balances workload, not tokens).",
+        f"{len(cases)} cases (its micro-batch split balances workload, not tokens). The LPT "
+        "reference may leave (rank, micro-batch) cells empty, a rank idling through a "
+        "micro-batch's collectives; chronica's plans leave none where the step has a document "
+        "for every cell.",
         "",
     ]
 
@@ -535,7 +538,8 @@ def render_markdown(result: dict, img_dir: Path) -> str:
         "`CostModel.quadratic(b=24576.0, c=1.0)`). Figures: the lockstep figure Σₖ maxᵣ "
         "C[r,k] / mean rank sum and the rank-sum figure maxᵣ Σₖ C[r,k] / mean, as the mean "
         "over the steps / the worst step; the bound max(mean, largest document) / mean "
-        "bounds both. The lockstep bound (`lockstep_bound` in `benchmarks/lockstep.py`) also "
+        "bounds both. The lockstep bound (`lockstep_floor` in "
+        "`chronica/core/packing/lockstep_bound.py`, which `pack_step` also uses) also "
         "counts the cap: documents longer than half of it never share a micro-batch, and the "
         "micro-batch index that holds the costliest document c₁ has W − 1 other cells of at "
         "most (W − 1)·cap tokens, costing at most F (the costliest tokens besides c₁), so a "
