@@ -46,6 +46,7 @@ from benchmarks.common import machine_info, read_lengths
 from benchmarks.packing import default_data_dir
 from benchmarks.packing_peers import MicroBatches
 from chronica import CostModel, Packing, plan_step
+from chronica.core.packing.lockstep_bound import lockstep_floor
 
 __all__ = ["CASES", "METHODS", "check_targets", "format_table", "render_markdown", "run"]
 
@@ -172,71 +173,12 @@ def _plan(key: str, lengths: np.ndarray, costs: np.ndarray, case: Case):
 def lockstep_bound(lengths: np.ndarray, costs: np.ndarray, w: int, cap: int) -> float:
     """A lower bound of ``sum_k max_r C[r, k]`` over every plan of the step for ``w`` equal
     ranks with at most ``cap`` tokens a micro-batch (any number of micro-batches), divided by
-    the mean rank sum ``T / w``: the largest of
-
-    * the mean and the costliest document ``c_1``;
-    * *halves*: documents longer than half the cap never share a micro-batch, so micro-batch
-      *k* of the ranks holds at most ``w`` of them; with their costs sorted descending,
-      ``b_0 >= b_1 >= ...``, the *j*-th costliest micro-batch index costs at least ``b_{j·w}``
-      (``j·w + 1`` of them need ``j + 1`` indices);
-    * *the wall's column*: the micro-batch index holding ``c_1`` costs ``M >= c_1``, and its
-      other ``w - 1`` cells hold at most ``(w-1)·cap`` tokens, so at most ``F``, the cost of
-      the documents besides ``c_1`` with the highest cost per token up to that many tokens
-      (a fraction of the last); the other indices cost at least their mean, so the step is
-      at least ``M + (T - M - F) / w >= c_1·(1 - 1/w) + (T - F) / w``;
-    * *cells that cannot reach their index's maximum* (``_idle_bound``): ``w`` times the
-      step is ``T`` plus every cell's idle time ``max_k - C[r, k]``; a cell holding a long
-      document ``i`` (over half the cap) costs at most ``u_i = c_i + (cap - L_i)·d(cap - L_i)``
-      (``d(R)``: the highest cost per token of a document of at most ``R`` tokens), a cell
-      without one at most ``u_0 = cap·d(cap / 2)``. The ``q`` indices with the costliest
-      maxima (``q = ceil(long documents / w)``) have maxima ``t_j >= b_{j·w}``, and their
-      ``q·w`` cells are distinct cells: each long document's ``u_i`` at most once, ``u_0``
-      any number of times. Their idle time is at least ``sum (t - u)^+`` over the cells, and
-      matching the largest ``u`` to the largest ``t`` minimises it (``(x)^+`` is convex, so
-      swapping a crossed pair never lowers the sum), so the step is at least
-      ``(T + that minimum) / w``.
-
-    ``tests/benchmarks/test_lockstep_peers.py`` checks it against every plan of small steps.
-    """
-    total = float(costs.sum())
-    first = int(np.argmax(costs))
-    halves = np.sort(costs[2 * lengths > cap])[::-1]
-    rest = np.delete(np.arange(costs.shape[0]), first)
-    dense = rest[np.argsort(-(costs[rest] / np.maximum(lengths[rest], 1)), kind="stable")]
-    room = float((w - 1) * cap)
-    taken = np.cumsum(lengths[dense].astype(np.float64))
-    whole = int(np.searchsorted(taken, room, side="right"))
-    most = float(costs[dense[:whole]].sum())
-    if whole < dense.shape[0]:
-        left = room - (taken[whole - 1] if whole else 0.0)
-        most += costs[dense[whole]] * left / max(int(lengths[dense[whole]]), 1)
-    column = float(costs[first]) * (1 - 1 / w) + (total - most) / w
-    idle = _idle_bound(lengths, costs, w, cap)
-    return max(total / w, float(costs[first]), float(halves[::w].sum()), column, idle) / (total / w)
-
-
-def _idle_bound(lengths: np.ndarray, costs: np.ndarray, w: int, cap: int) -> float:
-    """``(T + the least idle time of the costliest indices' cells) / w`` (``lockstep_bound``)."""
-    total = float(costs.sum())
-    long = 2 * lengths > cap
-    if not long.any():
-        return 0.0
-    by_length = np.argsort(lengths, kind="stable")
-    sorted_lengths = lengths[by_length]
-    densest = np.maximum.accumulate(costs[by_length] / np.maximum(sorted_lengths, 1))
-
-    def density(tokens: np.ndarray) -> np.ndarray:
-        """The highest cost per token of a document of at most ``tokens`` tokens (0: none)."""
-        at = np.searchsorted(sorted_lengths, tokens, side="right")
-        return np.where(at > 0, densest[np.maximum(at - 1, 0)], 0.0)
-
-    room = cap - lengths[long]
-    reach = costs[long] + room * density(room)
-    maxima = np.sort(costs[long])[::-1][::w]
-    cells = maxima.shape[0] * w
-    none = float(cap * density(np.array([cap // 2]))[0])
-    best = np.sort(np.concatenate((reach, np.full(cells, none))))[::-1][:cells]
-    return (total + float(np.maximum(np.repeat(maxima, w) - best, 0.0).sum())) / w
+    the mean rank sum ``T / w``: ``chronica.core.packing.lockstep_bound.lockstep_floor``
+    (the mean, the costliest document, documents over half the cap, the wall's column, and
+    cells that cannot reach their index's maximum; the proof is its module docstring, and
+    ``tests/core/test_packing_lockstep_bound.py`` checks it against every plan of small
+    steps)."""
+    return lockstep_floor(lengths, costs, w, cap) / (float(costs.sum()) / w)
 
 
 def figures(mb: MicroBatches, costs: np.ndarray, w: int, cap: int) -> dict:
@@ -565,7 +507,10 @@ def _reading(cases: list[dict]) -> list[str]:
         f'`balance="micro"`\'s mean rank-sum figure is {span("micro", "ranksum")} against '
         f'`balance="rank"`\'s {span("rank", "ranksum")} (at most {max(price):+.4f}). '
         f"verl put more than max_tokens tokens in a micro-batch in {len(over)} of "
-        f"{len(cases)} cases (its micro-batch split balances workload, not tokens).",
+        f"{len(cases)} cases (its micro-batch split balances workload, not tokens). The LPT "
+        "reference may leave (rank, micro-batch) cells empty, a rank idling through a "
+        "micro-batch's collectives; chronica's plans leave none where the step has a document "
+        "for every cell.",
         "",
     ]
 
@@ -593,7 +538,8 @@ def render_markdown(result: dict, img_dir: Path) -> str:
         "`CostModel.quadratic(b=24576.0, c=1.0)`). Figures: the lockstep figure Σₖ maxᵣ "
         "C[r,k] / mean rank sum and the rank-sum figure maxᵣ Σₖ C[r,k] / mean, as the mean "
         "over the steps / the worst step; the bound max(mean, largest document) / mean "
-        "bounds both. The lockstep bound (`lockstep_bound` in `benchmarks/lockstep.py`) also "
+        "bounds both. The lockstep bound (`lockstep_floor` in "
+        "`chronica/core/packing/lockstep_bound.py`, which `pack_step` also uses) also "
         "counts the cap: documents longer than half of it never share a micro-batch, and the "
         "micro-batch index that holds the costliest document c₁ has W − 1 other cells of at "
         "most (W − 1)·cap tokens, costing at most F (the costliest tokens besides c₁), so a "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import reference
 
-LPT_LOOKS = 1 << 21  # lockstep._LPT_LOOKS
+LPT_LOOKS = 1 << 24  # lockstep._LPT_LOOKS
 RANKED_LOOKS = 1 << 19  # lockstep._RANKED_LOOKS
 
 

@@ -55,8 +55,8 @@ __all__ = ["level_steps", "lockstep_attempt", "speed_classes"]
 _PARTNERS = 8
 # The relief pass looks at as many candidate units as the step has, and at least this many.
 _RELIEF_LOOKS = 8192
-# The LPT construction runs where units × cells is at most this (it looks at every cell).
-_LPT_LOOKS = 1 << 21
+# The LPT construction runs where units × cells is at most this (it may look at every cell).
+_LPT_LOOKS = 1 << 24
 # The sorted rank plan runs where units × cells is at most this.
 _RANKED_LOOKS = 1 << 19
 

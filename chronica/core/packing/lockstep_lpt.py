@@ -8,9 +8,13 @@ time (the sum of its cells over its speed) is lowest after, then the lower micro
 the lower rank. While as many units are left as cells are empty, only empty cells are
 candidates, so no cell is empty where the step has a unit for each. Where the ladder greedy
 fills the gaps below a maximum best-fit first, this spreads each rank's load, which wins on
-some steps with many long documents. It looks at every cell for every unit, so the kernel
-runs it only where ``units × cells`` is small. A pure-Python twin is in
-``tests/helpers/lockstep_reference.py``.
+some steps with many long documents. On ranks of one speed, each unit walks the ranks by
+ascending sum (kept sorted as they grow), looking at each rank's cells; the walk ends past
+the first cell where the unit raises no maximum and the ranks tied with it, as no later cell
+can come first (ranks of several speeds are walked in rank order, skipping those that cannot
+come first). Only while every placement raises a maximum does it look at every cell, so the
+kernel runs it where ``units × cells`` is at most ``2**24``. A pure-Python twin (the plain
+scan of every cell) is in ``tests/helpers/lockstep_reference.py``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import numpy as np
 from numba import njit
 
 from chronica.core.packing.kernels import fit_row, largest_room
+from chronica.core.packing.ladder import climb, rung, speed_classes
 
 __all__ = ["lpt_cells"]
 
@@ -78,23 +83,39 @@ def lpt_cells(
     sums = np.zeros(w)
     top = np.zeros(num_micro)
     empty = w * num_micro
+    # Ranks of one speed walk in (sum, rank) order, which ``queue`` keeps; of several speeds,
+    # in rank order, where the time after a unit does not grow along the walk.
+    _, queue, size = speed_classes(speeds)
+    sorted_walk = size.shape[0] == 1
     for t in range(n):
         i = order[t]
+        cost = costs[i]
         forced = empty > 0 and n - t <= empty
         best_r, best_k, best_q = -1, -1, -1
         b_rise, b_after = np.inf, np.inf
-        for k in range(num_micro):
-            for r in range(w):
+        for x in range(w):
+            r = queue[0, x] if sorted_walk else x
+            after = (sums[r] + cost) / speeds[r]
+            if b_rise == 0.0 and after > b_after:
+                # No cell of this rank comes first; along a sorted walk, none of the rest.
+                if sorted_walk:
+                    break
+                continue
+            for k in range(num_micro):
                 if room[r, k] < lengths[i] or (forced and count[r, k] > 0):
                     continue
-                rise = max(0.0, (cells[r, k] + costs[i]) / speeds[r] - top[k])
-                if rise > b_rise:
+                rise = max(0.0, (cells[r, k] + cost) / speeds[r] - top[k])
+                if rise > b_rise or (
+                    rise == b_rise
+                    and (
+                        after > b_after
+                        or (after == b_after and (k > best_k or (k == best_k and r > best_r)))
+                    )
+                ):
                     continue
-                after = (sums[r] + costs[i]) / speeds[r]
-                if rise < b_rise or after < b_after:
-                    q = fit_row(free[r, k], slots[r, k], lengths[i], docs[i])
-                    if q >= 0:
-                        best_r, best_k, best_q, b_rise, b_after = r, k, q, rise, after
+                q = fit_row(free[r, k], slots[r, k], lengths[i], docs[i])
+                if q >= 0:
+                    best_r, best_k, best_q, b_rise, b_after = r, k, q, rise, after
         if best_r < 0:
             return False
         r, k = best_r, best_k
@@ -105,7 +126,12 @@ def lpt_cells(
         if count[r, k] == 0:
             empty -= 1
         count[r, k] += 1
-        cells[r, k] += costs[i]
-        sums[r] += costs[i]
+        cells[r, k] += cost
+        if sorted_walk:
+            x = rung(sums, queue[0], w, r)
+            sums[r] += cost
+            climb(sums, queue[0], w, x, r)
+        else:
+            sums[r] += cost
         top[k] = max(top[k], cells[r, k] / speeds[r])
     return True

@@ -21,7 +21,8 @@ fails too, the step takes one more micro-batch per rank and starts again.
 With ``Packing(balance="micro")`` the objective is the lockstep step instead, the sum over
 micro-batches of the slowest rank's micro-batch (``chronica.core.packing.lockstep``); the
 count is then at most what gives every (rank, micro-batch) cell a document, where the
-tokens allow, and grows by one while that shortens the lockstep step by 1%. Counts are
+tokens allow, and grows by one while that shortens the lockstep step by 1% (on ranks of one
+speed, not where ``lockstep_floor``, a bound of every count's step, says it cannot). Counts are
 rounded up to ``Packing.micro_batch_multiple`` (and the pipeline's rule, whose depth is also
 the fewest); documents count ``pad_multiple``-padded tokens. ``in_pipeline_order`` then
 orders a packed step's micro-batches for ``Packing.pipeline``.
@@ -38,6 +39,7 @@ from chronica.core.checks import check_int
 from chronica.core.kernels import argsort_descending
 from chronica.core.packing.kernels import pack_attempt
 from chronica.core.packing.lockstep import lockstep_attempt
+from chronica.core.packing.lockstep_bound import lockstep_floor
 from chronica.core.packing.options import Packing
 from chronica.core.pipeline import order_micro_batches
 
@@ -46,6 +48,8 @@ __all__ = ["PackedStep", "fill_empty", "in_pipeline_order", "pack_step"]
 # One more micro-batch per rank than the tokens need is taken while it lowers the slowest
 # rank's time by at least this much (relative) and that time is this far above the bound.
 _MICRO_GAIN = 0.01
+# The lockstep floor is lowered by this much (relative) against rounding in its sums.
+_FLOOR_SLACK = 1e-9
 
 
 @dataclass(frozen=True)
@@ -203,7 +207,16 @@ def pack_step(
     # the lockstep objective stops where a cell would be left without a document.
     bound = max(costs.sum() / speed.sum(), costs.max() / speed.max())
     top = _figure(best, speed, lockstep)
+    floor = -1.0  # the lockstep floor of any count, computed where first needed
     while top > bound * (1 + _MICRO_GAIN) and m + multiple <= n // (w if lockstep else 1):
+        if lockstep and (speed == speed[0]).all():
+            # No plan of any count is shorter than the floor: where the floor is not 1%
+            # below the step, the attempt could not be kept (the same plan, sooner).
+            if floor < 0:
+                cap = rows * length
+                floor = lockstep_floor(lengths, costs, w, cap) / speed[0] * (1 - _FLOOR_SLACK)
+            if floor > top * (1 - _MICRO_GAIN):
+                break
         m += multiple
         more = attempt(m)
         if more is None or _figure(more, speed, lockstep) > top * (1 - _MICRO_GAIN):
