@@ -30,6 +30,7 @@ from chronica.runtime.sources.base import (
     check_start,
     length_label,
     record_length,
+    record_lengths,
 )
 from chronica.runtime.sources.mds_format import (
     ColumnCodec,
@@ -212,6 +213,14 @@ class MDSSource:
             record: a record of this source.
         """
         return record_length(record, self._length)
+
+    def lengths(self, records: Sequence[Any]) -> np.ndarray:
+        """``length`` of every record of a block, as ``int64`` (``record_lengths``).
+
+        Args:
+            records: records of this source.
+        """
+        return record_lengths(records, self._length)
 
     def __getstate__(self) -> dict[str, Any]:
         # Codecs do not pickle (mapped files are left out by RecentlyUsed); a copy (e.g. in
