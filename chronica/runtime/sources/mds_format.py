@@ -48,7 +48,8 @@ class ColumnCodec:
     Args:
         encoding: the column's encoding as ``index.json`` names it.
         size: bytes of every value (``None``: variable, stored per sample).
-        decode: bytes to value.
+        decode: bytes (or a ``memoryview`` of them) to value; an array shares the
+            buffer's memory, every other value is a copy.
         encode: value to bytes.
     """
 
@@ -85,7 +86,7 @@ def codec(encoding: str) -> ColumnCodec:
     if name == "bytes":
         return ColumnCodec(encoding, None, bytes, bytes)
     if name == "str":
-        return ColumnCodec(encoding, None, lambda b: b.decode("utf-8"), lambda v: v.encode())
+        return ColumnCodec(encoding, None, lambda b: str(b, "utf-8"), lambda v: v.encode())
     if name == "int":
         return ColumnCodec(
             encoding, 8, lambda b: int(np.frombuffer(b, np.int64)[0]), _scalar_bytes(np.int64)
@@ -99,9 +100,9 @@ def codec(encoding: str) -> ColumnCodec:
         return _array_codec(encoding, args)
     if name in ("str_int", "str_float", "str_decimal"):
         parse: Callable[[str], Any] = {"str_int": int, "str_float": float}.get(name, Decimal)
-        return ColumnCodec(encoding, None, lambda b: parse(b.decode()), lambda v: str(v).encode())
+        return ColumnCodec(encoding, None, lambda b: parse(str(b, "utf-8")), lambda v: str(v).encode())
     if name == "json":
-        return ColumnCodec(encoding, None, lambda b: json.loads(b.decode("utf-8")), _json_bytes)
+        return ColumnCodec(encoding, None, lambda b: json.loads(str(b, "utf-8")), _json_bytes)
     if name in UNSAFE:
         raise ValueError(
             f"a column is encoded as {encoding!r}: unpickling runs code, and chronica never "
@@ -167,7 +168,8 @@ def decode_sample(
     """One sample's bytes as ``{column: value}`` for the columns in ``wanted``.
 
     Args:
-        data: the sample's bytes (sizes of the variable columns, then the columns).
+        data: the sample's bytes (sizes of the variable columns, then the columns), or a
+            ``memoryview`` of them (``ndarray`` columns are then views of that memory).
         codecs: every column's codec, in the shard's column order.
         names: every column's name, in the same order.
         wanted: the columns decoded (the others are skipped, not decoded).
