@@ -312,7 +312,7 @@ def column_length(record: Any, column: str) -> int:
         (3, 4)
     """
     if type(record) is dict:  # the common record: a plain dict of tokens (fast path)
-        value = record.get(column)
+        value: Any = record.get(column)
         if type(value) in _SIZED or (type(value) is np.ndarray and value.ndim):
             return len(value)
     if not isinstance(record, Mapping):

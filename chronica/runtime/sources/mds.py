@@ -7,8 +7,8 @@ not load beside the CPU torch wheel) and pins ``transformers<5``, and its own sp
 samples over ranks is not exactly-once; chronica's engine deals shards to ranks itself.
 A record's ``ndarray`` columns are read-only views of the memory-mapped shard file (no
 copy per sample: the page cache holds the bytes, and a held record costs no heap memory);
-every other column is a copy. ``write_mds`` writes the same layout (for tests, documentation and benchmarks where the
-package is not installed).
+every other column is a copy. ``write_mds`` writes the same layout (for tests,
+documentation and benchmarks where the package is not installed).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ class ColumnCodec:
         self,
         encoding: str,
         size: int | None,
-        decode: Callable[[bytes], Any],
+        decode: Callable[[bytes | memoryview], Any],
         encode: Callable[[Any], bytes],
     ) -> None:
         self.encoding = encoding
@@ -100,7 +100,9 @@ def codec(encoding: str) -> ColumnCodec:
         return _array_codec(encoding, args)
     if name in ("str_int", "str_float", "str_decimal"):
         parse: Callable[[str], Any] = {"str_int": int, "str_float": float}.get(name, Decimal)
-        return ColumnCodec(encoding, None, lambda b: parse(str(b, "utf-8")), lambda v: str(v).encode())
+        return ColumnCodec(
+            encoding, None, lambda b: parse(str(b, "utf-8")), lambda v: str(v).encode()
+        )
     if name == "json":
         return ColumnCodec(encoding, None, lambda b: json.loads(str(b, "utf-8")), _json_bytes)
     if name in UNSAFE:
@@ -135,7 +137,7 @@ def _array_codec(encoding: str, args: str) -> ColumnCodec:
     if dtype is not None and shape is not None:
         size = int(np.prod(shape)) * np.dtype(dtype).itemsize
 
-    def decode(data: bytes) -> np.ndarray:
+    def decode(data: bytes | memoryview) -> np.ndarray:
         at = 0
         value_dtype = dtype
         if value_dtype is None:
@@ -163,7 +165,10 @@ def _array_codec(encoding: str, args: str) -> ColumnCodec:
 
 
 def decode_sample(
-    data: bytes, codecs: list[ColumnCodec], names: list[str], wanted: frozenset[str]
+    data: bytes | memoryview,
+    codecs: list[ColumnCodec],
+    names: list[str],
+    wanted: frozenset[str],
 ) -> dict[str, Any]:
     """One sample's bytes as ``{column: value}`` for the columns in ``wanted``.
 
