@@ -210,11 +210,6 @@ class StreamingEngine:
         self.rank, self.world_size = int(collectives.rank), int(collectives.world_size)
         self.stats = StreamStats()
         self._offsets = shard_offsets(source)
-        # A block's lengths at once where the source offers it (``lengths``), else one
-        # ``length`` call per record.
-        self._block_lengths = getattr(source, "lengths", None) or (
-            lambda records: np.fromiter(map(source.length, records), np.int64, len(records))
-        )
         self._position = self._start(state)
         self._served = self._position.consumed
         self.speeds = StreamSpeeds(config, self.rank, self._position, state)
@@ -534,8 +529,14 @@ class StreamingEngine:
         return shares[self.rank], 0
 
     def _lengths(self, records: list[Any]) -> np.ndarray:
-        """The records' tokens, cut to a row with ``long_documents="truncate"``."""
-        lengths = self._block_lengths(records)
+        """The records' tokens (the source's ``lengths`` of the block where it has one,
+        else one ``length`` call per record), cut to a row with
+        ``long_documents="truncate"``."""
+        block = getattr(self.source, "lengths", None)
+        if block is not None:
+            lengths = block(records)
+        else:
+            lengths = np.fromiter(map(self.source.length, records), np.int64, len(records))
         if self.packing.long_documents == "truncate":
             return np.minimum(lengths, self.packing.length)
         return lengths
