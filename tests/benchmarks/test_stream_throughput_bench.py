@@ -15,9 +15,11 @@ def test_every_reader_alone_and_through_the_engine_reads_every_sample():
         assert row["chronica_cpu_us"] > 0 and set(row["engine_us"]) == set(stream_throughput.PARTS)
         assert row["held_cpu_us"] > 0 and row["pickle_cpu_us"] > 0 and row["unpickle_cpu_us"] > 0
         assert row["engine_us"]["reading"] > 0 and row["engine_us"]["planning"] > 0
+        assert len(row["load"]) == 2
     assert len(result["load"]) == 2
     lines = streaming._throughput_lines(result)
     table = [line for line in lines if line.startswith("| ")]
     assert len(table) == 1 + len(stream_throughput.READERS)
     assert any("`MDSSource`" in line for line in table)
+    assert any(line.startswith("Met: the 5% of samples/s for ") for line in lines)
     assert "not in this run" in streaming._throughput_lines(None)[0]

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from chronica.runtime.sources import ListSource, ShardedSource, locate, shard_offsets
-from chronica.runtime.sources.base import check_rows, column_length, no_random_access
+from chronica.runtime.sources.base import (
+    check_rows,
+    column_length,
+    no_random_access,
+    record_length,
+    record_lengths,
+)
 
 SHARDS = [[{"tokens": np.arange(n)} for n in sizes] for sizes in ([3, 1], [], [4, 2, 5])]
 
@@ -81,6 +87,41 @@ def test_column_length_reads_a_length_or_a_size_and_names_missing_columns():
         column_length({"x": 1.5}, "x")
 
 
+RECORDS = [
+    {"t": [1, 2, 3]},
+    {"t": b"ab"},
+    {"t": "héllo"},
+    {"t": np.arange(4)},
+    {"t": (1,)},
+    {"t": 7},
+    {"t": np.int64(6)},
+    {"t": np.array(5)},
+]
+
+
+@pytest.mark.parametrize("block", [RECORDS[:5], RECORDS, RECORDS[5:], []])
+def test_record_lengths_of_a_block_equal_one_record_length_each(block):
+    expected = [record_length(r, "t") for r in block]
+    assert record_lengths(block, "t").tolist() == expected
+    assert record_lengths(block, len).dtype == np.int64
+
+
+@pytest.mark.parametrize(
+    "block, error, words",
+    [
+        ([{"t": [1]}, {"u": [1]}], ValueError, "'t' is not in the record"),
+        ([{"t": [1]}, [1, 2]], TypeError, "mapping"),
+        ([{"t": [1]}, {"t": 1.5}], TypeError, "neither an integer"),
+        ([{"t": True}], TypeError, "neither an integer"),
+    ],
+)
+def test_record_lengths_raise_what_one_record_length_raises(block, error, words):
+    with pytest.raises(error, match=words):
+        record_lengths(block, "t")
+    with pytest.raises(error, match=words):
+        [record_length(r, "t") for r in block]
+
+
 def test_rows_accept_numpy_arrays():
     assert check_rows(np.array([1, 0]), 2) == [1, 0]
 
@@ -150,6 +191,8 @@ def test_every_reader_keeps_the_protocol_on_the_same_data(tmp_path):
         assert shard_offsets(source).tolist() == [0, 4, 4, 9], name
         read = [source.length(r) for s in range(3) for r in source.read(s)]
         assert read == lengths, name
+        blocks = np.concatenate([source.lengths(list(source.read(s))) for s in range(3)])
+        assert blocks.tolist() == lengths, name
         for s in range(3):
             whole = pickle.dumps(list(source.read(s)))  # records travel between ranks
             size = source.shard_size(s)

@@ -12,6 +12,7 @@ from workers import scaled
 from chronica.core import ScheduleConfig
 from chronica.core.packing import Packing
 from chronica.core.streaming import StreamOptions
+from chronica.runtime.sources import ListSource as BlockLengthsSource
 from chronica.runtime.streaming import StreamingEngine
 from chronica.runtime.streaming_exchange import LocalGroup
 
@@ -48,6 +49,21 @@ def test_one_pass_gives_every_sample_once_in_equal_counts_under_the_cap(world, r
     assert all(s == states[0] for s in states)
     moved = sum(e.stats.bytes_sent for e in engines)
     assert (moved > 0) == (not random_access and world > 1)
+
+
+def test_a_source_with_block_lengths_streams_what_one_length_per_record_streams():
+    per_record = make_source(random_access=True)  # length(record) only
+    block = BlockLengthsSource(  # the same records, with lengths(records)
+        [[per_record._record(s, r) for r in range(per_record.shard_size(s))]
+         for s in range(per_record.num_shards)],
+        length="input_ids",
+    )  # fmt: skip
+    assert not hasattr(per_record, "lengths") and hasattr(block, "lengths")
+    expected, states, _ = run_ranks(per_record, 2, PACKING, **OPTIONS)
+    got, block_states, _ = run_ranks(block, 2, PACKING, **OPTIONS)
+    for r in range(2):
+        assert [_signature(b) for b in got[r]] == [_signature(b) for b in expected[r]]
+    assert block_states == states
 
 
 @pytest.mark.parametrize("cut", [1, 4, 9])

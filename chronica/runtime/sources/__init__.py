@@ -16,6 +16,7 @@ from chronica.runtime.sources.base import (
     column_length,
     locate,
     read_ids,
+    record_lengths,
     shard_offsets,
 )
 from chronica.runtime.sources.hf import HFStreamingSource
@@ -33,6 +34,7 @@ __all__ = [
     "column_length",
     "locate",
     "read_ids",
+    "record_lengths",
     "shard_offsets",
     "write_mds",
 ]

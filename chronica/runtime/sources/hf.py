@@ -18,6 +18,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, NoReturn
 
+import numpy as np
+
 from chronica.runtime.sources.base import (
     check_length,
     check_length_kept,
@@ -27,6 +29,7 @@ from chronica.runtime.sources.base import (
     length_label,
     no_random_access,
     record_length,
+    record_lengths,
     shard_paths,
 )
 
@@ -149,6 +152,14 @@ class HFStreamingSource:
             record: a record of this source.
         """
         return record_length(record, self._length)
+
+    def lengths(self, records: Sequence[Any]) -> np.ndarray:
+        """``length`` of every record of a block, as ``int64`` (``record_lengths``).
+
+        Args:
+            records: records of this source.
+        """
+        return record_lengths(records, self._length)
 
     def __repr__(self) -> str:
         length = length_label(self._length)

@@ -5,8 +5,10 @@
 ``streaming``: version 0.13 imports ``torchvision`` at import time (whose index wheels do
 not load beside the CPU torch wheel) and pins ``transformers<5``, and its own split of the
 samples over ranks is not exactly-once; chronica's engine deals shards to ranks itself.
-``write_mds`` writes the same layout (for tests, documentation and benchmarks where the
-package is not installed).
+A record's ``ndarray`` columns are read-only views of the memory-mapped shard file (no
+copy per sample: the page cache holds the bytes, and a held record costs no heap memory);
+every other column is a copy. ``write_mds`` writes the same layout (for tests,
+documentation and benchmarks where the package is not installed).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from chronica.runtime.sources.base import (
     check_start,
     length_label,
     record_length,
+    record_lengths,
 )
 from chronica.runtime.sources.mds_format import (
     ColumnCodec,
@@ -62,9 +65,12 @@ class _Shard:
         if count != samples:
             raise ValueError(f"MDS shard {path} holds {count} samples, index.json says {samples}")
         self.offsets = np.frombuffer(self.data, np.uint32, count=count + 1, offset=4).copy()
+        self.view = memoryview(self.data)
 
-    def sample(self, row: int) -> bytes:
-        return self.data[int(self.offsets[row]) : int(self.offsets[row + 1])]
+    def sample(self, row: int) -> memoryview:
+        """The sample's bytes, a view of the mapped file (no copy): its ``ndarray`` columns
+        decode to read-only views of the file's pages, which live as long as any of them."""
+        return self.view[int(self.offsets[row]) : int(self.offsets[row + 1])]
 
 
 class MDSSource:
@@ -212,6 +218,14 @@ class MDSSource:
             record: a record of this source.
         """
         return record_length(record, self._length)
+
+    def lengths(self, records: Sequence[Any]) -> np.ndarray:
+        """``length`` of every record of a block, as ``int64`` (``record_lengths``).
+
+        Args:
+            records: records of this source.
+        """
+        return record_lengths(records, self._length)
 
     def __getstate__(self) -> dict[str, Any]:
         # Codecs do not pickle (mapped files are left out by RecentlyUsed); a copy (e.g. in

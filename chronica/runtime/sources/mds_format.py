@@ -48,7 +48,8 @@ class ColumnCodec:
     Args:
         encoding: the column's encoding as ``index.json`` names it.
         size: bytes of every value (``None``: variable, stored per sample).
-        decode: bytes to value.
+        decode: bytes (or a ``memoryview`` of them) to value; an array shares the
+            buffer's memory, every other value is a copy.
         encode: value to bytes.
     """
 
@@ -56,7 +57,7 @@ class ColumnCodec:
         self,
         encoding: str,
         size: int | None,
-        decode: Callable[[bytes], Any],
+        decode: Callable[[bytes | memoryview], Any],
         encode: Callable[[Any], bytes],
     ) -> None:
         self.encoding = encoding
@@ -85,7 +86,7 @@ def codec(encoding: str) -> ColumnCodec:
     if name == "bytes":
         return ColumnCodec(encoding, None, bytes, bytes)
     if name == "str":
-        return ColumnCodec(encoding, None, lambda b: b.decode("utf-8"), lambda v: v.encode())
+        return ColumnCodec(encoding, None, lambda b: str(b, "utf-8"), lambda v: v.encode())
     if name == "int":
         return ColumnCodec(
             encoding, 8, lambda b: int(np.frombuffer(b, np.int64)[0]), _scalar_bytes(np.int64)
@@ -99,9 +100,11 @@ def codec(encoding: str) -> ColumnCodec:
         return _array_codec(encoding, args)
     if name in ("str_int", "str_float", "str_decimal"):
         parse: Callable[[str], Any] = {"str_int": int, "str_float": float}.get(name, Decimal)
-        return ColumnCodec(encoding, None, lambda b: parse(b.decode()), lambda v: str(v).encode())
+        return ColumnCodec(
+            encoding, None, lambda b: parse(str(b, "utf-8")), lambda v: str(v).encode()
+        )
     if name == "json":
-        return ColumnCodec(encoding, None, lambda b: json.loads(b.decode("utf-8")), _json_bytes)
+        return ColumnCodec(encoding, None, lambda b: json.loads(str(b, "utf-8")), _json_bytes)
     if name in UNSAFE:
         raise ValueError(
             f"a column is encoded as {encoding!r}: unpickling runs code, and chronica never "
@@ -134,7 +137,7 @@ def _array_codec(encoding: str, args: str) -> ColumnCodec:
     if dtype is not None and shape is not None:
         size = int(np.prod(shape)) * np.dtype(dtype).itemsize
 
-    def decode(data: bytes) -> np.ndarray:
+    def decode(data: bytes | memoryview) -> np.ndarray:
         at = 0
         value_dtype = dtype
         if value_dtype is None:
@@ -162,12 +165,16 @@ def _array_codec(encoding: str, args: str) -> ColumnCodec:
 
 
 def decode_sample(
-    data: bytes, codecs: list[ColumnCodec], names: list[str], wanted: frozenset[str]
+    data: bytes | memoryview,
+    codecs: list[ColumnCodec],
+    names: list[str],
+    wanted: frozenset[str],
 ) -> dict[str, Any]:
     """One sample's bytes as ``{column: value}`` for the columns in ``wanted``.
 
     Args:
-        data: the sample's bytes (sizes of the variable columns, then the columns).
+        data: the sample's bytes (sizes of the variable columns, then the columns), or a
+            ``memoryview`` of them (``ndarray`` columns are then views of that memory).
         codecs: every column's codec, in the shard's column order.
         names: every column's name, in the same order.
         wanted: the columns decoded (the others are skipped, not decoded).

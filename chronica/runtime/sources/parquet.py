@@ -30,6 +30,7 @@ from chronica.runtime.sources.base import (
     check_start,
     length_label,
     record_length,
+    record_lengths,
     shard_paths,
 )
 
@@ -195,6 +196,14 @@ class ParquetSource:
             record: a record of this source.
         """
         return record_length(record, self._length)
+
+    def lengths(self, records: Sequence[Any]) -> np.ndarray:
+        """``length`` of every record of a block, as ``int64`` (``record_lengths``).
+
+        Args:
+            records: records of this source.
+        """
+        return record_lengths(records, self._length)
 
     def __repr__(self) -> str:
         first = str(Path(self.files[0]).parent)

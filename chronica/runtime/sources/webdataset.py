@@ -42,6 +42,7 @@ from chronica.runtime.sources.base import (
     length_label,
     no_random_access,
     record_length,
+    record_lengths,
     shard_paths,
 )
 
@@ -243,6 +244,14 @@ class WebDatasetSource:
             record: a record of this source.
         """
         return record_length(record, self._length)
+
+    def lengths(self, records: Sequence[Any]) -> np.ndarray:
+        """``length`` of every record of a block, as ``int64`` (``record_lengths``).
+
+        Args:
+            records: records of this source.
+        """
+        return record_lengths(records, self._length)
 
     def __repr__(self) -> str:
         length = length_label(self._length)
