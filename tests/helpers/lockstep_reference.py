@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 import reference
 
@@ -12,7 +14,8 @@ RANKED_LOOKS = 1 << 19  # lockstep._RANKED_LOOKS
 def lockstep_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row_docs):
     """``lockstep_attempt``: ``(rank, micro, row, cells)`` lists, or ``None`` if a unit fits
     no cell. The ladder greedy, refined; where units × cells is at most ``RANKED_LOOKS``
-    (``LPT_LOOKS``), the sorted rank plan (the LPT construction) too, refined, each of which
+    (``LPT_LOOKS``), the sorted rank plan (the LPT construction) too, and where the
+    costliest unit costs at most the mean cell the differencing, refined, each of which
     replaces the plan so far where that failed or where its lockstep step is shorter."""
     n, w = len(lengths), len(speeds)
     order = [int(i) for i in reference.descending_order(np.asarray(costs))]
@@ -27,7 +30,127 @@ def lockstep_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row
             refine(lengths, costs, docs, order, speeds, *other)
             if best is None or step(other[5], speeds) < step(best[5], speeds):
                 best = other
+    # Numba sums an array in order from 0.0, as ``sum`` does.
+    if n and max(costs) * (w * num_micro) <= sum(costs):
+        other = kk_pack(lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs)
+        if other is not None:
+            refine(lengths, costs, docs, order, speeds, *other)
+            if best is None or step(other[5], speeds) < step(best[5], speeds):
+                best = other
     return None if best is None else best[2:]
+
+
+def kk_pack(lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs):
+    """``lockstep_kk.kk_cells``: ``(free, slots, rank, micro, row, cells)`` lists, or
+    ``None`` where the speeds differ or a unit fits no row of its rank. Differencing into
+    ranks (runs of ``ranks`` units by ascending cost), then every rank's units into
+    ``num_micro`` parts by differencing, put in rows by descending cost (a unit that fits no
+    row of its part after the others, into the cheapest micro-batch it fits; fallbacks for
+    the rank: each unit so, then each to the fullest row), every rank's micro-batches by
+    descending cost."""
+    w, n = len(speeds), len(lengths)
+    if any(s != speeds[0] for s in speeds):
+        return None
+    ascending = list(reversed(order))
+    rank, micro, row = [-1] * n, [-1] * n, [-1] * n
+    for g, members in enumerate(differencing(costs, ascending, w, True)):
+        for i in members:
+            rank[i] = g
+    free = [[[row_length] * rows for _ in range(num_micro)] for _ in range(w)]
+    slots = [[[row_docs] * rows for _ in range(num_micro)] for _ in range(w)]
+    cells = [[0.0] * num_micro for _ in range(w)]
+    for r in range(w):
+        mine = [i for i in ascending if rank[i] == r]
+        for g, members in enumerate(differencing(costs, mine, num_micro, False)):
+            for i in members:
+                micro[i] = g
+        for how in ("parts", "cheapest", "tight"):
+            free[r] = [[row_length] * rows for _ in range(num_micro)]
+            slots[r] = [[row_docs] * rows for _ in range(num_micro)]
+            cells[r] = [0.0] * num_micro
+            if _fill(lengths, costs, docs, mine, how, free[r], slots[r], micro, row, cells[r]):
+                break
+        else:
+            return None
+    place = [[0] * num_micro for _ in range(w)]
+    for r in range(w):
+        for p, k in enumerate(sorted(range(num_micro), key=lambda k: -cells[r][k])):
+            place[r][k] = p
+    free = [[[row_length] * rows for _ in range(num_micro)] for _ in range(w)]
+    slots = [[[row_docs] * rows for _ in range(num_micro)] for _ in range(w)]
+    cells = [[0.0] * num_micro for _ in range(w)]
+    for i in range(n):
+        micro[i] = place[rank[i]][micro[i]]
+        free[rank[i]][micro[i]][row[i]] -= lengths[i]
+        slots[rank[i]][micro[i]][row[i]] -= docs[i]
+        cells[rank[i]][micro[i]] += costs[i]
+    return free, slots, rank, micro, row, cells
+
+
+def _fill(lengths, costs, docs, mine, how, free, slots, micro, row, cells):
+    """``lockstep_kk._fill`` for one rank (its lists mutated); ``False`` where it fails."""
+    num_micro = len(cells)
+    count = [0] * num_micro
+    waiting = []
+    for sweep in range(2 if how == "parts" else 1):
+        for i in reversed(mine):
+            if how == "parts" and sweep == 0:
+                k = micro[i]
+                q = reference.fit_row(free[k], lengths[i], slots[k], docs[i])
+                if q < 0:
+                    waiting.append(i)
+                    continue
+            elif how == "parts" and i not in waiting:
+                continue
+            else:
+                fitting = []
+                for c in range(num_micro):
+                    at = reference.fit_row(free[c], lengths[i], slots[c], docs[i])
+                    if at >= 0:
+                        key = (free[c][at], c) if how == "tight" else (cells[c], count[c], c)
+                        fitting.append((key, c, at))
+                if not fitting:
+                    return False
+                _, k, q = min(fitting)
+            micro[i], row[i] = k, q
+            free[k][q] -= lengths[i]
+            slots[k][q] -= docs[i]
+            cells[k] += costs[i]
+            count[k] += 1
+    return how != "parts" or len(mine) < num_micro or min(count) > 0
+
+
+def differencing(values, items, k, equal):
+    """``lockstep_kk._difference``: largest differencing of ``items`` (ascending by value)
+    into ``k`` lists of items, the heaviest first; with ``equal`` one partial solution per
+    run of ``k`` items (the first run padded with empty places), else one per item."""
+    partials = []
+    if equal:
+        pad = -len(items) % k
+        padded = [None] * pad + list(items)
+        runs = [padded[j : j + k] for j in range(0, len(padded), k)]
+    else:
+        runs = [[i] + [None] * (k - 1) for i in items]
+    for run in runs:
+        groups = [(0.0 if i is None else values[i], [] if i is None else [i]) for i in run]
+        partials.append(sorted(groups, key=lambda group: -group[0]))
+    heap = [(-(p[0][0] - p[-1][0]), j, j) for j, p in enumerate(partials)]
+    heapq.heapify(heap)
+    tag = len(partials)
+    while len(heap) > 1:
+        a = heapq.heappop(heap)[2]
+        b = heapq.heappop(heap)[2]
+        merged = [
+            (
+                partials[a][g][0] + partials[b][k - 1 - g][0],
+                partials[a][g][1] + partials[b][k - 1 - g][1],
+            )
+            for g in range(k)
+        ]
+        partials[a] = sorted(merged, key=lambda group: -group[0])
+        heapq.heappush(heap, (-(partials[a][0][0] - partials[a][-1][0]), tag, a))
+        tag += 1
+    return [members for _, members in partials[heap[0][2]]] if partials else []
 
 
 def ranked_pack(lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs):
