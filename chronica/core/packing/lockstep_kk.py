@@ -17,10 +17,15 @@ group of one with the lightest of the other, until one is left.
    groups are the rank's micro-batches, each unit, by descending cost, in the fullest row
    of its micro-batch it fits (``fit_row``); a unit that fits no row there (the
    differencing counts costs, not tokens) goes, after the others, to the rank's cheapest
-   micro-batch with a row it fits (ties: fewer units, then the lower index). Where one fits
-   nowhere, or a micro-batch is left empty although the rank has a unit for each, all the
-   rank's units go that way instead, by descending cost; and where that fails too, each to
-   the fullest row it fits in any of the rank's micro-batches (the tightest packing).
+   micro-batch with a row it fits (ties: fewer units, then the lower index). Where units
+   went so, all the rank's units are also put, by descending cost, each into its cheapest
+   micro-batch with a row it fits, and that is kept where its costliest micro-batch is
+   cheaper; where a unit fits no row of the rank, or a micro-batch is left empty although
+   the rank has a unit for each, that is tried, and where a unit fits none that way either
+   (the step's tokens nearly fill its cells), each unit goes to the fullest row it fits in
+   any of the rank's micro-batches (the tightest packing). The units that fit no row of
+   their rank even so, by descending cost, go last, each to the cheapest cell of any rank
+   with a row it fits (ties: fewer units, then the lower rank).
 3. Every rank's micro-batches by descending cost (ties: the lower index first), so that the
    micro-batches running in lockstep are alike; the lockstep passes then level them.
 
@@ -42,7 +47,7 @@ __all__ = ["kk_cells"]
 
 # Groups of a partial solution are sorted in place by insertion up to this many.
 _INSERTION = 32
-# How a rank's units are put in rows (``_fill``).
+# How ``_fill`` puts a rank's units in rows.
 _PARTS, _CHEAPEST, _TIGHT = 0, 1, 2
 
 
@@ -63,7 +68,8 @@ def kk_cells(
     cells: np.ndarray,
 ) -> bool:
     """Place the units on the ``cells.shape`` grid (module docstring); ``False`` where the
-    ranks' speeds differ or a unit fits no row of its rank (the outputs are then partial).
+    ranks' speeds differ, a unit fits no row, or a cell is left empty although the step has
+    a unit for each (the outputs are then partial).
     Every output array is overwritten.
 
     Args:
@@ -119,15 +125,50 @@ def kk_cells(
     for r in range(w):
         mine = members[start[r] : start[r + 1]]
         _difference(costs, mine, num_micro, False, micro)
-        for how in (_PARTS, _CHEAPEST, _TIGHT):
-            if _fill(lengths, costs, docs, mine, r, how, free, slots, micro, row, cells, count):
-                break
-            if how == _TIGHT:
-                return False
+        late = _fill(
+            lengths, costs, docs, mine, r, _PARTS, free, slots, rank, micro, row, cells, count
+        )
+        if late == 0:
+            continue
+        # Units placed late, or none fit: the cheapest fill too; after late units, the fill
+        # whose costliest micro-batch is cheaper is kept (the parts' on ties).
+        top = cells[r].max()
+        kept = (free[r].copy(), slots[r].copy(), cells[r].copy(), count[r].copy())
+        kept_micro, kept_row = micro[mine], row[mine]
+        for how in (_CHEAPEST, _TIGHT):
             free[r] = row_length
             slots[r] = row_docs
             cells[r] = 0.0
             count[r] = 0
+            done = _fill(
+                lengths, costs, docs, mine, r, how, free, slots, rank, micro, row, cells, count
+            ) >= 0  # fmt: skip
+            if done or late > 0:
+                break
+        if late > 0 and (not done or cells[r].max() >= top):
+            free[r], slots[r], cells[r], count[r] = kept
+            micro[mine], row[mine] = kept_micro, kept_row
+    # The units no row of their rank took, by descending cost, each to the cheapest cell of
+    # any rank with a row it fits (ties: fewer units, then the lower rank).
+    for t in range(n):
+        i = order[t]
+        if micro[i] >= 0:
+            continue
+        best_r, best_k, best_q = -1, -1, -1
+        for r in range(w):
+            k, q = _open_row(lengths[i], docs[i], r, False, free, slots, cells, count)
+            if k >= 0 and (
+                best_r < 0
+                or cells[r, k] < cells[best_r, best_k]
+                or (cells[r, k] == cells[best_r, best_k] and count[r, k] < count[best_r, best_k])
+            ):
+                best_r, best_k, best_q = r, k, q
+        if best_r < 0:
+            return False
+        _put(lengths, costs, docs, i, best_r, best_k, best_q, free, slots, rank, micro, row,
+             cells, count)  # fmt: skip
+    if n >= w * num_micro and count.min() == 0:
+        return False
     place = np.empty((w, num_micro), np.int64)
     for r in range(w):
         place[r, np.argsort(-cells[r], kind="mergesort")] = np.arange(num_micro)
@@ -152,39 +193,66 @@ def _fill(
     how: int,
     free: np.ndarray,
     slots: np.ndarray,
+    rank: np.ndarray,
     micro: np.ndarray,
     row: np.ndarray,
     cells: np.ndarray,
     count: np.ndarray,
-) -> bool:
-    # Rank r's units (``mine``, ascending cost), by descending cost, into a row of their
-    # micro-batch: ``_PARTS`` the one ``micro`` names (the fullest row it fits; units that
-    # fit none there wait for a second sweep, which puts them as ``_CHEAPEST`` does),
-    # ``_CHEAPEST`` the cheapest with a row it fits (ties: fewer units, then the lower
-    # index), ``_TIGHT`` the fullest row of any (ties: the lower micro-batch, then row);
-    # ``micro`` is written. False where a unit fits no row, or (``_PARTS``) a micro-batch is
-    # left empty although the rank has a unit for each.
+) -> int:
+    # Rank r's units (``mine``, ascending cost), by descending cost, into a row: ``_PARTS``
+    # of the micro-batch ``micro`` names (the fullest row it fits), units that fit none
+    # there waiting for a second sweep, which puts them as ``_CHEAPEST`` does: into the
+    # rank's cheapest micro-batch with a row they fit (``_open_row``); ``_TIGHT`` into the
+    # fullest row of any. A unit that fits no row of the rank keeps ``micro = -1``. The
+    # number of units the second sweep placed, or -1 where a unit has no row or (but with
+    # ``_TIGHT``) a micro-batch is left empty although the rank has a unit for each.
+    placed = late = 0
     for sweep in range(2 if how == _PARTS else 1):
         for t in range(mine.shape[0] - 1, -1, -1):
             i = mine[t]
             if how == _PARTS and sweep == 0:
                 k = micro[i]
                 q = fit_row(free[r, k], slots[r, k], lengths[i], docs[i])
-                if q < 0:
-                    micro[i] = -1
-                    continue
             elif how == _PARTS and micro[i] >= 0:
                 continue
             else:
                 k, q = _open_row(lengths[i], docs[i], r, how == _TIGHT, free, slots, cells, count)
-                if k < 0:
-                    return False
-            micro[i], row[i] = k, q
-            free[r, k, q] -= lengths[i]
-            slots[r, k, q] -= docs[i]
-            cells[r, k] += costs[i]
-            count[r, k] += 1
-    return how != _PARTS or mine.shape[0] < cells.shape[1] or count[r].min() > 0
+            if q < 0:
+                micro[i] = -1
+                continue
+            _put(lengths, costs, docs, i, r, k, q, free, slots, rank, micro, row, cells, count)
+            placed += 1
+            late += sweep
+    if placed < mine.shape[0]:
+        return -1
+    if how == _TIGHT or mine.shape[0] < cells.shape[1] or count[r].min() > 0:
+        return late
+    return -1
+
+
+@njit(cache=True)
+def _put(
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    docs: np.ndarray,
+    i: int,
+    r: int,
+    k: int,
+    q: int,
+    free: np.ndarray,
+    slots: np.ndarray,
+    rank: np.ndarray,
+    micro: np.ndarray,
+    row: np.ndarray,
+    cells: np.ndarray,
+    count: np.ndarray,
+) -> None:
+    # Unit i into row q of cell (r, k).
+    rank[i], micro[i], row[i] = r, k, q
+    free[r, k, q] -= lengths[i]
+    slots[r, k, q] -= docs[i]
+    cells[r, k] += costs[i]
+    count[r, k] += 1
 
 
 @njit(cache=True)
