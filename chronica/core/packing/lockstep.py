@@ -22,8 +22,13 @@ kernel's plan with every rank's micro-batches by descending cost
 (``chronica.core.packing.lockstep_ranked``: alike micro-batches below the cap, which the
 leveling can even out where documents are short), and where it is at most ``_LPT_LOOKS``,
 a lockstep LPT (``chronica.core.packing.lockstep_lpt``: each unit where its micro-batch's
-maximum rises least, then where its rank's sum is lowest). They also stand in where the
-greedy leaves a unit without a cell, so the step needs no extra micro-batch.
+maximum rises least, then where its rank's sum is lowest). Where ranks are of one speed and
+the costliest unit costs at most the mean cell (``total / cells``: units small against a
+micro-batch, as on real length sets), so does a differencing construction
+(``chronica.core.packing.lockstep_kk``: Karmarkar–Karp into ranks, then each rank's units
+into its micro-batches, sorted by cost), whatever the step's size: its work grows as
+``units · log(units)``, and the passes after it are bounded as above. They also stand in
+where the greedy leaves a unit without a cell, so the step needs no extra micro-batch.
 
 The cells of ranks of one speed are kept, per micro-batch, sorted by cost (a "ladder",
 ``chronica.core.packing.ladder``), so the fullest cell a document fits under the maximum is
