@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import heapq
+
 import numpy as np
 import reference
 
@@ -12,7 +15,8 @@ RANKED_LOOKS = 1 << 19  # lockstep._RANKED_LOOKS
 def lockstep_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row_docs):
     """``lockstep_attempt``: ``(rank, micro, row, cells)`` lists, or ``None`` if a unit fits
     no cell. The ladder greedy, refined; where units × cells is at most ``RANKED_LOOKS``
-    (``LPT_LOOKS``), the sorted rank plan (the LPT construction) too, refined, each of which
+    (``LPT_LOOKS``), the sorted rank plan (the LPT construction) too, and where the
+    costliest unit costs at most the mean cell the differencing, refined, each of which
     replaces the plan so far where that failed or where its lockstep step is shorter."""
     n, w = len(lengths), len(speeds)
     order = [int(i) for i in reference.descending_order(np.asarray(costs))]
@@ -27,7 +31,172 @@ def lockstep_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row
             refine(lengths, costs, docs, order, speeds, *other)
             if best is None or step(other[5], speeds) < step(best[5], speeds):
                 best = other
+    # Numba sums an array in order from 0.0, as ``sum`` does.
+    if n and max(costs) * (w * num_micro) <= sum(costs):
+        other = kk_pack(lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs)
+        if other is not None:
+            refine(lengths, costs, docs, order, speeds, *other)
+            if best is None or step(other[5], speeds) < step(best[5], speeds):
+                best = other
     return None if best is None else best[2:]
+
+
+def kk_pack(lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs):
+    """``lockstep_kk.kk_cells``: ``(free, slots, rank, micro, row, cells)`` lists, or
+    ``None`` where the speeds differ, a unit fits no row or a cell is left empty although
+    the step has a unit for each. Differencing into
+    ranks (runs of ``ranks`` units by ascending cost), then every rank's units into
+    ``num_micro`` parts by differencing, put in rows by descending cost (a unit that fits no
+    row of its part after the others, into the cheapest micro-batch it fits; then every unit
+    of the rank so too, kept where its costliest micro-batch is cheaper; where one fits none
+    or a part is left empty, every unit of the rank so; where one fits none again, each
+    into the fullest row), the units no row of their rank took into the cheapest cell of any
+    rank, every rank's micro-batches by descending cost."""
+    w, n = len(speeds), len(lengths)
+    if any(s != speeds[0] for s in speeds):
+        return None
+    ascending = list(reversed(order))
+    rank, micro, row = [-1] * n, [-1] * n, [-1] * n
+    for g, members in enumerate(differencing(costs, ascending, w, True)):
+        for i in members:
+            rank[i] = g
+    free = [[[row_length] * rows for _ in range(num_micro)] for _ in range(w)]
+    slots = [[[row_docs] * rows for _ in range(num_micro)] for _ in range(w)]
+    cells = [[0.0] * num_micro for _ in range(w)]
+    count = [[0] * num_micro for _ in range(w)]
+    for r in range(w):
+        mine = [i for i in ascending if rank[i] == r]
+        for g, members in enumerate(differencing(costs, mine, num_micro, False)):
+            for i in members:
+                micro[i] = g
+        late = _fill(lengths, costs, docs, mine, "parts", free[r], slots[r], micro, row,
+                     cells[r], count[r])  # fmt: skip
+        if late == 0:
+            continue
+        top = max(cells[r])
+        kept = copy.deepcopy((free[r], slots[r], cells[r], count[r]))
+        kept_places = [(micro[i], row[i]) for i in mine]
+        for how in ("cheapest", "tight"):
+            free[r] = [[row_length] * rows for _ in range(num_micro)]
+            slots[r] = [[row_docs] * rows for _ in range(num_micro)]
+            cells[r] = [0.0] * num_micro
+            count[r] = [0] * num_micro
+            done = _fill(lengths, costs, docs, mine, how, free[r], slots[r], micro, row,
+                         cells[r], count[r]) >= 0  # fmt: skip
+            if done or late > 0:
+                break
+        if late > 0 and (not done or max(cells[r]) >= top):
+            free[r], slots[r], cells[r], count[r] = kept
+            for i, (k, q) in zip(mine, kept_places, strict=True):
+                micro[i], row[i] = k, q
+    for i in order:
+        if micro[i] >= 0:
+            continue
+        fitting = []
+        for r in range(w):
+            k, q = _open_row(lengths[i], docs[i], False, free[r], slots[r], cells[r], count[r])
+            if k >= 0:
+                fitting.append((cells[r][k], count[r][k], r, k, q))
+        if not fitting:
+            return None
+        _, _, r, k, q = min(fitting)
+        rank[i], micro[i], row[i] = r, k, q
+        free[r][k][q] -= lengths[i]
+        slots[r][k][q] -= docs[i]
+        cells[r][k] += costs[i]
+        count[r][k] += 1
+    if n >= w * num_micro and min(min(c) for c in count) == 0:
+        return None
+    place = [[0] * num_micro for _ in range(w)]
+    for r in range(w):
+        for p, k in enumerate(sorted(range(num_micro), key=lambda k: -cells[r][k])):
+            place[r][k] = p
+    free = [[[row_length] * rows for _ in range(num_micro)] for _ in range(w)]
+    slots = [[[row_docs] * rows for _ in range(num_micro)] for _ in range(w)]
+    cells = [[0.0] * num_micro for _ in range(w)]
+    for i in range(n):
+        micro[i] = place[rank[i]][micro[i]]
+        free[rank[i]][micro[i]][row[i]] -= lengths[i]
+        slots[rank[i]][micro[i]][row[i]] -= docs[i]
+        cells[rank[i]][micro[i]] += costs[i]
+    return free, slots, rank, micro, row, cells
+
+
+def _fill(lengths, costs, docs, mine, how, free, slots, micro, row, cells, count):
+    """``lockstep_kk._fill`` for one rank (its lists mutated): units that fit no row of
+    the rank keep ``micro = -1``; the number of units the second sweep placed, or -1 where
+    a unit has no row or (but with ``"tight"``) a micro-batch is left empty although the
+    rank has a unit for each."""
+    num_micro = len(cells)
+    waiting = []
+    placed = late = 0
+    for sweep in range(2 if how == "parts" else 1):
+        for i in reversed(mine):
+            if how == "parts" and sweep == 0:
+                k = micro[i]
+                q = reference.fit_row(free[k], lengths[i], slots[k], docs[i])
+                if q < 0:
+                    waiting.append(i)
+            elif how == "parts" and i not in waiting:
+                continue
+            else:
+                k, q = _open_row(lengths[i], docs[i], how == "tight", free, slots, cells, count)
+            if q < 0:
+                micro[i] = -1
+                continue
+            micro[i], row[i] = k, q
+            free[k][q] -= lengths[i]
+            slots[k][q] -= docs[i]
+            cells[k] += costs[i]
+            count[k] += 1
+            placed += 1
+            late += sweep
+    if placed < len(mine):
+        return -1
+    return late if how == "tight" or len(mine) < num_micro or min(count) > 0 else -1
+
+
+def _open_row(length, docs, tight, free, slots, cells, count):
+    """``lockstep_kk._open_row`` on one rank's lists: ``(micro-batch, row)`` or ``(-1, -1)``."""
+    fitting = []
+    for c in range(len(cells)):
+        at = reference.fit_row(free[c], length, slots[c], docs)
+        if at >= 0:
+            fitting.append(((free[c][at], c) if tight else (cells[c], count[c], c), c, at))
+    return min(fitting)[1:] if fitting else (-1, -1)
+
+
+def differencing(values, items, k, equal):
+    """``lockstep_kk._difference``: largest differencing of ``items`` (ascending by value)
+    into ``k`` lists of items, the heaviest first; with ``equal`` one partial solution per
+    run of ``k`` items (the first run padded with empty places), else one per item."""
+    partials = []
+    if equal:
+        pad = -len(items) % k
+        padded = [None] * pad + list(items)
+        runs = [padded[j : j + k] for j in range(0, len(padded), k)]
+    else:
+        runs = [[i] + [None] * (k - 1) for i in items]
+    for run in runs:
+        groups = [(0.0 if i is None else values[i], [] if i is None else [i]) for i in run]
+        partials.append(sorted(groups, key=lambda group: -group[0]))
+    heap = [(-(p[0][0] - p[-1][0]), j, j) for j, p in enumerate(partials)]
+    heapq.heapify(heap)
+    tag = len(partials)
+    while len(heap) > 1:
+        a = heapq.heappop(heap)[2]
+        b = heapq.heappop(heap)[2]
+        merged = [
+            (
+                partials[a][g][0] + partials[b][k - 1 - g][0],
+                partials[a][g][1] + partials[b][k - 1 - g][1],
+            )
+            for g in range(k)
+        ]
+        partials[a] = sorted(merged, key=lambda group: -group[0])
+        heapq.heappush(heap, (-(partials[a][0][0] - partials[a][-1][0]), tag, a))
+        tag += 1
+    return [members for _, members in partials[heap[0][2]]] if partials else []
 
 
 def ranked_pack(lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs):

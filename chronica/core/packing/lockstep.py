@@ -22,8 +22,13 @@ kernel's plan with every rank's micro-batches by descending cost
 (``chronica.core.packing.lockstep_ranked``: alike micro-batches below the cap, which the
 leveling can even out where documents are short), and where it is at most ``_LPT_LOOKS``,
 a lockstep LPT (``chronica.core.packing.lockstep_lpt``: each unit where its micro-batch's
-maximum rises least, then where its rank's sum is lowest). They also stand in where the
-greedy leaves a unit without a cell, so the step needs no extra micro-batch.
+maximum rises least, then where its rank's sum is lowest). Where ranks are of one speed and
+the costliest unit costs at most the mean cell (``total / cells``: units small against a
+micro-batch, as on real length sets), so does a differencing construction
+(``chronica.core.packing.lockstep_kk``: Karmarkar–Karp into ranks, then each rank's units
+into its micro-batches, sorted by cost), whatever the step's size: its work grows as
+``units · log(units)``, and the passes after it are bounded as above. They also stand in
+where the greedy leaves a unit without a cell, so the step needs no extra micro-batch.
 
 The cells of ranks of one speed are kept, per micro-batch, sorted by cost (a "ladder",
 ``chronica.core.packing.ladder``), so the fullest cell a document fits under the maximum is
@@ -45,6 +50,7 @@ from numba import njit
 
 from chronica.core.packing.kernels import fit_row, largest_room
 from chronica.core.packing.ladder import cell_before, climb, rung, speed_classes
+from chronica.core.packing.lockstep_kk import kk_cells
 from chronica.core.packing.lockstep_lpt import lpt_cells
 from chronica.core.packing.lockstep_ranked import ranked_cells
 from chronica.core.packing.lockstep_relief import relieve_columns
@@ -59,6 +65,8 @@ _RELIEF_LOOKS = 8192
 _LPT_LOOKS = 1 << 24
 # The sorted rank plan runs where units × cells is at most this.
 _RANKED_LOOKS = 1 << 19
+# The constructions ``_instead`` tries.
+_RANKED, _LPT, _KK = 0, 1, 2
 
 
 @njit(cache=True, nogil=True)
@@ -164,13 +172,18 @@ def lockstep_attempt(
     work = n * w * num_micro
     if work <= _RANKED_LOOKS:
         fits = _instead(
-            False, lengths, costs, docs, order, speeds, rows, row_length, row_docs, rank,
+            _RANKED, lengths, costs, docs, order, speeds, rows, row_length, row_docs, rank,
             micro, row, cells, fits,
         ) or fits  # fmt: skip
     if work <= _LPT_LOOKS:
         fits = _instead(
-            True, lengths, costs, docs, order, speeds, rows, row_length, row_docs, rank,
+            _LPT, lengths, costs, docs, order, speeds, rows, row_length, row_docs, rank,
             micro, row, cells, fits,
+        ) or fits  # fmt: skip
+    if n and costs.max() * (w * num_micro) <= costs.sum():
+        fits = _instead(
+            _KK, lengths, costs, docs, order, speeds, rows, row_length, row_docs, rank, micro,
+            row, cells, fits,
         ) or fits  # fmt: skip
     return fits
 
@@ -199,7 +212,7 @@ def _refine(
 
 @njit(cache=True)
 def _instead(
-    lpt: bool,
+    which: int,
     lengths: np.ndarray,
     costs: np.ndarray,
     docs: np.ndarray,
@@ -214,7 +227,8 @@ def _instead(
     cells: np.ndarray,
     fits: bool,
 ) -> bool:
-    # Another construction (the LPT, or the sorted rank plan), refined the same way,
+    # Another construction (``which``: the sorted rank plan, the LPT or the differencing),
+    # refined the same way,
     # replaces the outputs where it fits and they do not, or where its lockstep step is
     # shorter: True where it did.
     w, num_micro = cells.shape
@@ -225,13 +239,18 @@ def _instead(
     other_micro = np.empty(n, np.int64)
     other_row = np.empty(n, np.int64)
     other = np.empty_like(cells)
-    if lpt:
+    if which == _LPT:
         built = lpt_cells(
             lengths, costs, docs, order, speeds, row_length, row_docs, free, slots, other_rank,
             other_micro, other_row, other,
         )  # fmt: skip
-    else:
+    elif which == _RANKED:
         built = ranked_cells(
+            lengths, costs, docs, order, speeds, row_length, row_docs, free, slots, other_rank,
+            other_micro, other_row, other,
+        )  # fmt: skip
+    else:
+        built = kk_cells(
             lengths, costs, docs, order, speeds, row_length, row_docs, free, slots, other_rank,
             other_micro, other_row, other,
         )  # fmt: skip
