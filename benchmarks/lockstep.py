@@ -257,7 +257,7 @@ def _checks(case: dict) -> dict:
     applies = case["lockstep_bound"]["mean"] <= LOCKSTEP_TARGET
     failing = [
         f"{peer} {stat} {case['methods'][peer]['lockstep'][stat]:.5f} < "
-        f"{ours['lockstep'][stat]:.5f}"
+        f"{ours['lockstep'][stat]:.5f}" + _over_cap(case["methods"][peer]["violations"])
         for peer in PEERS
         for stat in ("mean", "worst")
         if ours["lockstep"][stat] > case["methods"][peer]["lockstep"][stat] * (1 + EPS)
@@ -271,6 +271,12 @@ def _checks(case: dict) -> dict:
         },
         "at_least_every_peer": {"ok": not failing, "failing": failing},
     }
+
+
+def _over_cap(violations: int) -> str:
+    # A peer's plan over the cap is no plan for a job with a hard token cap: say so beside
+    # the figure it won with.
+    return f" ({violations} micro-batches over the cap)" if violations else ""
 
 
 def _planning(quick: bool) -> list[dict]:
