@@ -15,7 +15,8 @@ predicted costs
   step), each the mean over the steps and the worst step, beside the bound
   ``max(mean, largest document cost) / mean`` that neither figure can beat, and the
   lockstep figure's own bound (``lockstep_bound``), which also counts the cap;
-* **micro-batches** per rank and **cap violations** (micro-batches over ``max_tokens``);
+* **micro-batches** per rank, **cap violations** (micro-batches over ``max_tokens``) and
+  **empty cells** (a rank's micro-batch with no document);
 * **planning time**: CPU seconds of one call, the worst step of the case (not the median).
 
 Methods: chronica ``balance="micro"`` and ``balance="rank"`` (``chronica.plan_step``), and
@@ -196,6 +197,7 @@ def figures(mb: MicroBatches, costs: np.ndarray, w: int, cap: int) -> dict:
         "bound": float(max(mean, costs.max()) / mean),
         "micro": int(mb.num_micro),
         "violations": int(np.sum(mb.tokens(w) > cap)),
+        "empty_cells": int(np.sum(np.bincount(flat, minlength=w * mb.num_micro) == 0)),
     }
 
 
@@ -215,6 +217,7 @@ def _summary(steps: list[dict], seconds: list[float]) -> dict:
         out[f"{fig}_steps"] = values
     out["micro_mean"] = float(np.mean([s["micro"] for s in steps]))
     out["violations"] = int(sum(s["violations"] for s in steps))
+    out["empty_cells"] = int(sum(s["empty_cells"] for s in steps))
     out["plan_worst"] = float(max(seconds))
     out["plan_median"] = float(np.median(seconds))
     return out
@@ -257,7 +260,7 @@ def _checks(case: dict) -> dict:
     applies = case["lockstep_bound"]["mean"] <= LOCKSTEP_TARGET
     failing = [
         f"{peer} {stat} {case['methods'][peer]['lockstep'][stat]:.5f} < "
-        f"{ours['lockstep'][stat]:.5f}" + _over_cap(case["methods"][peer]["violations"])
+        f"{ours['lockstep'][stat]:.5f}" + _invalid(case["methods"][peer])
         for peer in PEERS
         for stat in ("mean", "worst")
         if ours["lockstep"][stat] > case["methods"][peer]["lockstep"][stat] * (1 + EPS)
@@ -273,10 +276,19 @@ def _checks(case: dict) -> dict:
     }
 
 
-def _over_cap(violations: int) -> str:
-    # A peer's plan over the cap is no plan for a job with a hard token cap: say so beside
-    # the figure it won with.
-    return f" ({violations} micro-batches over the cap)" if violations else ""
+def _invalid(method: dict) -> str:
+    # What a peer's plan breaks, beside the figure it won with: a micro-batch over the cap
+    # is no plan for a job with a hard token cap, and an empty cell is a rank running a
+    # micro-batch's forward and collectives on nothing.
+    said = [
+        f"{method[key]} {what}"
+        for key, what in (
+            ("violations", "micro-batches over the cap"),
+            ("empty_cells", "empty cells"),
+        )
+        if method.get(key)
+    ]
+    return f" ({', '.join(said)})" if said else ""
 
 
 def _planning(quick: bool) -> list[dict]:
