@@ -1,8 +1,10 @@
 """One rank of the context-parallel attention job of
 tests/adapters/torch/test_context_parallel_attention.py.
 
-argv: output path, then ``hand`` (a hand-built layout) or ``plan`` (every micro-batch
-``chronica.plan_step`` emits with ``Packing(context_parallel=WORLD_SIZE)``). Reads RANK,
+argv: output folder, then one or more sources, checked in turn in the same process group:
+``hand`` (a hand-built layout) or ``plan`` (every micro-batch ``chronica.plan_step`` emits with
+``Packing(context_parallel=WORLD_SIZE)``); rank 0 writes each source's largest differences to
+errors-<source>.txt in the folder. Reads RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Every rank builds the same micro-batches (documents
 of mixed lengths, some sharded over the group in head-tail chunks, the others whole on one
 rank), and the same queries, keys and values. Each rank takes its shard's tokens,
@@ -13,6 +15,7 @@ micro-batch, the largest differences written.
 """
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -109,19 +112,20 @@ def compare(rank: int, lengths: np.ndarray, shards) -> dict:
     return results
 
 
-def main() -> None:
+def main(folder: str, *sources: str) -> None:
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
-    results = {"out": 0.0, "dq": 0.0, "dk": 0.0, "dv": 0.0, "micro_batches": 0}
-    for lengths, shards in layouts(sys.argv[2] if len(sys.argv) > 2 else "hand", size):
-        for name, error in compare(rank, lengths, shards).items():
-            results[name] = max(results[name], error)
-        results["micro_batches"] += 1
-    if rank == 0:
-        with open(sys.argv[1], "w") as file:
-            file.write(repr(results))
+    for source in sources:
+        results = {"out": 0.0, "dq": 0.0, "dk": 0.0, "dv": 0.0, "micro_batches": 0}
+        for lengths, shards in layouts(source, size):
+            for name, error in compare(rank, lengths, shards).items():
+                results[name] = max(results[name], error)
+            results["micro_batches"] += 1
+        if rank == 0:
+            with open(Path(folder) / f"errors-{source}.txt", "w") as file:
+                file.write(repr(results))
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main()
+    main(*sys.argv[1:])

@@ -26,10 +26,11 @@ from chronica.runtime import auto
 
 STEPS = 4
 # mode="auto" with min_saving=0: a bucketed window, two settings searched (each beside bucketed
-# windows) and a window of the better one after the search: decided by step 34, whatever it
-# measured;
-# "redecided" reopens the trial at REOPEN_STEP and decides again by step 68.
-AUTO_STEPS, REOPEN_STEP = 70, 36
+# windows) and a window of the better one after the search (windows of MEASURE_STEPS + 1 steps,
+# set below): decided by step 18, whatever it measured. A run goes on AFTER steps past each
+# decision (the decided engine applies them); "redecided" then reopens the trial and decides
+# again, the others stop. AUTO_STEPS only bounds a run that never decides (its checks fail).
+AUTO_STEPS, AFTER, MEASURE_STEPS = 60, 3, 2
 
 
 def put(x: np.ndarray) -> jax.Array:
@@ -246,7 +247,7 @@ def auto_mode(rank: int, min_saving: float, reopen: bool) -> dict:
     reducer = cj.ScheduledReducer(
         mode="auto", min_saving=min_saving, partition_bytes=2048, credit_bytes=3000
     )
-    decisions, engines = [], []
+    decisions, engines, decided_at = [], [], []
     for step in range(AUTO_STEPS):
         x, y = batch(rank, step)
         params, state = reducer.apply(GRAD(params, x, y), params, sgd_momentum, state)
@@ -256,8 +257,13 @@ def auto_mode(rank: int, min_saving: float, reopen: bool) -> dict:
         stats = reducer.stats()
         decisions.append(stats.decision)
         engines.append(stats.mode)
-        if reopen and step == REOPEN_STEP:
-            reducer.trial.reopen("reopened by the test")
+        trial = reducer.trial  # agreed by every worker: all reopen and stop at the same step
+        if trial.decisions > len(decided_at):
+            decided_at.append(step)
+        if decided_at and step == decided_at[-1] + AFTER:
+            if not reopen or trial.decisions > 1:
+                break
+            trial.reopen("reopened by the test")
     stats = reducer.stats()
     return {
         "decisions": decisions,
@@ -299,9 +305,10 @@ def main(port: str, process_id: str, num_processes: str, out_path: str, timeline
 
 
 if __name__ == "__main__":
-    # The trial at its shortest: one window of the survivor after the search, no extra ones
-    # where the noise cannot tell (bounds the unit tests of chronica.runtime.auto cover), so
-    # that the steps below always decide. Set here, not at import: a test that imports this
-    # module must not change its process.
+    # The trial at its shortest: windows of MEASURE_STEPS measured steps, one window of the
+    # survivor after the search, no extra ones where the noise cannot tell (bounds the unit
+    # tests of chronica.runtime.auto cover), so that the steps below always decide. Set here,
+    # not at import: a test that imports this module must not change its process.
+    auto.MEASURE_STEPS = MEASURE_STEPS
     auto.MIN_WINDOWS_KEPT = auto.MAX_WINDOWS_KEPT = 1
     main(*sys.argv[1:6])

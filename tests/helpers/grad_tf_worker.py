@@ -29,10 +29,11 @@ from chronica.runtime import auto
 
 STEPS, BATCH, WORKERS = 4, 16, 2
 # mode="auto" with min_saving=0: a bucketed window, two settings searched (each beside bucketed
-# windows) and a window of the better one after the search: decided by step 34, whatever it
-# measured;
-# "redecided" reopens the trial at REOPEN_STEP and decides again by step 68.
-AUTO_STEPS, REOPEN_STEP = 70, 36
+# windows) and a window of the better one after the search (windows of MEASURE_STEPS + 1 steps,
+# set below): decided by step 18, whatever it measured. A run goes on AFTER steps past each
+# decision (the decided engine applies them); "redecided" then reopens the trial and decides
+# again, the others stop. AUTO_STEPS only bounds a run that never decides (its checks fail).
+AUTO_STEPS, AFTER, MEASURE_STEPS = 60, 3, 2
 VOCAB, FEATURES, CLASSES = 10, 8, 3
 KNOBS = {"partition_bytes": 2048, "credit_bytes": 3000, "comm_ratio": 4.0}
 COLLECTIVES = ("CollectiveReduceV2", "CollectiveGatherV2")
@@ -259,15 +260,20 @@ def auto_mode(strategy, rank: int, min_saving: float, reopen: bool, eager: bool)
 
     plain, auto = stepper(0), stepper(1)
     its = [iter(tf.data.Dataset.from_tensor_slices((x, tok, y)).batch(BATCH)) for _ in range(2)]
-    decisions, engines = [], []
+    decisions, engines, decided_at = [], [], []
     for step in range(AUTO_STEPS):
         plain(its[0])
         auto(its[1])
         stats = reducer.stats()
         decisions.append(stats.decision)
         engines.append(stats.mode)
-        if reopen and step == REOPEN_STEP:
-            reducer.trial.reopen("reopened by the test")
+        trial = reducer.trial  # agreed by every worker: all reopen and stop at the same step
+        if trial.decisions > len(decided_at):
+            decided_at.append(step)
+        if decided_at and step == decided_at[-1] + AFTER:
+            if not reopen or trial.decisions > 1:
+                break
+            trial.reopen("reopened by the test")
     stats = reducer.stats()
     return {
         "exact": hexes(nets[0].trainable_variables) == hexes(nets[1].trainable_variables),
@@ -310,9 +316,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # The trial at its shortest: one window of the survivor after the search, no extra ones
-    # where the noise cannot tell (bounds the unit tests of chronica.runtime.auto cover), so
-    # that the steps below always decide. Set here, not at import: a test that imports this
-    # module must not change its process.
+    # The trial at its shortest: windows of MEASURE_STEPS measured steps, one window of the
+    # survivor after the search, no extra ones where the noise cannot tell (bounds the unit
+    # tests of chronica.runtime.auto cover), so that the steps below always decide. Set here,
+    # not at import: a test that imports this module must not change its process.
+    auto.MEASURE_STEPS = MEASURE_STEPS
     auto.MIN_WINDOWS_KEPT = auto.MAX_WINDOWS_KEPT = 1
     main()

@@ -3,7 +3,8 @@ balanced micro-batches of an MDS stream (``chronica.torch.StreamingDataset`` thr
 torchdata's ``StatefulDataLoader``), started by
 tests/adapters/torch/test_streaming_train.py.
 
-argv: data_dir, out_dir, mode, cut. Modes:
+argv: data_dir, out_dir, modes, cut; modes is one mode or several, comma-separated, run in
+turn in the same process group, each on a fresh data set, model and optimizer. Modes:
 ``full``   the whole pass, uninterrupted;
 ``part``   the pass up to the optimizer step of global step ``cut``; then every rank saves
            the loader's state, the model and the optimizer to out_dir/ckpt-<rank>.pt, trains
@@ -103,11 +104,17 @@ def train(model, optimizer, batches, cut: int | None) -> list[int]:
     return steps
 
 
-def main(data_dir: str, out_dir: str, mode: str, cut: str) -> None:
+def main(data_dir: str, out_dir: str, modes: str, cut: str) -> None:
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=300))
-    rank, folder = dist.get_rank(), Path(out_dir)
+    for mode in modes.split(","):
+        run(data_dir, Path(out_dir), mode, int(cut))
+    dist.destroy_process_group()
+
+
+def run(data_dir: str, folder: Path, mode: str, cut: int) -> None:
+    rank = dist.get_rank()
     dataset = StreamingDataset(MDSSource(data_dir, length="input_ids"), PACKING, **OPTIONS)
     loader = StatefulDataLoader(dataset, batch_size=None)
     model = DistributedDataParallel(TinyLM())
@@ -118,7 +125,7 @@ def main(data_dir: str, out_dir: str, mode: str, cut: str) -> None:
         optimizer.load_state_dict(saved["optimizer"])
         loader.load_state_dict(saved["loader"])
     batches = iter(loader)
-    steps = train(model, optimizer, batches, int(cut) if mode == "part" else None)
+    steps = train(model, optimizer, batches, cut if mode == "part" else None)
     result = {
         "steps": steps,
         "params": {k: v.clone() for k, v in model.module.state_dict().items()},
@@ -138,7 +145,6 @@ def main(data_dir: str, out_dir: str, mode: str, cut: str) -> None:
         os._exit(0)
     torch.save(result, folder / f"{mode}-{rank}.pt")
     dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

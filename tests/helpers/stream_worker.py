@@ -1,14 +1,15 @@
 """One rank of a real gloo job over a streamed source (``chronica.torch.StreamingDataset``),
 started by tests/adapters/torch/test_streaming_dist.py.
 
-argv: out_dir, mode, source, cut; source is ``list`` or ``list-seq`` (the in-memory source,
-with or without random access) or a format of ``stream_formats`` (the dataset lies in
-out_dir/data). Modes:
+argv: out_dir, mode, cut, then one or more sources, run one after the other in the same
+process group; a source is ``list`` or ``list-seq`` (the in-memory source, with or without
+random access) or a format of ``stream_formats`` (the dataset lies in out_dir/<source>/data).
+Modes:
 ``full``   one whole pass (an all-reduce after every micro-batch: unequal counts would
            hang), then a fresh dataset run for ``cut`` micro-batches whose
-           ``StatefulDataLoader`` state rank 0 saves to out_dir/state.pt;
-``resume`` a fresh dataset resumed from out_dir/state.pt to the end of the pass.
-Writes every micro-batch's signature as JSON to out_dir/<mode>-<world>-<rank>.json.
+           ``StatefulDataLoader`` state rank 0 saves to out_dir/<source>/state.pt;
+``resume`` a fresh dataset resumed from out_dir/<source>/state.pt to the end of the pass.
+Writes every micro-batch's signature as JSON to out_dir/<source>/<mode>-<world>-<rank>.json.
 """
 
 import hashlib
@@ -55,10 +56,15 @@ def consume(loader, limit=None) -> list:
     return out
 
 
-def main(out_dir: str, mode: str, kind: str, cut: str) -> None:
+def main(out_dir: str, mode: str, cut: str, *kinds: str) -> None:
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=300))
+    for kind in kinds:
+        run(Path(out_dir) / kind, mode, kind, int(cut))
+    dist.destroy_process_group()
+
+
+def run(folder: Path, mode: str, kind: str, cut: int) -> None:
     world, rank = dist.get_world_size(), dist.get_rank()
-    folder = Path(out_dir)
     key = "input_ids"
     if kind.startswith("list"):
         source = make_source(random_access=kind == "list")
@@ -72,7 +78,7 @@ def main(out_dir: str, mode: str, kind: str, cut: str) -> None:
         )
         dataset = StreamingDataset(source, PACKING, **OPTIONS)
         loader = StatefulDataLoader(dataset, batch_size=None)
-        result["part"] = consume(loader, int(cut))
+        result["part"] = consume(loader, cut)
         if rank == 0:
             torch.save(loader.state_dict(), folder / "state.pt")
         dataset.close()  # the pass is left unfinished: stop planning before the group goes
@@ -84,7 +90,6 @@ def main(out_dir: str, mode: str, kind: str, cut: str) -> None:
         result["bytes_sent"] = dataset.engine.stats.bytes_sent
     result["num_samples"] = sum(source.shard_size(s) for s in range(source.num_shards))
     dist.barrier()
-    dist.destroy_process_group()
     (folder / f"{mode}-{world}-{rank}.json").write_text(json.dumps(result))
 
 

@@ -30,14 +30,14 @@ def _write_stream(folder):
     write_mds(folder, shards, {"input_ids": "ndarray:int32"})
 
 
-def _launch(data, out, mode):
+def _launch(data, out, modes):
     import torch
 
     with torch_rendezvous(WORLD) as meeting:
         run_workers(
             [
                 [sys.executable, str(HELPERS / "stream_train_worker.py"), str(data), str(out),
-                 mode, str(CUT)]
+                 ",".join(modes), str(CUT)]
             ] * WORLD,
             [
                 base_env(ROOT, RANK=str(r), WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1", **meeting)
@@ -45,7 +45,10 @@ def _launch(data, out, mode):
             ],
             timeout=180,
         )  # fmt: skip
-    return [torch.load(out / f"{mode}-{r}.pt", weights_only=False) for r in range(WORLD)]
+    return [
+        [torch.load(out / f"{mode}-{r}.pt", weights_only=False) for r in range(WORLD)]
+        for mode in modes
+    ]
 
 
 @pytest.mark.multiprocess
@@ -53,9 +56,10 @@ def test_training_killed_mid_window_and_resumed_ends_bitwise_equal(tmp_path):
     import torch
 
     _write_stream(tmp_path / "data")
-    full = _launch(tmp_path / "data", tmp_path, "full")
-    part = _launch(tmp_path / "data", tmp_path, "part")
-    rest = _launch(tmp_path / "data", tmp_path, "rest")
+    # The uninterrupted run, then (same processes, fresh model) the one killed at the cut;
+    # the resume in fresh processes.
+    full, part = _launch(tmp_path / "data", tmp_path, ["full", "part"])
+    (rest,) = _launch(tmp_path / "data", tmp_path, ["rest"])
 
     steps = full[0]["steps"]
     assert steps == list(range(len(steps))) and len(steps) == 12  # 96 documents, 8 a step
