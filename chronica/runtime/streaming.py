@@ -529,11 +529,11 @@ class StreamingEngine:
         return shares[self.rank], 0
 
     def _lengths(self, records: list[Any]) -> np.ndarray:
-        """The records' tokens (the source's ``lengths`` of the block where it has one,
+        """The records' tokens (the source's ``block_lengths`` where it has that method,
         else one ``length`` call per record), cut to a row with
         ``long_documents="truncate"``."""
-        block = getattr(self.source, "lengths", None)
-        if block is not None:
+        block = getattr(self.source, "block_lengths", None)
+        if callable(block):
             lengths = block(records)
         else:
             lengths = np.fromiter(map(self.source.length, records), np.int64, len(records))

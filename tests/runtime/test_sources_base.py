@@ -191,7 +191,7 @@ def test_every_reader_keeps_the_protocol_on_the_same_data(tmp_path):
         assert shard_offsets(source).tolist() == [0, 4, 4, 9], name
         read = [source.length(r) for s in range(3) for r in source.read(s)]
         assert read == lengths, name
-        blocks = np.concatenate([source.lengths(list(source.read(s))) for s in range(3)])
+        blocks = np.concatenate([source.block_lengths(list(source.read(s))) for s in range(3)])
         assert blocks.tolist() == lengths, name
         for s in range(3):
             whole = pickle.dumps(list(source.read(s)))  # records travel between ranks

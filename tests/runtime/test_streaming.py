@@ -53,17 +53,29 @@ def test_one_pass_gives_every_sample_once_in_equal_counts_under_the_cap(world, r
 
 def test_a_source_with_block_lengths_streams_what_one_length_per_record_streams():
     per_record = make_source(random_access=True)  # length(record) only
-    block = BlockLengthsSource(  # the same records, with lengths(records)
+    block = BlockLengthsSource(  # the same records, with block_lengths(records)
         [[per_record._record(s, r) for r in range(per_record.shard_size(s))]
          for s in range(per_record.num_shards)],
         length="input_ids",
     )  # fmt: skip
-    assert not hasattr(per_record, "lengths") and hasattr(block, "lengths")
+    assert not hasattr(per_record, "block_lengths") and hasattr(block, "block_lengths")
     expected, states, _ = run_ranks(per_record, 2, PACKING, **OPTIONS)
     got, block_states, _ = run_ranks(block, 2, PACKING, **OPTIONS)
     for r in range(2):
         assert [_signature(b) for b in got[r]] == [_signature(b) for b in expected[r]]
     assert block_states == states
+
+
+def test_a_source_attribute_named_lengths_is_left_alone():
+    # A user's source may keep its own data under ``lengths`` (docs/streaming.md's first
+    # example does): only a ``block_lengths`` method is asked for a block's lengths.
+    source = make_source(random_access=True)
+    expected, states, _ = run_ranks(source, 2, PACKING, **OPTIONS)
+    source.lengths = [[0] * source.shard_size(s) for s in range(source.num_shards)]
+    got, got_states, _ = run_ranks(source, 2, PACKING, **OPTIONS)
+    for r in range(2):
+        assert [_signature(b) for b in got[r]] == [_signature(b) for b in expected[r]]
+    assert got_states == states
 
 
 @pytest.mark.parametrize("cut", [1, 4, 9])

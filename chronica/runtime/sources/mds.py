@@ -219,7 +219,7 @@ class MDSSource:
         """
         return record_length(record, self._length)
 
-    def lengths(self, records: Sequence[Any]) -> np.ndarray:
+    def block_lengths(self, records: Sequence[Any]) -> np.ndarray:
         """``length`` of every record of a block, as ``int64`` (``record_lengths``).
 
         Args:
