@@ -91,13 +91,13 @@ SEED = 2026
 # Other runs of this benchmark, for how far its figures move from run to run (the page's
 # own figures are the recorded result's).
 PREVIOUS = (
-    "Two other runs show how far these figures move on this machine, in the order torch, "
-    "rank, micro. The run recorded before this one (5 repeats, 4 calibration batches, its "
-    "measurements analysed the same way): measured over predicted 1.002, 1.000, 1.011, mean "
-    "parts +0.9%, +0.3%, -0.1%. A run of the same code right after this one (1-minute load "
-    "average 7 to 17): 0.997, 1.015, 1.000 (point figures 0.993, 1.022, 1.011), mean parts "
-    "-0.6%, +0.2%, -0.2%. torch's mean part changes sign from run to run: the noise of a "
-    "loaded machine, not an effect of the plan."
+    "Three other runs show how far these figures move on this machine, in the order torch, "
+    "rank, micro (measured over predicted). Two runs of the same code while other work ran "
+    "(1-minute load average about 12, and 7 to 17): 0.976, 0.998, 1.000 and 0.997, 1.015, "
+    "1.000; torch's mean part was -1.8% in the first and -0.6% in the second. The run before "
+    "them (5 repeats, 4 calibration batches, its measurements analysed the same way): 1.002, "
+    "1.000, 1.011, mean parts +0.9%, +0.3%, -0.1%. torch's mean part changes sign from run to "
+    "run: the machine's noise, not an effect of the plan."
 )
 
 
@@ -713,8 +713,8 @@ def render_markdown(result: dict[str, Any], img_dir: Path) -> str:
     )
     if result.get("load"):
         shared += (
-            f"; the machine's 2 cores were shared with other jobs (1-minute load average "
-            f"{_load(result['load'])})"
+            f"; 1-minute load average of the machine's 2 cores {_load(result['load'])} "
+            "(the run's own two ranks make about 2)"
         )
 
     def lift(m: dict[str, Any], key: str, mean: str) -> str:
@@ -828,7 +828,7 @@ def render_markdown(result: dict[str, Any], img_dir: Path) -> str:
             for n, m in methods.items()
         )
         + ": the model's errors on single micro-batches, which do not cancel over one "
-        "method's micro-batches of a run as loaded as this one. " + PREVIOUS,
+        "method's micro-batches of one run. " + PREVIOUS,
         "",
         "Where the 10-12% gap of the first version of this benchmark came from (each "
         "measured on this machine, one process, one thread): the recipe passed 3-D tensors "
