@@ -42,6 +42,7 @@ import numpy as np
 from numba import njit
 
 from chronica.core.packing.kernels import fit_row
+from chronica.core.packing.lockstep_ranked import sort_micro_batches
 
 __all__ = ["kk_cells"]
 
@@ -169,17 +170,8 @@ def kk_cells(
              cells, count)  # fmt: skip
     if n >= w * num_micro and count.min() == 0:
         return False
-    place = np.empty((w, num_micro), np.int64)
-    for r in range(w):
-        place[r, np.argsort(-cells[r], kind="mergesort")] = np.arange(num_micro)
-    free[:] = row_length
-    slots[:] = row_docs
-    cells[:, :] = 0.0
-    for i in range(n):
-        micro[i] = place[rank[i], micro[i]]
-        free[rank[i], micro[i], row[i]] -= lengths[i]
-        slots[rank[i], micro[i], row[i]] -= docs[i]
-        cells[rank[i], micro[i]] += costs[i]
+    sort_micro_batches(lengths, costs, docs, row_length, row_docs, free, slots, rank, micro, row,
+                       cells)  # fmt: skip
     return True
 
 

@@ -21,7 +21,7 @@ from numba import njit
 
 from chronica.core.packing.kernels import lpt_place
 
-__all__ = ["ranked_cells"]
+__all__ = ["ranked_cells", "sort_micro_batches"]
 
 
 @njit(cache=True)
@@ -87,6 +87,46 @@ def ranked_cells(
         count[rank[i], micro[i]] += 1
     if n >= w * num_micro and count.min() == 0:
         return False
+    sort_micro_batches(lengths, costs, docs, row_length, row_docs, free, slots, rank, micro, row,
+                       cells)  # fmt: skip
+    return True
+
+
+@njit(cache=True)
+def sort_micro_batches(
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    docs: np.ndarray,
+    row_length: int,
+    row_docs: int,
+    free: np.ndarray,
+    slots: np.ndarray,
+    rank: np.ndarray,
+    micro: np.ndarray,
+    row: np.ndarray,
+    cells: np.ndarray,
+) -> None:
+    """Renumber every rank's micro-batches by descending cost (equal costs keep their
+    order), so that each micro-batch index lines up the ranks' costliest, then their next,
+    and rebuild ``free``, ``slots`` and ``cells`` for the new numbers (rows unchanged).
+
+    Args:
+        lengths: ``int64`` tokens per unit.
+        costs: ``float64`` predicted cost per unit.
+        docs: ``int64`` documents per unit.
+        row_length: tokens per row.
+        row_docs: the most documents in one row.
+        free: ``int64`` ``(ranks, micro-batches, rows)`` free tokens of every row.
+        slots: ``int64`` ``(ranks, micro-batches, rows)`` documents every row can still take.
+        rank: every unit's rank.
+        micro: every unit's micro-batch, renumbered in place.
+        row: every unit's row.
+        cells: ``float64`` ``(ranks, micro-batches)`` every cell's cost.
+
+    Example: ``ranked_cells`` and ``kk_cells`` end with it.
+    """
+    w, num_micro = cells.shape
+    n = lengths.shape[0]
     place = np.empty((w, num_micro), np.int64)
     for r in range(w):
         place[r, np.argsort(-cells[r], kind="mergesort")] = np.arange(num_micro)
@@ -98,4 +138,3 @@ def ranked_cells(
         free[rank[i], micro[i], row[i]] -= lengths[i]
         slots[rank[i], micro[i], row[i]] -= docs[i]
         cells[rank[i], micro[i]] += costs[i]
-    return True
