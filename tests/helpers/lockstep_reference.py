@@ -107,19 +107,9 @@ def kk_pack(lengths, costs, docs, order, speeds, num_micro, rows, row_length, ro
         count[r][k] += 1
     if n >= w * num_micro and min(min(c) for c in count) == 0:
         return None
-    place = [[0] * num_micro for _ in range(w)]
-    for r in range(w):
-        for p, k in enumerate(sorted(range(num_micro), key=lambda k: -cells[r][k])):
-            place[r][k] = p
-    free = [[[row_length] * rows for _ in range(num_micro)] for _ in range(w)]
-    slots = [[[row_docs] * rows for _ in range(num_micro)] for _ in range(w)]
-    cells = [[0.0] * num_micro for _ in range(w)]
-    for i in range(n):
-        micro[i] = place[rank[i]][micro[i]]
-        free[rank[i]][micro[i]][row[i]] -= lengths[i]
-        slots[rank[i]][micro[i]][row[i]] -= docs[i]
-        cells[rank[i]][micro[i]] += costs[i]
-    return free, slots, rank, micro, row, cells
+    return sorted_micro_batches(
+        lengths, costs, docs, rows, row_length, row_docs, rank, micro, row, cells
+    )
 
 
 def _fill(lengths, costs, docs, mine, how, free, slots, micro, row, cells, count):
@@ -219,19 +209,9 @@ def ranked_pack(lengths, costs, docs, order, speeds, num_micro, rows, row_length
         count[rank[i]][micro[i]] += 1
     if n >= w * num_micro and min(min(c) for c in count) == 0:
         return None
-    place = [[0] * num_micro for _ in range(w)]
-    for r in range(w):
-        for p, k in enumerate(sorted(range(num_micro), key=lambda k: (-sums[r][k], k))):
-            place[r][k] = p
-    free = [[[row_length] * rows for _ in range(num_micro)] for _ in range(w)]
-    slots = [[[row_docs] * rows for _ in range(num_micro)] for _ in range(w)]
-    cells = [[0.0] * num_micro for _ in range(w)]
-    for i in range(n):
-        micro[i] = place[rank[i]][micro[i]]
-        free[rank[i]][micro[i]][row[i]] -= lengths[i]
-        slots[rank[i]][micro[i]][row[i]] -= docs[i]
-        cells[rank[i]][micro[i]] += costs[i]
-    return free, slots, rank, micro, row, cells
+    return sorted_micro_batches(
+        lengths, costs, docs, rows, row_length, row_docs, rank, micro, row, sums
+    )
 
 
 def step(cells, speeds):
@@ -511,3 +491,22 @@ def relieve_columns(
             trades += 1
             changed = True
     return trades
+
+
+def sorted_micro_batches(lengths, costs, docs, rows, row_length, row_docs, rank, micro, row, by):
+    """``sort_micro_batches``: every rank's micro-batches renumbered by descending ``by``
+    (equal values keep their order), then ``(free, slots, rank, micro, row, cells)`` rebuilt."""
+    w, num_micro, n = len(by), len(by[0]), len(lengths)
+    place = [[0] * num_micro for _ in range(w)]
+    for r in range(w):
+        for p, k in enumerate(sorted(range(num_micro), key=lambda k: (-by[r][k], k))):
+            place[r][k] = p
+    free = [[[row_length] * rows for _ in range(num_micro)] for _ in range(w)]
+    slots = [[[row_docs] * rows for _ in range(num_micro)] for _ in range(w)]
+    cells = [[0.0] * num_micro for _ in range(w)]
+    for i in range(n):
+        micro[i] = place[rank[i]][micro[i]]
+        free[rank[i]][micro[i]][row[i]] -= lengths[i]
+        slots[rank[i]][micro[i]][row[i]] -= docs[i]
+        cells[rank[i]][micro[i]] += costs[i]
+    return free, slots, rank, micro, row, cells
