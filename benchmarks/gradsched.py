@@ -39,7 +39,6 @@ import argparse
 import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -60,6 +59,7 @@ from benchmarks.grad_models import (
     knobs_for,
 )
 from benchmarks.grad_models import model as _model
+from chronica.comm.ports import free_port
 from chronica.runtime.auto import MEASURE_STEPS
 from chronica.runtime.gradients import PLAN_STEPS
 
@@ -483,12 +483,6 @@ def _worker(args: argparse.Namespace) -> None:
 # -- driver side ---------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _netns(*args: str) -> bool:
     try:
         return subprocess.run(["bash", str(NETNS), *args], capture_output=True).returncode == 0
@@ -508,7 +502,7 @@ def _pair(
 ) -> dict:
     """Run both ranks (in the namespaces if ``use_netns``) and return rank 0's report;
     ``rounds_of_all``: the auto target's rounds (every variant once per round)."""
-    port = 29400 if use_netns else _free_port()
+    port = 29400 if use_netns else free_port()
     addr = ADDRS[0] if use_netns else "127.0.0.1"
     env = {**({} if default_malloc else FIXED_HEAP), **os.environ}
     env |= {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

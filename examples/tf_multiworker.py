@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ try:
 except ModuleNotFoundError:  # a source checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import chronica.tf
+from chronica.comm.ports import free_port
 
 WORKERS, N, VOCAB, DIM, GLOBAL_BATCH, EPOCHS, LR = 2, 512, 64, 16, 32, 2, 0.5
 
@@ -126,17 +126,11 @@ def worker(rank: int, ports: list[str]) -> None:
         time.sleep(1.0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--worker":
         worker(int(sys.argv[2]), sys.argv[3].split(","))
         return
-    ports = ",".join(str(_free_port()) for _ in range(WORKERS))
+    ports = ",".join(str(free_port()) for _ in range(WORKERS))
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     procs = [
         subprocess.Popen([sys.executable, __file__, "--worker", str(r), ports], env=env)

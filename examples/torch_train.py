@@ -17,7 +17,6 @@ Everything else (``set_epoch``, ``len``, padding, ``drop_last``) is torch's cont
 """
 
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -36,6 +35,7 @@ try:
 except ModuleNotFoundError:  # a source checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from chronica.torch.utils.data import DistributedSampler
+from chronica.comm.ports import free_port
 
 WORLD = 2
 GLOBAL_BATCH = 32
@@ -140,11 +140,5 @@ def _gathered(local: torch.Tensor, world: int) -> torch.Tensor:
     return torch.stack(loads, dim=1)  # (step, rank)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 if __name__ == "__main__":
-    mp.spawn(train, args=(WORLD, _free_port()), nprocs=WORLD, join=True)
+    mp.spawn(train, args=(WORLD, free_port()), nprocs=WORLD, join=True)

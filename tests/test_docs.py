@@ -258,30 +258,15 @@ LAUNCHES = {page: _launch(page) for page in PARSED}
 # -- the per-page runner (a fresh interpreter per page) -------------------------------------
 
 RUNNER = r"""
-import json, os, signal, socket, subprocess, sys, time, traceback
+import json, os, signal, subprocess, sys, time, traceback
+
+from chronica.comm.ports import free_port
 
 spec = json.load(sys.stdin)
 results = []
 namespace = {"__name__": "__doc_page__"}
 failed = None
 gloo = False
-
-
-def free_port(pair=False):
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if not pair or port >= 65534:
-            if not pair:
-                return port
-            continue
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
 
 
 def padded(code, line):
@@ -294,9 +279,16 @@ def compiled(code, line):
     return compile(padded(code, line), spec["path"], "exec")
 
 
+def clipped(text, head=2500, tail=4000):
+    # Two workers of a page fail together: the first error is at the head, the last at the tail.
+    if len(text) <= head + tail:
+        return text
+    return f"{text[:head]}\n[... {len(text) - head - tail} characters ...]\n{text[-tail:]}"
+
+
 def run_sh(block):
     env = dict(os.environ)
-    env["CHRONICA_PORT"] = str(free_port(pair=True))
+    env["CHRONICA_PORT"] = str(free_port(2))
     script = block["setup"] + block["code"]
     if "serve" in block["flags"]:
         proc = subprocess.Popen(
@@ -314,14 +306,14 @@ def run_sh(block):
             os.killpg(proc.pid, signal.SIGKILL)
             rest, _ = proc.communicate()
         if not first or proc.returncode not in (0, -signal.SIGINT, 130):
-            raise RuntimeError(f"exit {proc.returncode}; output:\n{first}{rest}"[-4000:])
+            raise RuntimeError(clipped(f"exit {proc.returncode}; output:\n{first}{rest}"))
         return first + rest
     done = subprocess.run(
         ["bash", "-e", "-c", script], env=env, capture_output=True, text=True,
         timeout=spec["sh_timeout"],
     )
     if done.returncode:
-        raise RuntimeError(f"exit {done.returncode}:\n{done.stdout}{done.stderr}"[-4000:])
+        raise RuntimeError(clipped(f"exit {done.returncode}:\n{done.stdout}{done.stderr}"))
     return done.stdout
 
 
@@ -373,7 +365,7 @@ for block in spec["blocks"]:
                         "message": output[-2000:]})
     except BaseException:
         failed = where
-        results.append({"status": "fail", "message": traceback.format_exc()[-6000:]})
+        results.append({"status": "fail", "message": traceback.format_exc()[-9000:]})
     sys.stdout.flush()
 
 try:

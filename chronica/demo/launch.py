@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,6 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from chronica.comm.ports import free_port
 from chronica.demo.config import COORDINATED, DemoConfig
 
 __all__ = ["DemoError", "launch"]
@@ -23,30 +22,6 @@ _WORKER = "chronica.demo.worker"
 
 class DemoError(RuntimeError):
     """The distributed job failed or timed out; the message says which rank and why."""
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _free_port_run(count: int) -> int:
-    """A port whose ``count - 1`` successors are free too (a coordinator publishes on its
-    port + 1; a demo with several seeds runs one coordinator per seed, 2 ports apart)."""
-    for _ in range(100):
-        port = _free_port()
-        if port + count - 1 > 65535:
-            continue
-        with contextlib.ExitStack() as stack:
-            try:
-                for offset in range(1, count):
-                    s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-                    s.bind(("127.0.0.1", port + offset))
-            except OSError:
-                continue
-        return port
-    raise DemoError(f"no {count} consecutive free ports on 127.0.0.1 for the coordinators")
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -71,12 +46,13 @@ def launch(config: DemoConfig, timeout_s: float) -> dict[str, Any]:
         payload["samplers"] = list(config.samplers)
         payload["simulate_worlds"] = list(config.simulate_worlds)
         if COORDINATED.intersection(config.samplers) and not config.coordinator_port:
-            payload["coordinator_port"] = _free_port_run(2 * config.seeds)
+            # A coordinator publishes on its port + 1; several seeds run one each, 2 ports apart.
+            payload["coordinator_port"] = free_port(2 * config.seeds)
         config_path.write_text(json.dumps(payload))
         env = dict(os.environ)
         env.update(
             MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(_free_port()),
+            MASTER_PORT=str(free_port()),
             WORLD_SIZE=str(config.world_size),
             OMP_NUM_THREADS="1",
             MKL_NUM_THREADS="1",

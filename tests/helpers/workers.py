@@ -5,21 +5,21 @@ Two rules keep these tests green on a busy machine. Time-outs scale with the loa
 the wait starts. And no port is guessed where the OS can pick it: a torch job meets at a
 ``TCPStore`` this process binds to port 0 and holds (``torch_rendezvous``, as torchrun's
 agent does); only servers whose peers must know the port before it is bound (TF's gRPC
-servers, JAX's and chronica's coordinators) take one from ``free_port``, which draws outside
-the range the kernel hands out to outgoing connections.
+servers, JAX's and chronica's coordinators) take one from ``free_port`` (``chronica.comm.ports``),
+which draws outside the range the kernel hands out to outgoing connections.
 """
 
 from __future__ import annotations
 
 import os
-import random
-import socket
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
+
+from chronica.comm.ports import free_port
 
 __all__ = [
     "HELPERS",
@@ -46,32 +46,6 @@ def scaled(seconds: float) -> float:
     machine still only catches hangs on a loaded one."""
     load = os.getloadavg()[0] / (os.cpu_count() or 1)
     return seconds * max(1.0, load) * float(os.environ.get("CHRONICA_TEST_TIME_SCALE", "1"))
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-_PORTS = random.Random(os.getpid())
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago, drawn at random below the
-    kernel's ephemeral range: no outgoing connection takes it as its source port meanwhile,
-    and two suites running at once rarely draw the same one."""
-    high = _ephemeral_low()
-    for _ in range(1000):
-        port = _PORTS.randrange(10_000, high - 1)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port on 127.0.0.1 below the ephemeral range")
 
 
 @contextmanager
@@ -102,23 +76,8 @@ def torch_rendezvous(world: int) -> Iterator[dict[str, str]]:
 def free_ports(count: int) -> list[int]:
     """``count`` consecutive TCP ports on 127.0.0.1 that were free a moment ago (the
     coordinator listens on a port and publishes on the next)."""
-    for _ in range(100):
-        base = free_port()
-        if base + count > 65536:
-            continue
-        socks = []
-        try:
-            for offset in range(1, count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", base + offset))
-            return [base + offset for offset in range(count)]
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
+    base = free_port(count)
+    return list(range(base, base + count))
 
 
 def start_workers(
