@@ -44,7 +44,7 @@ from chronica.core.streaming import (
     plan_window,
     reshard,
 )
-from chronica.runtime.sources.base import shard_offsets
+from chronica.runtime.sources.base import read_ids, shard_offsets
 from chronica.runtime.streaming_exchange import Collectives, decode, encode, fetch_records
 from chronica.runtime.streaming_lane import ReadingLane
 from chronica.runtime.streaming_records import RecordTable
@@ -210,6 +210,11 @@ class StreamingEngine:
         self.rank, self.world_size = int(collectives.rank), int(collectives.world_size)
         self.stats = StreamStats()
         self._offsets = shard_offsets(source)
+        # A source with random access that reads lengths without records: the lanes hold
+        # ids and lengths only, and each planned sample is read by id once, when gathered.
+        self._by_row = bool(source.random_access) and bool(
+            getattr(source, "lengths_without_records", False)
+        )
         self._position = self._start(state)
         self._served = self._position.consumed
         self.speeds = StreamSpeeds(config, self.rank, self._position, state)
@@ -429,22 +434,24 @@ class StreamingEngine:
             empty, tuple(lanes), sequence=state.sequence, speeds=state.speeds,
             reports=state.reports,
         )  # fmt: skip
-        return (
-            fresh,
-            self._plan(fresh),
-            ReadingLane(lanes[self.rank], self.source, self._offsets, self.stats.cpu),
-        )
+        return fresh, self._plan(fresh), self._lane(lanes[self.rank])
+
+    def _lane(self, state: LaneState) -> ReadingLane:
+        read_lengths = self._row_lengths if self._by_row else None
+        return ReadingLane(state, self.source, self._offsets, self.stats.cpu, read_lengths)
 
     def _restore_lane(self, saved: LaneState) -> ReadingLane:
         lane = LaneState.from_dict(saved.to_dict())
-        lane.payloads = self._fetch(lane.buffer_ids).take(lane.buffer_ids)
-        return ReadingLane(lane, self.source, self._offsets, self.stats.cpu)
+        if not self._by_row:
+            lane.payloads = self._fetch(lane.buffer_ids).take(lane.buffer_ids)
+        return self._lane(lane)
 
     def _restored_carry(self, state: StreamState, plan: WindowPlan) -> _Carry:
         ids = np.concatenate([state.carry_ids, state.pool_ids[plan.carry]])
         lengths = np.concatenate([state.carry_lengths, state.pool_lengths[plan.carry]])
         holders = np.concatenate([state.carry_holders, state.pool_holders[plan.carry]])
-        return _Carry(ids, lengths, holders, self._fetch(ids[holders == self.rank].tolist()))
+        held = [] if self._by_row else ids[holders == self.rank].tolist()
+        return _Carry(ids, lengths, holders, self._fetch(held))
 
     def _window(
         self,
@@ -491,7 +498,8 @@ class StreamingEngine:
             reports=measured,
         )
         new_plan = self._plan(pool)
-        held = carry.held.join(RecordTable(ids, records))  # the carry's, then this window's
+        # The carry's records, then this window's (none where samples are read by id).
+        held = carry.held if records is None else carry.held.join(RecordTable(ids, records))
         mine = self._gather(pool, new_plan, held)
         keep = pool.pool_ids[new_plan.carry]
         holders = pool.pool_holders[new_plan.carry]
@@ -534,9 +542,16 @@ class StreamingEngine:
         ``long_documents="truncate"``."""
         block = getattr(self.source, "block_lengths", None)
         if callable(block):
-            lengths = block(records)
-        else:
-            lengths = np.fromiter(map(self.source.length, records), np.int64, len(records))
+            return self._cut(block(records))
+        return self._cut(np.fromiter(map(self.source.length, records), np.int64, len(records)))
+
+    def _row_lengths(self, shard: int, row: int, count: int) -> np.ndarray:
+        """The lengths of ``count`` rows of ``shard`` from ``row``, read without their
+        records (``read_lengths``), cut as ``_lengths`` cuts them."""
+        return self._cut(self.source.read_lengths(shard, row, count))
+
+    def _cut(self, lengths: np.ndarray) -> np.ndarray:
+        """``lengths`` cut to a row with ``long_documents="truncate"``."""
         if self.packing.long_documents == "truncate":
             return np.minimum(lengths, self.packing.length)
         return lengths
@@ -545,6 +560,9 @@ class StreamingEngine:
         """The records of ``ids`` read from the source (by index where it allows it)."""
         if len(ids) == 0:
             return RecordTable.empty()
+        if self.source.random_access:  # one read_rows per shard, ids in order
+            wanted = np.unique(np.asarray(ids, dtype=np.int64))
+            return RecordTable(wanted, read_ids(self.source, self._offsets, wanted.tolist()))
         return RecordTable.of(fetch_records(self.source, self._offsets, ids))
 
     def _gather(self, pool: StreamState, plan: WindowPlan, held: RecordTable) -> RecordTable:
