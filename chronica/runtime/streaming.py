@@ -96,9 +96,8 @@ class StreamMicroBatch:
 
 
 def _micro_batch(**fields: Any) -> StreamMicroBatch:
-    """A ``StreamMicroBatch`` of ``fields`` (every field, by name), built without the
-    frozen dataclass's ``__init__`` (one ``object.__setattr__`` per field: a third of the
-    cost of assembling a window's micro-batches); the object is the same, still frozen."""
+    """A ``StreamMicroBatch`` of every field, by name, built without the frozen dataclass's
+    ``__init__`` (one ``object.__setattr__`` per field: a third of the assembling)."""
     batch = object.__new__(StreamMicroBatch)
     batch.__dict__.update(fields)
     return batch
@@ -135,7 +134,7 @@ class _Window:
 
     state: StreamState
     plan: WindowPlan
-    records: RecordTable
+    records: RecordTable | None  # None: read by id as the micro-batches are built
     start: int = 0
     batches: list[StreamMicroBatch] = field(default_factory=list)
     resumed: bool = False
@@ -329,7 +328,14 @@ class StreamingEngine:
         order = np.lexsort((position, rows, micro))
         ids, lengths, rows = ids[order], lengths[order], rows[order]
         cut = np.searchsorted(micro[order], np.arange(first[-1] + 1)).tolist()
-        records = window.records.take(ids).tolist()
+        if window.records is None:  # read by id, in the order served (counted as reading)
+            read = time.thread_time()
+            records = read_ids(self.source, self._offsets, ids.tolist())
+            self.stats.rows_fetched += len(records)
+            cpu += (read := time.thread_time() - read)
+            self.stats.cpu["reading"] += read
+        else:
+            records = window.records.take(ids).tolist()
         for index, step in enumerate(steps):
             weights = step.weights[me].tolist()
             for m in range(step.num_micro):
@@ -347,7 +353,7 @@ class StreamingEngine:
                         loss_weight=weights[m],
                     )
                 )
-        window.records = RecordTable.empty()
+        window.records = None
         self.stats.cpu["assembling"] += time.thread_time() - cpu
         return window
 
@@ -401,7 +407,7 @@ class StreamingEngine:
                 state, plan, lane = self._next_epoch(state, plan)
             elif consumed < plan.num_micro:
                 mine = [i for s in plan.steps for i in s.ids[s.rank == self.rank].tolist()]
-                window = _Window(state, plan, self._fetch(mine))
+                window = _Window(state, plan, None if self._by_row else self._fetch(mine))
                 window.start, window.resumed = consumed, True
                 put(self._prepared(window))
             while True:
@@ -437,8 +443,11 @@ class StreamingEngine:
         return fresh, self._plan(fresh), self._lane(lanes[self.rank])
 
     def _lane(self, state: LaneState) -> ReadingLane:
-        read_lengths = self._row_lengths if self._by_row else None
-        return ReadingLane(state, self.source, self._offsets, self.stats.cpu, read_lengths)
+        def read_lengths(shard: int, row: int, count: int) -> np.ndarray:
+            return self._cut(self.source.read_lengths(shard, row, count))
+
+        by_row = read_lengths if self._by_row else None
+        return ReadingLane(state, self.source, self._offsets, self.stats.cpu, by_row)
 
     def _restore_lane(self, saved: LaneState) -> ReadingLane:
         lane = LaneState.from_dict(saved.to_dict())
@@ -461,7 +470,7 @@ class StreamingEngine:
         carry: _Carry,
         stop: bool,
         reports: list[Any],
-    ) -> tuple[StreamState, WindowPlan, RecordTable, _Carry, bool]:
+    ) -> tuple[StreamState, WindowPlan, RecordTable | None, _Carry, bool]:
         """Read this rank's share, exchange (with this rank's step-time ``reports``), plan
         and gather the next window; the last element: whether any rank's thread was
         stopping (this one's is ``stop``)."""
@@ -500,7 +509,7 @@ class StreamingEngine:
         new_plan = self._plan(pool)
         # The carry's records, then this window's (none where samples are read by id).
         held = carry.held if records is None else carry.held.join(RecordTable(ids, records))
-        mine = self._gather(pool, new_plan, held)
+        mine = None if self._by_row else self._gather(pool, new_plan, held)
         keep = pool.pool_ids[new_plan.carry]
         holders = pool.pool_holders[new_plan.carry]
         next_carry = _Carry(
@@ -544,11 +553,6 @@ class StreamingEngine:
         if callable(block):
             return self._cut(block(records))
         return self._cut(np.fromiter(map(self.source.length, records), np.int64, len(records)))
-
-    def _row_lengths(self, shard: int, row: int, count: int) -> np.ndarray:
-        """The lengths of ``count`` rows of ``shard`` from ``row``, read without their
-        records (``read_lengths``), cut as ``_lengths`` cuts them."""
-        return self._cut(self.source.read_lengths(shard, row, count))
 
     def _cut(self, lengths: np.ndarray) -> np.ndarray:
         """``lengths`` cut to a row with ``long_documents="truncate"``."""
