@@ -262,13 +262,13 @@ class LaneState:
         Args:
             state: ``to_dict``'s output.
         """
-        ids = [int(i) for i in state["buffer_ids"]]
+        ids = list(map(int, state["buffer_ids"]))
         return cls(
             key=int(state["key"]),
             capacity=int(state["capacity"]),
-            segments=[[int(x) for x in s] for s in state["segments"]],
+            segments=[list(map(int, s)) for s in state["segments"]],
             buffer_ids=ids,
-            buffer_lengths=[int(x) for x in state["buffer_lengths"]],
+            buffer_lengths=list(map(int, state["buffer_lengths"])),
             draws=int(state["draws"]),
             payloads=[None] * len(ids),
         )
