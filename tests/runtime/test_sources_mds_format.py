@@ -71,18 +71,18 @@ def test_the_shard_header_points_at_every_sample():
 
 
 @pytest.mark.parametrize(
-    ("encoding", "kind"),
+    ("encoding", "layout"),
     [("ndarray:int32", "shape"), ("ndarray", "shape"), ("ndarray:uint8:4,2", "fixed"),
      ("int", "int"), ("bytes", "size"), ("str", None), ("json", None), ("float32", None)],
 )  # fmt: skip
-def test_a_length_column_is_read_from_the_bytes_where_its_encoding_allows(encoding, kind):
+def test_a_length_column_is_read_from_the_bytes_where_its_encoding_allows(encoding, layout):
     names = ["a", "n", "z"]
     codecs = [codec("str"), codec(encoding), codec("int")]
     column = length_column(codecs, names, "n")
-    assert (column is None) == (kind is None) and length_column(codecs, names, len) is None
+    assert (column is None) == (layout is None) and length_column(codecs, names, len) is None
     if column is None:
         return
-    assert column.kind == kind and repr(column).startswith("LengthColumn(")
+    assert column.layout == layout and repr(column).startswith("LengthColumn(")
     values = {
         "shape": [
             np.zeros((n, 2), np.int32) if encoding == "ndarray" else np.arange(n, dtype=np.int32)
@@ -91,7 +91,7 @@ def test_a_length_column_is_read_from_the_bytes_where_its_encoding_allows(encodi
         "fixed": [np.zeros((4, 2), np.uint8)] * 3,
         "int": [0, 5, 2**40],
         "size": [b"", b"xyz", bytes(300)],
-    }[kind]
+    }[layout]
     samples = [
         encode_sample({"a": "é" * i, "n": v, "z": i}, codecs, names) for i, v in enumerate(values)
     ]

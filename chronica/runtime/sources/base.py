@@ -279,7 +279,8 @@ def check_rows(rows: Any, size: int) -> list[int]:
     if type(rows) is list or isinstance(rows, np.ndarray):  # integers in range: as an array
         with contextlib.suppress(ValueError, TypeError):
             values = np.asarray(rows)
-            if values.ndim == 1 and values.dtype.kind in "iu" and values.dtype != np.uint64:
+            integers = np.issubdtype(values.dtype, np.integer) and values.dtype != np.uint64
+            if values.ndim == 1 and integers:
                 if not values.size or (int(values.min()) >= 0 and int(values.max()) < size):
                     return values.tolist()
     checked = []

@@ -233,12 +233,12 @@ def shard_header(count: int, config: bytes, sample_sizes: list[int]) -> bytes:
 class LengthColumn:
     """Where a length column lies in a shard's samples, to read every sample's length from
     the shard's bytes in a few array operations, without decoding the sample: the first
-    dimension of an ``ndarray`` column (``kind="shape"``: from its shape header; ``"fixed"``:
+    dimension of an ``ndarray`` column (``layout="shape"``: from its shape header; ``"fixed"``:
     a fixed shape's), an ``int`` column's value (``"int"``) or a ``bytes`` column's size
     (``"size"``): what ``len`` (or the integer) of the decoded value is.
 
     Args:
-        kind: ``"shape"``, ``"fixed"``, ``"int"`` or ``"size"``.
+        layout: ``"shape"``, ``"fixed"``, ``"int"`` or ``"size"``.
         variables: variable-size columns in a sample (one ``uint32`` size each up front).
         fixed_before: bytes of the fixed-size columns before the column.
         sizes_before: the variable columns before it (their index among the variable ones).
@@ -249,14 +249,14 @@ class LengthColumn:
 
     def __init__(
         self,
-        kind: str,
+        layout: str,
         variables: int,
         fixed_before: int,
         sizes_before: list[int],
         own: int,
         detail: int = 0,
     ) -> None:
-        self.kind, self.variables, self.fixed_before = kind, variables, fixed_before
+        self.layout, self.variables, self.fixed_before = layout, variables, fixed_before
         self.sizes_before, self.own, self.detail = sizes_before, own, detail
 
     def lengths(self, data: np.ndarray, offsets: np.ndarray) -> np.ndarray | None:
@@ -269,14 +269,14 @@ class LengthColumn:
             offsets: the samples' start offsets and the next one's (``uint32``).
         """
         at = offsets[:-1].astype(np.int64)
-        if self.kind == "fixed":
+        if self.layout == "fixed":
             return np.full(at.shape[0], self.detail, np.int64)
-        if self.kind == "size":
+        if self.layout == "size":
             return _unsigned(data, at + 4 * self.own, 4).astype(np.int64)
         column = at + 4 * self.variables + self.fixed_before
         for v in self.sizes_before:
             column += _unsigned(data, at + 4 * v, 4).astype(np.int64)
-        if self.kind == "int":
+        if self.layout == "int":
             return _unsigned(data, column, 8).view(np.int64)
         head = data[column + self.detail]
         if not (head >> 2).all():  # a 0-d array: its length is its value
@@ -285,7 +285,7 @@ class LengthColumn:
         return _unsigned(data, column + self.detail + 1, 1 << width).astype(np.int64)
 
     def __repr__(self) -> str:
-        return f"LengthColumn({self.kind!r}, own={self.own}, before={self.sizes_before})"
+        return f"LengthColumn({self.layout!r}, own={self.own}, before={self.sizes_before})"
 
 
 def length_column(codecs: list[ColumnCodec], names: list[str], length: Any) -> LengthColumn | None:
