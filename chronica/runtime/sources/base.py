@@ -19,7 +19,6 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from operator import itemgetter
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -374,8 +373,8 @@ def record_lengths(records: Sequence[Any], length: Callable[[Any], int] | str) -
     n = len(records)
     if isinstance(length, str):
         with contextlib.suppress(KeyError, TypeError):
-            if set(map(type, records)) <= {dict}:  # lists first: fromiter is slower per item
-                return np.array(list(map(len, map(itemgetter(length), records))), np.int64)
+            if set(map(type, records)) <= {dict}:
+                return np.fromiter(map(len, [r[length] for r in records]), np.int64, n)
         return np.fromiter((column_length(r, length) for r in records), np.int64, n)
     return np.fromiter((int(length(r)) for r in records), np.int64, n)
 
