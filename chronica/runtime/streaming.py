@@ -106,13 +106,13 @@ def _micro_batch(**fields: Any) -> StreamMicroBatch:
 @dataclass
 class StreamStats:
     """What this rank's planning thread did: ``windows``, ``steps``, ``bytes_sent`` (records
-    sent to other ranks by the all-to-all), ``rows_fetched`` (records read by index instead),
-    seconds the planning thread spent ``reading``, ``exchanging`` and ``planning``, and
-    seconds the consumer spent ``waiting`` for a planned window (0 when planning keeps
-    ahead of training); and ``cpu``: the planning thread's CPU seconds (its own, not the
-    other jobs' of a shared machine) in ``"reading"`` (the source's reads and the records'
-    lengths), ``"shuffling"`` (the shuffle buffer), ``"exchanging"`` (the collectives and
-    gathering this rank's records), ``"planning"`` and ``"assembling"`` (the micro-batches).
+    sent to other ranks by the all-to-all), ``rows_fetched`` (records read by index instead;
+    over a source read by id, every sample this rank served), seconds the planning thread
+    spent ``reading``, ``exchanging`` and ``planning``, and seconds the consumer spent
+    ``waiting`` for a planned window (0 when planning keeps ahead of training); and ``cpu``:
+    the planning thread's CPU seconds (its own, not the other jobs' of a shared machine) in
+    ``"reading"`` (the source's reads, by id too, and the lengths), ``"shuffling"``,
+    ``"exchanging"`` (collectives, gathering records), ``"planning"`` and ``"assembling"``.
 
     Example: ``engine.stats.bytes_sent / engine.stats.steps`` is the bytes per step.
     """
