@@ -8,13 +8,21 @@ to 16,384, ``int32`` tokens, 16 shards) kept as local MDS (``MDSSource``), parqu
   over the reader does);
 * **through chronica**: ``StreamingEngine`` (lane, 256-sample shuffle buffer, planning
   thread, ``K = 2`` windows of 318-document steps, ``Packing(max_tokens=16384)``), every
-  micro-batch drained;
+  micro-batch drained; over MDS the lane reads the lengths from the shards' headers
+  (``MDSSource.read_lengths``) and each planned sample is decoded once, by id, as its
+  window's micro-batches are built;
 * **alone, held** (CPU only, a diagnostic): the reader alone again, in blocks of one
   window's share with the records of the last two windows kept alive, as the engine keeps
   them: what holding the records costs the reader (allocation and cache);
 * **pickled** (CPU only): the same blocks pickled, then unpickled, each timed: what
   handing the records over from a reader in a worker process would cost at least (the
   worker pickles, the training process unpickles).
+
+And over MDS at ``RANKS`` ranks (threads of one process, ``LocalGroup``): the job's CPU
+per sample and the records decoded per sample, reading by id (``MDSSource``: lengths from
+the headers, each planned sample decoded once on its rank) against the same source whose
+lanes read and buffer the records (``lengths_without_records`` false: the lane decodes
+its samples, and the rank planned for a sample another lane read decodes it again).
 
 Per reader, ``repeats`` rounds each run the reader alone and through the engine, one
 after the other, the order swapped every round (after one warm round that is not
@@ -39,6 +47,7 @@ import itertools
 import os
 import pickle
 import tempfile
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -64,6 +73,14 @@ SEED = 2030
 READERS = ("MDS", "parquet", "WebDataset", "list")
 # The engine's CPU accounts (``StreamStats.cpu``) reported per sample, then the rest.
 PARTS = (*CPU_PARTS, "other")
+RANKS = 4  # the ranks of the reading-by-id comparison
+
+
+class _Buffered(MDSSource):
+    """``MDSSource`` read as a source that cannot read lengths without records is: its
+    lanes read and buffer the records."""
+
+    lengths_without_records = False
 
 
 def _sources(folder: Path, docs: list[np.ndarray]) -> dict[str, Any]:
@@ -124,6 +141,58 @@ def _through(source: Any) -> tuple[int, StreamingEngine | None]:
     return sum(len(batch.records) for batch in engine.micro_batches()), engine
 
 
+def _job(source: Any, ranks: int) -> tuple[float, float, int]:
+    """A ``ranks``-rank job through the engine, its ranks as threads: CPU microseconds per
+    sample (every thread), records decoded per sample, samples."""
+    group = LocalGroup(ranks)
+    config = ScheduleConfig(
+        num_replicas=ranks, batch_size=BATCH, seed=SEED, packing=Packing(max_tokens=CAP)
+    )
+    options = StreamOptions(buffer_size=BUFFER)
+    engines = [StreamingEngine(source, config, group.rank(r), options) for r in range(ranks)]
+    counts, errors = [0] * ranks, []
+
+    def run(rank: int) -> None:
+        try:
+            counts[rank] = sum(len(b.records) for b in engines[rank].micro_batches())
+        except BaseException as error:  # raised in the caller's thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(ranks)]
+    cpu = time.process_time()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    cpu = time.process_time() - cpu
+    if errors:
+        raise errors[0]
+    samples = sum(counts)
+    lanes = 0 if source.lengths_without_records else samples  # the lanes' own decoding
+    decoded = lanes + sum(e.stats.rows_fetched for e in engines)
+    return 1e6 * cpu / samples, decoded / samples, samples
+
+
+def _by_id(folder: Path, samples: int, repeats: int) -> dict[str, Any]:
+    """MDS at ``RANKS`` ranks read by id and buffered, one after the other, the order
+    swapped every round (one warm round first): medians."""
+    sources = {
+        "by_id": MDSSource(folder, length="tokens"),
+        "buffered": _Buffered(folder, length="tokens"),
+    }
+    rounds: dict[str, list[tuple[float, float, int]]] = {name: [] for name in sources}
+    for repeat in range(repeats + 1):
+        for name in sorted(sources, reverse=bool(repeat % 2)):
+            result = _job(sources[name], RANKS)
+            assert result[2] == samples, (name, result[2])
+            if repeat:
+                rounds[name].append(result)
+    return {"ranks": RANKS} | {
+        name: {"cpu_us": median(r[0] for r in rows), "decoded": median(r[1] for r in rows)}
+        for name, rows in rounds.items()
+    }
+
+
 def _timed(run: Callable[[Any], tuple[int, Any]], source: Any) -> tuple[float, float, Any, int]:
     """Samples/s, CPU microseconds per sample, the engine (``None`` alone), samples."""
     wall, cpu = time.perf_counter(), time.process_time()
@@ -182,8 +251,16 @@ def measure(samples: int, repeats: int) -> dict[str, Any]:
                     "load": [before, os.getloadavg()[0]],
                 }
             )
+        by_id = _by_id(Path(folder) / "mds", samples, repeats)
     load.append(os.getloadavg()[0])
-    return {"samples": samples, "repeats": repeats, "batch": BATCH, "readers": rows, "load": load}
+    return {
+        "samples": samples,
+        "repeats": repeats,
+        "batch": BATCH,
+        "readers": rows,
+        "by_id": by_id,
+        "load": load,
+    }
 
 
 TARGET = 0.05  # issue 30: overhead of at most 5% of samples/s
@@ -221,8 +298,10 @@ def markdown_lines(t: dict[str, Any]) -> list[str]:
         "time. *Held* is the reader alone in blocks of a window's share, the last two "
         "windows' records kept alive as the engine keeps them. The engine's columns are the "
         "planning thread's CPU per sample (`StreamStats.cpu`): reading (the reader and the "
-        "lengths, inside the engine), the shuffle buffer, exchange (collectives, gathering "
-        "the rank's records), planning, micro-batches; *other* is the rest of the "
+        "lengths, inside the engine; over MDS the lengths from the shards' headers and each "
+        "planned sample decoded once, by id, as the micro-batches are built), the shuffle "
+        "buffer, exchange (collectives, gathering the rank's records), planning, "
+        "micro-batches; *other* is the rest of the "
         "process's CPU (the consumer's thread: handing out micro-batches and freeing the "
         "records it drops, which the reader alone pays in its own loop). *Pickle* and "
         "*unpickle* are the records pickled and unpickled in the same blocks (the least a "
@@ -299,4 +378,17 @@ def markdown_lines(t: dict[str, Any]) -> list[str]:
         )
         + "); the CPU columns much less.",
     ]
+    if "by_id" in t:
+        b = t["by_id"]
+        lines += [
+            "",
+            f"Reading by id, MDS at W = {b['ranks']} (the ranks as threads of one process, the "
+            "same documents, run one after the other, the order swapped every round, medians): "
+            f"the job's CPU per sample is {b['by_id']['cpu_us']:.2f} µs with the lengths read "
+            "from the shards' headers and each planned sample decoded once, on its rank, "
+            f"against {b['buffered']['cpu_us']:.2f} µs with the lanes reading and buffering the "
+            "records (the same source told it cannot read lengths alone); records decoded per "
+            f"sample: {b['by_id']['decoded']:.2f} against {b['buffered']['decoded']:.2f} (a "
+            "sample planned on another rank than the lane that read it is decoded again there).",
+        ]
     return lines

@@ -44,7 +44,7 @@ from chronica.core.streaming import (
     plan_window,
     reshard,
 )
-from chronica.runtime.sources.base import shard_offsets
+from chronica.runtime.sources.base import read_ids, shard_offsets
 from chronica.runtime.streaming_exchange import Collectives, decode, encode, fetch_records
 from chronica.runtime.streaming_lane import ReadingLane
 from chronica.runtime.streaming_records import RecordTable
@@ -96,9 +96,8 @@ class StreamMicroBatch:
 
 
 def _micro_batch(**fields: Any) -> StreamMicroBatch:
-    """A ``StreamMicroBatch`` of ``fields`` (every field, by name), built without the
-    frozen dataclass's ``__init__`` (one ``object.__setattr__`` per field: a third of the
-    cost of assembling a window's micro-batches); the object is the same, still frozen."""
+    """A ``StreamMicroBatch`` of every field, by name, built without the frozen dataclass's
+    ``__init__`` (one ``object.__setattr__`` per field: a third of the assembling)."""
     batch = object.__new__(StreamMicroBatch)
     batch.__dict__.update(fields)
     return batch
@@ -107,13 +106,13 @@ def _micro_batch(**fields: Any) -> StreamMicroBatch:
 @dataclass
 class StreamStats:
     """What this rank's planning thread did: ``windows``, ``steps``, ``bytes_sent`` (records
-    sent to other ranks by the all-to-all), ``rows_fetched`` (records read by index instead),
-    seconds the planning thread spent ``reading``, ``exchanging`` and ``planning``, and
-    seconds the consumer spent ``waiting`` for a planned window (0 when planning keeps
-    ahead of training); and ``cpu``: the planning thread's CPU seconds (its own, not the
-    other jobs' of a shared machine) in ``"reading"`` (the source's reads and the records'
-    lengths), ``"shuffling"`` (the shuffle buffer), ``"exchanging"`` (the collectives and
-    gathering this rank's records), ``"planning"`` and ``"assembling"`` (the micro-batches).
+    sent to other ranks by the all-to-all), ``rows_fetched`` (records read by index instead;
+    over a source read by id, every sample this rank served), seconds the planning thread
+    spent ``reading``, ``exchanging`` and ``planning``, and seconds the consumer spent
+    ``waiting`` for a planned window (0 when planning keeps ahead of training); and ``cpu``:
+    the planning thread's CPU seconds (its own, not the other jobs' of a shared machine) in
+    ``"reading"`` (the source's reads, by id too, and the lengths), ``"shuffling"``,
+    ``"exchanging"`` (collectives, gathering records), ``"planning"`` and ``"assembling"``.
 
     Example: ``engine.stats.bytes_sent / engine.stats.steps`` is the bytes per step.
     """
@@ -135,7 +134,7 @@ class _Window:
 
     state: StreamState
     plan: WindowPlan
-    records: RecordTable
+    records: RecordTable | None  # None: read by id as the micro-batches are built
     start: int = 0
     batches: list[StreamMicroBatch] = field(default_factory=list)
     resumed: bool = False
@@ -210,6 +209,11 @@ class StreamingEngine:
         self.rank, self.world_size = int(collectives.rank), int(collectives.world_size)
         self.stats = StreamStats()
         self._offsets = shard_offsets(source)
+        # A source with random access that reads lengths without records: the lanes hold
+        # ids and lengths only, and each planned sample is read by id once, when gathered.
+        self._by_row = bool(source.random_access) and bool(
+            getattr(source, "lengths_without_records", False)
+        )
         self._position = self._start(state)
         self._served = self._position.consumed
         self.speeds = StreamSpeeds(config, self.rank, self._position, state)
@@ -324,7 +328,14 @@ class StreamingEngine:
         order = np.lexsort((position, rows, micro))
         ids, lengths, rows = ids[order], lengths[order], rows[order]
         cut = np.searchsorted(micro[order], np.arange(first[-1] + 1)).tolist()
-        records = window.records.take(ids).tolist()
+        if window.records is None:  # read by id, in the order served (counted as reading)
+            read = time.thread_time()
+            records = read_ids(self.source, self._offsets, ids.tolist())
+            self.stats.rows_fetched += len(records)
+            cpu += (read := time.thread_time() - read)
+            self.stats.cpu["reading"] += read
+        else:
+            records = window.records.take(ids).tolist()
         for index, step in enumerate(steps):
             weights = step.weights[me].tolist()
             for m in range(step.num_micro):
@@ -342,7 +353,7 @@ class StreamingEngine:
                         loss_weight=weights[m],
                     )
                 )
-        window.records = RecordTable.empty()
+        window.records = None
         self.stats.cpu["assembling"] += time.thread_time() - cpu
         return window
 
@@ -396,7 +407,7 @@ class StreamingEngine:
                 state, plan, lane = self._next_epoch(state, plan)
             elif consumed < plan.num_micro:
                 mine = [i for s in plan.steps for i in s.ids[s.rank == self.rank].tolist()]
-                window = _Window(state, plan, self._fetch(mine))
+                window = _Window(state, plan, None if self._by_row else self._fetch(mine))
                 window.start, window.resumed = consumed, True
                 put(self._prepared(window))
             while True:
@@ -429,22 +440,27 @@ class StreamingEngine:
             empty, tuple(lanes), sequence=state.sequence, speeds=state.speeds,
             reports=state.reports,
         )  # fmt: skip
-        return (
-            fresh,
-            self._plan(fresh),
-            ReadingLane(lanes[self.rank], self.source, self._offsets, self.stats.cpu),
-        )
+        return fresh, self._plan(fresh), self._lane(lanes[self.rank])
+
+    def _lane(self, state: LaneState) -> ReadingLane:
+        def read_lengths(shard: int, row: int, count: int) -> np.ndarray:
+            return self._cut(self.source.read_lengths(shard, row, count))
+
+        by_row = read_lengths if self._by_row else None
+        return ReadingLane(state, self.source, self._offsets, self.stats.cpu, by_row)
 
     def _restore_lane(self, saved: LaneState) -> ReadingLane:
         lane = LaneState.from_dict(saved.to_dict())
-        lane.payloads = self._fetch(lane.buffer_ids).take(lane.buffer_ids)
-        return ReadingLane(lane, self.source, self._offsets, self.stats.cpu)
+        if not self._by_row:
+            lane.payloads = self._fetch(lane.buffer_ids).take(lane.buffer_ids)
+        return self._lane(lane)
 
     def _restored_carry(self, state: StreamState, plan: WindowPlan) -> _Carry:
         ids = np.concatenate([state.carry_ids, state.pool_ids[plan.carry]])
         lengths = np.concatenate([state.carry_lengths, state.pool_lengths[plan.carry]])
         holders = np.concatenate([state.carry_holders, state.pool_holders[plan.carry]])
-        return _Carry(ids, lengths, holders, self._fetch(ids[holders == self.rank].tolist()))
+        held = [] if self._by_row else ids[holders == self.rank].tolist()
+        return _Carry(ids, lengths, holders, self._fetch(held))
 
     def _window(
         self,
@@ -454,7 +470,7 @@ class StreamingEngine:
         carry: _Carry,
         stop: bool,
         reports: list[Any],
-    ) -> tuple[StreamState, WindowPlan, RecordTable, _Carry, bool]:
+    ) -> tuple[StreamState, WindowPlan, RecordTable | None, _Carry, bool]:
         """Read this rank's share, exchange (with this rank's step-time ``reports``), plan
         and gather the next window; the last element: whether any rank's thread was
         stopping (this one's is ``stop``)."""
@@ -491,8 +507,9 @@ class StreamingEngine:
             reports=measured,
         )
         new_plan = self._plan(pool)
-        held = carry.held.join(RecordTable(ids, records))  # the carry's, then this window's
-        mine = self._gather(pool, new_plan, held)
+        # The carry's records, then this window's (none where samples are read by id).
+        held = carry.held if records is None else carry.held.join(RecordTable(ids, records))
+        mine = None if self._by_row else self._gather(pool, new_plan, held)
         keep = pool.pool_ids[new_plan.carry]
         holders = pool.pool_holders[new_plan.carry]
         next_carry = _Carry(
@@ -534,9 +551,11 @@ class StreamingEngine:
         ``long_documents="truncate"``."""
         block = getattr(self.source, "block_lengths", None)
         if callable(block):
-            lengths = block(records)
-        else:
-            lengths = np.fromiter(map(self.source.length, records), np.int64, len(records))
+            return self._cut(block(records))
+        return self._cut(np.fromiter(map(self.source.length, records), np.int64, len(records)))
+
+    def _cut(self, lengths: np.ndarray) -> np.ndarray:
+        """``lengths`` cut to a row with ``long_documents="truncate"``."""
         if self.packing.long_documents == "truncate":
             return np.minimum(lengths, self.packing.length)
         return lengths
@@ -545,6 +564,9 @@ class StreamingEngine:
         """The records of ``ids`` read from the source (by index where it allows it)."""
         if len(ids) == 0:
             return RecordTable.empty()
+        if self.source.random_access:  # one read_rows per shard, ids in order
+            wanted = np.unique(np.asarray(ids, dtype=np.int64))
+            return RecordTable(wanted, read_ids(self.source, self._offsets, wanted.tolist()))
         return RecordTable.of(fetch_records(self.source, self._offsets, ids))
 
     def _gather(self, pool: StreamState, plan: WindowPlan, held: RecordTable) -> RecordTable:

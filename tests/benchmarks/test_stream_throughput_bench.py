@@ -1,6 +1,7 @@
 """The streaming benchmark's throughput part: every reader, alone and through the engine,
 reads the same documents (what its side-by-side timing assumes), and the page section
-reports every reader with its overhead and CPU per sample."""
+reports every reader with its overhead and CPU per sample, and reading MDS by id at four
+ranks against buffering its records."""
 
 from __future__ import annotations
 
@@ -23,3 +24,9 @@ def test_every_reader_alone_and_through_the_engine_reads_every_sample():
     assert any("`MDSSource`" in line for line in table)
     assert any(line.startswith("Met: the 5% of samples/s for ") for line in lines)
     assert "not in this run" in streaming._throughput_lines(None)[0]
+    # Reading MDS by id decodes every sample once; buffered, some twice (on another rank).
+    by_id = result["by_id"]
+    assert by_id["ranks"] == stream_throughput.RANKS
+    assert by_id["by_id"]["decoded"] == 1.0 and by_id["buffered"]["decoded"] > 1.0
+    assert by_id["by_id"]["cpu_us"] > 0 and by_id["buffered"]["cpu_us"] > 0
+    assert any(line.startswith("Reading by id, MDS at W = 4") for line in lines)

@@ -105,3 +105,17 @@ def test_payload_arrays_move_as_lists_do_and_a_drained_block_is_drains_one_by_on
     assert as_array.to_dict() == as_list.to_dict()
     with pytest.raises(ValueError, match="drain"):
         LaneState(key=1, capacity=2, segments=[[0, 0, 2]]).drain_block(1)
+
+
+@pytest.mark.parametrize("capacity", [1, 3, 8])
+def test_a_lane_keeping_no_payloads_moves_the_same_ids_and_lengths(capacity):
+    with_payloads = LaneState(key=9, capacity=capacity, segments=[[0, 0, 20]])
+    without = LaneState(key=9, capacity=capacity, segments=[[0, 0, 20]], payloads=None)
+    for start, stop in ((0, 2), (2, 11), (11, 20)):
+        ids, lengths = np.arange(start, stop), np.arange(start, stop) * 3
+        a = with_payloads.offer_block(ids, lengths, [str(i) for i in ids.tolist()])
+        b = without.offer_block(ids, lengths, None)
+        assert a[0].tolist() == b[0].tolist() and a[1].tolist() == b[1].tolist() and b[2] is None
+    a, b = with_payloads.drain_block(50), without.drain_block(50)
+    assert a[0].tolist() == b[0].tolist() and b[2] is None and without.payloads is None
+    assert with_payloads.to_dict() == without.to_dict()

@@ -105,6 +105,20 @@ def test_a_read_from_a_row_and_random_access_equal_the_sequential_read():
     assert shard_offsets(source).tolist() == [0, 8, 13]
 
 
+@pytest.mark.parametrize("length", ["tokens", "n", "blob", "text", "meta"])
+def test_lengths_read_without_records_equal_the_records_lengths(length):
+    source = MDSSource(WRITTEN_BY_STREAMING, length=length)
+    assert source.lengths_without_records == (length in ("tokens", "n", "blob"))
+    for shard in range(source.num_shards):
+        want = [source.length(r) for r in source.read(shard)]
+        for start in range(len(want) + 1):
+            for count in range(len(want) - start + 1):
+                got = source.read_lengths(shard, start, count)
+                assert got.dtype == np.int64 and got.tolist() == want[start : start + count]
+    with pytest.raises(ValueError, match="not rows of shard 1"):
+        source.read_lengths(1, 3, 3)
+
+
 def test_only_the_columns_asked_for_are_decoded():
     source = MDSSource(WRITTEN_BY_STREAMING, length="n", columns=["n", "text"])
     assert next(source.read(1)) == {"n": 9, "text": "doc 8 é"}

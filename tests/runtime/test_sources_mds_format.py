@@ -7,7 +7,13 @@ from decimal import Decimal
 import numpy as np
 import pytest
 
-from chronica.runtime.sources.mds_format import codec, decode_sample, encode_sample, shard_header
+from chronica.runtime.sources.mds_format import (
+    codec,
+    decode_sample,
+    encode_sample,
+    length_column,
+    shard_header,
+)
 
 
 @pytest.mark.parametrize(
@@ -62,3 +68,51 @@ def test_the_shard_header_points_at_every_sample():
     offsets = np.frombuffer(header, np.uint32, count=3, offset=4).tolist()
     assert np.frombuffer(header, np.uint32, count=1)[0] == 2
     assert offsets == [len(header), len(header) + 3, len(header) + 8]
+
+
+@pytest.mark.parametrize(
+    ("encoding", "layout"),
+    [("ndarray:int32", "shape"), ("ndarray", "shape"), ("ndarray:uint8:4,2", "fixed"),
+     ("int", "int"), ("bytes", "size"), ("str", None), ("json", None), ("float32", None)],
+)  # fmt: skip
+def test_a_length_column_is_read_from_the_bytes_where_its_encoding_allows(encoding, layout):
+    names = ["a", "n", "z"]
+    codecs = [codec("str"), codec(encoding), codec("int")]
+    column = length_column(codecs, names, "n")
+    assert (column is None) == (layout is None) and length_column(codecs, names, len) is None
+    if column is None:
+        return
+    assert column.layout == layout and repr(column).startswith("LengthColumn(")
+    values = {
+        "shape": [
+            np.zeros((n, 2), np.int32) if encoding == "ndarray" else np.arange(n, dtype=np.int32)
+            for n in (0, 3, 300, 70000)
+        ],
+        "fixed": [np.zeros((4, 2), np.uint8)] * 3,
+        "int": [0, 5, 2**40],
+        "size": [b"", b"xyz", bytes(300)],
+    }[layout]
+    samples = [
+        encode_sample({"a": "é" * i, "n": v, "z": i}, codecs, names) for i, v in enumerate(values)
+    ]
+    data = shard_header(len(samples), b"{}", [len(b) for b in samples]) + b"".join(samples)
+    raw = np.frombuffer(data, np.uint8)
+    offsets = np.frombuffer(data, np.uint32, count=len(samples) + 1, offset=4)
+    want = [int(v) if isinstance(v, int) else len(v) for v in values]
+    assert column.lengths(raw, offsets).tolist() == want
+    assert column.lengths(raw, offsets[1:]).tolist() == want[1:]
+
+
+def test_a_zero_dimensional_array_leaves_its_length_to_the_decoded_record():
+    codecs = [codec("ndarray:int64")]
+    # A 0-d array: its size, a shape byte of no dimension, its value (encode_sample writes
+    # none, other writers may).
+    scalar = np.uint32(9).tobytes() + bytes([0]) + np.int64(7).tobytes()
+    assert decode_sample(scalar, codecs, ["n"], frozenset(["n"]))["n"].ndim == 0
+    samples = [encode_sample({"n": np.arange(3)}, codecs, ["n"]), scalar]
+    data = shard_header(2, b"{}", [len(b) for b in samples]) + b"".join(samples)
+    offsets = np.frombuffer(data, np.uint32, count=3, offset=4)
+    column = length_column(codecs, ["n"], "n")
+    assert column is not None
+    assert column.lengths(np.frombuffer(data, np.uint8), offsets) is None
+    assert column.lengths(np.frombuffer(data, np.uint8), offsets[:2]).tolist() == [3]

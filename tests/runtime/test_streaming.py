@@ -13,6 +13,7 @@ from chronica.core import ScheduleConfig
 from chronica.core.packing import Packing
 from chronica.core.streaming import StreamOptions
 from chronica.runtime.sources import ListSource as BlockLengthsSource
+from chronica.runtime.sources import MDSSource, write_mds
 from chronica.runtime.streaming import StreamingEngine
 from chronica.runtime.streaming_exchange import LocalGroup
 
@@ -76,6 +77,45 @@ def test_a_source_attribute_named_lengths_is_left_alone():
     for r in range(2):
         assert [_signature(b) for b in got[r]] == [_signature(b) for b in expected[r]]
     assert got_states == states
+
+
+def _mds(folder, length):
+    rng = np.random.default_rng(11)
+    shards = [
+        [{"input_ids": np.arange(int(n), dtype=np.int32)} for n in rng.integers(1, 400, size)]
+        for size in (30, 0, 45, 17, 52)
+    ]
+    if not (folder / "index.json").exists():
+        write_mds(folder, shards, {"input_ids": "ndarray:int32"})
+    return MDSSource(folder, length=length)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_samples_read_by_id_stream_what_buffered_records_stream(tmp_path, world):
+    # MDSSource reads lengths from the shards' headers: the lanes hold no records and each
+    # planned sample is read by id once; the same micro-batches and states as a source
+    # whose lanes read and buffer the records (a length function needs the record).
+    by_id = _mds(tmp_path, "input_ids")
+    buffered = _mds(tmp_path, lambda record: len(record["input_ids"]))
+    assert by_id.lengths_without_records and not buffered.lengths_without_records
+    expected, states, _ = run_ranks(buffered, world, PACKING, **OPTIONS)
+    got, got_states, engines = run_ranks(by_id, world, PACKING, **OPTIONS)
+    for r in range(world):
+        assert [_signature(b) for b in got[r]] == [_signature(b) for b in expected[r]]
+    assert got_states == states
+    assert sum(e.stats.rows_fetched for e in engines) == engines[0].num_samples
+
+
+def test_resume_mid_window_reading_by_id_is_bitwise_the_uninterrupted_run(tmp_path):
+    source = _mds(tmp_path, "input_ids")
+    full, _, _ = run_ranks(source, 2, PACKING, **OPTIONS)
+    part, states, _ = run_ranks(source, 2, PACKING, limit=4, **OPTIONS)
+    rest, _, _ = run_ranks(source, 2, PACKING, states=states, **OPTIONS)
+    for r in range(2):
+        assert [_signature(b) for b in part[r] + rest[r]] == [_signature(b) for b in full[r]]
+    again, _, _ = run_ranks(source, 3, PACKING, states=[states[0]] * 3, **OPTIONS)
+    total = sum(source.shard_size(s) for s in range(source.num_shards))
+    assert sorted(_ids(part) + _ids(again)) == list(range(total))
 
 
 @pytest.mark.parametrize("cut", [1, 4, 9])

@@ -57,3 +57,26 @@ def test_a_share_of_tokens_stops_once_met_and_a_restored_lane_continues():
     again = ReadingLane(saved, source, offsets)
     rest = [lane.take((1000, 0), _lengths)[0].tolist() for lane in (lane, again)]
     assert rest[0] == rest[1] and sorted(ids.tolist() + rest[0]) == list(range(30))
+
+
+@pytest.mark.parametrize(("share", "capacity"), [(5, 1), (64, 16), (1000, 300)])
+def test_a_lane_reading_lengths_alone_gives_the_same_samples_and_keeps_no_records(share, capacity):
+    rng = np.random.default_rng(share)
+    shards = [[b"x" * int(n) for n in rng.integers(1, 30, size)] for size in (40, 0, 75, 9)]
+    source = ListSource(shards)
+    offsets = shard_offsets(source)
+    sizes = np.diff(offsets)
+    lanes = [
+        ReadingLane(deal_lanes(sizes, 1, 5, 0, capacity)[0], source, offsets),
+        ReadingLane(
+            deal_lanes(sizes, 1, 5, 0, capacity)[0], source, offsets,
+            read_lengths=lambda s, row, n: _lengths(shards[s][row : row + n]),
+        ),
+    ]  # fmt: skip
+    taken: list[list[tuple[int, int]]] = [[], []]
+    for lane, out in zip(lanes, taken, strict=True):
+        while lane.state.remaining:
+            ids, lengths, records = lane.take((share, 0), _lengths)
+            assert (records is None) == (lane is lanes[1])
+            out.extend(zip(ids.tolist(), lengths.tolist(), strict=True))
+    assert taken[0] == taken[1] and lanes[1].state.payloads is None

@@ -40,7 +40,9 @@ class LaneState:
     one's ``start`` is the cursor); ``buffer_ids``/``buffer_lengths`` the buffered samples
     (slot order); ``draws`` the random draws made so far under ``key``. The buffer's
     records themselves are the reader's (``payloads``, kept beside the state, not in it: a
-    list, or an object ``ndarray`` once ``offer_block`` was given one).
+    list, or an object ``ndarray`` once ``offer_block`` was given one; ``None`` where the
+    reader keeps no records, reading them by id later: ``offer_block`` and ``drain_block``
+    then move ids and lengths only).
 
     Args:
         key: the lane's random key (``derive_key``), as an ``int``.
@@ -98,7 +100,10 @@ class LaneState:
         return out
 
     def offer_block(
-        self, samples: np.ndarray, lengths: np.ndarray, payloads: Sequence[Any] | np.ndarray
+        self,
+        samples: np.ndarray,
+        lengths: np.ndarray,
+        payloads: Sequence[Any] | np.ndarray | None,
     ) -> tuple[np.ndarray, np.ndarray, Any]:
         """``offer`` of consecutive samples read from ``next_row`` on, at once (batch
         operations instead of one call per sample; the same draws, the same buffer after):
@@ -109,8 +114,9 @@ class LaneState:
         Args:
             samples: ``int64`` their global ids, in reading order.
             lengths: ``int64`` their tokens.
-            payloads: their records (``None`` where the reader re-reads by id): a list or
-                an object ``ndarray``.
+            payloads: their records (``None`` each where the reader re-reads by id): a
+                list or an object ``ndarray``; or ``None`` for a lane keeping no records
+                (its ``payloads`` ``None``), whose pushed-out payloads are then ``None``.
 
         Example::
 
@@ -118,12 +124,13 @@ class LaneState:
             >>> lane.offer_block(np.arange(3), np.ones(3, np.int64), [None] * 3)[0].tolist()
             [0]
         """
-        n = len(payloads)
+        n = samples.shape[0]
         self._advance(n)
         fill = min(max(self.capacity - len(self.buffer_ids), 0), n)
         self.buffer_ids.extend(samples[:fill].tolist())
         self.buffer_lengths.extend(lengths[:fill].tolist())
-        self.payloads = _joined(self.payloads, payloads[:fill])
+        if payloads is not None:
+            self.payloads = _joined(self.payloads, payloads[:fill])
         size, count = len(self.buffer_ids), n - fill
         slots = np.minimum((self._uniforms(count) * size).astype(np.int64), size - 1)
         source, after = _replace_slots(slots, size, size + fill)
@@ -131,6 +138,8 @@ class LaneState:
         every_length = np.concatenate([np.asarray(self.buffer_lengths, np.int64), lengths])
         self.buffer_ids = every_id[after].tolist()
         self.buffer_lengths = every_length[after].tolist()
+        if payloads is None:
+            return every_id[source], every_length[source], None
         every_payload = _joined(self.payloads, payloads)
         if isinstance(every_payload, np.ndarray):
             self.payloads = every_payload[after]
@@ -161,7 +170,7 @@ class LaneState:
     def drain_block(self, count: int) -> tuple[np.ndarray, np.ndarray, Any]:
         """``drain()`` ``count`` times at once (or until the buffer is empty): the same
         draws and samples, as ``(ids, lengths, payloads)`` arrays (payloads a list when
-        the buffer's are).
+        the buffer's are, ``None`` when it keeps none).
 
         Args:
             count: the most samples drained, ``>= 1``.
@@ -186,11 +195,11 @@ class LaneState:
         ids, lengths = np.asarray(self.buffer_ids), np.asarray(self.buffer_lengths)
         payloads = self.payloads
         self.buffer_ids, self.buffer_lengths = ids[left].tolist(), lengths[left].tolist()
-        taken: Any
+        taken: Any = None
         if isinstance(payloads, np.ndarray):
             self.payloads = payloads[left]
             taken = payloads[out]
-        else:
+        elif payloads is not None:
             self.payloads = [payloads[i] for i in left]
             taken = [payloads[i] for i in out]
         return ids[out].astype(np.int64), lengths[out].astype(np.int64), taken
@@ -253,13 +262,13 @@ class LaneState:
         Args:
             state: ``to_dict``'s output.
         """
-        ids = [int(i) for i in state["buffer_ids"]]
+        ids = list(map(int, state["buffer_ids"]))
         return cls(
             key=int(state["key"]),
             capacity=int(state["capacity"]),
-            segments=[[int(x) for x in s] for s in state["segments"]],
+            segments=[list(map(int, s)) for s in state["segments"]],
             buffer_ids=ids,
-            buffer_lengths=[int(x) for x in state["buffer_lengths"]],
+            buffer_lengths=list(map(int, state["buffer_lengths"])),
             draws=int(state["draws"]),
             payloads=[None] * len(ids),
         )

@@ -275,6 +275,13 @@ def check_rows(rows: Any, size: int) -> list[int]:
     """
     if isinstance(rows, (str, bytes)) or not isinstance(rows, (Sequence, np.ndarray)):
         raise TypeError(f"rows={rows!r} must be a sequence of row numbers (e.g. [0, 5, 2])")
+    if type(rows) is list or isinstance(rows, np.ndarray):  # integers in range: as an array
+        with contextlib.suppress(ValueError, TypeError):
+            values = np.asarray(rows)
+            integers = np.issubdtype(values.dtype, np.integer) and values.dtype != np.uint64
+            if values.ndim == 1 and integers:
+                if not values.size or (int(values.min()) >= 0 and int(values.max()) < size):
+                    return values.tolist()
     checked = []
     for row in rows:
         if not is_int(row):

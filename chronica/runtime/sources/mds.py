@@ -39,6 +39,7 @@ from chronica.runtime.sources.mds_format import (
     codec,
     decode_sample,
     encode_sample,
+    length_column,
     shard_header,
 )
 
@@ -66,6 +67,7 @@ class _Shard:
             raise ValueError(f"MDS shard {path} holds {count} samples, index.json says {samples}")
         self.offsets = np.frombuffer(self.data, np.uint32, count=count + 1, offset=4).copy()
         self.view = memoryview(self.data)
+        self.bytes = np.frombuffer(self.data, np.uint8) if size else np.zeros(0, np.uint8)
 
     def sample(self, row: int) -> memoryview:
         """The sample's bytes, a view of the mapped file (no copy): its ``ndarray`` columns
@@ -117,6 +119,7 @@ class MDSSource:
         self._length = check_length(length)
         self.columns = check_names("columns", columns)
         self._layouts = [self._layout(i, info) for i, info in enumerate(self._shards_info)]
+        self._length_columns = [length_column(c, n, self._length) for c, n, _ in self._layouts]
         self._open: RecentlyUsed[_Shard] = RecentlyUsed(OPEN_SHARDS)
 
     def _layout(
@@ -219,6 +222,37 @@ class MDSSource:
         """
         return record_length(record, self._length)
 
+    @property
+    def lengths_without_records(self) -> bool:
+        """Whether ``read_lengths`` reads the lengths from the shards' bytes without
+        decoding records: ``length`` names a column encoded as ``ndarray`` (its first
+        dimension), ``int`` or ``bytes`` in every shard."""
+        return all(column is not None for column in self._length_columns)
+
+    def read_lengths(self, shard: int, start: int, count: int) -> np.ndarray:
+        """``length`` of the records of rows ``start .. start + count - 1`` of ``shard``, as
+        ``int64``: read from the samples' headers in a few array operations where
+        ``lengths_without_records`` holds (no record is decoded), else from the decoded
+        records; the same values either way.
+
+        Args:
+            shard: a shard in ``[0, num_shards)``.
+            start: the first row.
+            count: the rows, ``start + count <= shard_size(shard)``.
+        """
+        size = self.shard_size(shard)
+        if not (0 <= start and count >= 0 and start + count <= size):
+            raise ValueError(
+                f"rows {start} .. {start + count - 1} are not rows of shard {shard} ({size} rows)"
+            )
+        column = self._length_columns[shard]
+        if count and column is not None:
+            opened = self._shard(shard)
+            lengths = column.lengths(opened.bytes, opened.offsets[start : start + count + 1])
+            if lengths is not None:
+                return lengths
+        return record_lengths(list(self._records(shard, range(start, start + count))), self._length)
+
     def block_lengths(self, records: Sequence[Any]) -> np.ndarray:
         """``length`` of every record of a block, as ``int64`` (``record_lengths``).
 
@@ -230,11 +264,12 @@ class MDSSource:
     def __getstate__(self) -> dict[str, Any]:
         # Codecs do not pickle (mapped files are left out by RecentlyUsed); a copy (e.g. in
         # a worker process) builds its own from the index it carries.
-        return {k: v for k, v in self.__dict__.items() if k != "_layouts"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_layouts", "_length_columns")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._layouts = [self._layout(i, info) for i, info in enumerate(self._shards_info)]
+        self._length_columns = [length_column(c, n, self._length) for c, n, _ in self._layouts]
 
     def __repr__(self) -> str:
         return (

@@ -29,7 +29,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ColumnCodec", "codec", "decode_sample", "encode_sample", "shard_header"]
+__all__ = [
+    "ColumnCodec",
+    "LengthColumn",
+    "codec",
+    "decode_sample",
+    "encode_sample",
+    "length_column",
+    "shard_header",
+]
 
 SCALARS = frozenset(
     ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float16")
@@ -220,3 +228,109 @@ def shard_header(count: int, config: bytes, sample_sizes: list[int]) -> bytes:
     start = 4 + 4 * (count + 1) + len(config)
     offsets = np.concatenate([[0], np.cumsum(sample_sizes, dtype=np.int64)]) + start
     return np.uint32(count).tobytes() + offsets.astype(np.uint32).tobytes() + config
+
+
+class LengthColumn:
+    """Where a length column lies in a shard's samples, to read every sample's length from
+    the shard's bytes in a few array operations, without decoding the sample: the first
+    dimension of an ``ndarray`` column (``layout="shape"``: from its shape header; ``"fixed"``:
+    a fixed shape's), an ``int`` column's value (``"int"``) or a ``bytes`` column's size
+    (``"size"``): what ``len`` (or the integer) of the decoded value is.
+
+    Args:
+        layout: ``"shape"``, ``"fixed"``, ``"int"`` or ``"size"``.
+        variables: variable-size columns in a sample (one ``uint32`` size each up front).
+        fixed_before: bytes of the fixed-size columns before the column.
+        sizes_before: the variable columns before it (their index among the variable ones).
+        own: the column's index among the variable ones (``-1``: fixed size).
+        detail: ``"shape"``: where the shape byte is (1 after a dtype byte, else 0);
+            ``"fixed"``: the first dimension.
+    """
+
+    def __init__(
+        self,
+        layout: str,
+        variables: int,
+        fixed_before: int,
+        sizes_before: list[int],
+        own: int,
+        detail: int = 0,
+    ) -> None:
+        self.layout, self.variables, self.fixed_before = layout, variables, fixed_before
+        self.sizes_before, self.own, self.detail = sizes_before, own, detail
+
+    def lengths(self, data: np.ndarray, offsets: np.ndarray) -> np.ndarray | None:
+        """The lengths of the samples starting at ``offsets[:-1]`` (``uint8`` ``data`` is
+        the shard file), or ``None`` where a sample holds a 0-d array (its length is its
+        value: the caller decodes it).
+
+        Args:
+            data: the shard file's bytes.
+            offsets: the samples' start offsets and the next one's (``uint32``).
+        """
+        at = offsets[:-1].astype(np.int64)
+        if self.layout == "fixed":
+            return np.full(at.shape[0], self.detail, np.int64)
+        if self.layout == "size":
+            return _unsigned(data, at + 4 * self.own, 4).astype(np.int64)
+        column = at + 4 * self.variables + self.fixed_before
+        for v in self.sizes_before:
+            column += _unsigned(data, at + 4 * v, 4).astype(np.int64)
+        if self.layout == "int":
+            return _unsigned(data, column, 8).view(np.int64)
+        head = data[column + self.detail]
+        if not (head >> 2).all():  # a 0-d array: its length is its value
+            return None
+        width = (head & 3).astype(np.int64)
+        return _unsigned(data, column + self.detail + 1, 1 << width).astype(np.int64)
+
+    def __repr__(self) -> str:
+        return f"LengthColumn({self.layout!r}, own={self.own}, before={self.sizes_before})"
+
+
+def length_column(codecs: list[ColumnCodec], names: list[str], length: Any) -> LengthColumn | None:
+    """The ``LengthColumn`` of ``length`` in a shard of these columns, or ``None`` where
+    the length needs the decoded record (a function, or a column of another encoding).
+
+    Args:
+        codecs: every column's codec, in the shard's column order.
+        names: every column's name, in the same order.
+        length: the source's ``length`` argument (a column name or a function).
+
+    Example::
+
+        >>> length_column([codec("ndarray:int32")], ["tokens"], "tokens")
+        LengthColumn('shape', own=0, before=[])
+    """
+    if not isinstance(length, str) or length not in names:
+        return None
+    j = names.index(length)
+    variable = [c.size is None for c in codecs]
+    before = [i for i in range(j) if variable[i]]
+    fixed_before = sum(c.size or 0 for c in codecs[:j])
+    own = sum(variable[:j]) if variable[j] else -1
+    name, _, args = codecs[j].encoding.partition(":")
+    sizes_before = list(range(len(before)))
+    parts = (sum(variable), fixed_before, sizes_before, own)
+    if name == "int":
+        return LengthColumn("int", *parts)
+    if name == "bytes":
+        return LengthColumn("size", *parts)
+    if name != "ndarray":
+        return None
+    dtype_text, _, shape_text = args.partition(":")
+    if shape_text:
+        shape = [int(d) for d in shape_text.split(",")]
+        return LengthColumn("fixed", *parts, detail=shape[0]) if shape else None
+    return LengthColumn("shape", *parts, detail=0 if dtype_text else 1)
+
+
+def _unsigned(data: np.ndarray, at: np.ndarray, width: Any) -> np.ndarray:
+    """The little-endian unsigned integers of ``width`` bytes (one width, or one per
+    value: 1, 2, 4 or 8) at positions ``at`` of ``data``, as ``uint64``."""
+    value = np.zeros(at.shape[0], np.uint64)
+    last = data.shape[0] - 1
+    for i in range(int(np.max(width, initial=0))):
+        byte = data[np.minimum(at + i, last)].astype(np.uint64) << np.uint64(8 * i)
+        value |= byte if np.ndim(width) == 0 else np.where(i < width, byte, np.uint64(0))
+    return value
