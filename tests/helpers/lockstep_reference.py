@@ -10,16 +10,121 @@ import reference
 
 LPT_LOOKS = 1 << 24  # lockstep._LPT_LOOKS
 RANKED_LOOKS = 1 << 19  # lockstep._RANKED_LOOKS
+REBUILD_STEP = 1 << 16  # lockstep._REBUILD_STEP
+REBUILD_GAP = 0.01  # lockstep._REBUILD_GAP
+REBUILD_TRIES = 4  # lockstep._REBUILD_TRIES
+REBUILD_LOOKS = 1 << 19  # lockstep._REBUILD_LOOKS
+REBUILD_LEVELS = (1, 2, 4, 8)  # lockstep._REBUILD_LEVELS
 
 
 def lockstep_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row_docs):
     """``lockstep_attempt``: ``(rank, micro, row, cells)`` lists, or ``None`` if a unit fits
-    no cell. The ladder greedy, refined; where units × cells is at most ``RANKED_LOOKS``
+    no cell: ``constructions_pack``, then on ranks of one speed where units × cells is at
+    most ``REBUILD_STEP``, ``rebuild``."""
+    order = [int(i) for i in reference.descending_order(np.asarray(costs))]
+    best = constructions_pack(
+        lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs
+    )
+    n, w = len(lengths), len(speeds)
+    if best is None:
+        return None
+    floor = max(sum(costs) / w, max(costs, default=0.0)) / speeds[0]
+    if (
+        n
+        and w > 1
+        and num_micro > 1
+        and n * w * num_micro <= REBUILD_STEP
+        and len(set(speeds)) == 1
+        and step(best[5], speeds) > floor * (1 + REBUILD_GAP)
+    ):
+        rebuild(lengths, costs, docs, order, speeds, rows, row_length, row_docs, *best[2:])
+    return best[2:]
+
+
+def by_idle(cells):
+    """``lockstep_rebuild.by_idle``: micro-batches by descending idle time, ties lower."""
+    w, num_micro = len(cells), len(cells[0])
+    idle = [0.0] * num_micro
+    for k in range(num_micro):
+        high = max(cells[r][k] for r in range(w))
+        for r in range(w):
+            idle[k] += high - cells[r][k]
+    return sorted(range(num_micro), key=lambda k: (-idle[k], k))
+
+
+def shed_column(costs, rank, micro, cells, k, j):
+    """``lockstep_rebuild.shed_column``: ``(stay, column)``."""
+    w = len(cells)
+    stay = [m == k for m in micro]
+    column = [cells[r][k] for r in range(w)]
+    ranks = sorted(range(w), key=lambda r: (-cells[r][k], r))
+    level = cells[ranks[j]][k]
+    for r in ranks[:j]:
+        units = sorted(
+            (i for i in range(len(costs)) if stay[i] and rank[i] == r), key=lambda i: (costs[i], i)
+        )
+        y = 0
+        while column[r] > level and len(units) - y > 1:
+            stay[units[y]] = False
+            column[r] -= costs[units[y]]
+            y += 1
+    return stay, column
+
+
+def rebuild(lengths, costs, docs, order, speeds, rows, row_length, row_docs, rank, micro, row,
+            cells):  # fmt: skip
+    """``lockstep._rebuild`` on lists (mutated in place): micro-batch ``k`` (by descending
+    idle) keeps its units but those its ``j`` costliest cells shed (``j`` in
+    ``REBUILD_LEVELS``), the rest go through ``constructions_pack`` into the other
+    micro-batches; the first shorter plan is taken and the tries start again, within
+    ``REBUILD_TRIES`` tries and ``REBUILD_LOOKS`` units × cells."""
+    w, num_micro = len(cells), len(cells[0])
+    tries = looks = 0
+    improved = True
+    while improved:
+        improved = False
+        for k in by_idle(cells):
+            for j in REBUILD_LEVELS:
+                if j >= w or improved:
+                    break
+                stay, column = shed_column(costs, rank, micro, cells, k, j)
+                units = [i for i in range(len(stay)) if not stay[i]]
+                where = {i: t for t, i in enumerate(units)}
+                sub_order = [where[i] for i in order if not stay[i]]
+                looks += len(units) * w * (num_micro - 1)
+                tries += 1
+                if tries > REBUILD_TRIES or looks > REBUILD_LOOKS:
+                    return
+                sub = constructions_pack(
+                    [lengths[i] for i in units], [costs[i] for i in units],
+                    [docs[i] for i in units], sub_order, speeds, num_micro - 1, rows,
+                    row_length, row_docs,
+                )  # fmt: skip
+                if sub is None:
+                    continue
+                sub_rank, sub_micro, sub_row, sub_cells = sub[2:]
+                trial = [sub_cells[r][:k] + [column[r]] + sub_cells[r][k:] for r in range(w)]
+                if step(trial, speeds) >= step(cells, speeds):
+                    continue
+                for t, i in enumerate(units):
+                    rank[i], row[i] = sub_rank[t], sub_row[t]
+                    micro[i] = sub_micro[t] + (sub_micro[t] >= k)
+                for r in range(w):
+                    cells[r][:] = trial[r]
+                improved = True
+            if improved:
+                break
+
+
+def constructions_pack(lengths, costs, docs, order, speeds, num_micro, rows, row_length,
+                       row_docs):  # fmt: skip
+    """``lockstep._attempt``: ``(free, slots, rank, micro, row, cells)`` lists (``free`` and
+    ``slots`` those of the construction kept), or ``None`` if a unit fits no cell. The ladder
+    greedy, refined; where units × cells is at most ``RANKED_LOOKS``
     (``LPT_LOOKS``), the sorted rank plan (the LPT construction) too, and where the
     costliest unit costs at most the mean cell the differencing, refined, each of which
     replaces the plan so far where that failed or where its lockstep step is shorter."""
     n, w = len(lengths), len(speeds)
-    order = [int(i) for i in reference.descending_order(np.asarray(costs))]
     best = greedy_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row_docs)
     if best is not None:
         refine(lengths, costs, docs, order, speeds, *best)
@@ -38,7 +143,7 @@ def lockstep_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row
             refine(lengths, costs, docs, order, speeds, *other)
             if best is None or step(other[5], speeds) < step(best[5], speeds):
                 best = other
-    return None if best is None else best[2:]
+    return best
 
 
 def kk_pack(lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs):
