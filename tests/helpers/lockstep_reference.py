@@ -15,6 +15,8 @@ REBUILD_GAP = 0.01  # lockstep._REBUILD_GAP
 REBUILD_TRIES = 4  # lockstep._REBUILD_TRIES
 REBUILD_LOOKS = 1 << 19  # lockstep._REBUILD_LOOKS
 REBUILD_LEVELS = (1, 2, 4, 8)  # lockstep._REBUILD_LEVELS
+SPREAD_LEVELS = 8  # lockstep._SPREAD_LEVELS
+SPREAD_LOOKS = 1 << 16  # lockstep._SPREAD_LOOKS
 
 
 def lockstep_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row_docs):
@@ -28,17 +30,85 @@ def lockstep_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row
     n, w = len(lengths), len(speeds)
     if best is None:
         return None
-    floor = max(sum(costs) / w, max(costs, default=0.0)) / speeds[0]
-    if (
-        n
-        and w > 1
-        and num_micro > 1
-        and n * w * num_micro <= REBUILD_STEP
-        and len(set(speeds)) == 1
-        and step(best[5], speeds) > floor * (1 + REBUILD_GAP)
-    ):
+    if not n or w < 2 or num_micro < 2 or len(set(speeds)) > 1:
+        return best[2:]
+    if step(best[5], speeds) <= max(sum(costs) / w, max(costs)) / speeds[0] * (1 + REBUILD_GAP):
+        return best[2:]
+    rank, micro, row, cells = best[2:]
+    if n * w * num_micro <= REBUILD_STEP:
         rebuild(lengths, costs, docs, order, speeds, rows, row_length, row_docs, *best[2:])
+    free = [[[row_length] * rows for _ in range(num_micro)] for _ in range(w)]
+    slots = [[[row_docs] * rows for _ in range(num_micro)] for _ in range(w)]
+    for i in range(n):
+        free[rank[i]][micro[i]][row[i]] -= lengths[i]
+        slots[rank[i]][micro[i]][row[i]] -= docs[i]
+    looks = 0
+    for k in by_idle(cells):
+        if looks > SPREAD_LOOKS:
+            break
+        looks += spread_column(lengths, costs, docs, order, free, slots, rank, micro, row,
+                               cells, k, SPREAD_LEVELS, SPREAD_LOOKS - looks)  # fmt: skip
     return best[2:]
+
+
+def spread_column(lengths, costs, docs, order, free, slots, rank, micro, row, cells, k,
+                  levels, budget):  # fmt: skip
+    """``lockstep_rebuild.spread_column`` on lists (mutated in place where a level is kept):
+    for ``j`` in ``1 .. min(levels, ranks - 1)`` while at most ``budget`` looks were spent,
+    ``shed_column``, then each shed unit by ``order`` to the other micro-batches' cell keyed
+    (rise of its maximum, slack below it, micro-batch, rank) with a row it fits (the fullest);
+    the level of the shortest step is applied where that is shorter. Returns the looks."""
+    w, num_micro = len(cells), len(cells[0])
+    best_total, best, looks = sum(max(c[k2] for c in cells) for k2 in range(num_micro)), None, 0
+    for j in range(1, min(levels, w - 1) + 1):
+        if looks > budget:
+            break
+        stay, column = shed_column(costs, rank, micro, cells, k, j)
+        trial_free, trial_slots, trial_cells = (copy.deepcopy(x) for x in (free, slots, cells))
+        for r in range(w):
+            trial_cells[r][k] = column[r]
+        shed = [i for i in order if micro[i] == k and not stay[i]]
+        for i in shed:
+            trial_free[rank[i]][k][row[i]] += lengths[i]
+            trial_slots[rank[i]][k][row[i]] += docs[i]
+        top = [max(c[k2] for c in trial_cells) for k2 in range(num_micro)]
+        places, fits = {}, True
+        for i in shed:
+            found = None
+            for k2 in range(num_micro):
+                if k2 == k:
+                    continue
+                for r in range(w):
+                    looks += 1
+                    time = trial_cells[r][k2] + costs[i]
+                    rise = max(0.0, time - top[k2])
+                    key = (rise, top[k2] - time if rise == 0.0 else 0.0)
+                    if found is not None and key >= found[0]:
+                        continue
+                    q = reference.fit_row(
+                        trial_free[r][k2], lengths[i], trial_slots[r][k2], docs[i]
+                    )
+                    if q >= 0:
+                        found = (key, r, k2, q)
+            if found is None:
+                fits = False
+                break
+            _, r, k2, q = found
+            places[i] = (r, k2, q)
+            trial_free[r][k2][q] -= lengths[i]
+            trial_slots[r][k2][q] -= docs[i]
+            trial_cells[r][k2] += costs[i]
+            top[k2] = max(top[k2], trial_cells[r][k2])
+        total = sum(top) if fits else np.inf
+        if total < best_total:
+            best_total, best = total, (places, trial_free, trial_slots, trial_cells)
+    if best is not None:
+        places, trial_free, trial_slots, trial_cells = best
+        for i, (r, k2, q) in places.items():
+            rank[i], micro[i], row[i] = r, k2, q
+        for r in range(w):
+            free[r][:], slots[r][:], cells[r][:] = trial_free[r], trial_slots[r], trial_cells[r]
+    return looks
 
 
 def by_idle(cells):

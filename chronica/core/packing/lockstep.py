@@ -35,6 +35,10 @@ more than ``_REBUILD_GAP`` above ``max(mean, costliest unit)``, the rebuild pass
 (``chronica.core.packing.lockstep_rebuild``): one micro-batch keeps its units, its costliest
 cells lowered, and all other units are planned again, by the above, into the other
 micro-batches; at most ``_REBUILD_TRIES`` such plans, the first shorter one kept each time.
+Then, under the same gap at any size, every micro-batch in turn (by descending idle time)
+sheds the same way and only the shed units move to the other micro-batches, each where it
+raises a maximum least (``lockstep_rebuild.spread_column``), within ``_SPREAD_LOOKS``
+units × cells in all.
 
 The cells of ranks of one speed are kept, per micro-batch, sorted by cost (a "ladder",
 ``chronica.core.packing.ladder``), so the fullest cell a document fits under the maximum is
@@ -60,7 +64,12 @@ from chronica.core.packing.lockstep_kk import kk_cells
 from chronica.core.packing.lockstep_level import level_steps
 from chronica.core.packing.lockstep_lpt import lpt_cells
 from chronica.core.packing.lockstep_ranked import ranked_cells
-from chronica.core.packing.lockstep_rebuild import by_idle, moving_units, shed_column
+from chronica.core.packing.lockstep_rebuild import (
+    by_idle,
+    moving_units,
+    shed_column,
+    spread_column,
+)
 from chronica.core.packing.lockstep_relief import relieve_columns
 
 __all__ = ["level_steps", "lockstep_attempt", "speed_classes"]
@@ -79,6 +88,10 @@ _REBUILD_GAP = 0.01
 _REBUILD_TRIES = 4
 _REBUILD_LOOKS = 1 << 19
 _REBUILD_LEVELS = (1, 2, 4, 8)
+# Then, at any size, ``spread_column`` on every micro-batch (by descending idle time), each
+# lowering up to ``_SPREAD_LEVELS`` cells, within ``_SPREAD_LOOKS`` units × cells in all.
+_SPREAD_LEVELS = 8
+_SPREAD_LOOKS = 1 << 16
 # The constructions ``_instead`` tries.
 _RANKED, _LPT, _KK = 0, 1, 2
 
@@ -134,11 +147,25 @@ def lockstep_attempt(
         row, cells,
     )  # fmt: skip
     w, n = speeds.shape[0], lengths.shape[0]
-    if fits and n and w > 1 and num_micro > 1 and n * w * num_micro <= _REBUILD_STEP:
-        floor = max(costs.sum() / w, costs.max()) / speeds[0]
-        if (speeds == speeds[0]).all() and _step(cells, speeds) > floor * (1 + _REBUILD_GAP):
-            _rebuild(lengths, costs, docs, order, speeds, rows, row_length, row_docs, rank,
-                     micro, row, cells)  # fmt: skip
+    if not fits or not n or w < 2 or num_micro < 2 or not (speeds == speeds[0]).all():
+        return fits
+    floor = max(costs.sum() / w, costs.max()) / speeds[0]
+    if _step(cells, speeds) <= floor * (1 + _REBUILD_GAP):
+        return fits
+    if n * w * num_micro <= _REBUILD_STEP:
+        _rebuild(lengths, costs, docs, order, speeds, rows, row_length, row_docs, rank, micro,
+                 row, cells)  # fmt: skip
+    free = np.full((w, num_micro, rows), row_length, np.int64)
+    slots = np.full((w, num_micro, rows), row_docs, np.int64)
+    for i in range(n):
+        free[rank[i], micro[i], row[i]] -= lengths[i]
+        slots[rank[i], micro[i], row[i]] -= docs[i]
+    looks = 0
+    for k in by_idle(cells):
+        if looks > _SPREAD_LOOKS:
+            break
+        looks += spread_column(lengths, costs, docs, order, free, slots, rank, micro, row,
+                               cells, k, _SPREAD_LEVELS, _SPREAD_LOOKS - looks)  # fmt: skip
     return fits
 
 
