@@ -10,16 +10,191 @@ import reference
 
 LPT_LOOKS = 1 << 24  # lockstep._LPT_LOOKS
 RANKED_LOOKS = 1 << 19  # lockstep._RANKED_LOOKS
+REBUILD_STEP = 1 << 16  # lockstep._REBUILD_STEP
+REBUILD_GAP = 0.01  # lockstep._REBUILD_GAP
+REBUILD_TRIES = 4  # lockstep._REBUILD_TRIES
+REBUILD_LOOKS = 1 << 19  # lockstep._REBUILD_LOOKS
+REBUILD_LEVELS = (1, 2, 4, 8)  # lockstep._REBUILD_LEVELS
+SPREAD_LEVELS = 8  # lockstep._SPREAD_LEVELS
+SPREAD_LOOKS = 1 << 16  # lockstep._SPREAD_LOOKS
 
 
 def lockstep_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row_docs):
     """``lockstep_attempt``: ``(rank, micro, row, cells)`` lists, or ``None`` if a unit fits
-    no cell. The ladder greedy, refined; where units × cells is at most ``RANKED_LOOKS``
+    no cell: ``constructions_pack``, then on ranks of one speed where units × cells is at
+    most ``REBUILD_STEP``, ``rebuild``."""
+    order = [int(i) for i in reference.descending_order(np.asarray(costs))]
+    best = constructions_pack(
+        lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs
+    )
+    n, w = len(lengths), len(speeds)
+    if best is None:
+        return None
+    if not n or w < 2 or num_micro < 2 or len(set(speeds)) > 1:
+        return best[2:]
+    if step(best[5], speeds) <= max(sum(costs) / w, max(costs)) / speeds[0] * (1 + REBUILD_GAP):
+        return best[2:]
+    rank, micro, row, cells = best[2:]
+    if n * w * num_micro <= REBUILD_STEP:
+        rebuild(lengths, costs, docs, order, speeds, rows, row_length, row_docs, *best[2:])
+    free = [[[row_length] * rows for _ in range(num_micro)] for _ in range(w)]
+    slots = [[[row_docs] * rows for _ in range(num_micro)] for _ in range(w)]
+    for i in range(n):
+        free[rank[i]][micro[i]][row[i]] -= lengths[i]
+        slots[rank[i]][micro[i]][row[i]] -= docs[i]
+    looks = 0
+    for k in by_idle(cells):
+        if looks > SPREAD_LOOKS:
+            break
+        looks += spread_column(lengths, costs, docs, order, free, slots, rank, micro, row,
+                               cells, k, SPREAD_LEVELS, SPREAD_LOOKS - looks)  # fmt: skip
+    return best[2:]
+
+
+def spread_column(lengths, costs, docs, order, free, slots, rank, micro, row, cells, k,
+                  levels, budget):  # fmt: skip
+    """``lockstep_rebuild.spread_column`` on lists (mutated in place where a level is kept):
+    for ``j`` in ``1 .. min(levels, ranks - 1)`` while at most ``budget`` looks were spent,
+    ``shed_column``, then each shed unit by ``order`` to the other micro-batches' cell keyed
+    (rise of its maximum, slack below it, micro-batch, rank) with a row it fits (the fullest);
+    the level of the shortest step is applied where that is shorter. Returns the looks."""
+    w, num_micro = len(cells), len(cells[0])
+    best_total, best, looks = sum(max(c[k2] for c in cells) for k2 in range(num_micro)), None, 0
+    for j in range(1, min(levels, w - 1) + 1):
+        if looks > budget:
+            break
+        stay, column = shed_column(costs, rank, micro, cells, k, j)
+        trial_free, trial_slots, trial_cells = (copy.deepcopy(x) for x in (free, slots, cells))
+        for r in range(w):
+            trial_cells[r][k] = column[r]
+        shed = [i for i in order if micro[i] == k and not stay[i]]
+        for i in shed:
+            trial_free[rank[i]][k][row[i]] += lengths[i]
+            trial_slots[rank[i]][k][row[i]] += docs[i]
+        top = [max(c[k2] for c in trial_cells) for k2 in range(num_micro)]
+        places, fits = {}, True
+        for i in shed:
+            found = None
+            for k2 in range(num_micro):
+                if k2 == k:
+                    continue
+                for r in range(w):
+                    looks += 1
+                    time = trial_cells[r][k2] + costs[i]
+                    rise = max(0.0, time - top[k2])
+                    key = (rise, top[k2] - time if rise == 0.0 else 0.0)
+                    if found is not None and key >= found[0]:
+                        continue
+                    q = reference.fit_row(
+                        trial_free[r][k2], lengths[i], trial_slots[r][k2], docs[i]
+                    )
+                    if q >= 0:
+                        found = (key, r, k2, q)
+            if found is None:
+                fits = False
+                break
+            _, r, k2, q = found
+            places[i] = (r, k2, q)
+            trial_free[r][k2][q] -= lengths[i]
+            trial_slots[r][k2][q] -= docs[i]
+            trial_cells[r][k2] += costs[i]
+            top[k2] = max(top[k2], trial_cells[r][k2])
+        total = sum(top) if fits else np.inf
+        if total < best_total:
+            best_total, best = total, (places, trial_free, trial_slots, trial_cells)
+    if best is not None:
+        places, trial_free, trial_slots, trial_cells = best
+        for i, (r, k2, q) in places.items():
+            rank[i], micro[i], row[i] = r, k2, q
+        for r in range(w):
+            free[r][:], slots[r][:], cells[r][:] = trial_free[r], trial_slots[r], trial_cells[r]
+    return looks
+
+
+def by_idle(cells):
+    """``lockstep_rebuild.by_idle``: micro-batches by descending idle time, ties lower."""
+    w, num_micro = len(cells), len(cells[0])
+    idle = [0.0] * num_micro
+    for k in range(num_micro):
+        high = max(cells[r][k] for r in range(w))
+        for r in range(w):
+            idle[k] += high - cells[r][k]
+    return sorted(range(num_micro), key=lambda k: (-idle[k], k))
+
+
+def shed_column(costs, rank, micro, cells, k, j):
+    """``lockstep_rebuild.shed_column``: ``(stay, column)``."""
+    w = len(cells)
+    stay = [m == k for m in micro]
+    column = [cells[r][k] for r in range(w)]
+    ranks = sorted(range(w), key=lambda r: (-cells[r][k], r))
+    level = cells[ranks[j]][k]
+    for r in ranks[:j]:
+        units = sorted(
+            (i for i in range(len(costs)) if stay[i] and rank[i] == r), key=lambda i: (costs[i], i)
+        )
+        y = 0
+        while column[r] > level and len(units) - y > 1:
+            stay[units[y]] = False
+            column[r] -= costs[units[y]]
+            y += 1
+    return stay, column
+
+
+def rebuild(lengths, costs, docs, order, speeds, rows, row_length, row_docs, rank, micro, row,
+            cells):  # fmt: skip
+    """``lockstep._rebuild`` on lists (mutated in place): micro-batch ``k`` (by descending
+    idle) keeps its units but those its ``j`` costliest cells shed (``j`` in
+    ``REBUILD_LEVELS``), the rest go through ``constructions_pack`` into the other
+    micro-batches; the first shorter plan is taken and the tries start again, within
+    ``REBUILD_TRIES`` tries and ``REBUILD_LOOKS`` units × cells."""
+    w, num_micro = len(cells), len(cells[0])
+    tries = looks = 0
+    improved = True
+    while improved:
+        improved = False
+        for k in by_idle(cells):
+            for j in REBUILD_LEVELS:
+                if j >= w or improved:
+                    break
+                stay, column = shed_column(costs, rank, micro, cells, k, j)
+                units = [i for i in range(len(stay)) if not stay[i]]
+                where = {i: t for t, i in enumerate(units)}
+                sub_order = [where[i] for i in order if not stay[i]]
+                looks += len(units) * w * (num_micro - 1)
+                tries += 1
+                if tries > REBUILD_TRIES or looks > REBUILD_LOOKS:
+                    return
+                sub = constructions_pack(
+                    [lengths[i] for i in units], [costs[i] for i in units],
+                    [docs[i] for i in units], sub_order, speeds, num_micro - 1, rows,
+                    row_length, row_docs,
+                )  # fmt: skip
+                if sub is None:
+                    continue
+                sub_rank, sub_micro, sub_row, sub_cells = sub[2:]
+                trial = [sub_cells[r][:k] + [column[r]] + sub_cells[r][k:] for r in range(w)]
+                if step(trial, speeds) >= step(cells, speeds):
+                    continue
+                for t, i in enumerate(units):
+                    rank[i], row[i] = sub_rank[t], sub_row[t]
+                    micro[i] = sub_micro[t] + (sub_micro[t] >= k)
+                for r in range(w):
+                    cells[r][:] = trial[r]
+                improved = True
+            if improved:
+                break
+
+
+def constructions_pack(lengths, costs, docs, order, speeds, num_micro, rows, row_length,
+                       row_docs):  # fmt: skip
+    """``lockstep._attempt``: ``(free, slots, rank, micro, row, cells)`` lists (``free`` and
+    ``slots`` those of the construction kept), or ``None`` if a unit fits no cell. The ladder
+    greedy, refined; where units × cells is at most ``RANKED_LOOKS``
     (``LPT_LOOKS``), the sorted rank plan (the LPT construction) too, and where the
     costliest unit costs at most the mean cell the differencing, refined, each of which
     replaces the plan so far where that failed or where its lockstep step is shorter."""
     n, w = len(lengths), len(speeds)
-    order = [int(i) for i in reference.descending_order(np.asarray(costs))]
     best = greedy_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row_docs)
     if best is not None:
         refine(lengths, costs, docs, order, speeds, *best)
@@ -38,7 +213,7 @@ def lockstep_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row
             refine(lengths, costs, docs, order, speeds, *other)
             if best is None or step(other[5], speeds) < step(best[5], speeds):
                 best = other
-    return None if best is None else best[2:]
+    return best
 
 
 def kk_pack(lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs):

@@ -12,7 +12,8 @@ slack below that maximum (best fit, so that large gaps stay for large documents)
 lower time, then the lower cell (micro-batch, then rank). While as many documents are left as
 cells are empty, a document goes to an empty cell, so no cell is empty where the step has at
 least as many documents as cells. Then every micro-batch is leveled across the ranks
-(``level_steps``: moves and trades between its slowest and its fastest cells), and units of
+(``chronica.core.packing.lockstep_level``: moves and trades between its slowest and its
+fastest cells), and units of
 the slowest cells trade places with cheaper units of other micro-batches where those have
 slack (``chronica.core.packing.lockstep_relief``), for at most as many candidate looks as
 the step has units (and at least ``_RELIEF_LOOKS``), so the planning time stays bounded.
@@ -29,6 +30,15 @@ micro-batch, as on real length sets), so does a differencing construction
 into its micro-batches, sorted by cost), whatever the step's size: its work grows as
 ``units · log(units)``, and the passes after it are bounded as above. They also stand in
 where the greedy leaves a unit without a cell, so the step needs no extra micro-batch.
+Last, on ranks of one speed, where units × cells is at most ``_REBUILD_STEP`` and the step is
+more than ``_REBUILD_GAP`` above ``max(mean, costliest unit)``, the rebuild pass
+(``chronica.core.packing.lockstep_rebuild``): one micro-batch keeps its units, its costliest
+cells lowered, and all other units are planned again, by the above, into the other
+micro-batches; at most ``_REBUILD_TRIES`` such plans, the first shorter one kept each time.
+Then, under the same gap at any size, every micro-batch in turn (by descending idle time)
+sheds the same way and only the shed units move to the other micro-batches, each where it
+raises a maximum least (``lockstep_rebuild.spread_column``), within ``_SPREAD_LOOKS``
+units × cells in all.
 
 The cells of ranks of one speed are kept, per micro-batch, sorted by cost (a "ladder",
 ``chronica.core.packing.ladder``), so the fullest cell a document fits under the maximum is
@@ -51,20 +61,37 @@ from numba import njit
 from chronica.core.packing.kernels import fit_row, largest_room
 from chronica.core.packing.ladder import cell_before, climb, rung, speed_classes
 from chronica.core.packing.lockstep_kk import kk_cells
+from chronica.core.packing.lockstep_level import level_steps
 from chronica.core.packing.lockstep_lpt import lpt_cells
 from chronica.core.packing.lockstep_ranked import ranked_cells
+from chronica.core.packing.lockstep_rebuild import (
+    by_idle,
+    moving_units,
+    shed_column,
+    spread_column,
+)
 from chronica.core.packing.lockstep_relief import relieve_columns
 
 __all__ = ["level_steps", "lockstep_attempt", "speed_classes"]
 
-# Cells a slowest cell looks for a partner among, fastest first, when the fastest has no room.
-_PARTNERS = 8
 # The relief pass looks at as many candidate units as the step has, and at least this many.
 _RELIEF_LOOKS = 8192
 # The LPT construction runs where units × cells is at most this (it may look at every cell).
 _LPT_LOOKS = 1 << 24
 # The sorted rank plan runs where units × cells is at most this.
 _RANKED_LOOKS = 1 << 19
+# The rebuild pass runs on ranks of one speed where units × cells is at most this; it tries
+# at most ``_REBUILD_TRIES`` plans of at most ``_REBUILD_LOOKS`` units × cells in all, each
+# lowering a micro-batch's costliest cells by one of ``_REBUILD_LEVELS``.
+_REBUILD_STEP = 1 << 16
+_REBUILD_GAP = 0.01
+_REBUILD_TRIES = 4
+_REBUILD_LOOKS = 1 << 19
+_REBUILD_LEVELS = (1, 2, 4, 8)
+# Then, at any size, ``spread_column`` on every micro-batch (by descending idle time), each
+# lowering up to ``_SPREAD_LEVELS`` cells, within ``_SPREAD_LOOKS`` units × cells in all.
+_SPREAD_LEVELS = 8
+_SPREAD_LOOKS = 1 << 16
 # The constructions ``_instead`` tries.
 _RANKED, _LPT, _KK = 0, 1, 2
 
@@ -115,6 +142,51 @@ def lockstep_attempt(
         >>> cells.tolist()
         [[4.0, 2.0], [3.0, 1.0]]
     """
+    fits = _attempt(
+        lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs, rank, micro,
+        row, cells,
+    )  # fmt: skip
+    w, n = speeds.shape[0], lengths.shape[0]
+    if not fits or not n or w < 2 or num_micro < 2 or not (speeds == speeds[0]).all():
+        return fits
+    floor = max(costs.sum() / w, costs.max()) / speeds[0]
+    if _step(cells, speeds) <= floor * (1 + _REBUILD_GAP):
+        return fits
+    if n * w * num_micro <= _REBUILD_STEP:
+        _rebuild(lengths, costs, docs, order, speeds, rows, row_length, row_docs, rank, micro,
+                 row, cells)  # fmt: skip
+    free = np.full((w, num_micro, rows), row_length, np.int64)
+    slots = np.full((w, num_micro, rows), row_docs, np.int64)
+    for i in range(n):
+        free[rank[i], micro[i], row[i]] -= lengths[i]
+        slots[rank[i], micro[i], row[i]] -= docs[i]
+    looks = 0
+    for k in by_idle(cells):
+        if looks > _SPREAD_LOOKS:
+            break
+        looks += spread_column(lengths, costs, docs, order, free, slots, rank, micro, row,
+                               cells, k, _SPREAD_LEVELS, _SPREAD_LOOKS - looks)  # fmt: skip
+    return fits
+
+
+@njit(cache=True)
+def _attempt(
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    docs: np.ndarray,
+    order: np.ndarray,
+    speeds: np.ndarray,
+    num_micro: int,
+    rows: int,
+    row_length: int,
+    row_docs: int,
+    rank: np.ndarray,
+    micro: np.ndarray,
+    row: np.ndarray,
+    cells: np.ndarray,
+) -> bool:
+    # ``lockstep_attempt`` before the rebuild pass: the greedy and the other constructions,
+    # each refined, the shortest kept.
     w = speeds.shape[0]
     n = lengths.shape[0]
     free = np.full((w, num_micro, rows), row_length, np.int64)
@@ -186,6 +258,69 @@ def lockstep_attempt(
             row, cells, fits,
         ) or fits  # fmt: skip
     return fits
+
+
+@njit(cache=True)
+def _rebuild(
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    docs: np.ndarray,
+    order: np.ndarray,
+    speeds: np.ndarray,
+    rows: int,
+    row_length: int,
+    row_docs: int,
+    rank: np.ndarray,
+    micro: np.ndarray,
+    row: np.ndarray,
+    cells: np.ndarray,
+) -> None:
+    # The rebuild pass (``chronica.core.packing.lockstep_rebuild``): micro-batch ``k`` kept,
+    # its ``j`` costliest cells lowered, the other units planned again into the other
+    # micro-batches; the first shorter plan replaces the outputs and the tries start again,
+    # at most ``_REBUILD_TRIES`` of them and ``_REBUILD_LOOKS`` units × cells planned again.
+    w, num_micro = cells.shape
+    n = lengths.shape[0]
+    stay = np.empty(n, np.bool_)
+    column = np.empty(w)
+    trial = np.empty_like(cells)
+    tries, looks = 0, 0
+    improved = True
+    while improved:
+        improved = False
+        for k in by_idle(cells):
+            for j in _REBUILD_LEVELS:
+                if j >= w or improved:
+                    break
+                shed_column(costs, rank, micro, cells, k, j, stay, column)
+                units, sub_order = moving_units(order, stay)
+                m = units.shape[0]
+                looks += m * w * (num_micro - 1)
+                tries += 1
+                if tries > _REBUILD_TRIES or looks > _REBUILD_LOOKS:
+                    return
+                sub_rank = np.empty(m, np.int64)
+                sub_micro = np.empty(m, np.int64)
+                sub_row = np.empty(m, np.int64)
+                sub_cells = np.empty((w, num_micro - 1))
+                if not _attempt(
+                    lengths[units], costs[units], docs[units], sub_order, speeds, num_micro - 1,
+                    rows, row_length, row_docs, sub_rank, sub_micro, sub_row, sub_cells,
+                ):  # fmt: skip
+                    continue
+                trial[:, :k] = sub_cells[:, :k]
+                trial[:, k] = column
+                trial[:, k + 1 :] = sub_cells[:, k:]
+                if _step(trial, speeds) >= _step(cells, speeds):
+                    continue
+                for t in range(m):
+                    i = units[t]
+                    rank[i], row[i] = sub_rank[t], sub_row[t]
+                    micro[i] = sub_micro[t] + (sub_micro[t] >= k)
+                cells[:, :] = trial
+                improved = True
+            if improved:
+                break
 
 
 @njit(cache=True)
@@ -274,121 +409,6 @@ def _step(cells: np.ndarray, speeds: np.ndarray) -> float:
             high = max(high, cells[r, k] / speeds[r])
         total += high
     return total
-
-
-@njit(cache=True)
-def level_steps(
-    lengths: np.ndarray,
-    costs: np.ndarray,
-    docs: np.ndarray,
-    speeds: np.ndarray,
-    free: np.ndarray,
-    slots: np.ndarray,
-    rank: np.ndarray,
-    micro: np.ndarray,
-    row: np.ndarray,
-    cells: np.ndarray,
-) -> None:
-    """Level every micro-batch across the ranks: while a unit of its slowest cell (the first
-    of equals) can move to its fastest cell (the first of equals), or trade places with a
-    cheaper unit there, so that both cells end below the slowest's old time, make the change
-    that leaves the larger of the two lowest (first found among equals; moves before trades,
-    the slow cell's units in its list order, then the fast cell's). A move never empties a
-    cell; a trade keeps each unit's row slot. At most ``ranks`` changes per micro-batch.
-    Every array is updated in place.
-
-    Each cell's units are a list in greedy order; a unit leaving it is replaced by the list's
-    last one, a unit joining it is appended (``tests/helpers/lockstep_reference.py`` keeps the
-    same lists).
-
-    Args:
-        lengths: ``int64`` tokens per unit.
-        costs: ``float64`` predicted cost per unit.
-        docs: ``int64`` documents per unit.
-        speeds: ``float64`` relative speed per rank.
-        free: ``int64`` ``(ranks, micro-batches, rows)`` free tokens of every row.
-        slots: ``int64`` ``(ranks, micro-batches, rows)`` documents every row can still take.
-        rank: every unit's rank.
-        micro: every unit's micro-batch.
-        row: every unit's row.
-        cells: ``float64`` ``(ranks, micro-batches)`` every cell's cost.
-
-    Example: ``lockstep_attempt`` ends with it.
-    """
-    w, num_micro = cells.shape
-    n = lengths.shape[0]
-    if w < 2 or n == 0:
-        return
-    count = np.zeros((w, num_micro), np.int64)
-    for i in range(n):
-        count[rank[i], micro[i]] += 1
-    # A cell gains at most one unit per change, and a micro-batch takes at most ``w`` changes.
-    members = np.empty((w, num_micro, count.max() + w), np.int64)
-    filled = np.zeros((w, num_micro), np.int64)
-    for i in range(n):
-        r, k = rank[i], micro[i]
-        members[r, k, filled[r, k]] = i
-        filled[r, k] += 1
-    where = np.empty(n, np.int64)  # every unit's place in its cell's list
-    for r in range(w):
-        for k in range(num_micro):
-            for x in range(filled[r, k]):
-                where[members[r, k, x]] = x
-    times = np.empty(w)
-    for k in range(num_micro):
-        for _ in range(w):
-            a = b = 0
-            for r in range(w):
-                times[r] = cells[r, k] / speeds[r]
-                if times[r] > times[a]:
-                    a = r
-                if times[r] < times[b]:
-                    b = r
-            best_i, best_j = _best_change(
-                lengths, costs, docs, speeds, free, slots, cells, members, filled, row, k, a, b
-            )
-            if best_i < 0:
-                # The fastest cell has no room: the next fastest few, while faster than a.
-                for b in np.argsort(times, kind="mergesort")[:_PARTNERS]:
-                    if times[b] >= times[a]:
-                        break
-                    best_i, best_j = _best_change(
-                        lengths, costs, docs, speeds, free, slots, cells, members, filled, row,
-                        k, a, b,
-                    )  # fmt: skip
-                    if best_i >= 0:
-                        break
-            if best_i < 0:
-                break
-            i, j = best_i, best_j
-            if j < 0:
-                q = fit_row(free[b, k], slots[b, k], lengths[i], docs[i])
-                free[a, k, row[i]] += lengths[i]
-                slots[a, k, row[i]] += docs[i]
-                free[b, k, q] -= lengths[i]
-                slots[b, k, q] -= docs[i]
-                cells[a, k] -= costs[i]
-                cells[b, k] += costs[i]
-                last = members[a, k, filled[a, k] - 1]
-                members[a, k, where[i]] = last
-                where[last] = where[i]
-                filled[a, k] -= 1
-                members[b, k, filled[b, k]] = i
-                where[i] = filled[b, k]
-                filled[b, k] += 1
-                rank[i], row[i] = b, q
-                continue
-            qa, qb = row[i], row[j]
-            free[a, k, qa] += lengths[i] - lengths[j]
-            free[b, k, qb] += lengths[j] - lengths[i]
-            slots[a, k, qa] += docs[i] - docs[j]
-            slots[b, k, qb] += docs[j] - docs[i]
-            d = costs[i] - costs[j]
-            cells[a, k] -= d
-            cells[b, k] += d
-            members[a, k, where[i]], members[b, k, where[j]] = j, i
-            where[i], where[j] = where[j], where[i]
-            rank[i], row[i], rank[j], row[j] = b, qb, a, qa
 
 
 @njit(cache=True)
@@ -505,49 +525,3 @@ def _best_empty_cell(
                 best_r, best_k, best_q = r, k, q
                 b_rise, b_slack, b_time = rise, slack, time
     return best_r, best_k, best_q, b_time
-
-
-@njit(cache=True)
-def _best_change(
-    lengths: np.ndarray,
-    costs: np.ndarray,
-    docs: np.ndarray,
-    speeds: np.ndarray,
-    free: np.ndarray,
-    slots: np.ndarray,
-    cells: np.ndarray,
-    members: np.ndarray,
-    filled: np.ndarray,
-    row: np.ndarray,
-    k: int,
-    a: int,
-    b: int,
-) -> tuple[int, int]:
-    # The move of a unit ``i`` of cell (a, k) to (b, k), or its trade with a cheaper ``j``
-    # there, leaving the larger of the two cells' times lowest and below a's: ``(i, j)``,
-    # ``j = -1`` for a move, ``i = -1`` for none.
-    best, best_i, best_j = cells[a, k] / speeds[a] * (1.0 - 1e-12), -1, -1
-    for x in range(filled[a, k]):
-        i = members[a, k, x]
-        if filled[a, k] > 1 and fit_row(free[b, k], slots[b, k], lengths[i], docs[i]) >= 0:
-            pair = max((cells[a, k] - costs[i]) / speeds[a], (cells[b, k] + costs[i]) / speeds[b])
-            if pair < best:
-                best, best_i, best_j = pair, i, -1
-    for x in range(filled[a, k]):
-        i = members[a, k, x]
-        for y in range(filled[b, k]):
-            j = members[b, k, y]
-            if costs[j] >= costs[i]:
-                continue
-            if (
-                lengths[j] > free[a, k, row[i]] + lengths[i]
-                or lengths[i] > free[b, k, row[j]] + lengths[j]
-            ):
-                continue
-            if docs[j] > slots[a, k, row[i]] + docs[i] or docs[i] > slots[b, k, row[j]] + docs[j]:
-                continue
-            d = costs[i] - costs[j]
-            pair = max((cells[a, k] - d) / speeds[a], (cells[b, k] + d) / speeds[b])
-            if pair < best:
-                best, best_i, best_j = pair, i, j
-    return best_i, best_j
