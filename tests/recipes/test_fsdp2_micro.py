@@ -10,14 +10,13 @@ import sys
 import fsdp2_micro as recipe
 import numpy as np
 import torch
-from conftest import RECIPES
 from workers import ROOT, base_env, run_workers, torch_rendezvous
 
 STEPS, WORLD = 3, 2
 
 
 def test_two_fsdp2_ranks_train_every_document_once_and_match_one_process(tmp_path):
-    command = [sys.executable, str(RECIPES / "fsdp2_micro.py"), "--steps", str(STEPS)]
+    command = [sys.executable, recipe.__file__, "--steps", str(STEPS)]
     command += ["--out", str(tmp_path)]
     with torch_rendezvous(WORLD) as meeting:
         env = [

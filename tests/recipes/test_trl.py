@@ -13,7 +13,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import RECIPES
 from workers import ROOT, base_env, run_workers, torch_rendezvous
 
 pytest.importorskip("trl")
@@ -23,8 +22,8 @@ import trl_sft
 WORLD = 2
 
 
-def _run(script, steps, out):
-    command = [sys.executable, str(RECIPES / script), "--steps", str(steps), "--out", str(out)]
+def _run(recipe, steps, out):
+    command = [sys.executable, recipe.__file__, "--steps", str(steps), "--out", str(out)]
     with torch_rendezvous(WORLD) as meeting:
         env = [
             base_env(
@@ -42,7 +41,7 @@ def _run(script, steps, out):
 
 def test_sft_trains_planned_micro_batches_and_matches_one_process(tmp_path):
     steps = 3
-    _run("trl_sft.py", steps, tmp_path)
+    _run(trl_sft, steps, tmp_path)
     trained = [json.loads((tmp_path / f"micro_batches_{r}.json").read_text()) for r in (0, 1)]
     lengths = np.array([len(d) for d in trl_sft.documents()])
     covered = []
@@ -63,7 +62,7 @@ def test_sft_trains_planned_micro_batches_and_matches_one_process(tmp_path):
 
 
 def test_grpo_keeps_every_prompts_responses_in_one_micro_batch(tmp_path):
-    _run("trl_grpo.py", 2, tmp_path)
+    _run(trl_grpo, 2, tmp_path)
     for rank in range(WORLD):
         generations = json.loads((tmp_path / f"planned_{rank}.json").read_text())
         assert len(generations) == 2  # 2 steps of 2 micro-batches: one generation each
