@@ -160,6 +160,12 @@ def check_speeds(speed: np.ndarray | None, w: int, given: object) -> None:
         speed: ``float64`` relative speed per rank, or ``None``.
         w: the ranks.
         given: what the caller passed, as the message shows it.
+
+    Example::
+
+        >>> check_speeds(np.array([1.0, 0.0]), 2, [1.0, 0.0])
+        Traceback (most recent call last):
+        ValueError: speeds must be 2 finite numbers > 0 (one per rank), got [1.0, 0.0]
     """
     # min/max: NaN fails both comparisons, as an infinity fails one.
     if speed is not None and (
@@ -176,6 +182,12 @@ def check_unit_docs(unit_docs: np.ndarray, n: int, packing: Packing) -> None:
         unit_docs: ``int64`` documents per unit.
         n: the step's units.
         packing: the options the step is packed under.
+
+    Example::
+
+        >>> check_unit_docs(np.array([3, 1]), 2, Packing(max_tokens=8, max_documents_per_row=2))
+        Traceback (most recent call last):
+        ValueError: a unit of 3 documents exceeds max_documents_per_row=2; raise the limit ...
     """
     # Without a limit, more slots than the step has documents: the count never binds.
     row_docs = packing.max_documents_per_row or int(unit_docs.sum()) + 1
@@ -208,6 +220,13 @@ def pack_checked(
         speed: ``float64`` relative speed per rank, or ``None`` (equal).
         num_micro: the fewest micro-batches per rank, or ``None``.
         unit_docs: ``int64`` documents per unit, or ``None`` (one each).
+
+    Example::
+
+        >>> step = pack_checked(np.array([3, 2, 2]), np.array([3.0, 2.0, 2.0]), 2,
+        ...                     Packing(max_tokens=4), None, None, None)
+        >>> step.rank.tolist(), step.loads.tolist()
+        ([0, 1, 1], [3.0, 4.0])
     """
     n = lengths.shape[0]
     speed = np.ones(w) if speed is None else speed
@@ -377,6 +396,12 @@ def fill_cells(
         step: the kernels' placement of the step's units.
         unit_cost: ``float64`` predicted cost per unit.
         pinned: ``bool`` per unit: units that never move; ``None``: every unit may move.
+
+    Example::
+
+        >>> step = pack_step(np.array([3, 2]), np.array([3.0, 2.0]), 2, Packing(max_tokens=4))
+        >>> fill_cells(step, np.array([3.0, 2.0])) is step
+        True
     """
     w, m = step.cells.shape
     # Only a rank with at least ``m`` units and an empty micro-batch has one to fill (an
