@@ -488,8 +488,8 @@ def plan_step(
     speed = None if speeds is None else np.asarray(speeds, dtype=np.float64)
     # ``pack_step``'s checks of what is not checked above, in its order; the costs come
     # from a ``CostModel``, finite and >= 0 by construction.
-    packed_speed = None if speed is None else np.ascontiguousarray(speed)
-    check_speeds(packed_speed, w, speed)
+    packed_speed = np.ones(w) if speed is None else np.ascontiguousarray(speed)
+    check_speeds(None if speed is None else packed_speed, w, speed)
     unit_cost = (
         doc_costs if unit_of is None else np.bincount(unit_of, weights=doc_costs, minlength=units)
     )
@@ -499,7 +499,7 @@ def plan_step(
     step = pack_checked(unit_len, unit_cost, w, packing, packed_speed, None, unit_docs)
     if speed is None:
         # Equal speeds: their sum is ``w`` and their largest 1 (the same floats).
-        speed, speed_sum, speed_max = np.ones(w), float(w), 1.0
+        speed, speed_sum, speed_max = packed_speed, float(w), 1.0
     else:
         speed_sum, speed_max = float(speed.sum()), speed.max()
     step = in_pipeline_order(fill_cells(step, unit_cost), speed, packing)
