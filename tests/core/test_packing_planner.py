@@ -164,6 +164,26 @@ def test_the_plan_is_deterministic_and_its_figures_add_up(seed, world, balance):
     assert plan.rank_time == pytest.approx(plan.rank_costs.max())
 
 
+@pytest.mark.parametrize(
+    "packing,loss_tokens",
+    [
+        (Packing(max_tokens=64), None),
+        (Packing(max_tokens=64, balance="micro", loss="sample"), None),
+        (Packing(max_tokens=64, loss="loss_token"), np.zeros(24, np.int64)),
+        (Packing(max_tokens=64, context_parallel=2, pad_multiple=4), None),
+    ],
+)
+def test_micro_weights_are_every_ranks_loss_weights(packing, loss_tokens):
+    lengths = np.random.default_rng(3).integers(1, 60, 24)
+    plan = plan_step(lengths, 4, packing, loss_tokens=loss_tokens)
+    table = plan.micro_weights
+    assert table.shape == (4, plan.num_micro)
+    for r in range(4):
+        assert table[r].tobytes() == plan.loss_weights(r).tobytes()
+    table[:] = -1.0  # a copy: the plan's weights stay
+    assert (plan.loss_weights(0) >= 0).all()
+
+
 def test_each_objective_wins_on_its_own_figure():
     rng = np.random.default_rng(7)
     cost = CostModel.quadratic(b=24576.0, c=1.0)

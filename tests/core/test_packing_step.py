@@ -14,9 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chronica.core.packing import (
+    PackedStep,
     Packing,
+    fill_empty,
     pack_step,
 )
+from chronica.core.packing.step import fill_cells
 
 # --- generated steps -----------------------------------------------------------------------
 
@@ -333,6 +336,35 @@ def test_bad_costs_and_speeds_are_refused_naming_them(costs, speeds, name):
     # past their end.
     with pytest.raises(ValueError, match=rf"^{name} must be"):
         pack_step(np.array([1, 2, 3]), np.array(costs), 2, Packing(max_tokens=8), speeds)
+
+
+def test_fill_empty_leaves_a_placement_without_empty_cells_as_it_is():
+    # Every rank holds a unit in every micro-batch: nothing moves, and the loads are the
+    # cells' sums, as after a move.
+    step = PackedStep(
+        np.array([0, 0, 1, 1]), np.array([0, 1, 1, 0]), np.array([0, 0, 0, 0]), 2,
+        np.array([9.0, 9.0]), np.array([[1.0, 2.0], [4.0, 3.0]]),
+    )  # fmt: skip
+    filled = fill_empty(step, np.array([1.0, 2.0, 3.0, 4.0]))
+    assert filled.rank.tolist() == step.rank.tolist()
+    assert filled.micro.tolist() == step.micro.tolist()
+    assert filled.cells.tolist() == step.cells.tolist()
+    assert filled.loads.tolist() == [3.0, 7.0]
+    assert fill_cells(step, np.array([1.0, 2.0, 3.0, 4.0])) is step
+
+
+@pytest.mark.parametrize("micro", [[0, 0, 0], [0, 0, 1]])
+def test_fill_empty_fills_an_empty_rank_and_an_empty_micro_batch(micro):
+    # Rank 1 is empty: the cheapest unit of the fullest rank moves to it; then every rank
+    # with as many units as micro-batches has a unit in each.
+    step = PackedStep(
+        np.array([0, 0, 0]), np.array(micro), np.array([0, 0, 0]), 1 + max(micro),
+        np.zeros(2), np.zeros((2, 1 + max(micro))),
+    )  # fmt: skip
+    filled = fill_empty(step, np.array([3.0, 1.0, 2.0]))
+    assert filled.rank.tolist() == [0, 1, 0]
+    assert fill_cells(step, np.array([3.0, 1.0, 2.0])).rank.tolist() == [0, 1, 0]
+    assert filled.loads.tolist() == filled.cells.sum(1).tolist()
 
 
 def test_num_replicas_is_refused_unless_a_positive_int():

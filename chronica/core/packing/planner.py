@@ -35,7 +35,13 @@ from chronica.core.cost import as_cost_model
 from chronica.core.packing.context_parallel import ContextShard, context_layout
 from chronica.core.packing.context_step import pack_context_step
 from chronica.core.packing.options import Packing
-from chronica.core.packing.step import fill_empty, in_pipeline_order, pack_step
+from chronica.core.packing.step import (
+    check_speeds,
+    check_unit_docs,
+    fill_cells,
+    in_pipeline_order,
+    pack_checked,
+)
 from chronica.core.pipeline import equal_cost_bound, pipeline_makespan
 
 __all__ = ["StepPlan", "plan_step"]
@@ -45,15 +51,14 @@ def _integers(name: str, values: Any, n: int | None, hint: str) -> np.ndarray:
     """``values`` as a 1-D ``int64`` array of non-negative integers (``n`` of them if given):
     ``TypeError`` for booleans or non-integers, ``ValueError`` for shape or sign."""
     array = np.asarray(values)
-    if array.dtype == np.bool_ or not (
-        np.issubdtype(array.dtype, np.integer)
-        or (np.issubdtype(array.dtype, np.floating) and np.all(np.mod(array, 1) == 0))
-    ):
+    kind = array.dtype.kind  # "b" booleans, "i"/"u" integers, "f" floating point
+    if not (kind in "iu" or (kind == "f" and np.all(np.mod(array, 1) == 0))):
         raise TypeError(f"{name} must be whole numbers{hint}, got dtype {array.dtype}")
     if array.ndim != 1 or (n is not None and array.shape[0] != n):
         want = f"{n} of them, one per document" if n is not None else "a 1-D sequence"
         raise ValueError(f"{name} must be {want}, got shape {array.shape}")
-    if array.size and (not np.all(np.isfinite(array)) or array.min() < 0):
+    # Integers are finite: only floating point needs the check.
+    if array.size and ((kind == "f" and not np.all(np.isfinite(array))) or array.min() < 0):
         raise ValueError(f"{name} must be finite and >= 0{hint}")
     return array.astype(np.int64)
 
@@ -261,17 +266,43 @@ class StepPlan:
             >>> plan.loss_weights(0).tolist()
             [0.75, 0.25]
         """
-        total = float(self.units.sum())
+        total = self._total
         if total == 0:
             return np.zeros(self.num_micro)
         if self.context_parallel > 1:
             # A device's mean runs over its local tokens (within their documents' lengths).
             units = [self._local_units(rank, k) for k in range(self.num_micro)]
             return np.array(units) * self.world_size / total
-        mine = self.rank == self._rank(rank)
+        return self._weights[self._rank(rank)].copy()
+
+    @property
+    def micro_weights(self) -> np.ndarray:
+        """``float64`` ``(world_size, num_micro)``: row ``r`` is ``loss_weights(r)``, every
+        rank's at once.
+
+        Example::
+
+            >>> plan_step([3, 1, 2, 2], 2, Packing(max_tokens=3)).micro_weights.tolist()
+            [[0.75, 0.25], [0.5, 0.5]]
+        """
+        if self.context_parallel > 1:
+            return np.array([self.loss_weights(r) for r in range(self.world_size)])
+        return self._weights.copy()
+
+    @cached_property
+    def _total(self) -> float:
+        return float(self.units.sum())  # the loss normaliser
+
+    @cached_property
+    def _weights(self) -> np.ndarray:
+        # Every rank's ``loss_weights`` (without context parallelism), built once.
+        total = self._total
+        if total == 0:
+            return np.zeros((self.world_size, self.num_micro))
         # Exact integer sums per micro-batch (float64 holds them exactly), in one pass.
-        sums = np.bincount(self.micro[mine], weights=self.units[mine], minlength=self.num_micro)
-        return np.asarray(sums * self.world_size / total, dtype=np.float64)
+        w, m = self.world_size, self.num_micro
+        sums = np.bincount(self.rank * m + self.micro, weights=self.units, minlength=w * m)
+        return np.asarray(sums.reshape(w, m) * w / total, dtype=np.float64)
 
     @property
     def context_parallel(self) -> int:
@@ -426,9 +457,9 @@ def plan_step(
     n = raw.shape[0]
     padded = packing.padded(raw)
     model = as_cost_model(cost)
-    doc_costs = np.asarray(model(padded.astype(np.float64)), dtype=np.float64)
-    unit_of = np.arange(n) if groups is None else _group_units(groups, n)
-    units = n if groups is None else int(unit_of.max()) + 1 if n else 0
+    doc_costs = np.asarray(model(padded), dtype=np.float64)  # the model reads them as float64
+    unit_of = None if groups is None else _group_units(groups, n)
+    units = n if unit_of is None else int(unit_of.max()) + 1 if n else 0
     if units < w:
         raise ValueError(
             f"the batch has {units} unit(s) (documents, or groups kept whole) for "
@@ -438,11 +469,12 @@ def plan_step(
     # Without groups every document is its own unit: the sums per unit are the documents'.
     unit_len = (
         padded
-        if groups is None
+        if unit_of is None
         else np.bincount(unit_of, weights=padded, minlength=units).astype(np.int64)
     )
     if packing.context_parallel > 1:
-        plan = _plan_context(raw, padded, doc_costs, unit_of, unit_len, w, packing, speeds)
+        every = np.arange(n) if unit_of is None else unit_of
+        plan = _plan_context(raw, padded, doc_costs, every, unit_len, w, packing, speeds)
         _loss_units(packing, raw, loss_tokens)  # refuses loss_tokens= under loss="token"
         return plan
     if int(unit_len.max()) > packing.length:
@@ -454,25 +486,35 @@ def plan_step(
             "chronica.core.packing.pieces (groups must fit in one row)"
         )
     speed = None if speeds is None else np.asarray(speeds, dtype=np.float64)
+    # ``pack_step``'s checks of what is not checked above, in its order; the costs come
+    # from a ``CostModel``, finite and >= 0 by construction.
+    packed_speed = np.ones(w) if speed is None else np.ascontiguousarray(speed)
+    check_speeds(None if speed is None else packed_speed, w, speed)
     unit_cost = (
-        doc_costs if groups is None else np.bincount(unit_of, weights=doc_costs, minlength=units)
+        doc_costs if unit_of is None else np.bincount(unit_of, weights=doc_costs, minlength=units)
     )
-    unit_docs = None if groups is None else np.bincount(unit_of, minlength=units)
-    step = pack_step(unit_len, unit_cost, w, packing, speed, docs=unit_docs)
-    speed = np.ones(w) if speed is None else speed
-    step = in_pipeline_order(fill_empty(step, unit_cost), speed, packing)
+    unit_docs = None if unit_of is None else np.bincount(unit_of, minlength=units)
+    if unit_docs is not None:
+        check_unit_docs(unit_docs, units, packing)
+    step = pack_checked(unit_len, unit_cost, w, packing, packed_speed, None, unit_docs)
+    if speed is None:
+        # Equal speeds: their sum is ``w`` and their largest 1 (the same floats).
+        speed, speed_sum, speed_max = packed_speed, float(w), 1.0
+    else:
+        speed_sum, speed_max = float(speed.sum()), speed.max()
+    step = in_pipeline_order(fill_cells(step, unit_cost), speed, packing)
     return StepPlan(
         lengths=raw,
         padded=padded,
         units=_loss_units(packing, raw, loss_tokens),
-        rank=step.rank if groups is None else step.rank[unit_of],
-        micro=step.micro if groups is None else step.micro[unit_of],
-        row=step.row if groups is None else step.row[unit_of],
+        rank=step.rank if unit_of is None else step.rank[unit_of],
+        micro=step.micro if unit_of is None else step.micro[unit_of],
+        row=step.row if unit_of is None else step.row[unit_of],
         num_micro=step.num_micro,
         micro_costs=step.cells,
         speeds=speed,
         packing=packing,
-        bound=max(float(doc_costs.sum()) / float(speed.sum()), unit_cost.max() / speed.max()),
+        bound=max(float(doc_costs.sum()) / speed_sum, unit_cost.max() / speed_max),
     )
 
 
@@ -502,7 +544,7 @@ def _plan_context(
     speed = np.ones(devices) if speed is None else speed
     g = packing.context_parallel
     piece_cost = np.where(cp.sharded, unit_cost / g, unit_cost)[cp.unit]
-    step = fill_empty(cp.step, piece_cost, cp.pinned)
+    step = fill_cells(cp.step, piece_cost, cp.pinned)
     # The first piece of every unit: a whole unit's only one, a sharded unit's CP rank 0.
     first = np.unique(cp.unit, return_index=True)[1]
     return StepPlan(

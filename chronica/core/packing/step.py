@@ -133,20 +133,62 @@ def pack_step(
     lengths = packing.padded(np.ascontiguousarray(lengths, dtype=np.int64))
     costs = np.ascontiguousarray(costs, dtype=np.float64)
     n = lengths.shape[0]
-    unit_docs = np.ones(n, np.int64) if docs is None else np.ascontiguousarray(docs, np.int64)
+    unit_docs = None if docs is None else np.ascontiguousarray(docs, np.int64)
     w = check_int("num_replicas", num_replicas, 1)
-    speed = np.ones(w) if speeds is None else np.ascontiguousarray(speeds, dtype=np.float64)
-    if costs.shape != lengths.shape or not (np.isfinite(costs).all() and (costs >= 0).all()):
+    speed = None if speeds is None else np.ascontiguousarray(speeds, dtype=np.float64)
+    # min/max: NaN fails both comparisons, as an infinity fails one.
+    if costs.shape != lengths.shape or (n and not (costs.min() >= 0 and costs.max() < np.inf)):
         raise ValueError(
             f"costs must be finite and >= 0, one per document ({n}); use a CostModel of the lengths"
         )
-    if speed.shape != (w,) or not (np.isfinite(speed).all() and (speed > 0).all()):
-        raise ValueError(f"speeds must be {w} finite numbers > 0 (one per rank), got {speeds!r}")
+    check_speeds(speed, w, speeds)
     if n and int(lengths.max()) > packing.length:
         raise ValueError(
             f"a document of {int(lengths.max())} tokens (padded) is longer than row_length="
             f"{packing.length}; cut documents with chronica.core.packing.pieces first"
         )
+    if unit_docs is not None:
+        check_unit_docs(unit_docs, n, packing)
+    return pack_checked(lengths, costs, w, packing, speed, num_micro, unit_docs)
+
+
+def check_speeds(speed: np.ndarray | None, w: int, given: object) -> None:
+    """``ValueError`` unless ``speed`` is ``None`` (equal speeds) or ``w`` finite numbers
+    ``> 0`` (``pack_step``'s check of its ``speeds``).
+
+    Args:
+        speed: ``float64`` relative speed per rank, or ``None``.
+        w: the ranks.
+        given: what the caller passed, as the message shows it.
+
+    Example::
+
+        >>> check_speeds(np.array([1.0, 0.0]), 2, [1.0, 0.0])
+        Traceback (most recent call last):
+        ValueError: speeds must be 2 finite numbers > 0 (one per rank), got [1.0, 0.0]
+    """
+    # min/max: NaN fails both comparisons, as an infinity fails one.
+    if speed is not None and (
+        speed.shape != (w,) or not (speed.min() > 0 and speed.max() < np.inf)
+    ):
+        raise ValueError(f"speeds must be {w} finite numbers > 0 (one per rank), got {given!r}")
+
+
+def check_unit_docs(unit_docs: np.ndarray, n: int, packing: Packing) -> None:
+    """``ValueError`` unless ``unit_docs`` holds ``n`` counts, none above
+    ``packing.max_documents_per_row`` (``pack_step``'s check of its ``docs``).
+
+    Args:
+        unit_docs: ``int64`` documents per unit.
+        n: the step's units.
+        packing: the options the step is packed under.
+
+    Example::
+
+        >>> check_unit_docs(np.array([3, 1]), 2, Packing(max_tokens=8, max_documents_per_row=2))
+        Traceback (most recent call last):
+        ValueError: a unit of 3 documents exceeds max_documents_per_row=2; raise the limit ...
+    """
     # Without a limit, more slots than the step has documents: the count never binds.
     row_docs = packing.max_documents_per_row or int(unit_docs.sum()) + 1
     if unit_docs.shape != (n,) or (n and int(unit_docs.max()) > row_docs):
@@ -154,29 +196,69 @@ def pack_step(
             f"a unit of {int(unit_docs.max())} documents exceeds max_documents_per_row="
             f"{packing.max_documents_per_row}; raise the limit or make the groups smaller"
         )
+
+
+def pack_checked(
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    w: int,
+    packing: Packing,
+    speed: np.ndarray | None,
+    num_micro: int | None,
+    unit_docs: np.ndarray | None,
+) -> PackedStep:
+    """``pack_step`` of arguments it has already checked and converted (padded ``int64``
+    ``lengths`` that fit a row, finite non-negative ``float64`` ``costs``, ``speed``
+    ``float64`` and positive or ``None`` for equal, ``unit_docs`` checked or ``None`` for one
+    document per unit): callers that validated their input skip the second pass.
+
+    Args:
+        lengths: ``int64`` padded tokens per unit.
+        costs: ``float64`` predicted cost per unit.
+        w: the ranks.
+        packing: the options.
+        speed: ``float64`` relative speed per rank, or ``None`` (equal).
+        num_micro: the fewest micro-batches per rank, or ``None``.
+        unit_docs: ``int64`` documents per unit, or ``None`` (one each).
+
+    Example::
+
+        >>> step = pack_checked(np.array([3, 2, 2]), np.array([3.0, 2.0, 2.0]), 2,
+        ...                     Packing(max_tokens=4), None, None, None)
+        >>> step.rank.tolist(), step.loads.tolist()
+        ([0, 1, 1], [3.0, 4.0])
+    """
+    n = lengths.shape[0]
+    speed = np.ones(w) if speed is None else speed
+    if unit_docs is None:
+        unit_docs = np.ones(n, np.int64)
+        row_docs = packing.max_documents_per_row or n + 1
+    else:
+        row_docs = packing.max_documents_per_row or int(unit_docs.sum()) + 1
     lockstep = packing.balance == "micro"
     multiple = packing.count_multiple
-    fewest = max(1, math.ceil(int(lengths.sum()) / (w * packing.rows * packing.length)))
+    rows, length = packing.rows, packing.length
+    fewest = max(1, math.ceil(int(lengths.sum()) / (w * rows * length)))
     fixed = num_micro or packing.micro_batches
     depth = 1 if packing.pipeline is None else packing.pipeline.min_micro_batches
     m = _round_up(max(fewest, fixed or 1, depth), multiple)
     order = argsort_descending(costs)
-    rank = np.empty(n, np.int64)
-    micro = np.empty_like(rank)
-    row = np.empty_like(rank)
-    loads = np.zeros(w)
-    rows, length = packing.rows, packing.length
 
     def attempt(num: int) -> PackedStep | None:
-        cells: np.ndarray = np.zeros((w, num) if lockstep else (0, 0))
-        # Lockstep cells; or rank sums, even micro-batches first, then packed tightly.
-        fits = (
-            lockstep_attempt(
+        # Fresh outputs per attempt: a kept attempt's arrays are never written again.
+        rank, micro, row = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+        if lockstep:
+            cells = np.zeros((w, num))
+            if not lockstep_attempt(
                 lengths, costs, unit_docs, order, speed, num, rows, length, row_docs, rank,
                 micro, row, cells,
-            )
-            if lockstep
-            else pack_attempt(
+            ):  # fmt: skip
+                return None
+            return PackedStep(rank, micro, row, num, cells.sum(1), cells)
+        # Rank sums: even micro-batches first, then packed tightly.
+        loads = np.empty(w)
+        if not (
+            pack_attempt(
                 lengths, costs, unit_docs, order, speed, num, rows, length, row_docs, False,
                 rank, micro, row, loads,
             )
@@ -184,32 +266,32 @@ def pack_step(
                 lengths, costs, unit_docs, order, speed, num, rows, length, row_docs, True,
                 rank, micro, row, loads,
             )
-        )  # fmt: skip
-        if not fits:
+        ):  # fmt: skip
             return None
-        if not lockstep:
-            # In document order, as ``np.add.at`` would add them, without its overhead.
-            cells = np.bincount(rank * num + micro, weights=costs, minlength=w * num)
-            cells = cells.reshape(w, num)
-        # The rank kernel's own sums, so that its plans stay bitwise what they were.
-        sums = cells.sum(1) if lockstep else loads.copy()
-        return PackedStep(rank.copy(), micro.copy(), row.copy(), num, sums, cells)
+        # In document order, as ``np.add.at`` would add them, without its overhead; the rank
+        # kernel's own sums as the loads, so that its plans stay bitwise what they were.
+        sums = np.bincount(rank * num + micro, weights=costs, minlength=w * num)
+        return PackedStep(rank, micro, row, num, loads, sums.reshape(w, num))
 
     # One micro-batch per document always fits, so the loop ends.
     best = attempt(m)
     while best is None:
         m += multiple
         best = attempt(m)
-    if fixed or not n:
+    # One rank's step is its total under either objective, at any count: nothing to gain.
+    if fixed or not n or w == 1:
         return best
     # Free counts: while the token cap, not the costs, keeps the step more than 1% above what
     # any split allows, ``multiple`` more micro-batches per rank are worth their overhead;
     # the lockstep objective stops where a cell would be left without a document.
+    if m + multiple > n // (w if lockstep else 1):
+        return best
     bound = max(costs.sum() / speed.sum(), costs.max() / speed.max())
     top = _figure(best, speed, lockstep)
     floor = -1.0  # the lockstep floor of any count, computed where first needed
+    equal = lockstep and bool((speed == speed[0]).all())
     while top > bound * (1 + _MICRO_GAIN) and m + multiple <= n // (w if lockstep else 1):
-        if lockstep and (speed == speed[0]).all():
+        if equal:
             # No plan of any count is shorter than the floor: where the floor is not 1%
             # below the step, the attempt could not be kept (the same plan, sooner).
             if floor < 0:
@@ -219,9 +301,12 @@ def pack_step(
                 break
         m += multiple
         more = attempt(m)
-        if more is None or _figure(more, speed, lockstep) > top * (1 - _MICRO_GAIN):
+        if more is None:
             break
-        best, top = more, _figure(more, speed, lockstep)
+        figure = _figure(more, speed, lockstep)
+        if figure > top * (1 - _MICRO_GAIN):
+            break
+        best, top = more, figure
     return best
 
 
@@ -284,6 +369,8 @@ def fill_empty(
         pinned: ``bool`` per unit: units that count but never move (chunks of documents
             sharded over a context-parallel group); ``None``: every unit may move.
 
+    Where nothing moves, the result holds ``step``'s own arrays (no copies).
+
     Example::
 
         >>> step = PackedStep(np.array([0, 0]), np.array([0, 0]), np.array([0, 0]), 1,
@@ -291,13 +378,43 @@ def fill_empty(
         >>> fill_empty(step, np.array([2.0, 1.0])).rank.tolist()
         [0, 1]
     """
+    filled = fill_cells(step, unit_cost, pinned)
+    if filled is not step:
+        return filled
+    return PackedStep(
+        step.rank, step.micro, step.row, step.num_micro, step.cells.sum(1), step.cells
+    )
+
+
+def fill_cells(
+    step: PackedStep, unit_cost: np.ndarray, pinned: np.ndarray | None = None
+) -> PackedStep:
+    """``fill_empty``'s placement; ``step`` itself (its ``loads`` as they were) where
+    nothing moves, for callers that read only the placement and ``cells``.
+
+    Args:
+        step: the kernels' placement of the step's units.
+        unit_cost: ``float64`` predicted cost per unit.
+        pinned: ``bool`` per unit: units that never move; ``None``: every unit may move.
+
+    Example::
+
+        >>> step = pack_step(np.array([3, 2]), np.array([3.0, 2.0]), 2, Packing(max_tokens=4))
+        >>> fill_cells(step, np.array([3.0, 2.0])) is step
+        True
+    """
+    w, m = step.cells.shape
+    # Only a rank with at least ``m`` units and an empty micro-batch has one to fill (an
+    # empty rank is one too); where there is none the placement stands as it is.
+    per_cell = np.bincount(step.rank * m + step.micro, minlength=w * m).reshape(w, m)
+    if per_cell.min() > 0 or (per_cell.any(1) & ((per_cell.sum(1) < m) | per_cell.all(1))).all():
+        return step
     rank, micro, row, cells = (
         step.rank.copy(),
         step.micro.copy(),
         step.row.copy(),
         step.cells.copy(),
     )
-    w, m = cells.shape
     movable = np.ones(rank.shape[0], np.bool_) if pinned is None else ~pinned
 
     def move(unit: int, to_rank: int, to_micro: int) -> None:
@@ -316,7 +433,6 @@ def fill_empty(
         counts[empty] += 1
         # The same micro-batch: under lockstep, the donor's shrinks as the empty rank's grows.
         move(unit, empty, int(micro[unit]))
-    # Only a rank with at least ``m`` units and an empty micro-batch has one to fill.
     per_cell = np.bincount(rank * m + micro, minlength=w * m).reshape(w, m)
     short = (per_cell.sum(1) >= m) & (per_cell == 0).any(1)
     for r in np.flatnonzero(short).tolist():
