@@ -51,14 +51,15 @@ def _integers(name: str, values: Any, n: int | None, hint: str) -> np.ndarray:
     """``values`` as a 1-D ``int64`` array of non-negative integers (``n`` of them if given):
     ``TypeError`` for booleans or non-integers, ``ValueError`` for shape or sign."""
     array = np.asarray(values)
-    kind = array.dtype.kind  # "b" booleans, "i"/"u" integers, "f" floating point
-    if not (kind in "iu" or (kind == "f" and np.all(np.mod(array, 1) == 0))):
+    # Booleans are neither: np.issubdtype(bool, np.integer) is False.
+    floating = np.issubdtype(array.dtype, np.floating)
+    if not (np.issubdtype(array.dtype, np.integer) or (floating and np.all(np.mod(array, 1) == 0))):
         raise TypeError(f"{name} must be whole numbers{hint}, got dtype {array.dtype}")
     if array.ndim != 1 or (n is not None and array.shape[0] != n):
         want = f"{n} of them, one per document" if n is not None else "a 1-D sequence"
         raise ValueError(f"{name} must be {want}, got shape {array.shape}")
     # Integers are finite: only floating point needs the check.
-    if array.size and ((kind == "f" and not np.all(np.isfinite(array))) or array.min() < 0):
+    if array.size and ((floating and not np.all(np.isfinite(array))) or array.min() < 0):
         raise ValueError(f"{name} must be finite and >= 0{hint}")
     return array.astype(np.int64)
 

@@ -216,9 +216,9 @@ def _plan_one(
     ranks = min(w, ids.shape[0])
     speed = None if speeds is None else np.asarray(speeds, dtype=np.float64)[:ranks]
     plan = plan_step(tokens, ranks, packing, cost=cost, speeds=speed)
-    costs = np.zeros((w, plan.num_micro))
-    costs[:ranks] = plan.micro_costs
-    weights = np.zeros((w, plan.num_micro))
-    for r in range(ranks):
-        weights[r] = plan.loss_weights(r) * w / ranks
+    costs, weights = plan.micro_costs, plan.micro_weights * w / ranks
+    if ranks < w:
+        # The ranks without samples run as many empty micro-batches, of weight 0.
+        pad = ((0, w - ranks), (0, 0))
+        costs, weights = np.pad(costs, pad), np.pad(weights, pad)
     return WindowStep(ids, tokens, plan.rank, plan.micro, plan.row, plan.num_micro, costs, weights)
