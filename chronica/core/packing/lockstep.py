@@ -85,7 +85,7 @@ _RANKED_LOOKS = 1 << 19
 # lowering a micro-batch's costliest cells by one of ``_REBUILD_LEVELS``.
 _REBUILD_STEP = 1 << 16
 _REBUILD_GAP = 0.01
-_REBUILD_TRIES = 4
+_REBUILD_TRIES = 3
 _REBUILD_LOOKS = 1 << 19
 _REBUILD_LEVELS = (1, 2, 4, 8)
 # Then, at any size, ``spread_column`` on every micro-batch (by descending idle time), each
