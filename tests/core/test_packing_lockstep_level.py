@@ -9,6 +9,7 @@ import lockstep_reference
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lockstep_constructions import random_placement
 
 from chronica.core.packing.lockstep_level import level_steps
 
@@ -26,29 +27,16 @@ ROW = 16
 def test_leveling_equals_the_reference_and_never_raises_a_maximum(
     units, w, num_micro, speeds, data
 ):
-    n = len(units)
     lengths = np.array([u[0] for u in units], np.int64)
     docs = np.array([u[1] for u in units], np.int64)
     costs = lengths + lengths.astype(np.float64) ** 2 / 8 + 0.25
     speed = np.ones(w) if speeds == "equal" else np.array([1.0, 2.0, 0.5, 1.5, 3.0])[:w]
-    rank = np.empty(n, np.int64)
-    micro = np.empty(n, np.int64)
     free = np.full((w, num_micro, 1), 4 * ROW, np.int64)
     slots = np.full((w, num_micro, 1), 6, np.int64)
-    for i in range(n):
-        fits = [
-            c
-            for c in range(w * num_micro)
-            if free[c // num_micro, c % num_micro, 0] >= lengths[i]
-            and slots[c // num_micro, c % num_micro, 0] >= docs[i]
-        ]
-        if not fits:
-            return
-        c = fits[data.draw(st.integers(0, len(fits) - 1))]
-        rank[i], micro[i] = c // num_micro, c % num_micro
-        free[rank[i], micro[i], 0] -= lengths[i]
-        slots[rank[i], micro[i], 0] -= docs[i]
-    row = np.zeros(n, np.int64)
+    placed = random_placement(lengths, docs, free, slots, data)
+    if placed is None:
+        return
+    rank, micro, row = placed
     cells = np.zeros((w, num_micro))
     np.add.at(cells, (rank, micro), costs)
     before = (cells / speed[:, None]).max(0, initial=0.0)

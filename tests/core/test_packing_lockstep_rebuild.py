@@ -10,6 +10,7 @@ import lockstep_reference
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lockstep_constructions import random_placement
 
 from chronica.core.kernels import argsort_descending
 from chronica.core.packing.lockstep import lockstep_attempt
@@ -93,25 +94,15 @@ def test_the_rebuild_shortens_a_step_the_constructions_leave_long():
 def test_spreading_equals_the_reference_and_never_lengthens_the_step(
     units, w, num_micro, rows, levels, budget, data
 ):
-    n = len(units)
     lengths = np.array([u[0] for u in units], np.int64)
     docs = np.array([u[1] for u in units], np.int64)
     costs = lengths + lengths.astype(np.float64) ** 2 / 8 + 0.25
-    rank, micro, row = (np.empty(n, np.int64) for _ in range(3))
     free = np.full((w, num_micro, rows), 2 * ROW, np.int64)
     slots = np.full((w, num_micro, rows), 6, np.int64)
-    for i in range(n):
-        fits = [
-            c
-            for c in range(w * num_micro * rows)
-            if free.flat[c] >= lengths[i] and slots.flat[c] >= docs[i]
-        ]
-        if not fits:
-            return
-        c = fits[data.draw(st.integers(0, len(fits) - 1))]
-        rank[i], micro[i], row[i] = np.unravel_index(c, free.shape)
-        free[rank[i], micro[i], row[i]] -= lengths[i]
-        slots[rank[i], micro[i], row[i]] -= docs[i]
+    placed = random_placement(lengths, docs, free, slots, data)
+    if placed is None:
+        return
+    rank, micro, row = placed
     cells = np.zeros((w, num_micro))
     np.add.at(cells, (rank, micro), costs)
     before = cells.max(0).sum()

@@ -9,6 +9,7 @@ import lockstep_reference
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lockstep_constructions import random_placement
 
 from chronica.core.kernels import argsort_descending
 from chronica.core.packing.lockstep_relief import relieve_columns
@@ -32,7 +33,6 @@ def _step(cells: np.ndarray, speeds: np.ndarray) -> float:
 def test_relief_equals_the_reference_and_never_lengthens_the_step(
     units, w, num_micro, speeds, budget, data
 ):
-    n = len(units)
     lengths = np.array([u[0] for u in units], np.int64)
     docs = np.array([u[1] for u in units], np.int64)
     costs = lengths + lengths.astype(np.float64) ** 2 / 8 + 0.25
@@ -42,24 +42,12 @@ def test_relief_equals_the_reference_and_never_lengthens_the_step(
         "tied": np.array([1.0, 2.0, 1.0, 2.0, 1.0])[:w],
     }[speeds]
     # Any placement with one row per cell, the cap and document limit held.
-    rank = np.empty(n, np.int64)
-    micro = np.empty(n, np.int64)
     free = np.full((w, num_micro, 1), 4 * ROW, np.int64)
     slots = np.full((w, num_micro, 1), 6, np.int64)
-    for i in range(n):
-        fits = [
-            c
-            for c in range(w * num_micro)
-            if free[c // num_micro, c % num_micro, 0] >= lengths[i]
-            and slots[c // num_micro, c % num_micro, 0] >= docs[i]
-        ]
-        if not fits:
-            return
-        c = fits[data.draw(st.integers(0, len(fits) - 1))]
-        rank[i], micro[i] = c // num_micro, c % num_micro
-        free[rank[i], micro[i], 0] -= lengths[i]
-        slots[rank[i], micro[i], 0] -= docs[i]
-    row = np.zeros(n, np.int64)
+    placed = random_placement(lengths, docs, free, slots, data)
+    if placed is None:
+        return
+    rank, micro, row = placed
     cells = np.zeros((w, num_micro))
     np.add.at(cells, (rank, micro), costs)
     before = _step(cells, speed)

@@ -64,3 +64,23 @@ def check(kernel, reference, lengths, w, num_micro, rows, row_docs, speeds, data
                 assert lengths[here & (row == q)].sum() + free[r, k, q] == ROW
                 assert docs[here & (row == q)].sum() + slots[r, k, q] == row_docs
     return cells
+
+
+def random_placement(lengths, docs, free, slots, data):
+    """Any placement of the units in the rows of ``free``/``slots`` (``(ranks, micro-batches,
+    rows)``: free tokens and document slots, updated in place) that keeps every row's limits,
+    drawn with hypothesis's ``data``, unit by unit in index order: ``(rank, micro, row)``,
+    or ``None`` where a unit fits nowhere."""
+    n = lengths.shape[0]
+    rank, micro, row = (np.empty(n, np.int64) for _ in range(3))
+    for i in range(n):
+        fits = [
+            c for c in range(free.size) if free.flat[c] >= lengths[i] and slots.flat[c] >= docs[i]
+        ]
+        if not fits:
+            return None
+        c = fits[data.draw(st.integers(0, len(fits) - 1))]
+        rank[i], micro[i], row[i] = np.unravel_index(c, free.shape)
+        free[rank[i], micro[i], row[i]] -= lengths[i]
+        slots[rank[i], micro[i], row[i]] -= docs[i]
+    return rank, micro, row
