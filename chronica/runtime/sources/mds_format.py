@@ -306,12 +306,11 @@ def length_column(codecs: list[ColumnCodec], names: list[str], length: Any) -> L
         return None
     j = names.index(length)
     variable = [c.size is None for c in codecs]
-    before = [i for i in range(j) if variable[i]]
+    preceding = sum(variable[:j])  # the variable-size columns before it
     fixed_before = sum(c.size or 0 for c in codecs[:j])
-    own = sum(variable[:j]) if variable[j] else -1
+    own = preceding if variable[j] else -1
     name, _, args = codecs[j].encoding.partition(":")
-    sizes_before = list(range(len(before)))
-    parts = (sum(variable), fixed_before, sizes_before, own)
+    parts = (sum(variable), fixed_before, list(range(preceding)), own)
     if name == "int":
         return LengthColumn("int", *parts)
     if name == "bytes":
