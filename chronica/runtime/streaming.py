@@ -45,6 +45,7 @@ from chronica.core.streaming import (
     reshard,
 )
 from chronica.runtime.sources.base import read_ids, shard_offsets
+from chronica.runtime.streaming_batch import CPU_PARTS, StreamMicroBatch, StreamStats
 from chronica.runtime.streaming_exchange import Collectives, decode, encode, fetch_records
 from chronica.runtime.streaming_lane import ReadingLane
 from chronica.runtime.streaming_records import RecordTable
@@ -53,79 +54,6 @@ from chronica.runtime.streaming_speeds import StreamSpeeds
 __all__ = ["CPU_PARTS", "StreamMicroBatch", "StreamStats", "StreamingEngine"]
 
 _END = object()
-# The parts of the planning thread's CPU time (``StreamStats.cpu``).
-CPU_PARTS = ("reading", "shuffling", "exchanging", "planning", "assembling")
-
-
-@dataclass(frozen=True, repr=False)
-class StreamMicroBatch:
-    """One micro-batch of this rank: its samples' ``records`` (row after row), global
-    ``ids``, token ``lengths`` and ``rows``, and where it stands: ``epoch``, global
-    ``step``, ``micro`` of ``num_micro`` (the same count on every rank), ``loss_weight``
-    (``chronica.StepPlan.loss_weights``).
-
-    Args:
-        records: the samples' records.
-        ids: ``int64`` their global ids.
-        lengths: ``int64`` their tokens.
-        rows: ``int64`` their packed rows.
-        epoch: the pass of the stream.
-        step: the global step.
-        micro: the micro-batch within the step.
-        num_micro: micro-batches per rank in the step.
-        loss_weight: the micro-batch's loss weight.
-
-    Example: ``batch.micro == batch.num_micro - 1`` marks the step's last micro-batch.
-    """
-
-    records: list[Any]
-    ids: np.ndarray
-    lengths: np.ndarray
-    rows: np.ndarray
-    epoch: int
-    step: int
-    micro: int
-    num_micro: int
-    loss_weight: float
-
-    def __repr__(self) -> str:
-        return (
-            f"StreamMicroBatch(epoch={self.epoch}, step={self.step}, micro={self.micro}/"
-            f"{self.num_micro}, samples={self.ids.shape[0]}, tokens={int(self.lengths.sum())})"
-        )
-
-
-def _micro_batch(**fields: Any) -> StreamMicroBatch:
-    """A ``StreamMicroBatch`` of every field, by name, built without the frozen dataclass's
-    ``__init__`` (one ``object.__setattr__`` per field: a third of the assembling)."""
-    batch = object.__new__(StreamMicroBatch)
-    batch.__dict__.update(fields)
-    return batch
-
-
-@dataclass
-class StreamStats:
-    """What this rank's planning thread did: ``windows``, ``steps``, ``bytes_sent`` (records
-    sent to other ranks by the all-to-all), ``rows_fetched`` (records read by index instead;
-    over a source read by id, every sample this rank served), seconds the planning thread
-    spent ``reading``, ``exchanging`` and ``planning``, and seconds the consumer spent
-    ``waiting`` for a planned window (0 when planning keeps ahead of training); and ``cpu``:
-    the planning thread's CPU seconds (its own, not the other jobs' of a shared machine) in
-    ``"reading"`` (the source's reads, by id too, and the lengths), ``"shuffling"``,
-    ``"exchanging"`` (collectives, gathering records), ``"planning"`` and ``"assembling"``.
-
-    Example: ``engine.stats.bytes_sent / engine.stats.steps`` is the bytes per step.
-    """
-
-    windows: int = 0
-    steps: int = 0
-    bytes_sent: int = 0
-    rows_fetched: int = 0
-    reading: float = 0.0
-    exchanging: float = 0.0
-    planning: float = 0.0
-    waiting: float = 0.0
-    cpu: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CPU_PARTS, 0.0))
 
 
 @dataclass
@@ -171,6 +99,10 @@ class StreamingEngine:
         stream: the window ``K``, the shuffle buffer and whether the stream ends
             (``chronica.StreamOptions``).
         state: a ``state_dict()`` to resume from (any world size), or ``None``.
+        decode: ``False``: plan only; the micro-batches carry no records (``records``
+            empty) for another process to read by id (``StreamMicroBatch.with_records``);
+            the source must read by id (``random_access`` and
+            ``lengths_without_records``, as ``MDSSource`` over a length column).
 
     Example::
 
@@ -188,6 +120,7 @@ class StreamingEngine:
         stream: StreamOptions | None = None,
         *,
         state: dict[str, Any] | None = None,
+        decode: bool = True,
     ) -> None:
         config = check_stream_config(config)
         stream = StreamOptions() if stream is None else stream
@@ -214,6 +147,15 @@ class StreamingEngine:
         self._by_row = bool(source.random_access) and bool(
             getattr(source, "lengths_without_records", False)
         )
+        if not isinstance(decode, bool):
+            raise TypeError(f"decode must be a bool, got {type(decode).__name__}")
+        if not (decode or self._by_row):
+            raise ValueError(
+                f"decode=False plans without reading records, which needs a source that "
+                f"reads by id (random_access and lengths_without_records); {source!r} does "
+                "not: keep decode=True (the engine reads the records itself)"
+            )
+        self.decode = decode
         self._position = self._start(state)
         self._served = self._position.consumed
         self.speeds = StreamSpeeds(config, self.rank, self._position, state)
@@ -223,7 +165,7 @@ class StreamingEngine:
     def __repr__(self) -> str:
         return (
             f"StreamingEngine(rank={self.rank}, world_size={self.world_size}, "
-            f"{self.options!r}, {self.config!r})"
+            f"{self.options!r}, {self.config!r}{'' if self.decode else ', decode=False'})"
         )
 
     @property
@@ -240,14 +182,26 @@ class StreamingEngine:
         """
         self.close()
         return StreamingEngine(
-            self.source, self.config, self.collectives, self.options, state=state
-        )
+            self.source, self.config, self.collectives, self.options, state=state,
+            decode=self.decode,
+        )  # fmt: skip
 
-    def state_dict(self) -> dict[str, Any]:
-        """The global state at the last micro-batch yielded (the same on every rank), and
-        with ``kind="dynamic"`` this rank's reports not exchanged yet (``"reports_due"``)."""
-        state = replace(self._position, consumed=self._served).to_dict()
-        return state | self.speeds.rank_state()
+    def position(self) -> tuple[StreamState, int]:
+        """Where the stream stands after the micro-batch last yielded, as a value for
+        ``state_dict(at=...)``: no copy, cheap enough to keep one per micro-batch for a
+        consumer that runs ahead of training."""
+        return self._position, self._served
+
+    def state_dict(self, at: tuple[StreamState, int] | None = None) -> dict[str, Any]:
+        """The global state at the last micro-batch yielded (the same on every rank), or
+        at ``at`` (a ``position()`` taken earlier), and with ``kind="dynamic"`` this rank's
+        reports not exchanged yet (``"reports_due"``).
+
+        Args:
+            at: a ``position()`` of this engine, or ``None`` (the last micro-batch yielded).
+        """
+        position, served = self.position() if at is None else at
+        return replace(position, consumed=served).to_dict() | self.speeds.rank_state()
 
     def report(self, seconds: float, step: int | None = None) -> None:
         """With ``kind="dynamic"``: this rank's own compute time of ``step`` (default: the
@@ -328,7 +282,9 @@ class StreamingEngine:
         order = np.lexsort((position, rows, micro))
         ids, lengths, rows = ids[order], lengths[order], rows[order]
         cut = np.searchsorted(micro[order], np.arange(first[-1] + 1)).tolist()
-        if window.records is None:  # read by id, in the order served (counted as reading)
+        if not self.decode:  # the plan alone: another process reads the records by id
+            records: list[Any] = []
+        elif window.records is None:  # read by id, in the order served (counted as reading)
             read = time.thread_time()
             records = read_ids(self.source, self._offsets, ids.tolist())
             self.stats.rows_fetched += len(records)
@@ -341,7 +297,7 @@ class StreamingEngine:
             for m in range(step.num_micro):
                 a, b = cut[first[index] + m], cut[first[index] + m + 1]
                 window.batches.append(
-                    _micro_batch(
+                    StreamMicroBatch.of(
                         records=records[a:b],
                         ids=ids[a:b],
                         lengths=lengths[a:b],

@@ -255,3 +255,33 @@ def test_closing_when_one_ranks_planning_lags_leaves_no_collective_waiting():
         t.join(timeout=scaled(60))
     assert not any(t.is_alive() for t in threads), "a planning thread waits for its peer"
     assert states[0] == states[1] and states[0]["consumed"] == 1
+
+
+def test_an_engine_that_plans_only_yields_the_same_plan_without_records(tmp_path):
+    source = make_source()
+    write_mds(
+        tmp_path,
+        [[{"input_ids": np.full(n, 1, np.int32)} for n in shard] for shard in source.shards],
+        {"input_ids": "ndarray:int32"},
+    )
+    mds = MDSSource(tmp_path, length="input_ids")
+    decoded = list(make_engine(mds, PACKING, LocalGroup(1).rank(0), **OPTIONS).micro_batches())
+    planner = make_engine(mds, PACKING, LocalGroup(1).rank(0), **OPTIONS)
+    planner = StreamingEngine(mds, planner.config, planner.collectives, planner.options,
+                              decode=False)  # fmt: skip
+    positions, planned = [planner.position()], []
+    for batch in planner.micro_batches():
+        planned.append(batch)
+        positions.append(planner.position())
+    assert [(b.ids.tolist(), b.rows.tolist(), b.step, b.micro, b.loss_weight) for b in planned] == [
+        (b.ids.tolist(), b.rows.tolist(), b.step, b.micro, b.loss_weight) for b in decoded
+    ]
+    assert all(b.records == [] for b in planned) and not planner.decode
+    assert repr(planner).endswith(", decode=False)")
+    assert planner.state_dict(at=positions[-1]) == planner.state_dict()
+    resumed = planner.resumed(planner.state_dict(at=positions[5]))
+    assert not resumed.decode
+    rest = [b.ids.tolist() for b in resumed.micro_batches()]
+    assert rest == [b.ids.tolist() for b in planned[5:]]
+    with pytest.raises(TypeError, match="decode must be a bool"):
+        StreamingEngine(mds, planner.config, planner.collectives, decode=1)

@@ -10,7 +10,11 @@ Each item is one micro-batch as ``collate_packed`` builds it (``input_ids``,
 the same number of items per step. The planning (``chronica.runtime.streaming``) runs in a
 thread of its own over a dedicated gloo group, so the trainer's collectives never interleave
 with it. Use ``DataLoader(dataset, batch_size=None, num_workers=0)``: the engine reads
-ahead in its own thread, and worker processes would each read the whole stream.
+ahead in its own thread, and worker processes would each read the whole stream. Over a
+source that reads by id (``MDSSource``), ``dataset.loader(num_workers=N)`` is a
+``DataLoader`` whose main process plans and whose workers read and collate each planned
+micro-batch (``chronica.adapters.torch.streaming_workers``): the same micro-batches, the
+reading off the planning process.
 
 A trainer that reads ahead of what it trained (Lightning reads one micro-batch ahead of a
 loader without a length) tells the stream what it trained: after ``track_trained()`` the
@@ -31,13 +35,17 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from chronica.adapters.torch.packed import PackedIndex, collate_packed
+from chronica.adapters.torch.streaming_workers import (
+    StreamPlanSampler,
+    collate_stream,
+    stream_loader,
+)
 from chronica.core import ScheduleConfig
 from chronica.core.packing import Packing
 from chronica.core.streaming import StreamOptions
-from chronica.runtime.streaming import StreamingEngine, StreamMicroBatch
+from chronica.runtime.streaming import StreamingEngine
 from chronica.runtime.streaming_exchange import Collectives, LocalGroup
 from chronica.runtime.streaming_request import stream_face, stream_request
 
@@ -153,6 +161,7 @@ class StreamingDataset(IterableDataset):
         self._depth = 0  # the states kept (0: track_trained() was not called)
         self._last: _Key | None = None  # the micro-batch yielded last
         self._trained: dict[str, Any] | None = None  # the state after the one trained last
+        self._sampler: StreamPlanSampler | None = None  # loader()'s, once it was called
 
     def __repr__(self) -> str:
         return f"StreamingDataset({self.engine!r})"
@@ -161,14 +170,63 @@ class StreamingDataset(IterableDataset):
         if get_worker_info() is not None:
             raise ValueError(
                 "StreamingDataset reads ahead in a thread of its own: use num_workers=0 "
-                "(DataLoader(dataset, batch_size=None))"
+                "(DataLoader(dataset, batch_size=None)), or, over a source that reads by id "
+                "(MDSSource), dataset.loader(num_workers=N): workers that read and collate"
+            )
+        if self._sampler is not None:
+            raise ValueError(
+                "this StreamingDataset plans for dataset.loader()'s workers; iterate the "
+                "loader it returned"
             )
         self._forget()
         for batch in self.engine.micro_batches():
             self._last = (batch.epoch, batch.step, batch.micro)
             if self._depth:
                 self._keep(self._last)
-            yield self._collate(batch)
+            yield collate_stream(batch, self.key, self.pad_to)
+
+    def loader(self, num_workers: int = 1, **options: Any) -> DataLoader:
+        """A ``DataLoader`` of this stream's micro-batches whose main process plans (the
+        engine over the lengths alone) and whose ``num_workers`` worker processes read each
+        planned micro-batch by id and collate it: the same micro-batches, byte for byte, as
+        ``DataLoader(dataset, batch_size=None)``, with exactly-once, equal counts, caps and
+        resume kept; ``state_dict()`` is then the state after the last micro-batch the loop
+        received (the workers fetch ahead of it). Needs a source that reads by id
+        (``random_access`` and ``lengths_without_records``: ``MDSSource`` over a length
+        column); the dataset is from then on iterated through the loader only.
+
+        Args:
+            num_workers: worker processes, ``>= 0`` (0: read in this process).
+            options: further ``DataLoader`` arguments (``prefetch_factor``,
+                ``pin_memory``, ``persistent_workers``, ``multiprocessing_context``, ...).
+
+        Example::
+
+            dataset = StreamingDataset(MDSSource(folder, length="input_ids"),
+                                       Packing(max_tokens=8192), batch_size=64)
+            for batch in dataset.loader(num_workers=2):
+                ...
+        """
+        source = self.engine.source
+        if not (source.random_access and getattr(source, "lengths_without_records", False)):
+            raise ValueError(
+                f"dataset.loader() plans in this process and reads by id in the workers, "
+                f"which needs a source that reads lengths without records and rows by id "
+                f"(MDSSource over a length column); {source!r} does not: iterate "
+                "DataLoader(dataset, batch_size=None, num_workers=0) instead (the engine "
+                "reads in a thread of its own)"
+            )
+        if self.engine.decode:
+            self.engine.close()
+            engine = self.engine
+            self.engine = StreamingEngine(
+                source, engine.config, engine.collectives, engine.options,
+                state=engine.state_dict(), decode=False,
+            )  # fmt: skip
+        loader, self._sampler = stream_loader(
+            self.engine, self.key, self.pad_to, num_workers, **options
+        )
+        return loader
 
     def track_trained(self, depth: int = 8) -> None:
         """From now on keep the states after the ``depth`` micro-batches yielded last (the
@@ -233,17 +291,6 @@ class StreamingDataset(IterableDataset):
         self._ring.clear()
         self._last = self._trained = None
 
-    def _collate(self, batch: StreamMicroBatch) -> dict[str, Any]:
-        place = (batch.step, batch.micro, batch.num_micro)
-        columns = zip(batch.records, batch.ids, batch.lengths, batch.rows, strict=True)
-        items = [
-            (record, PackedIndex(int(i), 0, int(n), int(row), *place, batch.loss_weight))
-            for record, i, n, row in columns
-        ] or [(None, PackedIndex(0, 0, 0, 0, *place, 0.0))]  # an empty micro-batch keeps its place
-        out = collate_packed(items, key=self.key, pad_to=self.pad_to)
-        out["epoch"] = batch.epoch
-        return out
-
     def report(self, seconds: float, step: int | None = None) -> None:
         """With ``kind="dynamic"``: this rank's own compute time of ``step`` (default: the
         step of the last micro-batch taken), forward and backward before the gradient
@@ -268,9 +315,12 @@ class StreamingDataset(IterableDataset):
     def state_dict(self) -> dict[str, Any]:
         """The stream's global state at the last micro-batch yielded (the same on every
         rank), as plain lists and integers; after ``trained(batch)``, the state after
-        ``batch`` (with ``kind="dynamic"``, its step-time reports as of then too)."""
+        ``batch`` (with ``kind="dynamic"``, its step-time reports as of then too); through
+        ``loader()``, the state after the last micro-batch the training loop received."""
         if self._trained is not None:
             return copy.deepcopy(self._trained)
+        if self._sampler is not None:  # the loop's position, behind the workers' fetching
+            return self._sampler.state_dict()
         return self.engine.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -281,4 +331,6 @@ class StreamingDataset(IterableDataset):
             state: what ``state_dict()`` returned.
         """
         self.engine = self.engine.resumed(state)
+        if self._sampler is not None:
+            self._sampler.restart(self.engine)
         self._forget()

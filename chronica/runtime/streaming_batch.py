@@ -1,0 +1,110 @@
+"""What the streaming engine hands out and what it counts: ``StreamMicroBatch`` (one
+micro-batch of a rank, its records and where it stands in the stream) and ``StreamStats``
+(the planning thread's work, ``CPU_PARTS`` naming its CPU accounts).
+
+``chronica.runtime.streaming`` re-exports all three. An engine that plans only
+(``StreamingEngine(..., decode=False)``) hands out micro-batches without records, a few
+arrays and numbers to send to the process that reads them by id and gives them back
+(``StreamMicroBatch.with_records``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["CPU_PARTS", "StreamMicroBatch", "StreamStats"]
+
+# The parts of the planning thread's CPU time (``StreamStats.cpu``).
+CPU_PARTS = ("reading", "shuffling", "exchanging", "planning", "assembling")
+
+
+@dataclass(frozen=True, repr=False)
+class StreamMicroBatch:
+    """One micro-batch of this rank: its samples' ``records`` (row after row), global
+    ``ids``, token ``lengths`` and ``rows``, and where it stands: ``epoch``, global
+    ``step``, ``micro`` of ``num_micro`` (the same count on every rank), ``loss_weight``
+    (``chronica.StepPlan.loss_weights``).
+
+    Args:
+        records: the samples' records (empty in a micro-batch sent without them).
+        ids: ``int64`` their global ids.
+        lengths: ``int64`` their tokens.
+        rows: ``int64`` their packed rows.
+        epoch: the pass of the stream.
+        step: the global step.
+        micro: the micro-batch within the step.
+        num_micro: micro-batches per rank in the step.
+        loss_weight: the micro-batch's loss weight.
+
+    Example: ``batch.micro == batch.num_micro - 1`` marks the step's last micro-batch.
+    """
+
+    records: list[Any]
+    ids: np.ndarray
+    lengths: np.ndarray
+    rows: np.ndarray
+    epoch: int
+    step: int
+    micro: int
+    num_micro: int
+    loss_weight: float
+
+    @classmethod
+    def of(cls, **fields: Any) -> StreamMicroBatch:
+        """A micro-batch of every field, by name, built without the frozen dataclass's
+        ``__init__`` (one ``object.__setattr__`` per field: a third of the engine's
+        assembling).
+
+        Args:
+            fields: every field of the class, by name.
+        """
+        batch = object.__new__(cls)
+        batch.__dict__.update(fields)
+        return batch
+
+    def with_records(self, records: list[Any]) -> StreamMicroBatch:
+        """The same micro-batch holding ``records``, one per id.
+
+        Args:
+            records: the records of ``ids``, in their order.
+        """
+        if len(records) != self.ids.shape[0]:
+            raise ValueError(
+                f"a micro-batch of {self.ids.shape[0]} samples got {len(records)} records; "
+                "read one record per id, in the order of ids"
+            )
+        return StreamMicroBatch.of(**(self.__dict__ | {"records": list(records)}))
+
+    def __repr__(self) -> str:
+        return (
+            f"StreamMicroBatch(epoch={self.epoch}, step={self.step}, micro={self.micro}/"
+            f"{self.num_micro}, samples={self.ids.shape[0]}, tokens={int(self.lengths.sum())})"
+        )
+
+
+@dataclass
+class StreamStats:
+    """What this rank's planning thread did: ``windows``, ``steps``, ``bytes_sent`` (records
+    sent to other ranks by the all-to-all), ``rows_fetched`` (records read by index instead;
+    over a source read by id, every sample this rank served), seconds the planning thread
+    spent ``reading``, ``exchanging`` and ``planning``, and seconds the consumer spent
+    ``waiting`` for a planned window (0 when planning keeps ahead of training); and ``cpu``:
+    the planning thread's CPU seconds (its own, not the other jobs' of a shared machine) in
+    ``"reading"`` (the source's reads, by id too, and the lengths), ``"shuffling"``,
+    ``"exchanging"`` (collectives, gathering records), ``"planning"`` and ``"assembling"``.
+
+    Example: ``engine.stats.bytes_sent / engine.stats.steps`` is the bytes per step.
+    """
+
+    windows: int = 0
+    steps: int = 0
+    bytes_sent: int = 0
+    rows_fetched: int = 0
+    reading: float = 0.0
+    exchanging: float = 0.0
+    planning: float = 0.0
+    waiting: float = 0.0
+    cpu: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CPU_PARTS, 0.0))

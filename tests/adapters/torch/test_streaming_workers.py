@@ -1,0 +1,138 @@
+"""StreamingDataset.loader(): the main process plans, DataLoader workers read by id and
+collate. The micro-batches are byte-identical to the single-process path's at 0, 1 and 2
+workers; the state is the loop's (not the workers' fetching position) and resumes bitwise
+in a fresh dataset; sources that do not read by id are refused naming the fix."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("chronica.runtime.sources")
+
+from stream_formats import open_source, write_dataset  # noqa: E402
+from stream_source import make_source  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+from chronica.adapters.torch.streaming_workers import (  # noqa: E402
+    StreamDecoder,
+    StreamPlanSampler,
+)
+from chronica.core.packing import Packing  # noqa: E402
+from chronica.runtime.streaming import StreamingEngine  # noqa: E402
+from chronica.torch import StreamingDataset  # noqa: E402
+
+PACKING = Packing(max_tokens=1024, row_length=512)
+OPTIONS = {"batch_size": 12, "buffer_size": 6, "window_steps": 2, "seed": 1}
+FIELDS = ("indices", "input_ids", "position_ids", "segment_ids", "cu_seqlens", "labels")
+
+
+@pytest.fixture(scope="module")
+def mds(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mds") / "data"
+    write_dataset("mds", folder)
+    return open_source("mds", folder)
+
+
+def _signature(batch):
+    tensors = tuple(batch[f].numpy().tobytes() for f in FIELDS)
+    scalars = ("loss_weight", "step", "micro", "num_micro", "last", "epoch", "num_tokens")
+    return tensors + tuple(batch[k] for k in scalars) + (batch["max_seqlen"],)
+
+
+def _dataset(source, key, **extra):
+    return StreamingDataset(source, PACKING, key=key, **OPTIONS, **extra)
+
+
+def _single_process(source, key, **extra):
+    return [_signature(b) for b in DataLoader(_dataset(source, key, **extra), batch_size=None)]
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_micro_batches_are_the_single_process_ones_byte_for_byte(mds, workers):
+    source, key = mds
+    expected = _single_process(source, key)
+    dataset = _dataset(source, key)
+    assert [_signature(b) for b in dataset.loader(num_workers=workers)] == expected
+    again = [_signature(b) for b in dataset.loader(num_workers=workers)]  # the next pass
+    assert len(again) > 0 and {b[-3] for b in again} == {1}  # its epoch
+
+
+def test_padding_is_the_single_process_ones(mds):
+    source, key = mds
+    expected = _single_process(source, key, pad_to=1024)
+    loader = _dataset(source, key, pad_to=1024).loader(num_workers=1, prefetch_factor=3)
+    assert [_signature(b) for b in loader] == expected
+
+
+def _first(loader, count):
+    part = []
+    for batch in loader:
+        part.append(_signature(batch))
+        if len(part) == count:
+            return part
+    raise AssertionError(f"the pass has fewer than {count} micro-batches")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_state_is_the_loops_and_resumes_bitwise(mds, workers):
+    source, key = mds
+    full = _single_process(source, key)
+    for cut in (1, 7, 20):  # 7 and 20: mid-window, behind what the workers fetched
+        plain = _dataset(source, key)
+        _first(DataLoader(plain, batch_size=None), cut)
+        dataset = _dataset(source, key)
+        part = _first(dataset.loader(num_workers=workers, prefetch_factor=2), cut)
+        state = dataset.state_dict()
+        assert state == plain.state_dict()  # the loop's position, ...
+        assert dataset.engine.state_dict() != state  # ... not where the workers' fetching is
+        plain.close()
+        dataset.close()
+        resumed = _dataset(source, key)
+        resumed.load_state_dict(pickle.loads(pickle.dumps(state)))
+        rest = [_signature(b) for b in resumed.loader(num_workers=workers)]
+        assert part + rest == full
+
+
+def test_a_resumed_loader_keeps_its_sampler(mds):
+    source, key = mds
+    full = _single_process(source, key)
+    dataset = _dataset(source, key)
+    loader = dataset.loader(num_workers=1)
+    part = _first(loader, 9)
+    state = dataset.state_dict()
+    dataset.load_state_dict(state)  # the same loader goes on from the state
+    assert dataset.state_dict() == state
+    assert part + [_signature(b) for b in loader] == full
+
+
+def test_sources_that_do_not_read_by_id_are_refused_naming_the_fix():
+    dataset = StreamingDataset(make_source(), PACKING, **OPTIONS)
+    with pytest.raises(ValueError, match="reads lengths without records"):
+        dataset.loader(num_workers=1)
+    with pytest.raises(ValueError, match="decode=False"):
+        StreamingEngine(make_source(), dataset.engine.config, dataset.engine.collectives,
+                        decode=False)  # fmt: skip
+
+
+def test_loader_arguments_and_the_planning_dataset_guard(mds):
+    source, key = mds
+    dataset = _dataset(source, key)
+    with pytest.raises(ValueError, match="sets \\['collate_fn'\\] itself"):
+        dataset.loader(num_workers=1, collate_fn=list)
+    with pytest.raises(TypeError, match="num_workers must be an int"):
+        dataset.loader(num_workers=1.5)
+    with pytest.raises(ValueError, match="num_workers must be >= 0"):
+        dataset.loader(num_workers=-1)
+    loader = dataset.loader(num_workers=0)
+    assert isinstance(loader.batch_sampler, StreamPlanSampler)
+    assert isinstance(loader.dataset, StreamDecoder)
+    assert "decode" not in repr(loader.dataset) and "StreamPlanSampler(" in repr(
+        loader.batch_sampler
+    )
+    with pytest.raises(ValueError, match="iterate the loader"):
+        next(iter(dataset))
+    with pytest.raises(TypeError, match="__getitems__"):
+        loader.dataset[0]

@@ -1,0 +1,34 @@
+"""StreamMicroBatch: built by field, sent without records and given them back, pickled
+whole; StreamStats' CPU accounts."""
+
+import pickle
+
+import numpy as np
+import pytest
+
+from chronica.runtime.streaming_batch import CPU_PARTS, StreamMicroBatch, StreamStats
+
+
+def _batch(records):
+    ids = np.array([4, 9], np.int64)
+    return StreamMicroBatch.of(
+        records=records, ids=ids, lengths=np.array([3, 5], np.int64),
+        rows=np.zeros(2, np.int64), epoch=1, step=6, micro=0, num_micro=2, loss_weight=0.25,
+    )  # fmt: skip
+
+
+def test_a_plan_without_records_gets_them_back_and_pickles_whole():
+    planned = _batch([])
+    full = pickle.loads(pickle.dumps(planned)).with_records(["a", "b"])
+    assert full.records == ["a", "b"] and planned.records == []
+    assert full.ids.tolist() == [4, 9] and (full.step, full.micro, full.loss_weight) == (6, 0, 0.25)
+    assert repr(full) == "StreamMicroBatch(epoch=1, step=6, micro=0/2, samples=2, tokens=8)"
+    with pytest.raises(ValueError, match="got 1 records"):
+        planned.with_records(["a"])
+    with pytest.raises(AttributeError):
+        full.step = 7  # frozen
+
+
+def test_stats_count_every_cpu_part():
+    stats = StreamStats()
+    assert set(stats.cpu) == set(CPU_PARTS) and not any(stats.cpu.values())
