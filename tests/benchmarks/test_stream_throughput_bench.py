@@ -1,7 +1,7 @@
 """The streaming benchmark's throughput part: every reader, alone and through the engine,
 reads the same documents (what its side-by-side timing assumes), and the page section
-reports every reader with its overhead and CPU per sample, and reading MDS by id at four
-ranks against buffering its records."""
+reports every reader with its overhead and CPU per sample, reading MDS by id at four
+ranks against buffering its records, and MDS through DataLoader workers on both sides."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def test_every_reader_alone_and_through_the_engine_reads_every_sample():
         assert len(row["load"]) == 2
     assert len(result["load"]) == 2
     lines = streaming._throughput_lines(result)
-    table = [line for line in lines if line.startswith("| ")]
+    table = [line for line in lines if line.startswith("| ") and line.count("|") == 18]
     assert len(table) == 1 + len(stream_throughput.READERS)
     assert any("`MDSSource`" in line for line in table)
     assert any(line.startswith("Met: the 5% of samples/s for ") for line in lines)
@@ -30,3 +30,11 @@ def test_every_reader_alone_and_through_the_engine_reads_every_sample():
     assert by_id["by_id"]["decoded"] == 1.0 and by_id["buffered"]["decoded"] > 1.0
     assert by_id["by_id"]["cpu_us"] > 0 and by_id["buffered"]["cpu_us"] > 0
     assert any(line.startswith("Reading by id, MDS at W = 4") for line in lines)
+    # Through DataLoader workers: the reader alone against chronica's loader, both sides.
+    workers = result["in_workers"]
+    assert workers["workers"] == stream_throughput.WORKERS and len(workers["load"]) == 2
+    for side in ("alone", "chronica"):
+        assert workers[side]["samples_s"] > 0 and workers[side]["main_cpu_us"] > 0
+        assert workers[side]["worker_cpu_us"] > 0
+    assert any(line.startswith("With DataLoader workers, MDS") for line in lines)
+    assert sum("num_workers=1)` |" in line for line in lines) == 2
