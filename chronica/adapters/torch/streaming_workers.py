@@ -16,9 +16,11 @@ column: ``random_access`` and ``lengths_without_records``):
 A ``DataLoader`` asks its batch sampler ``prefetch_factor x num_workers`` micro-batches
 ahead of the training loop, so the engine's own position runs ahead of training. The
 sampler keeps the engine's ``position()`` after every micro-batch it yielded, from the
-first one the loop has not received (the loader iterator's count of batches handed out),
-and ``state_dict()`` is the state after the last micro-batch the loop received: a resumed
-run starts at the first one it did not, bitwise.
+first one the loop has not received; ``StreamLoader`` (the ``DataLoader``) counts the
+micro-batches it hands the loop, on the sampler, so the count outlives the loader's
+iterator (a loop that breaks and drops it), and ``state_dict()`` is the state after the
+last micro-batch the loop received: a resumed run starts at the first one it did not,
+bitwise.
 
 ``collate_stream`` lives here because both paths collate with it.
 """
@@ -29,14 +31,18 @@ from collections.abc import Iterator
 from typing import Any
 
 from torch.utils.data import DataLoader, Dataset
-from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from chronica.adapters.torch.consumers import Delivery, consumers
 from chronica.adapters.torch.packed import PackedIndex, collate_packed
 from chronica.runtime.sources.base import read_ids, shard_offsets
 from chronica.runtime.streaming import StreamingEngine, StreamMicroBatch
 
-__all__ = ["StreamDecoder", "StreamPlanSampler", "collate_stream", "stream_loader"]
+__all__ = [
+    "StreamDecoder",
+    "StreamLoader",
+    "StreamPlanSampler",
+    "collate_stream",
+    "stream_loader",
+]
 
 # DataLoader arguments the stream sets itself.
 _OWN = ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn", "drop_last")
@@ -127,7 +133,7 @@ class StreamPlanSampler:
 
     def __init__(self, engine: StreamingEngine) -> None:
         self.engine = engine
-        self._delivery: Delivery | None = None
+        self.received = 0  # micro-batches of this iteration the loop received (StreamLoader)
         self._positions: list[Any] = []  # after micro-batch _first + i of this iteration
         self._first = 0
 
@@ -135,17 +141,12 @@ class StreamPlanSampler:
         return f"StreamPlanSampler({self.engine!r})"
 
     def __iter__(self) -> Iterator[StreamMicroBatch]:
-        loader = next(
-            (o for o in consumers(self, depth=2) if isinstance(o, _BaseDataLoaderIter)), None
-        )
-        self._delivery = None if loader is None else Delivery(loader, (0, 0), 1)
-        self._positions, self._first = [self.engine.position()], 0
+        self._positions, self._first, self.received = [self.engine.position()], 0, 0
         for batch in self.engine.micro_batches():
             self._positions.append(self.engine.position())
-            received = self._received()
-            if received > self._first:  # the loop is past these: drop their positions
-                del self._positions[: received - self._first]
-                self._first = received
+            if self.received > self._first:  # the loop is past these: drop their positions
+                del self._positions[: self.received - self._first]
+                self._first = self.received
             yield batch
 
     def restart(self, engine: StreamingEngine) -> None:
@@ -155,27 +156,49 @@ class StreamPlanSampler:
         Args:
             engine: a ``StreamingEngine`` built with ``decode=False``.
         """
-        self.engine, self._delivery, self._positions, self._first = engine, None, [], 0
-
-    def _received(self) -> int:
-        """Micro-batches of this iteration the training loop has received (all those
-        yielded when no loader iterator counts them)."""
-        count = None if self._delivery is None else self._delivery.received()
-        return self._first + len(self._positions) - 1 if count is None else count
+        self.engine, self._positions, self._first, self.received = engine, [], 0, 0
 
     def state_dict(self) -> dict[str, Any]:
-        """The engine's state after the last micro-batch the loop received."""
+        """The engine's state after the last micro-batch the loop received (``received``,
+        which ``StreamLoader`` counts)."""
         if not self._positions:
             return self.engine.state_dict()
-        at = min(self._received() - self._first, len(self._positions) - 1)
+        at = min(self.received - self._first, len(self._positions) - 1)
         return self.engine.state_dict(at=self._positions[at])
+
+
+class StreamLoader(DataLoader):
+    """The ``DataLoader`` of a stream read by workers (``StreamDecoder`` batched by
+    ``StreamPlanSampler``): iterating it hands out the loader's micro-batches and counts
+    each on the sampler as the loop receives it, so the sampler's ``state_dict()`` is the
+    loop's position whatever the workers fetched ahead, and stays so after the loop drops
+    its iterator.
+
+    Args:
+        args: ``DataLoader``'s arguments.
+        kwargs: ``DataLoader``'s keyword arguments (``batch_sampler`` a
+            ``StreamPlanSampler``).
+
+    Example::
+
+        loader = StreamLoader(StreamDecoder(source, "input_ids", None), num_workers=1,
+                              batch_sampler=StreamPlanSampler(engine), collate_fn=...)
+    """
+
+    def __iter__(self) -> Iterator[Any]:
+        sampler = self.batch_sampler
+        assert isinstance(sampler, StreamPlanSampler)
+        for batch in super().__iter__():
+            sampler.received += 1
+            yield batch
 
 
 def stream_loader(
     engine: StreamingEngine, key: str, pad_to: int | None, num_workers: int, **options: Any
-) -> tuple[DataLoader, StreamPlanSampler]:
-    """A ``DataLoader`` whose batch sampler plans in this process (``engine``, built with
-    ``decode=False``) and whose ``num_workers`` workers read and collate each micro-batch.
+) -> tuple[StreamLoader, StreamPlanSampler]:
+    """A ``StreamLoader`` (a ``DataLoader``) whose batch sampler plans in this process
+    (``engine``, built with ``decode=False``) and whose ``num_workers`` workers read and
+    collate each micro-batch.
 
     Args:
         engine: the planning engine.
@@ -200,7 +223,7 @@ def stream_loader(
     if num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, got {num_workers}")
     sampler = StreamPlanSampler(engine)
-    loader = DataLoader(
+    loader = StreamLoader(
         StreamDecoder(engine.source, key, pad_to),
         batch_sampler=sampler,
         collate_fn=_collated,

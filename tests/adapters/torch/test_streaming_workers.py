@@ -5,6 +5,7 @@ in a fresh dataset; sources that do not read by id are refused naming the fix.""
 
 from __future__ import annotations
 
+import gc
 import pickle
 
 import pytest
@@ -85,6 +86,7 @@ def test_state_is_the_loops_and_resumes_bitwise(mds, workers):
         _first(DataLoader(plain, batch_size=None), cut)
         dataset = _dataset(source, key)
         part = _first(dataset.loader(num_workers=workers, prefetch_factor=2), cut)
+        gc.collect()  # the loop's iterator is gone: its count of batches with it
         state = dataset.state_dict()
         assert state == plain.state_dict()  # the loop's position, ...
         assert dataset.engine.state_dict() != state  # ... not where the workers' fetching is
@@ -94,6 +96,21 @@ def test_state_is_the_loops_and_resumes_bitwise(mds, workers):
         resumed.load_state_dict(pickle.loads(pickle.dumps(state)))
         rest = [_signature(b) for b in resumed.loader(num_workers=workers)]
         assert part + rest == full
+
+
+def test_persistent_workers_count_every_pass_afresh(mds):
+    source, key = mds
+    plain = _dataset(source, key)
+    first = [_signature(b) for b in DataLoader(plain, batch_size=None)]
+    second = _first(DataLoader(plain, batch_size=None), 5)  # the next pass
+    dataset = _dataset(source, key)
+    loader = dataset.loader(num_workers=1, persistent_workers=True)
+    assert [_signature(b) for b in loader] == first
+    assert _first(loader, 5) == second
+    gc.collect()
+    assert dataset.state_dict() == plain.state_dict()
+    plain.close()
+    dataset.close()
 
 
 def test_a_resumed_loader_keeps_its_sampler(mds):
