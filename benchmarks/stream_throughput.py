@@ -577,8 +577,8 @@ def _worker_lines(w: dict[str, Any], samples: int, repeats: int) -> list[str]:
         f"{c['worker_cpu_us']:.2f} |",
         "",
         f"Through workers chronica adds {main:+.2f} µs of CPU a sample in the main process "
-        f"and {worker:+.2f} µs in the worker (reading by id in planned order instead of "
-        f"in shard order); the overhead in samples/s is {100 * w['overhead']:.1f}%, "
+        f"and {worker:+.2f} µs in the worker; the overhead in samples/s is "
+        f"{100 * w['overhead']:.1f}%, "
         f"{'within' if w['overhead'] <= TARGET else 'over'} the 5% target in the median, "
         f"{100 * low:+.1f}% to {100 * high:+.1f}% from round to round (the machine's other "
         "jobs move a pass's pace by more than the difference measured). Collating a "
@@ -590,7 +590,7 @@ def _worker_lines(w: dict[str, Any], samples: int, repeats: int) -> list[str]:
         f"shard order ({e['by_id'] - e['order']:+.2f}): "
         f"{100 * (e['planning'] + e['pickling']) / a['main_cpu_us']:.1f}% of the main "
         "process's CPU per sample and "
-        f"{100 * (e['by_id'] - e['order']) / a['worker_cpu_us']:.1f}% of the worker's, "
-        "less than the measured difference, which the two processes' CPU per sample "
-        "varies by from round to round.",
+        f"{100 * (e['by_id'] - e['order']) / a['worker_cpu_us']:.1f}% of the worker's "
+        f"(the differences through the loaders, {main:+.2f} and {worker:+.2f} µs, carry "
+        "the rounds' variation of each process's CPU per sample).",
     ]
