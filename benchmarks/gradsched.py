@@ -89,31 +89,31 @@ DDP_ARGS: dict[str, dict[str, Any]] = {
     "DDP again": {},  # a second default DDP: the run's noise, measured like any variant
 }
 # chronica auto's shortest trial where it searches: the first step, then windows of
-# MEASURE_STEPS + 1 steps: one bucketed, the search's 8 (3 settings, then the best 2, bucketed
-# between) and its survivor's 2 beside 2 bucketed ones; plus the scheduled engine's re-plan
-# from the medians of the setting's first PLAN_STEPS steps.
-AUTO_WARM = 1 + (1 + 8 + 4) * (MEASURE_STEPS + 1) + PLAN_STEPS
+# MEASURE_STEPS + 1 steps: one bucketed, the search's 16 (3 settings twice, then the best 2
+# twice, bucketed between) and its survivor's 2 beside 2 bucketed ones; plus the scheduled
+# engine's re-plan from the medians of the setting's first PLAN_STEPS steps.
+AUTO_WARM = 1 + (1 + 16 + 4) * (MEASURE_STEPS + 1) + PLAN_STEPS
 # Steps per block as a multiple of the run's, so that every model's blocks last about as long
 # (mlp670k's steps are about 5x shorter than vgg's): a block of a few short steps is mostly
 # the machine's noise.
 BLOCK_SCALE = {"mlp670k": 5}
 
 
-MAX_AUTO_BLOCKS = 48  # the auto target's warm-up: chronica auto's blocks until it decided
 
 
 def _warm_until_decided(runners: dict, chosen: list[str], steps: int, result: dict) -> None:
     """The auto target's warm-up: a block of every variant, then chronica auto's blocks
-    until its trial settled (the ranks agree on it, so both run as many blocks), at most
-    ``MAX_AUTO_BLOCKS`` (how many in ``result["auto_warm_blocks"]``), then ``PLAN_STEPS``
-    steps of every scheduled variant, auto included."""
+    until its trial settled (the ranks agree on it, so both run as many blocks), at most its
+    ``budget_steps`` and two blocks more (how many in ``result["auto_warm_blocks"]``), then
+    ``PLAN_STEPS`` steps of every scheduled variant, auto included."""
     for variant in chosen:
         runners[variant][0](steps + 1)
     if "chronica auto" not in runners:
         return
     block, opt = runners["chronica auto"]
-    blocks = 1
-    while (opt.trial is None or not opt.trial.settled) and blocks < MAX_AUTO_BLOCKS:
+    blocks = 1  # the trial exists once the first step ran
+    most = 2 + -(-opt.trial.budget_steps // (steps + 1)) if opt.trial is not None else 2
+    while opt.trial is not None and not opt.trial.settled and blocks < most:
         block(steps + 1)
         blocks += 1
     result["auto_warm_blocks"] = blocks
