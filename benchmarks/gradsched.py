@@ -59,6 +59,8 @@ from benchmarks.grad_models import (
     knobs_for,
 )
 from benchmarks.grad_models import model as _model
+from benchmarks.gradsched_paired import BOOTSTRAP, paired_to_best
+from benchmarks.gradsched_paired import interval as _interval
 from chronica.comm.ports import free_port
 from chronica.runtime.auto import MEASURE_STEPS
 from chronica.runtime.gradients import PLAN_STEPS
@@ -97,8 +99,6 @@ AUTO_WARM = 1 + (1 + 16 + 4) * (MEASURE_STEPS + 1) + PLAN_STEPS
 # (mlp670k's steps are about 5x shorter than vgg's): a block of a few short steps is mostly
 # the machine's noise.
 BLOCK_SCALE = {"mlp670k": 5}
-
-
 
 
 def _warm_until_decided(runners: dict, chosen: list[str], steps: int, result: dict) -> None:
@@ -629,16 +629,6 @@ def run(
 
 
 DDP_CAPS = ("DDP", "DDP bucket_cap_mb=2", "DDP bucket_cap_mb=0.5")
-BOOTSTRAP = 4000  # resamples of the measured rounds for a ratio's confidence interval
-
-
-def _interval(ratios: np.ndarray) -> tuple[float, float]:
-    """95% bootstrap interval of the median of per-round ``ratios`` (rounds resampled with
-    replacement; a fixed seed, so the same rounds give the same interval)."""
-    rng = np.random.default_rng(0)
-    picks = rng.integers(0, len(ratios), size=(BOOTSTRAP, len(ratios)))
-    low, high = np.percentile(np.median(ratios[picks], axis=1), [2.5, 97.5])
-    return float(low), float(high)
 
 
 def _summary(model: dict) -> dict:
@@ -820,6 +810,12 @@ def auto_rows(result: dict) -> list[dict]:
             to_best_interval = _quotient_interval(
                 per_round["chronica auto"], per_round.get(best) if best != "DDP" else None
             )
+            # the page's figure: auto's block over the same round's block of the setting the
+            # other rounds chose as best (benchmarks.gradsched_paired)
+            blocks = {v: model["variants"][v] for v in fixed}
+            paired = paired_to_best(
+                model["variants"]["chronica auto"], blocks, model["variants"]["DDP"]
+            )
             again, (low, high) = s["vs_ddp"]["DDP again"], s["interval"]["DDP again"]
             noise = max(abs(again - 1.0), high - 1.0, 1.0 - low)
             sim = model.get("sim") or {}
@@ -849,7 +845,11 @@ def auto_rows(result: dict) -> list[dict]:
                     "link_bound": model["param_bytes"] / sim["bandwidth"] / s["median"]["DDP"]
                     if sim.get("bandwidth") and model.get("param_bytes")
                     else float("nan"),
-                    "within_3": to_best <= 1.03,
+                    "paired": paired["ratio"],
+                    "paired_interval": paired["interval"],
+                    "paired_pick": paired["pick"],
+                    "paired_picks": paired["picks"],
+                    "within_3": paired["ratio"] <= 1.03,
                     "not_worse": ratio - 1.0 <= noise,
                     "sim_variant": sim.get("variant", ""),
                     "sim_predicted": sim.get("predicted", float("nan")),
@@ -901,9 +901,10 @@ def _render_auto(result: dict) -> str:
     yes = {True: "yes", False: "**no**"}
     table = [
         "| link | model | DDP ms (rank 0's core share) | chronica auto / DDP [95%] | DDP again "
-        "/ DDP [95%] | best fixed / DDP | auto / best fixed [95%] | within 3% | faster than DDP | "
+        "/ DDP [95%] | best fixed / DDP | auto / best fixed, paired [95%] (judged against) | "
+        "within 3% | auto / best fixed, quotient of medians [95%] | faster than DDP | "
         "not worse than DDP beyond noise | setting auto kept |",
-        "|---|---|---:|---|---|---|---:|---|---:|---|---|",
+        "|---|---|---:|---|---|---|---:|---|---:|---:|---|---|",
     ]
     sim = [
         "| link | model | setting | predicted / DDP | measured / DDP [95%] | error | within 10% "
@@ -920,14 +921,18 @@ def _render_auto(result: dict) -> str:
         lo, hi = r["auto_interval"]
         alo, ahi = r["again_interval"]
         blo, bhi = r["to_best_interval"]
+        plo, phi = r["paired_interval"]
+        judged = sorted(set(r["paired_picks"]), key=r["paired_picks"].index)
         slo, shi = r["sim_interval"]
         table.append(
             f"| {r['link']} | {r['model']} | {r['ddp_ms']:.1f} ({r['core_share']:.0%}) | "
             f"{r['auto']:.3f} [{lo:.3f}, "
             f"{hi:.3f}] | {r['again']:.3f} [{alo:.3f}, {ahi:.3f}] | {r['best_ratio']:.3f} "
-            f"({r['best']}) | {r['to_best']:.3f} [{blo:.3f}, {bhi:.3f}] | {yes[r['within_3']]}"
-            f"{' (1.03 inside the interval)' if blo <= 1.03 <= bhi else ''}"
+            f"({r['best']}) | {r['paired']:.3f} [{plo:.3f}, {phi:.3f}] ({', '.join(judged)}) | "
+            f"{yes[r['within_3']]}"
+            f"{' (1.03 inside the interval)' if plo <= 1.03 <= phi else ''}"
             f"{' (auto kept that same setting)' if _same_setting(r) else ''} | "
+            f"{r['to_best']:.3f} [{blo:.3f}, {bhi:.3f}] | "
             f"{r['speedup']:.2f}x | {yes[r['not_worse']]} (noise {r['noise']:.1%}) | "
             f"{r['setting']} |"
         )
@@ -995,12 +1000,24 @@ def _render_auto(result: dict) -> str:
             f"variant's block of {result['steps'] + 1} steps once, in an order rotated every "
             "round; a block's time is the median of its step-to-step times, a ratio the "
             "median over rounds of a block over the same round's DDP block (95% bootstrap "
-            "interval). *Best fixed* is the lowest of DDP and the fixed settings; *auto / "
-            "best fixed* is chronica auto's ratio over the best fixed setting's, the two "
-            "figures of the table (the same statistic: each a median over rounds against the "
-            "same round's DDP block), with a 95% bootstrap interval (the rounds resampled "
-            "together). *Noise*: how far DDP again lies from 1, or its interval's far end, "
-            "whichever is larger.",
+            "interval). *Best fixed* is the lowest of DDP and the fixed settings. *auto / "
+            "best fixed, paired* (the figure the 3% target is judged on; chosen before the run "
+            "that measured it): the median over rounds of chronica auto's block over the "
+            "same round's block of the best fixed setting, with a 95% bootstrap interval "
+            "(`benchmarks/gradsched_paired.py`). Paired, because two blocks of one round saw "
+            "the same moment of the machine and their quotient cancels its drift, where a "
+            "quotient of two medians against a noisy DDP block keeps it (one run read 1.089 "
+            "so where auto kept the best setting itself, 1.003 paired). The best fixed "
+            "setting a round is judged against is the one with the lowest median ratio to "
+            "DDP over the *other* rounds (leave one round out; the settings it was are in "
+            "brackets): the lowest of several noisy medians, chosen on the rounds it is then "
+            "judged on, is the luckiest of them and lies below the best's true figure (the "
+            "winner's curse), which makes 3% harder to meet than it is; choosing on half the "
+            "rounds would judge on 3 or 4, and choosing on the warm-up on one block each, "
+            "both noisier. The old figure, chronica auto's ratio over the best fixed "
+            "setting's (a quotient of the two medians of the table, rounds resampled "
+            "together), is kept beside it. *Noise*: how far DDP again lies from 1, or its "
+            "interval's far end, whichever is larger.",
             "",
             *table,
             "",
