@@ -14,11 +14,13 @@ from benchmarks.grad_sim_validation import SCHEDULED_WARM, probe_steps  # noqa: 
 from benchmarks.gradsched import (  # noqa: E402
     AUTO_TARGET,
     PROBE_ROUNDS,
+    SIM_DEFAULT,
     auto_rows,
     auto_table,
     probe_pairs,
     record_auto_target,
     render_markdown,
+    simulated_setting,
     steady_steps,
 )
 from benchmarks.gradsched_paired import paired_to_best  # noqa: E402
@@ -211,3 +213,16 @@ def test_record_keeps_an_auto_run_beside_the_main_results(tmp_path):
     assert kept["command"] == "main" and kept["auto_target"] == result()
     with pytest.raises(ValueError, match="target auto"):
         record_auto_target({**result(), "target": None}, path)
+
+
+def test_the_simulated_setting_is_chosen_without_the_rounds():
+    # auto's kept setting where it kept one of the grid, else the shim's default setting
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 1024))
+    assert simulated_setting("scheduled (256 KiB partitions, 1 MiB credit)", model) == (
+        "scheduled 256 KiB"
+    )
+    assert simulated_setting("scheduled (4 MiB partitions, 16 MiB credit)", model) == (
+        "scheduled 4 MiB"
+    )
+    assert simulated_setting("bucketed", model) == SIM_DEFAULT == "scheduled 1 MiB"
+    assert simulated_setting("scheduled (512 KiB partitions, 2 MiB credit)", model) == SIM_DEFAULT
