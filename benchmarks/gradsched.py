@@ -126,7 +126,7 @@ def _warm_until_decided(runners: dict, chosen: list[str], steps: int, result: di
                 runners[variant][0](steps + 1)
 
 
-PROBE_ROUNDS = 6  # the simulator's probe: rounds of a DDP block and a best-setting block
+PROBE_ROUNDS = 4  # the simulator's probe: rounds of a DDP block and a best-setting block
 SIM_DEFAULT = "scheduled 1 MiB"  # mode="scheduled" with the shim's default knobs
 
 
@@ -894,7 +894,8 @@ def auto_table(result: dict) -> str:
     """The auto target, one line per link and model."""
     head = (
         f"{'link':<9}{'model':<6}{'DDP ms':>8}{'auto':>7}{'again':>7}{'noise':>7}"
-        f"{'best fixed':>20}{'auto/best':>10}{'x DDP':>7}{'sim':>7}{'meas':>7}{'err':>7}"
+        f"{'best fixed':>20}{'paired':>8}{'auto/best':>10}{'x DDP':>7}{'sim':>7}{'meas':>7}"
+        f"{'err':>7}"
         "  setting auto kept"
     )
     lines = [head]
@@ -902,7 +903,7 @@ def auto_table(result: dict) -> str:
         lines.append(
             f"{r['link']:<9}{r['model']:<6}{r['ddp_ms']:>8.1f}{r['auto']:>7.3f}"
             f"{r['again']:>7.3f}{r['noise']:>7.3f}{r['best']:>14} {r['best_ratio']:.3f}"
-            f"{r['to_best']:>10.3f}{r['speedup']:>7.3f}{r['sim_predicted']:>7.3f}"
+            f"{r['paired']:>8.3f}{r['to_best']:>10.3f}{r['speedup']:>7.3f}{r['sim_predicted']:>7.3f}"
             f"{r['sim_measured']:>7.3f}{r['sim_error']:>+7.1%}  {r['setting']}"
         )
     return "\n".join(lines)
