@@ -14,13 +14,16 @@ from benchmarks.grad_sim_validation import SCHEDULED_WARM, probe_steps  # noqa: 
 from benchmarks.gradsched import (  # noqa: E402
     AUTO_TARGET,
     PROBE_ROUNDS,
+    SIM_DEFAULT,
     auto_rows,
     auto_table,
     probe_pairs,
     record_auto_target,
     render_markdown,
+    simulated_setting,
     steady_steps,
 )
+from benchmarks.gradsched_paired import paired_to_best  # noqa: E402
 
 QUANTITIES = ("variants", "cpu", "thread", "faults")
 
@@ -67,7 +70,8 @@ def test_rows_find_the_best_fixed_setting_and_judge_every_target():
     (row,) = auto_rows(result())
     assert row["best"] == "scheduled 256 KiB" and row["best_ratio"] == pytest.approx(0.80)
     assert row["to_best"] == pytest.approx(np.median([0.81, 0.83, 0.82]) / 0.80)
-    assert row["within_3"]  # 0.82 / 0.80 = 1.025
+    assert row["within_3"] and row["paired"] == pytest.approx(0.82 / 0.80)  # 1.025
+    assert row["paired_picks"] == ["scheduled 256 KiB"] * 3
     assert row["speedup"] == pytest.approx(1 / 0.82)
     assert row["not_worse"] and row["noise"] >= 0.01
     assert row["sim_error"] == pytest.approx(0.90 / 0.80 - 1)
@@ -100,13 +104,36 @@ def test_page_section_states_targets_decisions_and_the_command(tmp_path):
         "| 100mbit | vgg | scheduled 256 KiB | 0.900 | 0.800 [0.800, 0.800] | +12.5% | **no** |"
         in page
     )
-    assert "the two figures of the table" in page  # how auto / best fixed is computed
+    assert "the same round's block of the best fixed setting" in page  # how it is computed
+    assert "| 1.025 [1.012, 1.037] (scheduled 256 KiB) | yes" in page  # paired, judged against
     kept = result()
     kept["links"][0]["models"]["vgg"]["stats"]["chronica auto"]["setting"] = (
         "scheduled (256 KiB partitions, 1 MiB credit)"
     )
     assert "(auto kept that same setting)" in render_markdown(kept, tmp_path)
     assert "(auto kept that same setting)" not in page
+
+
+def test_paired_figure_judges_each_round_against_the_setting_the_other_rounds_chose():
+    # 256 KiB is lucky in rounds 0 and 1, 1 MiB in rounds 2 and 3: chosen on all rounds,
+    # either is 0.80 and auto (0.80 every round) reads 1.0 over the luckier minimum. Left
+    # out, a round is judged against the setting the other rounds chose, never on its own
+    # luck: round 0 against 1 MiB (0.70 over rounds 1-3), and so on.
+    ratios = {
+        **RATIOS,
+        "DDP again": [1.0] * 4,
+        "scheduled 256 KiB": [0.70, 0.70, 0.90, 0.90],
+        "scheduled 1 MiB": [0.90, 0.90, 0.70, 0.70],
+        "scheduled 4 MiB": [0.95] * 4,
+        "chronica auto": [0.80] * 4,
+    }
+    (row,) = auto_rows(result(ratios))
+    assert row["paired_picks"] == ["scheduled 1 MiB"] * 2 + ["scheduled 256 KiB"] * 2
+    assert row["paired"] == pytest.approx(0.80 / 0.90) and row["within_3"]
+    assert row["to_best"] == pytest.approx(0.80 / 0.80)  # the old figure, beside it
+    with pytest.raises(ValueError, match="one block per round"):
+        paired_to_best([1.0], {"DDP": [1.0, 1.0]}, [1.0])
+    assert paired_to_best([0.5], {"DDP": [1.0]}, [1.0])["ratio"] == 0.5  # one round: itself
 
 
 def test_auto_over_best_is_the_quotient_of_the_two_figures_the_table_shows():
@@ -186,3 +213,16 @@ def test_record_keeps_an_auto_run_beside_the_main_results(tmp_path):
     assert kept["command"] == "main" and kept["auto_target"] == result()
     with pytest.raises(ValueError, match="target auto"):
         record_auto_target({**result(), "target": None}, path)
+
+
+def test_the_simulated_setting_is_chosen_without_the_rounds():
+    # auto's kept setting where it kept one of the grid, else the shim's default setting
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 1024))
+    assert simulated_setting("scheduled (256 KiB partitions, 1 MiB credit)", model) == (
+        "scheduled 256 KiB"
+    )
+    assert simulated_setting("scheduled (4 MiB partitions, 16 MiB credit)", model) == (
+        "scheduled 4 MiB"
+    )
+    assert simulated_setting("bucketed", model) == SIM_DEFAULT == "scheduled 1 MiB"
+    assert simulated_setting("scheduled (512 KiB partitions, 2 MiB credit)", model) == SIM_DEFAULT
