@@ -266,7 +266,8 @@ def _checks(case: dict) -> dict:
     whether ours is also no worse than those figures)."""
     ours = case["methods"]["micro"]
     applies = case["lockstep_bound"]["mean"] <= LOCKSTEP_TARGET
-    failing, set_aside = [], []
+    failing: list[str] = []
+    set_aside: list[str] = []
     for peer in PEERS:
         theirs = case["methods"][peer]
         for stat in ("mean", "worst"):
