@@ -1,5 +1,6 @@
 """The peers of the lockstep benchmark (``benchmarks/lockstep_peers.py``) on small cases, and
-the benchmark's figures on a hand-made plan.
+the benchmark's figures on a hand-made plan, and its peer target (peers whose plans break the
+constraints are set aside, and counted apart).
 
 Each peer places every document exactly once and gives every rank the same number of
 micro-batches; NeMo-RL's packing and the LPT reference keep the token cap; NeMo-RL leaves no
@@ -94,3 +95,55 @@ def test_the_lockstep_bound_is_the_core_floor_over_the_mean():
     lengths = np.array([10, 10, 10, 1, 1], dtype=np.int64)
     costs = lengths.astype(np.float64)
     assert lockstep.lockstep_bound(lengths, costs, 2, 12) == 20 / 16
+
+
+def _case(peer_lockstep: float, violations: int = 0, empty_cells: int = 0) -> dict:
+    # A case's summary where chronica's figure is 1.02 (mean and worst) and every peer's is
+    # ``peer_lockstep``; the LPT reference's plans break what the arguments say.
+    def method(value: float, broken: bool) -> dict:
+        return {
+            "lockstep": {"mean": value, "worst": value},
+            "violations": violations if broken else 0,
+            "empty_cells": empty_cells if broken else 0,
+        }
+
+    methods = {key: method(peer_lockstep, key == "lpt") for key in lockstep.PEERS}
+    methods["lpt"]["lockstep"] = {"mean": peer_lockstep - 0.01, "worst": peer_lockstep - 0.01}
+    methods["micro"] = method(1.02, False)
+    return {"methods": methods, "lockstep_bound": {"mean": 1.0}}
+
+
+@pytest.mark.parametrize(("violations", "empty_cells"), [(3, 0), (0, 5), (1, 1)])
+def test_a_peer_whose_plan_breaks_the_constraints_is_set_aside(violations, empty_cells):
+    # The LPT reference wins (1.015 < 1.02) only with plans that break the cap or leave a
+    # cell empty: the peer target holds, the figure comparison does not, and both say why.
+    checks = lockstep._checks(_case(1.025, violations, empty_cells))
+    peer = checks["at_least_every_peer"]
+    assert peer["ok"] and not peer["figure_ok"]
+    assert peer["failing"] == []
+    assert [line.split()[:2] for line in peer["set_aside"]] == [["lpt", "mean"], ["lpt", "worst"]]
+    said = peer["set_aside"][0]
+    assert ("micro-batches over the cap" in said) == bool(violations)
+    assert ("empty cells" in said) == bool(empty_cells)
+
+
+def test_a_peer_whose_plan_holds_the_constraints_counts():
+    checks = lockstep._checks(_case(1.025))
+    peer = checks["at_least_every_peer"]
+    assert not peer["ok"] and not peer["figure_ok"]
+    assert [line.split()[0] for line in peer["failing"]] == ["lpt", "lpt"]
+    assert peer["set_aside"] == []
+
+
+def test_counts_of_a_result():
+    cases = [_case(1.025, violations=2), _case(1.025), _case(1.05)]
+    for case in cases:
+        case["checks"] = lockstep._checks(case)
+    cases[2]["lockstep_bound"]["mean"] = 1.06  # the 1.05 target does not apply there
+    cases[2]["checks"] = lockstep._checks(cases[2])
+    got = lockstep.counts({"cases": [*cases, {"name": "x", "skipped": "no data"}]})
+    assert got == {
+        "within_5pct": (2, 2),
+        "every_valid_peer": (2, 3),
+        "every_peer_figure": (1, 3),
+    }
