@@ -66,13 +66,14 @@ class _Shard:
         if count != samples:
             raise ValueError(f"MDS shard {path} holds {count} samples, index.json says {samples}")
         self.offsets = np.frombuffer(self.data, np.uint32, count=count + 1, offset=4).copy()
+        self._starts = self.offsets.data  # a memoryview: indexed to Python ints, not numpy scalars
         self.view = memoryview(self.data)
         self.bytes = np.frombuffer(self.data, np.uint8) if size else np.zeros(0, np.uint8)
 
     def sample(self, row: int) -> memoryview:
         """The sample's bytes, a view of the mapped file (no copy): its ``ndarray`` columns
         decode to read-only views of the file's pages, which live as long as any of them."""
-        return self.view[int(self.offsets[row]) : int(self.offsets[row + 1])]
+        return self.view[self._starts[row] : self._starts[row + 1]]
 
 
 class MDSSource:
@@ -185,7 +186,12 @@ class MDSSource:
             shard: a shard in ``[0, num_shards)``.
             rows: rows in ``[0, shard_size(shard))``.
         """
-        return list(self._records(shard, check_rows(rows, self.shard_size(shard))))
+        checked = check_rows(rows, self.shard_size(shard))
+        if not checked:
+            return []
+        opened = self._shard(shard)
+        codecs, names, wanted = self._layouts[shard]
+        return [decode_sample(opened.sample(row), codecs, names, wanted) for row in checked]
 
     def _records(self, shard: int, rows: Iterable[int]) -> Iterator[dict[str, Any]]:
         opened: _Shard | None = None
