@@ -248,16 +248,16 @@ def _by_shard(offsets: np.ndarray, ids: Sequence[int]) -> list[tuple[int, Group]
     ``ValueError`` for an id out of range. A list of Python ints (a micro-batch's ids, a
     few dozen, where numpy's cost per call outweighs its work) is grouped in Python, any
     other sequence with numpy; the groups are the same."""
-    total = int(offsets[-1])
     if not (type(ids) is list and set(map(type, ids)) <= {int}):
         return _by_shard_array(offsets, np.asarray(ids, dtype=np.int64))
     if not ids:
         return []
-    if min(ids) < 0 or max(ids) >= total:
-        raise ValueError(f"ids must be global ids in [0, {total}); got {ids}")
     bounds = offsets.tolist()
     shards = [bisect.bisect_right(bounds, sample) - 1 for sample in ids]
+    # An id below 0 falls in shard -1, one past the end in shard num_shards.
     if shards.count(shards[0]) == len(shards):  # the common micro-batch: one shard
+        if not 0 <= shards[0] < len(bounds) - 1:
+            raise _outside(bounds[-1], ids)
         start = bounds[shards[0]]
         return [(shards[0], (list(range(len(ids))), [sample - start for sample in ids]))]
     groups: dict[int, Group] = {}
@@ -267,20 +267,27 @@ def _by_shard(offsets: np.ndarray, ids: Sequence[int]) -> list[tuple[int, Group]
             group = groups[shard] = ([], [])
         group[0].append(i)
         group[1].append(sample - bounds[shard])
-    return sorted(groups.items())
+    found = sorted(groups.items())
+    if found[0][0] < 0 or found[-1][0] >= len(bounds) - 1:
+        raise _outside(bounds[-1], ids)
+    return found
 
 
 def _by_shard_array(offsets: np.ndarray, wanted: np.ndarray) -> list[tuple[int, Group]]:
     """``_by_shard`` over an ``int64`` array of ids."""
-    total = int(offsets[-1])
-    if wanted.size and (wanted.min() < 0 or wanted.max() >= total):
-        raise ValueError(f"ids must be global ids in [0, {total}); got {wanted.tolist()}")
+    if wanted.size and (wanted.min() < 0 or wanted.max() >= offsets[-1]):
+        raise _outside(int(offsets[-1]), wanted.tolist())
     shards = np.searchsorted(offsets, wanted, side="right") - 1
     found = []
     for shard in np.unique(shards).tolist():
         at = np.flatnonzero(shards == shard)
         found.append((shard, (at.tolist(), (wanted[at] - offsets[shard]).tolist())))
     return found
+
+
+def _outside(total: int, ids: list[int]) -> ValueError:
+    """The error for ids not all in ``[0, total)``."""
+    return ValueError(f"ids must be global ids in [0, {total}); got {ids}")
 
 
 def check_shard(shard: Any, num_shards: int) -> int:
