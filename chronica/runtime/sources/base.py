@@ -319,11 +319,11 @@ def check_rows(rows: Any, size: int) -> list[int]:
         rows: the argument given (a sequence of integers, e.g. a list or a numpy array).
         size: the shard's size.
     """
-    if isinstance(rows, (str, bytes)) or not isinstance(rows, (Sequence, np.ndarray)):
-        raise TypeError(f"rows={rows!r} must be a sequence of row numbers (e.g. [0, 5, 2])")
     if type(rows) is list and set(map(type, rows)) <= {int}:  # a few Python ints
         if not rows or (min(rows) >= 0 and max(rows) < size):
             return list(rows)
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, (Sequence, np.ndarray)):
+        raise TypeError(f"rows={rows!r} must be a sequence of row numbers (e.g. [0, 5, 2])")
     if type(rows) is list or isinstance(rows, np.ndarray):  # integers in range: as an array
         with contextlib.suppress(ValueError, TypeError):
             values = np.asarray(rows)
