@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -47,6 +47,9 @@ ARRAY_DTYPES = {8: "uint8", 9: "int8", 16: "uint16", 17: "int16", 18: "float16",
 ARRAY_DTYPES |= {33: "int32", 34: "float32", 64: "uint64", 65: "int64", 66: "float64"}
 ARRAY_CODES = {name: code for code, name in ARRAY_DTYPES.items()}
 SHAPE_DTYPES = ("uint8", "uint16", "uint32", "uint64")
+# The same, as numpy dtypes and as memoryview formats (native, as numpy's names are).
+_ARRAY_NUMPY = {code: np.dtype(name) for code, name in ARRAY_DTYPES.items()}
+_SHAPE_FORMATS: tuple[Literal["B", "H", "I", "Q"], ...] = ("B", "H", "I", "Q")
 UNSAFE = ("pkl",)
 
 
@@ -145,16 +148,18 @@ def _array_codec(encoding: str, args: str) -> ColumnCodec:
     if dtype is not None and shape is not None:
         size = int(np.prod(shape)) * np.dtype(dtype).itemsize
 
+    value_type = None if dtype is None else np.dtype(dtype)
+
     def decode(data: bytes | memoryview) -> np.ndarray:
         at = 0
-        value_dtype = dtype
+        value_dtype = value_type
         if value_dtype is None:
-            value_dtype, at = ARRAY_DTYPES[data[0]], 1
+            value_dtype, at = _ARRAY_NUMPY[data[0]], 1
         array_shape = shape
-        if array_shape is None:
+        if array_shape is None:  # the dimensions as Python ints, read without numpy
             ndim, width = data[at] >> 2, data[at] & 3
-            dims = np.frombuffer(data, SHAPE_DTYPES[width], count=ndim, offset=at + 1)
-            array_shape, at = tuple(int(d) for d in dims), at + 1 + ndim * 2**width
+            start, at = at + 1, at + 1 + ndim * 2**width
+            array_shape = tuple(memoryview(data)[start:at].cast(_SHAPE_FORMATS[width]))
         return np.frombuffer(data, value_dtype, offset=at).reshape(array_shape)
 
     def encode(value: np.ndarray) -> bytes:
@@ -189,7 +194,7 @@ def decode_sample(
     """
     variable = [c.size is None for c in codecs]
     count = sum(variable)
-    sizes = iter(np.frombuffer(data, np.uint32, count=count).tolist())
+    sizes = iter(memoryview(data)[: 4 * count].cast("I").tolist())
     at = 4 * count
     sample = {}
     for name, column, is_variable in zip(names, codecs, variable, strict=True):
