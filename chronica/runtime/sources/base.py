@@ -241,23 +241,26 @@ def read_ids(source: ShardedSource, offsets: np.ndarray, ids: Sequence[int]) -> 
 
 # A shard's ids: (their positions in the ids asked, their rows in the shard).
 Group = tuple[list[int], list[int]]
+# Up to this many ids (a micro-batch's: a few dozen), Python groups them faster than numpy.
+FEW_IDS = 256
 
 
 def _by_shard(offsets: np.ndarray, ids: Sequence[int]) -> list[tuple[int, Group]]:
     """``ids`` grouped by shard, shards ascending: ``(shard, (positions, rows))``, or
-    ``ValueError`` for an id out of range. A list of Python ints (a micro-batch's ids, a
-    few dozen, where numpy's cost per call outweighs its work) is grouped in Python, any
-    other sequence with numpy; the groups are the same."""
-    if not (type(ids) is list and set(map(type, ids)) <= {int}):
-        return _by_shard_array(offsets, np.asarray(ids, dtype=np.int64))
-    if not ids:
-        return []
+    ``ValueError`` for an id out of range; in Python for up to ``FEW_IDS`` Python ints,
+    else with numpy (the same groups)."""
+    if not (type(ids) is list and len(ids) <= FEW_IDS and set(map(type, ids)) <= {int}):
+        wanted = np.asarray(ids, dtype=np.int64)
+        if wanted.size and (wanted.min() < 0 or wanted.max() >= offsets[-1]):
+            raise ValueError(f"ids must be global ids in [0, {offsets[-1]}); got {wanted.tolist()}")
+        found = np.searchsorted(offsets, wanted, side="right") - 1
+        ats = [(s, np.flatnonzero(found == s)) for s in np.unique(found).tolist()]
+        return [(s, (at.tolist(), (wanted[at] - offsets[s]).tolist())) for s, at in ats]
     bounds = offsets.tolist()
+    if ids and (min(ids) < 0 or max(ids) >= bounds[-1]):
+        raise ValueError(f"ids must be global ids in [0, {bounds[-1]}); got {ids}")
     shards = [bisect.bisect_right(bounds, sample) - 1 for sample in ids]
-    # An id below 0 falls in shard -1, one past the end in shard num_shards.
-    if shards.count(shards[0]) == len(shards):  # the common micro-batch: one shard
-        if not 0 <= shards[0] < len(bounds) - 1:
-            raise _outside(bounds[-1], ids)
+    if ids and shards.count(shards[0]) == len(shards):  # the common micro-batch: one shard
         start = bounds[shards[0]]
         return [(shards[0], (list(range(len(ids))), [sample - start for sample in ids]))]
     groups: dict[int, Group] = {}
@@ -267,27 +270,7 @@ def _by_shard(offsets: np.ndarray, ids: Sequence[int]) -> list[tuple[int, Group]
             group = groups[shard] = ([], [])
         group[0].append(i)
         group[1].append(sample - bounds[shard])
-    found = sorted(groups.items())
-    if found[0][0] < 0 or found[-1][0] >= len(bounds) - 1:
-        raise _outside(bounds[-1], ids)
-    return found
-
-
-def _by_shard_array(offsets: np.ndarray, wanted: np.ndarray) -> list[tuple[int, Group]]:
-    """``_by_shard`` over an ``int64`` array of ids."""
-    if wanted.size and (wanted.min() < 0 or wanted.max() >= offsets[-1]):
-        raise _outside(int(offsets[-1]), wanted.tolist())
-    shards = np.searchsorted(offsets, wanted, side="right") - 1
-    found = []
-    for shard in np.unique(shards).tolist():
-        at = np.flatnonzero(shards == shard)
-        found.append((shard, (at.tolist(), (wanted[at] - offsets[shard]).tolist())))
-    return found
-
-
-def _outside(total: int, ids: list[int]) -> ValueError:
-    """The error for ids not all in ``[0, total)``."""
-    return ValueError(f"ids must be global ids in [0, {total}); got {ids}")
+    return sorted(groups.items())
 
 
 def check_shard(shard: Any, num_shards: int) -> int:

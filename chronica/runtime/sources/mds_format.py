@@ -32,6 +32,7 @@ import numpy as np
 __all__ = [
     "ColumnCodec",
     "LengthColumn",
+    "SampleDecoder",
     "codec",
     "decode_sample",
     "encode_sample",
@@ -177,13 +178,64 @@ def _array_codec(encoding: str, args: str) -> ColumnCodec:
     return ColumnCodec(encoding, size, decode, encode)
 
 
+class SampleDecoder:
+    """Decodes the samples of one shard layout: ``decoder(data)`` is ``{column: value}``
+    for the columns in ``wanted``, what ``decode_sample`` gives, with the layout's walk
+    (which columns have a size up front, which are skipped) worked out once.
+
+    Args:
+        codecs: every column's codec, in the shard's column order.
+        names: every column's name, in the same order.
+        wanted: the columns decoded (the others are skipped, not decoded).
+
+    Example::
+
+        >>> codecs, names = [codec("str")], ["t"]
+        >>> decode = SampleDecoder(codecs, names, frozenset(names))
+        >>> decode(encode_sample({"t": "hi"}, codecs, names))
+        {'t': 'hi'}
+    """
+
+    def __init__(self, codecs: list[ColumnCodec], names: list[str], wanted: frozenset[str]) -> None:
+        self.names = list(names)
+        self.wanted = wanted
+        # (name or None: skipped, decode, size or None: the next size up front)
+        steps = [
+            (name if name in wanted else None, c.decode, c.size)
+            for name, c in zip(names, codecs, strict=True)
+        ]
+        self._head = 4 * sum(c.size is None for c in codecs)
+        self._steps = steps
+
+    def __call__(self, data: bytes | memoryview) -> dict[str, Any]:
+        """One sample's bytes (or a ``memoryview`` of them: ``ndarray`` columns are then
+        views of that memory) as ``{column: value}``.
+
+        Args:
+            data: the sample's bytes (sizes of the variable columns, then the columns).
+        """
+        sizes = iter(memoryview(data)[: self._head].cast("I").tolist())
+        at = self._head
+        sample = {}
+        for name, decode, fixed in self._steps:
+            size = next(sizes) if fixed is None else fixed
+            if name is not None:
+                sample[name] = decode(data[at : at + size])
+            at += size
+        return sample
+
+    def __repr__(self) -> str:
+        return f"SampleDecoder(names={self.names}, wanted={sorted(self.wanted)})"
+
+
 def decode_sample(
     data: bytes | memoryview,
     codecs: list[ColumnCodec],
     names: list[str],
     wanted: frozenset[str],
 ) -> dict[str, Any]:
-    """One sample's bytes as ``{column: value}`` for the columns in ``wanted``.
+    """One sample's bytes as ``{column: value}`` for the columns in ``wanted``
+    (``SampleDecoder`` for one sample; a reader keeps one decoder per layout instead).
 
     Args:
         data: the sample's bytes (sizes of the variable columns, then the columns), or a
@@ -192,18 +244,7 @@ def decode_sample(
         names: every column's name, in the same order.
         wanted: the columns decoded (the others are skipped, not decoded).
     """
-    variable = [c.size is None for c in codecs]
-    count = sum(variable)
-    sizes = iter(memoryview(data)[: 4 * count].cast("I").tolist())
-    at = 4 * count
-    sample = {}
-    for name, column, is_variable in zip(names, codecs, variable, strict=True):
-        size = next(sizes) if is_variable else column.size
-        assert size is not None
-        if name in wanted:
-            sample[name] = column.decode(data[at : at + size])
-        at += size
-    return sample
+    return SampleDecoder(codecs, names, wanted)(data)
 
 
 def encode_sample(sample: dict[str, Any], codecs: list[ColumnCodec], names: list[str]) -> bytes:
