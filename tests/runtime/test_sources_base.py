@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -126,6 +127,20 @@ def test_rows_accept_numpy_arrays():
     assert check_rows(np.array([1, 0]), 2) == [1, 0]
 
 
+def test_rows_in_a_list_are_checked_and_copied():
+    rows = [1, 0, 1]
+    checked = check_rows(rows, 2)
+    assert checked == rows and checked is not rows
+    with pytest.raises(ValueError, match=r"rows holds 2; the shard has 2 rows \(0..1\)"):
+        check_rows([0, 2], 2)
+    with pytest.raises(ValueError, match="rows holds -1"):
+        check_rows([-1], 2)
+    with pytest.raises(TypeError, match="rows must hold integers; got True"):
+        check_rows([True], 2)
+    with pytest.raises(TypeError, match=r"rows must hold integers; got 0\.0"):
+        check_rows([0.0], 2)
+
+
 def test_the_no_random_access_error_names_the_all_to_all_path():
     assert "all-to-all" in str(no_random_access(object()))
 
@@ -240,6 +255,54 @@ def test_read_ids_reads_by_global_id_in_the_order_asked():
     assert read_ids(source, offsets, []) == []
     with pytest.raises(ValueError, match=r"ids must be global ids in \[0, 5\)"):
         read_ids(source, offsets, [5])
+
+
+class _Recorded(ListSource):
+    """A ``ListSource`` that records every ``read_rows`` call."""
+
+    def __init__(self, shards):
+        super().__init__(shards)
+        self.calls = []
+
+    def read_rows(self, shard, rows):
+        self.calls.append((shard, list(rows)))
+        return super().read_rows(shard, rows)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_read_ids_gives_the_same_reads_for_every_form_of_ids(seed):
+    from chronica.runtime.sources import read_ids
+
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(0, 6, rng.integers(1, 6)).tolist() + [1]
+    source = _Recorded([[object() for _ in range(n)] for n in sizes])
+    offsets = shard_offsets(source)
+    count = 300 if seed % 5 == 1 else rng.integers(0, 40)  # past FEW_IDS: numpy's path
+    ids = rng.integers(0, offsets[-1], count).tolist()
+    if seed % 4 == 0:  # every id in one shard
+        ids = [int(offsets[-2])] * len(ids)
+    reference = [source._shards[s][r] for s, r in (locate(offsets, i) for i in ids)]
+    shards = sorted({locate(offsets, i)[0] for i in ids})
+    calls = [
+        (s, [locate(offsets, i)[1] for i in ids if locate(offsets, i)[0] == s]) for s in shards
+    ]
+    for form in (list, np.array, tuple, lambda v: [np.int64(i) for i in v]):
+        source.calls = []
+        records = read_ids(source, offsets, form(ids))
+        assert len(records) == len(reference)
+        assert all(a is b for a, b in zip(records, reference, strict=True))
+        assert source.calls == calls
+
+
+@pytest.mark.parametrize("ids", [[-1], [0, 5], np.array([7]), [3, -2, 1], [4] * 300 + [-1]])
+def test_read_ids_names_the_range_of_global_ids_for_any_form(ids):
+    from chronica.runtime.sources import read_ids
+
+    source = ListSource(SHARDS, length="tokens")
+    got = np.asarray(ids).tolist()
+    message = rf"ids must be global ids in \[0, 5\); got {re.escape(str(got))}"
+    with pytest.raises(ValueError, match=message):
+        read_ids(source, shard_offsets(source), ids)
 
 
 def test_read_ids_from_a_source_without_random_access_names_the_all_to_all_path(tmp_path):

@@ -105,6 +105,20 @@ def test_a_read_from_a_row_and_random_access_equal_the_sequential_read():
     assert shard_offsets(source).tolist() == [0, 8, 13]
 
 
+def test_records_read_by_global_id_equal_those_read_in_shard_order():
+    from chronica.runtime.sources import read_ids
+
+    source = MDSSource(WRITTEN_BY_STREAMING, length="n")
+    whole = _records(source)
+    ids = np.random.default_rng(3).integers(0, len(whole), 200).tolist()
+    records = read_ids(source, shard_offsets(source), ids)
+    assert all(_equal(a, whole[i]) for a, i in zip(records, ids, strict=True))
+    assert all(
+        type(a[k]) is type(whole[i][k]) for a, i in zip(records, ids, strict=True) for k in a
+    )
+    assert not any(r["tokens"].flags.writeable for r in records)  # views of the file
+
+
 @pytest.mark.parametrize("length", ["tokens", "n", "blob", "text", "meta"])
 def test_lengths_read_without_records_equal_the_records_lengths(length):
     source = MDSSource(WRITTEN_BY_STREAMING, length=length)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from chronica.runtime.sources.mds_format import (
+    SampleDecoder,
     codec,
     decode_sample,
     encode_sample,
@@ -61,6 +62,29 @@ def test_a_sample_decodes_only_the_columns_wanted():
     data = encode_sample({"a": "xy", "b": 7, "c": b"z"}, codecs, names)
     assert decode_sample(data, codecs, names, frozenset(names)) == {"a": "xy", "b": 7, "c": b"z"}
     assert decode_sample(data, codecs, names, frozenset({"c"})) == {"c": b"z"}
+
+
+def test_one_decoder_reads_every_sample_of_a_layout_as_decode_sample_does():
+    names = ["a", "f", "n", "t"]
+    codecs = [codec("ndarray"), codec("float32"), codec("int"), codec("ndarray:int16")]
+    samples = [
+        {"a": np.arange(i * 5, dtype=np.uint16).reshape(i, 5), "f": np.float32(i), "n": i}
+        | {"t": np.arange(i, dtype=np.int16)}
+        for i in range(4)
+    ]
+    for wanted in (frozenset(names), frozenset({"t", "f"}), frozenset()):
+        decode = SampleDecoder(codecs, names, wanted)
+        for sample in samples:
+            data = memoryview(encode_sample(sample, codecs, names))
+            got, expected = decode(data), decode_sample(data, codecs, names, wanted)
+            assert got.keys() == expected.keys() == wanted
+            for k in got:
+                assert type(got[k]) is type(sample[k]) and np.array_equal(got[k], sample[k])
+                assert np.asarray(got[k]).dtype == np.asarray(sample[k]).dtype
+                assert np.shape(got[k]) == np.shape(sample[k])
+    assert repr(SampleDecoder(codecs, names, frozenset({"t"}))) == (
+        "SampleDecoder(names=['a', 'f', 'n', 't'], wanted=['t'])"
+    )
 
 
 def test_the_shard_header_points_at_every_sample():

@@ -14,6 +14,7 @@ row or column is reported the same way by all of them.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import threading
@@ -231,19 +232,45 @@ def read_ids(source: ShardedSource, offsets: np.ndarray, ids: Sequence[int]) -> 
         >>> read_ids(source, shard_offsets(source), [2, 0])
         [b'c', b'a']
     """
-    wanted = np.asarray(ids, dtype=np.int64)
-    if wanted.size and (wanted.min() < 0 or wanted.max() >= offsets[-1]):
-        raise ValueError(
-            f"ids must be global ids in [0, {int(offsets[-1])}); got {wanted.tolist()}"
-        )
-    shards = np.searchsorted(offsets, wanted, side="right") - 1
-    records: list[Any] = [None] * len(wanted)
-    for shard in np.unique(shards):
-        at = np.flatnonzero(shards == shard)
-        rows = (wanted[at] - offsets[shard]).tolist()
-        for i, record in zip(at.tolist(), source.read_rows(int(shard), rows), strict=True):
+    records: list[Any] = [None] * len(ids)
+    for shard, (at, rows) in _by_shard(offsets, ids):
+        for i, record in zip(at, source.read_rows(shard, rows), strict=True):
             records[i] = record
     return records
+
+
+# A shard's ids: (their positions in the ids asked, their rows in the shard).
+Group = tuple[list[int], list[int]]
+# Up to this many ids (a micro-batch's: a few dozen), Python groups them faster than numpy.
+FEW_IDS = 256
+
+
+def _by_shard(offsets: np.ndarray, ids: Sequence[int]) -> list[tuple[int, Group]]:
+    """``ids`` grouped by shard, shards ascending: ``(shard, (positions, rows))``, or
+    ``ValueError`` for an id out of range; in Python for up to ``FEW_IDS`` Python ints,
+    else with numpy (the same groups)."""
+    if not (type(ids) is list and len(ids) <= FEW_IDS and set(map(type, ids)) <= {int}):
+        wanted = np.asarray(ids, dtype=np.int64)
+        if wanted.size and (wanted.min() < 0 or wanted.max() >= offsets[-1]):
+            raise ValueError(f"ids must be global ids in [0, {offsets[-1]}); got {wanted.tolist()}")
+        found = np.searchsorted(offsets, wanted, side="right") - 1
+        ats = [(s, np.flatnonzero(found == s)) for s in np.unique(found).tolist()]
+        return [(s, (at.tolist(), (wanted[at] - offsets[s]).tolist())) for s, at in ats]
+    bounds = offsets.tolist()
+    if ids and (min(ids) < 0 or max(ids) >= bounds[-1]):
+        raise ValueError(f"ids must be global ids in [0, {bounds[-1]}); got {ids}")
+    shards = [bisect.bisect_right(bounds, sample) - 1 for sample in ids]
+    if ids and shards.count(shards[0]) == len(shards):  # the common micro-batch: one shard
+        start = bounds[shards[0]]
+        return [(shards[0], (list(range(len(ids))), [sample - start for sample in ids]))]
+    groups: dict[int, Group] = {}
+    for i, (shard, sample) in enumerate(zip(shards, ids, strict=True)):
+        group = groups.get(shard)
+        if group is None:
+            group = groups[shard] = ([], [])
+        group[0].append(i)
+        group[1].append(sample - bounds[shard])
+    return sorted(groups.items())
 
 
 def check_shard(shard: Any, num_shards: int) -> int:
@@ -253,6 +280,8 @@ def check_shard(shard: Any, num_shards: int) -> int:
         shard: the argument given.
         num_shards: the source's ``num_shards``.
     """
+    if type(shard) is int and 0 <= shard < num_shards:  # the common call, without messages
+        return shard
     return check_int("shard", shard, 0, num_shards - 1, f" (the source has {num_shards} shards)")
 
 
@@ -273,6 +302,9 @@ def check_rows(rows: Any, size: int) -> list[int]:
         rows: the argument given (a sequence of integers, e.g. a list or a numpy array).
         size: the shard's size.
     """
+    if type(rows) is list and set(map(type, rows)) <= {int}:  # a few Python ints
+        if not rows or (min(rows) >= 0 and max(rows) < size):
+            return list(rows)
     if isinstance(rows, (str, bytes)) or not isinstance(rows, (Sequence, np.ndarray)):
         raise TypeError(f"rows={rows!r} must be a sequence of row numbers (e.g. [0, 5, 2])")
     if type(rows) is list or isinstance(rows, np.ndarray):  # integers in range: as an array

@@ -36,8 +36,8 @@ from chronica.runtime.sources.base import (
 )
 from chronica.runtime.sources.mds_format import (
     ColumnCodec,
+    SampleDecoder,
     codec,
-    decode_sample,
     encode_sample,
     length_column,
     shard_header,
@@ -66,13 +66,14 @@ class _Shard:
         if count != samples:
             raise ValueError(f"MDS shard {path} holds {count} samples, index.json says {samples}")
         self.offsets = np.frombuffer(self.data, np.uint32, count=count + 1, offset=4).copy()
+        self._starts = self.offsets.data  # a memoryview: indexed to Python ints, not numpy scalars
         self.view = memoryview(self.data)
         self.bytes = np.frombuffer(self.data, np.uint8) if size else np.zeros(0, np.uint8)
 
     def sample(self, row: int) -> memoryview:
         """The sample's bytes, a view of the mapped file (no copy): its ``ndarray`` columns
         decode to read-only views of the file's pages, which live as long as any of them."""
-        return self.view[int(self.offsets[row]) : int(self.offsets[row + 1])]
+        return self.view[self._starts[row] : self._starts[row + 1]]
 
 
 class MDSSource:
@@ -118,9 +119,14 @@ class MDSSource:
         self._shards_info: list[dict[str, Any]] = index["shards"]
         self._length = check_length(length)
         self.columns = check_names("columns", columns)
-        self._layouts = [self._layout(i, info) for i, info in enumerate(self._shards_info)]
-        self._length_columns = [length_column(c, n, self._length) for c, n, _ in self._layouts]
+        self._derive()
         self._open: RecentlyUsed[_Shard] = RecentlyUsed(OPEN_SHARDS)
+
+    def _derive(self) -> None:
+        """What the index gives each shard: codecs, decoder and length column."""
+        self._layouts = [self._layout(i, info) for i, info in enumerate(self._shards_info)]
+        self._decoders = [SampleDecoder(*layout) for layout in self._layouts]
+        self._length_columns = [length_column(c, n, self._length) for c, n, _ in self._layouts]
 
     def _layout(
         self, shard: int, info: Mapping[str, Any]
@@ -185,15 +191,20 @@ class MDSSource:
             shard: a shard in ``[0, num_shards)``.
             rows: rows in ``[0, shard_size(shard))``.
         """
-        return list(self._records(shard, check_rows(rows, self.shard_size(shard))))
+        checked = check_rows(rows, self.shard_size(shard))
+        if not checked:
+            return []
+        opened = self._shard(shard)
+        decode = self._decoders[shard]
+        return [decode(opened.sample(row)) for row in checked]
 
     def _records(self, shard: int, rows: Iterable[int]) -> Iterator[dict[str, Any]]:
         opened: _Shard | None = None
-        codecs, names, wanted = self._layouts[shard]
+        decode = self._decoders[shard]
         for row in rows:
             if opened is None:
                 opened = self._shard(shard)
-            yield decode_sample(opened.sample(row), codecs, names, wanted)
+            yield decode(opened.sample(row))
 
     def _shard(self, shard: int) -> _Shard:
         # A reader still iterating a shard dropped from ``_open`` keeps its own reference.
@@ -264,12 +275,15 @@ class MDSSource:
     def __getstate__(self) -> dict[str, Any]:
         # Codecs do not pickle (mapped files are left out by RecentlyUsed); a copy (e.g. in
         # a worker process) builds its own from the index it carries.
-        return {k: v for k, v in self.__dict__.items() if k not in ("_layouts", "_length_columns")}
+        return {
+            k: v
+            for k, v in self.__dict__.items()
+            if k not in ("_layouts", "_decoders", "_length_columns")
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._layouts = [self._layout(i, info) for i, info in enumerate(self._shards_info)]
-        self._length_columns = [length_column(c, n, self._length) for c, n, _ in self._layouts]
+        self._derive()
 
     def __repr__(self) -> str:
         return (

@@ -25,13 +25,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 __all__ = [
     "ColumnCodec",
     "LengthColumn",
+    "SampleDecoder",
     "codec",
     "decode_sample",
     "encode_sample",
@@ -47,6 +48,9 @@ ARRAY_DTYPES = {8: "uint8", 9: "int8", 16: "uint16", 17: "int16", 18: "float16",
 ARRAY_DTYPES |= {33: "int32", 34: "float32", 64: "uint64", 65: "int64", 66: "float64"}
 ARRAY_CODES = {name: code for code, name in ARRAY_DTYPES.items()}
 SHAPE_DTYPES = ("uint8", "uint16", "uint32", "uint64")
+# The same, as numpy dtypes and as memoryview formats (native, as numpy's names are).
+_ARRAY_NUMPY = {code: np.dtype(name) for code, name in ARRAY_DTYPES.items()}
+_SHAPE_FORMATS: tuple[Literal["B", "H", "I", "Q"], ...] = ("B", "H", "I", "Q")
 UNSAFE = ("pkl",)
 
 
@@ -145,16 +149,18 @@ def _array_codec(encoding: str, args: str) -> ColumnCodec:
     if dtype is not None and shape is not None:
         size = int(np.prod(shape)) * np.dtype(dtype).itemsize
 
+    value_type = None if dtype is None else np.dtype(dtype)
+
     def decode(data: bytes | memoryview) -> np.ndarray:
         at = 0
-        value_dtype = dtype
+        value_dtype = value_type
         if value_dtype is None:
-            value_dtype, at = ARRAY_DTYPES[data[0]], 1
+            value_dtype, at = _ARRAY_NUMPY[data[0]], 1
         array_shape = shape
-        if array_shape is None:
+        if array_shape is None:  # the dimensions as Python ints, read without numpy
             ndim, width = data[at] >> 2, data[at] & 3
-            dims = np.frombuffer(data, SHAPE_DTYPES[width], count=ndim, offset=at + 1)
-            array_shape, at = tuple(int(d) for d in dims), at + 1 + ndim * 2**width
+            start, at = at + 1, at + 1 + ndim * 2**width
+            array_shape = tuple(memoryview(data)[start:at].cast(_SHAPE_FORMATS[width]))
         return np.frombuffer(data, value_dtype, offset=at).reshape(array_shape)
 
     def encode(value: np.ndarray) -> bytes:
@@ -172,13 +178,64 @@ def _array_codec(encoding: str, args: str) -> ColumnCodec:
     return ColumnCodec(encoding, size, decode, encode)
 
 
+class SampleDecoder:
+    """Decodes the samples of one shard layout: ``decoder(data)`` is ``{column: value}``
+    for the columns in ``wanted``, what ``decode_sample`` gives, with the layout's walk
+    (which columns have a size up front, which are skipped) worked out once.
+
+    Args:
+        codecs: every column's codec, in the shard's column order.
+        names: every column's name, in the same order.
+        wanted: the columns decoded (the others are skipped, not decoded).
+
+    Example::
+
+        >>> codecs, names = [codec("str")], ["t"]
+        >>> decode = SampleDecoder(codecs, names, frozenset(names))
+        >>> decode(encode_sample({"t": "hi"}, codecs, names))
+        {'t': 'hi'}
+    """
+
+    def __init__(self, codecs: list[ColumnCodec], names: list[str], wanted: frozenset[str]) -> None:
+        self.names = list(names)
+        self.wanted = wanted
+        # (name or None: skipped, decode, size or None: the next size up front)
+        steps = [
+            (name if name in wanted else None, c.decode, c.size)
+            for name, c in zip(names, codecs, strict=True)
+        ]
+        self._head = 4 * sum(c.size is None for c in codecs)
+        self._steps = steps
+
+    def __call__(self, data: bytes | memoryview) -> dict[str, Any]:
+        """One sample's bytes (or a ``memoryview`` of them: ``ndarray`` columns are then
+        views of that memory) as ``{column: value}``.
+
+        Args:
+            data: the sample's bytes (sizes of the variable columns, then the columns).
+        """
+        sizes = iter(memoryview(data)[: self._head].cast("I").tolist())
+        at = self._head
+        sample = {}
+        for name, decode, fixed in self._steps:
+            size = next(sizes) if fixed is None else fixed
+            if name is not None:
+                sample[name] = decode(data[at : at + size])
+            at += size
+        return sample
+
+    def __repr__(self) -> str:
+        return f"SampleDecoder(names={self.names}, wanted={sorted(self.wanted)})"
+
+
 def decode_sample(
     data: bytes | memoryview,
     codecs: list[ColumnCodec],
     names: list[str],
     wanted: frozenset[str],
 ) -> dict[str, Any]:
-    """One sample's bytes as ``{column: value}`` for the columns in ``wanted``.
+    """One sample's bytes as ``{column: value}`` for the columns in ``wanted``
+    (``SampleDecoder`` for one sample; a reader keeps one decoder per layout instead).
 
     Args:
         data: the sample's bytes (sizes of the variable columns, then the columns), or a
@@ -187,18 +244,7 @@ def decode_sample(
         names: every column's name, in the same order.
         wanted: the columns decoded (the others are skipped, not decoded).
     """
-    variable = [c.size is None for c in codecs]
-    count = sum(variable)
-    sizes = iter(np.frombuffer(data, np.uint32, count=count).tolist())
-    at = 4 * count
-    sample = {}
-    for name, column, is_variable in zip(names, codecs, variable, strict=True):
-        size = next(sizes) if is_variable else column.size
-        assert size is not None
-        if name in wanted:
-            sample[name] = column.decode(data[at : at + size])
-        at += size
-    return sample
+    return SampleDecoder(codecs, names, wanted)(data)
 
 
 def encode_sample(sample: dict[str, Any], codecs: list[ColumnCodec], names: list[str]) -> bytes:
