@@ -19,8 +19,8 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
+from stream_worker import consume
 from torch.utils.data import DataLoader
 
 from chronica.core.packing import Packing
@@ -46,35 +46,28 @@ def signature(batch: dict) -> dict:
     }
 
 
-def consume(loader, limit=None) -> list:
-    out = []
-    for batch in loader:
-        out.append(signature(batch))
-        dist.all_reduce(torch.ones(1))
-        if limit is not None and len(out) >= limit:
-            break
-    return out
-
-
 def main(data: str, out_dir: str, mode: str, cut: str, workers: str) -> None:
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=300))
     world, rank, out = dist.get_world_size(), dist.get_rank(), Path(out_dir)
     source = MDSSource(data, length="input_ids")
     result = {"num_samples": sum(source.shard_size(s) for s in range(source.num_shards))}
     if mode == "full":
-        result["full"] = consume(StreamingDataset(source, PACKING, **OPTIONS).loader(int(workers)))
+        result["full"] = consume(
+            StreamingDataset(source, PACKING, **OPTIONS).loader(int(workers)), sign=signature
+        )
         result["single"] = consume(
-            DataLoader(StreamingDataset(source, PACKING, **OPTIONS), batch_size=None)
+            DataLoader(StreamingDataset(source, PACKING, **OPTIONS), batch_size=None),
+            sign=signature,
         )
         dataset = StreamingDataset(source, PACKING, **OPTIONS)
-        result["part"] = consume(dataset.loader(int(workers)), int(cut))
+        result["part"] = consume(dataset.loader(int(workers)), int(cut), signature)
         if rank == 0:
             (out / "state.json").write_text(json.dumps(dataset.state_dict()))
         dataset.close()  # the pass is left unfinished: stop planning before the group goes
     else:
         dataset = StreamingDataset(source, PACKING, **OPTIONS)
         dataset.load_state_dict(json.loads((out / "state.json").read_text()))
-        result["rest"] = consume(dataset.loader(int(workers)))
+        result["rest"] = consume(dataset.loader(int(workers)), sign=signature)
     dist.barrier()
     (out / f"{mode}-{world}-{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
