@@ -143,13 +143,14 @@ class StreamingEngine:
         self.stats = StreamStats()
         self._offsets = shard_offsets(source)
         # A source with random access that reads lengths without records: the lanes hold
-        # ids and lengths only, and each planned sample is read by id once, when gathered.
-        self._by_row = bool(source.random_access) and bool(
+        # ids and lengths only, and each planned sample is read by id once, when gathered
+        # (public: a face that plans here and reads elsewhere asks it).
+        self.reads_by_id = bool(source.random_access) and bool(
             getattr(source, "lengths_without_records", False)
         )
         if not isinstance(decode, bool):
             raise TypeError(f"decode must be a bool, got {type(decode).__name__}")
-        if not (decode or self._by_row):
+        if not (decode or self.reads_by_id):
             raise ValueError(
                 f"decode=False plans without reading records, which needs a source that "
                 f"reads by id (random_access and lengths_without_records); {source!r} does "
@@ -363,7 +364,7 @@ class StreamingEngine:
                 state, plan, lane = self._next_epoch(state, plan)
             elif consumed < plan.num_micro:
                 mine = [i for s in plan.steps for i in s.ids[s.rank == self.rank].tolist()]
-                window = _Window(state, plan, None if self._by_row else self._fetch(mine))
+                window = _Window(state, plan, None if self.reads_by_id else self._fetch(mine))
                 window.start, window.resumed = consumed, True
                 put(self._prepared(window))
             while True:
@@ -402,12 +403,12 @@ class StreamingEngine:
         def read_lengths(shard: int, row: int, count: int) -> np.ndarray:
             return self._cut(self.source.read_lengths(shard, row, count))
 
-        by_row = read_lengths if self._by_row else None
+        by_row = read_lengths if self.reads_by_id else None
         return ReadingLane(state, self.source, self._offsets, self.stats.cpu, by_row)
 
     def _restore_lane(self, saved: LaneState) -> ReadingLane:
         lane = LaneState.from_dict(saved.to_dict())
-        if not self._by_row:
+        if not self.reads_by_id:
             lane.payloads = self._fetch(lane.buffer_ids).take(lane.buffer_ids)
         return self._lane(lane)
 
@@ -415,7 +416,7 @@ class StreamingEngine:
         ids = np.concatenate([state.carry_ids, state.pool_ids[plan.carry]])
         lengths = np.concatenate([state.carry_lengths, state.pool_lengths[plan.carry]])
         holders = np.concatenate([state.carry_holders, state.pool_holders[plan.carry]])
-        held = [] if self._by_row else ids[holders == self.rank].tolist()
+        held = [] if self.reads_by_id else ids[holders == self.rank].tolist()
         return _Carry(ids, lengths, holders, self._fetch(held))
 
     def _window(
@@ -465,7 +466,7 @@ class StreamingEngine:
         new_plan = self._plan(pool)
         # The carry's records, then this window's (none where samples are read by id).
         held = carry.held if records is None else carry.held.join(RecordTable(ids, records))
-        mine = None if self._by_row else self._gather(pool, new_plan, held)
+        mine = None if self.reads_by_id else self._gather(pool, new_plan, held)
         keep = pool.pool_ids[new_plan.carry]
         holders = pool.pool_holders[new_plan.carry]
         next_carry = _Carry(

@@ -208,7 +208,7 @@ class StreamingDataset(IterableDataset):
                 ...
         """
         source = self.engine.source
-        if not (source.random_access and getattr(source, "lengths_without_records", False)):
+        if not self.engine.reads_by_id:
             raise ValueError(
                 f"dataset.loader() plans in this process and reads by id in the workers, "
                 f"which needs a source that reads lengths without records and rows by id "
