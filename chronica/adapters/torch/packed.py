@@ -11,7 +11,7 @@ plus the micro-batch's ``loss_weight`` and its place in the step.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,14 @@ from torch.utils.data import Dataset
 
 from chronica.runtime.micro import MicroBatch
 
-__all__ = ["IGNORED_LABEL", "PackedDataset", "PackedIndex", "collate_packed", "packed_indices"]
+__all__ = [
+    "IGNORED_LABEL",
+    "PackedDataset",
+    "PackedIndex",
+    "collate_packed",
+    "collate_pieces",
+    "packed_indices",
+]
 
 IGNORED_LABEL = -100  # a label that carries no loss (transformers' and torch's ignore_index)
 
@@ -165,72 +172,109 @@ def collate_packed(
     """
     if not items:
         raise ValueError("collate_packed got an empty micro-batch; use a packed sampler")
-    tokens, labels, lengths, docs = [], [], [], []
-    for item, index in items:
+    for _, index in items:
         if not isinstance(index, PackedIndex):
             raise TypeError("collate_packed needs PackedDataset items ((document, PackedIndex))")
-        if index.length == 0:
+    head = items[0][1]
+    pieces = ((item, int(i), i.start, i.length) for item, i in items)
+    place = (head.step, head.micro, head.num_micro, head.loss_weight)
+    return collate_pieces(pieces, place, key, pad_to, pad_value)
+
+
+def collate_pieces(
+    pieces: Iterable[tuple[Any, int, int, int]],
+    place: tuple[int, int, int, float],
+    key: str = "input_ids",
+    pad_to: int | None = None,
+    pad_value: int = 0,
+) -> dict[str, Any]:
+    """``collate_packed``'s micro-batch from its documents' pieces directly, without
+    ``PackedIndex`` values (a stream's micro-batch holds its records and ids as arrays).
+
+    Each document costs a few attribute checks and a view of its tokens; the tensors are
+    built once per micro-batch (one concatenation and a few whole-array operations), so a
+    micro-batch of many short documents costs little more than one of a few long ones.
+
+    Args:
+        pieces: ``(document, index, start, length)`` per document, in the micro-batch's
+            order; a piece of ``length`` 0 is skipped (an empty micro-batch's placeholder).
+        place: ``(step, micro, num_micro, loss_weight)`` of the micro-batch.
+        key: the field holding the tokens when documents are mappings.
+        pad_to: pad the tokens to this many (one static shape), or ``None``.
+        pad_value: the token of the padding.
+    """
+    tokens: list[np.ndarray] = []
+    targets: list[np.ndarray] = []
+    lengths: list[int] = []
+    docs: list[int] = []
+    labelled = False
+    for item, doc, start, length in pieces:
+        if length == 0:
             continue
         mapping = isinstance(item, Mapping)
-        values = _sequence(item[key] if mapping else item)
-        if values.ndim != 1 or values.shape[0] < index.start + index.length:
+        values = _array(item[key] if mapping else item)
+        if values.ndim != 1 or values.shape[0] < start + length:
             raise ValueError(
-                f"document {int(index)} has {tuple(values.shape)} tokens but its size says "
-                f"at least {index.start + index.length}; sizes must be the documents' lengths"
+                f"document {doc} has {tuple(values.shape)} tokens but its size says "
+                f"at least {start + length}; sizes must be the documents' lengths"
             )
-        targets = values
+        piece = values[start : start + length]
+        label = piece
         if mapping and item.get("labels") is not None:
-            targets = _sequence(item["labels"])
-            if targets.shape != values.shape:
+            own = _array(item["labels"])
+            if own.shape != values.shape:
                 raise ValueError(
-                    f"document {int(index)} has {tuple(targets.shape)} labels for "
+                    f"document {doc} has {tuple(own.shape)} labels for "
                     f"{tuple(values.shape)} tokens; labels are aligned with {key!r} "
                     f"(unshifted, {IGNORED_LABEL} where a token carries no loss)"
                 )
-        piece = slice(index.start, index.start + index.length)
-        tokens.append(values[piece].to(torch.int64))
-        labels.append(targets[piece].to(torch.int64, copy=True))
-        labels[-1][0] = IGNORED_LABEL  # nothing in the micro-batch predicts a piece's first
-        lengths.append(index.length)
-        docs.append(int(index))
+            label, labelled = own[start : start + length], True
+        tokens.append(piece)
+        targets.append(label)
+        lengths.append(length)
+        docs.append(doc)
     count = sum(lengths)
     if pad_to is not None and count > pad_to:
         raise ValueError(f"pad_to={pad_to} is below the micro-batch's {count} tokens")
-    input_ids = torch.cat(tokens) if tokens else torch.empty(0, dtype=torch.int64)
-    label_ids = torch.cat(labels) if labels else input_ids
-    position_ids = torch.cat([torch.arange(n) for n in lengths]) if lengths else input_ids
-    segment_ids = torch.repeat_interleave(
-        torch.arange(len(lengths)), torch.as_tensor(lengths, dtype=torch.int64)
-    )
-    seqlens = list(lengths)
-    if pad_to is not None and pad_to > count:
-        pad = pad_to - count
-        input_ids = torch.cat([input_ids, torch.full((pad,), pad_value, dtype=torch.int64)])
-        label_ids = torch.cat([label_ids, torch.full((pad,), IGNORED_LABEL, dtype=torch.int64)])
-        position_ids = torch.cat([position_ids, torch.arange(pad)])
-        segment_ids = torch.cat([segment_ids, torch.full((pad,), -1, dtype=torch.int64)])
-        seqlens.append(pad)
-    cu_seqlens = torch.zeros(len(seqlens) + 1, dtype=torch.int32)
-    if seqlens:
-        cu_seqlens[1:] = torch.cumsum(torch.as_tensor(seqlens, dtype=torch.int32), 0)
-    head = items[0][1]
+    pad = 0 if pad_to is None else pad_to - count
+    seqlens = np.array(lengths + [pad] if pad else lengths, dtype=np.int64)
+    bounds = np.zeros(seqlens.shape[0] + 1, dtype=np.int64)
+    np.cumsum(seqlens, out=bounds[1:])
+    input_ids = np.full(count + pad, pad_value, dtype=np.int64)
+    if tokens:
+        np.concatenate(tokens, out=input_ids[:count], casting="unsafe")
+    label_ids = np.full(count + pad, IGNORED_LABEL, dtype=np.int64)
+    if labelled:
+        np.concatenate(targets, out=label_ids[:count], casting="unsafe")
+    else:
+        label_ids[:count] = input_ids[:count]
+    # nothing in the micro-batch predicts a piece's first token
+    label_ids[bounds[: len(lengths)]] = IGNORED_LABEL
+    position_ids = np.arange(count + pad, dtype=np.int64) - np.repeat(bounds[:-1], seqlens)
+    segment_ids = np.repeat(np.arange(seqlens.shape[0], dtype=np.int64), seqlens)
+    if pad:
+        segment_ids[count:] = -1
+    step, micro, num_micro, loss_weight = place
     return {
-        "input_ids": input_ids,
-        "position_ids": position_ids,
-        "segment_ids": segment_ids,
-        "cu_seqlens": cu_seqlens,
-        "max_seqlen": max(seqlens, default=0),
+        "input_ids": torch.from_numpy(input_ids),
+        "position_ids": torch.from_numpy(position_ids),
+        "segment_ids": torch.from_numpy(segment_ids),
+        "cu_seqlens": torch.from_numpy(bounds.astype(np.int32)),
+        "max_seqlen": int(seqlens.max(initial=0)),
         "num_tokens": count,
-        "indices": torch.as_tensor(docs, dtype=torch.int64),
-        "labels": label_ids,
-        "loss_weight": float(head.loss_weight),
-        "step": head.step,
-        "micro": head.micro,
-        "num_micro": head.num_micro,
-        "last": head.micro == head.num_micro - 1,
+        "indices": torch.tensor(docs, dtype=torch.int64),
+        "labels": torch.from_numpy(label_ids),
+        "loss_weight": float(loss_weight),
+        "step": step,
+        "micro": micro,
+        "num_micro": num_micro,
+        "last": micro == num_micro - 1,
     }
 
 
-def _sequence(values: Any) -> torch.Tensor:
-    """A document's tokens or labels (a tensor, array or list) as a tensor."""
-    return torch.as_tensor(np.asarray(values) if isinstance(values, list) else values)
+def _array(values: Any) -> np.ndarray:
+    """A document's tokens or labels (a tensor, array or list) as an array (a view where
+    it can be)."""
+    if isinstance(values, torch.Tensor):
+        return values.detach().cpu().numpy()
+    return np.asarray(values)

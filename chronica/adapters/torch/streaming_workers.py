@@ -32,7 +32,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset
 
-from chronica.adapters.torch.packed import PackedIndex, collate_packed
+from chronica.adapters.torch.packed import collate_pieces
 from chronica.runtime.sources.base import read_ids, shard_offsets
 from chronica.runtime.streaming import StreamingEngine, StreamMicroBatch
 
@@ -63,13 +63,11 @@ def collate_stream(batch: StreamMicroBatch, key: str, pad_to: int | None) -> dic
         >>> collate_stream(batch, "input_ids", None)["indices"].tolist() == batch.ids.tolist()
         True
     """
-    place = (batch.step, batch.micro, batch.num_micro)
-    columns = zip(batch.records, batch.ids, batch.lengths, batch.rows, strict=True)
-    items = [
-        (record, PackedIndex(int(i), 0, int(n), int(row), *place, batch.loss_weight))
-        for record, i, n, row in columns
-    ] or [(None, PackedIndex(0, 0, 0, 0, *place, 0.0))]
-    out = collate_packed(items, key=key, pad_to=pad_to)
+    weight = batch.loss_weight if len(batch.ids) else 0.0
+    place = (batch.step, batch.micro, batch.num_micro, weight)
+    columns = zip(batch.records, batch.ids.tolist(), batch.lengths.tolist(), strict=True)
+    pieces = ((record, i, 0, n) for record, i, n in columns)
+    out = collate_pieces(pieces, place, key=key, pad_to=pad_to)
     out["epoch"] = batch.epoch
     return out
 
