@@ -158,6 +158,9 @@ def collate_packed(
     optimizer). ``pad_to`` (e.g. ``max_tokens``, for one static shape) pads the tokens with
     ``pad_value`` and gives the padding ``segment_ids`` of -1 and its own ``cu_seqlens``
     entry. An empty micro-batch has ``num_tokens`` 0 and ``loss_weight`` 0.
+    The tensors are contiguous, non-overlapping views of one buffer, built with a few
+    whole-array operations per micro-batch (not per document), so that a ``DataLoader``
+    worker hands the micro-batch to the training process as one shared-memory block.
 
     Args:
         items: ``PackedDataset`` items, ``(document, PackedIndex)`` pairs.
@@ -238,32 +241,43 @@ def collate_pieces(
         raise ValueError(f"pad_to={pad_to} is below the micro-batch's {count} tokens")
     pad = 0 if pad_to is None else pad_to - count
     seqlens = np.array(lengths + [pad] if pad else lengths, dtype=np.int64)
-    bounds = np.zeros(seqlens.shape[0] + 1, dtype=np.int64)
-    np.cumsum(seqlens, out=bounds[1:])
-    input_ids = np.full(count + pad, pad_value, dtype=np.int64)
+    size, cells = count + pad, seqlens.shape[0] + 1
+    # One buffer holds every tensor of the micro-batch (disjoint views), so that a
+    # DataLoader worker hands it over as one shared-memory block, not seven.
+    buffer = torch.empty(4 * size + len(docs) + (cells + 1) // 2, dtype=torch.int64)
+    whole = buffer.numpy()
+    input_ids, label_ids, position_ids, segment_ids = whole[: 4 * size].reshape(4, size)
+    whole[4 * size : 4 * size + len(docs)] = docs
+    bounds = whole[4 * size + len(docs) :].view(np.int32)[:cells]
+    bounds[0] = 0
+    np.cumsum(seqlens, out=bounds[1:], dtype=np.int32)
+    starts = np.repeat(bounds[:-1].astype(np.int64), seqlens)
+    input_ids[count:] = pad_value
     if tokens:
         np.concatenate(tokens, out=input_ids[:count], casting="unsafe")
-    label_ids = np.full(count + pad, IGNORED_LABEL, dtype=np.int64)
+    label_ids[count:] = IGNORED_LABEL
     if labelled:
         np.concatenate(targets, out=label_ids[:count], casting="unsafe")
     else:
         label_ids[:count] = input_ids[:count]
     # nothing in the micro-batch predicts a piece's first token
     label_ids[bounds[: len(lengths)]] = IGNORED_LABEL
-    position_ids = np.arange(count + pad, dtype=np.int64) - np.repeat(bounds[:-1], seqlens)
-    segment_ids = np.repeat(np.arange(seqlens.shape[0], dtype=np.int64), seqlens)
+    np.subtract(np.arange(size, dtype=np.int64), starts, out=position_ids)
+    segment_ids[:] = np.repeat(np.arange(cells - 1, dtype=np.int64), seqlens)
     if pad:
         segment_ids[count:] = -1
+    views = buffer[: 4 * size].view(4, size)
+    tail = buffer[4 * size :]
     step, micro, num_micro, loss_weight = place
     return {
-        "input_ids": torch.from_numpy(input_ids),
-        "position_ids": torch.from_numpy(position_ids),
-        "segment_ids": torch.from_numpy(segment_ids),
-        "cu_seqlens": torch.from_numpy(bounds.astype(np.int32)),
+        "input_ids": views[0],
+        "position_ids": views[2],
+        "segment_ids": views[3],
+        "cu_seqlens": tail[len(docs) :].view(torch.int32)[:cells],
         "max_seqlen": int(seqlens.max(initial=0)),
         "num_tokens": count,
-        "indices": torch.tensor(docs, dtype=torch.int64),
-        "labels": torch.from_numpy(label_ids),
+        "indices": tail[: len(docs)],
+        "labels": views[1],
         "loss_weight": float(loss_weight),
         "step": step,
         "micro": micro,

@@ -4,6 +4,8 @@ dtypes and fields on random micro-batches of every document form it accepts."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -120,3 +122,22 @@ def test_collate_packed_copies_the_tokens() -> None:
     out = collate_packed([(document, PackedIndex(0, 0, 10, 0, 0, 0, 1, 1.0))])
     out["input_ids"][:] = -1
     assert document.tolist() == list(range(10))
+
+
+def test_collate_packed_tensors_share_one_buffer_without_overlap() -> None:
+    """One storage per micro-batch (one shared-memory block from a worker), each tensor
+    its own region of it."""
+    rng = np.random.default_rng(5)
+    items = [
+        (rng.integers(0, 99, n), PackedIndex(i, 0, n, 0, 0, 0, 2, 1.0))
+        for i, n in enumerate((7, 3, 12))
+    ]
+    out = collate_packed(items, pad_to=30)
+    tensors = {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+    storages = {t.untyped_storage().data_ptr() for t in tensors.values()}
+    assert len(storages) == 1
+    spans = sorted(
+        (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors.values()
+    )
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
+    assert all(t.is_contiguous() for t in tensors.values())
