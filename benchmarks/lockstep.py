@@ -178,7 +178,8 @@ def lockstep_bound(lengths: np.ndarray, costs: np.ndarray, w: int, cap: int) -> 
     ranks with at most ``cap`` tokens a micro-batch (any number of micro-batches), divided by
     the mean rank sum ``T / w``: ``chronica.core.packing.lockstep_bound.lockstep_floor``
     (the mean, the costliest document, documents over half the cap, the wall's column, and
-    cells that cannot reach their index's maximum; the proof is its module docstring, and
+    cells that cannot reach their index's maximum, sharing the short documents' cost per
+    token; the proof is its module docstring, and
     ``tests/core/test_packing_lockstep_bound.py`` checks it against every plan of small
     steps)."""
     return lockstep_floor(lengths, costs, w, cap) / (float(costs.sum()) / w)
@@ -615,7 +616,13 @@ def render_markdown(result: dict, img_dir: Path) -> str:
         "costliest indices have maxima tⱼ ≥ b_{jW} (the long documents' costs sorted "
         "descending), and their qW distinct cells idle at least Σ (t − u)⁺, least when the "
         "largest u meet the largest t (a convex sum: uncrossing a pair never raises it), so a "
-        "step lasts at least (total + that idle time)/W. The 1.05 target applies where the "
+        "step lasts at least (total + that idle time)/W. The cells share the few dense short "
+        "documents: at any price p per token, the short documents of a cell with room R cost "
+        "at most p·R plus their cost above p per token, and all short documents together "
+        "have E(p) = Σ (cⱼ − p·Lⱼ)⁺ of that; with u(p) = the same caps at min(p, d) per token, "
+        "a cell idles at least (t − u(p))⁺ minus its share, so a step lasts at least "
+        "(total + Σ (t − u(p))⁺ − E(p))/W for every p (the bound takes the best of a few; "
+        "p = ∞ is the rule before). The 1.05 target applies where the "
         "lockstep bound's mean is at most 1.05. The peer target compares the mean and worst "
         "lockstep figures with those of every peer whose plans of the case hold the "
         "problem's constraints: no micro-batch over the cap and no empty (rank, "
