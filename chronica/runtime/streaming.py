@@ -102,7 +102,8 @@ class StreamingEngine:
         decode: ``False``: plan only; the micro-batches carry no records (``records``
             empty) for another process to read by id (``StreamMicroBatch.with_records``);
             the source must read by id (``random_access`` and
-            ``lengths_without_records``, as ``MDSSource`` over a length column).
+            ``lengths_without_records``, as ``MDSSource`` or ``ParquetSource`` over a
+            length column).
 
     Example::
 

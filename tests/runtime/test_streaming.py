@@ -13,7 +13,7 @@ from chronica.core import ScheduleConfig
 from chronica.core.packing import Packing
 from chronica.core.streaming import StreamOptions
 from chronica.runtime.sources import ListSource as BlockLengthsSource
-from chronica.runtime.sources import MDSSource, write_mds
+from chronica.runtime.sources import MDSSource, ParquetSource, write_mds
 from chronica.runtime.streaming import StreamingEngine
 from chronica.runtime.streaming_exchange import LocalGroup
 
@@ -79,24 +79,36 @@ def test_a_source_attribute_named_lengths_is_left_alone():
     assert got_states == states
 
 
-def _mds(folder, length):
+def _written(kind, folder, length):
+    """Shards of uneven sizes (one empty) as MDS or as parquet files of 8-row row groups."""
     rng = np.random.default_rng(11)
-    shards = [
-        [{"input_ids": np.arange(int(n), dtype=np.int32)} for n in rng.integers(1, 400, size)]
-        for size in (30, 0, 45, 17, 52)
-    ]
-    if not (folder / "index.json").exists():
-        write_mds(folder, shards, {"input_ids": "ndarray:int32"})
-    return MDSSource(folder, length=length)
+    sizes = (30, 0, 45, 17, 52)
+    shards = [[np.arange(int(n), dtype=np.int32) for n in rng.integers(1, 400, k)] for k in sizes]
+    if kind == "mds":
+        if not (folder / "index.json").exists():
+            write_mds(folder, [[{"input_ids": t} for t in s] for s in shards],
+                      {"input_ids": "ndarray:int32"})  # fmt: skip
+        return MDSSource(folder, length=length)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = [folder / f"{s}.parquet" for s in range(len(shards))]
+    for file, shard in zip(files, shards, strict=True):
+        if not file.exists():
+            column = pa.array([t.tolist() for t in shard], pa.list_(pa.int32()))
+            pq.write_table(pa.table({"input_ids": column}), file, row_group_size=8)
+    return ParquetSource(files, length=length)
 
 
+@pytest.mark.parametrize("kind", ["mds", "parquet"])
 @pytest.mark.parametrize("world", [1, 2])
-def test_samples_read_by_id_stream_what_buffered_records_stream(tmp_path, world):
-    # MDSSource reads lengths from the shards' headers: the lanes hold no records and each
-    # planned sample is read by id once; the same micro-batches and states as a source
-    # whose lanes read and buffer the records (a length function needs the record).
-    by_id = _mds(tmp_path, "input_ids")
-    buffered = _mds(tmp_path, lambda record: len(record["input_ids"]))
+def test_samples_read_by_id_stream_what_buffered_records_stream(tmp_path, world, kind):
+    # MDSSource reads lengths from the shards' headers, ParquetSource from the length
+    # column alone: the lanes hold no records and each planned sample is read by id once;
+    # the same micro-batches and states as a source whose lanes read and buffer the
+    # records (a length function needs the record).
+    by_id = _written(kind, tmp_path, "input_ids")
+    buffered = _written(kind, tmp_path, lambda record: len(record["input_ids"]))
     assert by_id.lengths_without_records and not buffered.lengths_without_records
     expected, states, _ = run_ranks(buffered, world, PACKING, **OPTIONS)
     got, got_states, engines = run_ranks(by_id, world, PACKING, **OPTIONS)
@@ -107,7 +119,7 @@ def test_samples_read_by_id_stream_what_buffered_records_stream(tmp_path, world)
 
 
 def test_resume_mid_window_reading_by_id_is_bitwise_the_uninterrupted_run(tmp_path):
-    source = _mds(tmp_path, "input_ids")
+    source = _written("mds", tmp_path, "input_ids")
     full, _, _ = run_ranks(source, 2, PACKING, **OPTIONS)
     part, states, _ = run_ranks(source, 2, PACKING, limit=4, **OPTIONS)
     rest, _, _ = run_ranks(source, 2, PACKING, states=states, **OPTIONS)

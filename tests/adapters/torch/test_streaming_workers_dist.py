@@ -1,8 +1,8 @@
-"""A real 2-process gloo job over MDS shards read by DataLoader workers
-(``StreamingDataset.loader``, tests/helpers/stream_workers_job.py): every sample once per
-pass, equal micro-batch counts, caps held, the micro-batches byte-identical to the
-single-process path's, a mid-window resume in fresh processes bitwise equal to the
-uninterrupted run, and a resume at one rank with exactly-once."""
+"""A real 2-process gloo job over MDS shards, and one over parquet files, read by
+DataLoader workers (``StreamingDataset.loader``, tests/helpers/stream_workers_job.py):
+every sample once per pass, equal micro-batch counts, caps held, the micro-batches
+byte-identical to the single-process path's, a mid-window resume in fresh processes
+bitwise equal to the uninterrupted run, and a resume at one rank with exactly-once."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from workers import HELPERS, ROOT, base_env, run_workers, torch_rendezvous
 WORLD, CUT, WORKERS = 2, 7, 1  # micro-batch 7 is mid-window; the workers fetch ahead of it
 
 
-def _launch(data, out, world, mode):
-    arguments = [str(data), str(out), mode, str(CUT), str(WORKERS)]
+def _launch(kind, data, out, world, mode):
+    arguments = [kind, str(data), str(out), mode, str(CUT), str(WORKERS)]
     with torch_rendezvous(world) as meeting:
         run_workers(
             [[sys.executable, str(HELPERS / "stream_workers_job.py"), *arguments]] * world,
@@ -33,15 +33,20 @@ def _launch(data, out, world, mode):
     return [json.loads((out / f"{mode}-{world}-{r}.json").read_text()) for r in range(world)]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+@pytest.fixture(scope="module", params=["mds", "parquet"])
+def runs(request, tmp_path_factory):
     from stream_formats import write_dataset
 
-    root = tmp_path_factory.mktemp("workers")
-    write_dataset("mds", root / "data")
+    kind = request.param
+    root = tmp_path_factory.mktemp(f"workers-{kind}")
+    write_dataset(kind, root / "data")
     data = root / "data"
-    first = _launch(data, root, WORLD, "full")
-    return first, _launch(data, root, WORLD, "resume"), _launch(data, root, 1, "resume")
+    first = _launch(kind, data, root, WORLD, "full")
+    return (
+        first,
+        _launch(kind, data, root, WORLD, "resume"),
+        _launch(kind, data, root, 1, "resume"),
+    )
 
 
 def _ids(parts):
