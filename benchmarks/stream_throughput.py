@@ -8,9 +8,9 @@ to 16,384, ``int32`` tokens, 16 shards) kept as local MDS (``MDSSource``), parqu
   over the reader does);
 * **through chronica**: ``StreamingEngine`` (lane, 256-sample shuffle buffer, planning
   thread, ``K = 2`` windows of 318-document steps, ``Packing(max_tokens=16384)``), every
-  micro-batch drained; over MDS and parquet the lane reads the lengths alone (the MDS
-  shards' headers, the parquet length column: ``read_lengths``) and each planned sample is
-  read by id as its window's micro-batches are built;
+  micro-batch drained; over MDS the lane reads the lengths from the shards' headers
+  (``MDSSource.read_lengths``) and each planned sample is decoded once, by id, as its
+  window's micro-batches are built;
 * **alone, held** (CPU only, a diagnostic): the reader alone again, in blocks of one
   window's share with the records of the last two windows kept alive, as the engine keeps
   them: what holding the records costs the reader (allocation and cache);
@@ -228,9 +228,8 @@ def _children_cpu() -> float:
 
 def _worker_loaders(source: Any) -> dict[str, Any]:
     """Over ``source`` (one that reads by id), ``WORKERS`` persistent workers each: the
-    reader's own
-    iterable cut into chronica's micro-batch sizes and collated alike (``alone``), and
-    ``StreamingDataset.loader`` (``chronica``)."""
+    reader's own iterable cut into chronica's micro-batch sizes and collated alike
+    (``alone``), and ``StreamingDataset.loader`` (``chronica``)."""
     from torch.utils.data import DataLoader, IterableDataset
 
     from chronica.adapters.torch.streaming_workers import collate_stream
@@ -447,9 +446,8 @@ def markdown_lines(t: dict[str, Any]) -> list[str]:
         "time. *Held* is the reader alone in blocks of a window's share, the last two "
         "windows' records kept alive as the engine keeps them. The engine's columns are the "
         "planning thread's CPU per sample (`StreamStats.cpu`): reading (the reader and the "
-        "lengths, inside the engine; over MDS and parquet the lengths alone, from the MDS "
-        "shards' headers and the parquet length column, and each planned sample read by id "
-        "as the micro-batches are built), the shuffle "
+        "lengths, inside the engine; over MDS the lengths from the shards' headers and each "
+        "planned sample decoded once, by id, as the micro-batches are built), the shuffle "
         "buffer, exchange (collectives, gathering the rank's records), planning, "
         "micro-batches; *other* is the rest of the "
         "process's CPU (the consumer's thread: handing out micro-batches and freeing the "

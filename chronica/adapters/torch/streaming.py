@@ -46,7 +46,7 @@ from chronica.adapters.torch.streaming_workers import (
 from chronica.core import ScheduleConfig
 from chronica.core.packing import Packing
 from chronica.core.streaming import StreamOptions
-from chronica.runtime.streaming import StreamingEngine
+from chronica.runtime.streaming import StreamingEngine, reads_by_id
 from chronica.runtime.streaming_exchange import Collectives, LocalGroup
 from chronica.runtime.streaming_request import stream_face, stream_request
 
@@ -212,7 +212,7 @@ class StreamingDataset(IterableDataset):
                 ...
         """
         source = self.engine.source
-        if not self.engine.reads_by_id:
+        if not reads_by_id(source):
             why = (
                 "has no random access: its records reach their planned rank by the "
                 "all-to-all, so no worker can read one by id"

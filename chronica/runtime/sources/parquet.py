@@ -148,11 +148,14 @@ class ParquetSource:
     Decoded row groups stay cached, the last used up to ``cached_rows`` rows, so
     ``read_rows`` calls that fall in the same row groups read the file once. With
     ``length`` a column (``lengths_without_records``), ``read_lengths`` reads that column
-    alone, so the streaming engine plans over the lengths and reads each planned sample by
-    id (``read_rows``, a ``DataLoader`` worker's too); a sample read so decodes its whole
-    row group, once per process while the cache holds the row groups the window draws from
-    (about ``W x (buffer_size x ln(buffer_size) + 2 x rows per row group)`` rows; fewer,
-    and row groups are decoded again and again). Memory: ``cached_rows`` rows of the
+    alone, so a streaming engine that plans without decoding (``decode=False``, as
+    ``StreamingDataset.loader``'s) plans over the lengths and ``DataLoader`` workers read
+    each planned sample by id; a sample read so decodes its whole row group, once per
+    process while the cache holds the row groups the window draws from (about
+    ``W x (buffer_size x ln(buffer_size) + 2 x rows per row group)`` rows; fewer, and row
+    groups are decoded again and again). An engine that decodes in its own process reads
+    through its lanes instead (``reads_rows_alone`` is false), which decode each row group
+    once, in order. Memory: ``cached_rows`` rows of the
     columns read, plus one row group per ``read`` in progress, plus the lengths of
     ``CACHED_LENGTH_GROUPS`` (8) row groups (8 bytes a row).
 
@@ -175,6 +178,9 @@ class ParquetSource:
     """
 
     random_access = True
+    # read_rows decodes the whole row groups of the rows asked: a streaming engine that
+    # decodes in its own process reads this source through its lanes, not by id.
+    reads_rows_alone = False
 
     def __init__(
         self,
