@@ -312,24 +312,26 @@ def _added_alone(source: Any, samples: int, repeats: int) -> dict[str, float]:
     microseconds per sample, medians of ``repeats``): in the main process, planning over
     the lengths (an engine with ``decode=False``) and pickling the plans; in a worker,
     unpickling the plans and reading each micro-batch's records by id (``read_ids``),
-    against reading every shard in order."""
+    against reading every shard in order. Each part reads its own copy of the source, as a
+    worker does (nothing cached: parquet's decoded row groups)."""
     config = ScheduleConfig(
         num_replicas=1, batch_size=BATCH, seed=SEED, packing=Packing(max_tokens=CAP)
     )
     options, offsets = StreamOptions(buffer_size=BUFFER), shard_offsets(source)
     parts: dict[str, list[float]] = {k: [] for k in ("planning", "pickling", "by_id", "order")}
     for _ in range(repeats):
-        engine = StreamingEngine(source, config, LocalGroup(1).rank(0), options, decode=False)
+        planned, by_ids, ordered = (pickle.loads(pickle.dumps(source)) for _ in range(3))
+        engine = StreamingEngine(planned, config, LocalGroup(1).rank(0), options, decode=False)
         cpu = time.process_time()
         plans = list(engine.micro_batches())
         middle = time.process_time()
         sent = [pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL) for plan in plans]
         pickled = time.process_time()
         for data in sent:
-            read_ids(source, offsets, pickle.loads(data).ids.tolist())
+            read_ids(by_ids, offsets, pickle.loads(data).ids.tolist())
         by_id = time.process_time()
-        for shard in range(source.num_shards):
-            for _ in source.read(shard):
+        for shard in range(ordered.num_shards):
+            for _ in ordered.read(shard):
                 pass
         done = time.process_time()
         times = (middle - cpu, pickled - middle, by_id - pickled, done - by_id)
