@@ -12,10 +12,10 @@ thread of its own over a dedicated gloo group, so the trainer's collectives neve
 with it. Use ``DataLoader(dataset, batch_size=None, num_workers=0)``: the engine reads
 ahead in its own thread, and worker processes would each read the whole stream. Over a
 source that reads by id (``MDSSource``, ``ParquetSource`` over a length column),
-``dataset.loader(num_workers=N)`` is a
-``DataLoader`` whose main process plans and whose workers read and collate each planned
-micro-batch (``chronica.adapters.torch.streaming_workers``): the same micro-batches, the
-reading off the planning process.
+``dataset.loader(num_workers=N)`` is a ``DataLoader`` whose main process plans and whose
+workers read and collate each planned micro-batch
+(``chronica.adapters.torch.streaming_workers``): the same micro-batches, the reading off
+the planning process.
 
 A trainer that reads ahead of what it trained (Lightning reads one micro-batch ahead of a
 loader without a length) tells the stream what it trained: after ``track_trained()`` the

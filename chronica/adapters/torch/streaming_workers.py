@@ -7,9 +7,9 @@ and collate), for a stream over a source that reads by id (``MDSSource`` or
 * the main process runs the streaming engine over the lengths alone
   (``StreamingEngine(..., decode=False)``: the lanes read lengths from the MDS shards'
   headers or the parquet length column, the windows are exchanged and planned as always)
-  and ``StreamPlanSampler``, the loader's
-  batch sampler, yields each planned micro-batch without records (its ids, lengths, rows,
-  step, micro, loss weight: a few arrays and numbers);
+  and ``StreamPlanSampler``, the loader's batch sampler, yields each planned micro-batch
+  without records (its ids, lengths, rows, step, micro, loss weight: a few arrays and
+  numbers);
 * a worker receives it, and ``StreamDecoder.__getitems__`` reads its records by id
   (``read_ids``) and collates them (``collate_stream``, the function the single-process
   path uses), so a micro-batch is the same bytes whatever ``num_workers``.

@@ -155,9 +155,9 @@ class ParquetSource:
     ``W x (buffer_size x ln(buffer_size) + 2 x rows per row group)`` rows; fewer, and row
     groups are decoded again and again). An engine that decodes in its own process reads
     through its lanes instead (``reads_rows_alone`` is false), which decode each row group
-    once, in order. Memory: ``cached_rows`` rows of the
-    columns read, plus one row group per ``read`` in progress, plus the lengths of
-    ``CACHED_LENGTH_GROUPS`` (8) row groups (8 bytes a row).
+    once, in order. Memory: ``cached_rows`` rows of the columns read, plus one row group
+    per ``read`` in progress, plus the lengths of ``CACHED_LENGTH_GROUPS`` (8) row groups
+    (8 bytes a row).
 
     Args:
         files: the folder holding the ``.parquet`` files (sorted by name), or a list of
@@ -317,10 +317,10 @@ class ParquetSource:
             starts = self._row_group_starts(shard)
             first = int(np.searchsorted(starts, start, side="right")) - 1
             last = int(np.searchsorted(starts, start + count - 1, side="right")) - 1
-            groups = [self._group_lengths(shard, g) for g in range(first, last + 1)]
-            if all(g is not None for g in groups):
-                at = start - int(starts[first])
-                return np.concatenate(groups)[at : at + count]  # type: ignore[arg-type]
+            kept = [(int(starts[g]), self._group_lengths(shard, g)) for g in range(first, last + 1)]
+            parts = [v[max(0, start - s) : start + count - s] for s, v in kept if v is not None]
+            if len(parts) == len(kept):  # the rows' part of every row group
+                return np.concatenate(parts)
         rows = islice(self.read(shard, start), count)
         return record_lengths(list(rows), self._length)
 
