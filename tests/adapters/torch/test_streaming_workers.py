@@ -1,7 +1,8 @@
 """StreamingDataset.loader(): the main process plans, DataLoader workers read by id and
 collate, over MDS shards and parquet row groups. The micro-batches are byte-identical to
-the single-process path's at 0, 1 and 2 workers; the state is the loop's (not the workers'
-fetching position) and resumes bitwise in a fresh dataset; sources that do not read by id
+the single-process path's at 0, 1 and 2 workers (parquet: 2); the state is the loop's (not
+the workers' fetching position) and resumes bitwise in a fresh dataset (parquet's: the
+2-process job, test_streaming_workers_dist.py); sources that do not read by id
 (WebDataset tars, sources without random access, a length function) are refused naming
 why and the fix."""
 
