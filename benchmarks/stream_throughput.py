@@ -24,8 +24,9 @@ the headers, each planned sample decoded once on its rank) against the same sour
 lanes read and buffer the records (``lengths_without_records`` false: the lane decodes
 its samples, and the rank planned for a sample another lane read decodes it again).
 
-And over MDS with ``DataLoader(num_workers=1)`` on both sides (``WORKERS``), the
-configuration a 2-core machine honestly gives (the main process and one worker):
+And over MDS and over parquet (``WORKER_READERS``) with ``DataLoader(num_workers=1)`` on
+both sides (``WORKERS``), the configuration a 2-core machine honestly gives (the main
+process and one worker), one row per reader:
 
 * **reader alone in a worker**: the reader's own iterable (every shard in order) in the
   worker, cut into micro-batches of the sizes chronica's plan gives and collated by the
@@ -92,6 +93,7 @@ READERS = ("MDS", "parquet", "WebDataset", "list")
 PARTS = (*CPU_PARTS, "other")
 RANKS = 4  # the ranks of the reading-by-id comparison
 WORKERS = 1  # DataLoader workers in the worker comparison (2 cores: main process + 1)
+WORKER_READERS = ("MDS", "parquet")  # the readers of the worker comparison (read by id)
 
 
 class _Buffered(MDSSource):
@@ -225,9 +227,9 @@ def _children_cpu() -> float:
 
 
 def _worker_loaders(source: Any) -> dict[str, Any]:
-    """Over ``source`` (MDS), ``WORKERS`` persistent workers each: the reader's own
-    iterable cut into chronica's micro-batch sizes and collated alike (``alone``), and
-    ``StreamingDataset.loader`` (``chronica``)."""
+    """Over ``source`` (one that reads by id), ``WORKERS`` persistent workers each: the
+    reader's own iterable cut into chronica's micro-batch sizes and collated alike
+    (``alone``), and ``StreamingDataset.loader`` (``chronica``)."""
     from torch.utils.data import DataLoader, IterableDataset
 
     from chronica.adapters.torch.streaming_workers import collate_stream
@@ -265,13 +267,12 @@ def _worker_loaders(source: Any) -> dict[str, Any]:
     }
 
 
-def _in_workers(folder: Path, samples: int, repeats: int) -> dict[str, Any]:
-    """MDS through ``DataLoader(num_workers=WORKERS)``: the reader alone against chronica
-    (``_worker_loaders``), one pass each to warm up, then ``2 * repeats`` rounds (a pass
-    is short and the load of a shared machine moves), the order swapped every round:
-    medians of samples/s, of the paired ratio (and its range) and of CPU per sample (main
-    process, workers)."""
-    source = MDSSource(folder, length="tokens")
+def _in_workers(reader: str, source: Any, samples: int, repeats: int) -> dict[str, Any]:
+    """Reader ``reader`` (``source``) through ``DataLoader(num_workers=WORKERS)``: the reader
+    alone against chronica (``_worker_loaders``), one pass each to warm up, then
+    ``2 * repeats`` rounds (a pass is short and the load of a shared machine moves), the
+    order swapped every round: medians of samples/s, of the paired ratio (and its range)
+    and of CPU per sample (main process, workers)."""
     loaders = _worker_loaders(source)
     rounds: dict[str, list[tuple[float, float, float]]] = {name: [] for name in loaders}
     load = [os.getloadavg()[0]]
@@ -287,6 +288,8 @@ def _in_workers(folder: Path, samples: int, repeats: int) -> dict[str, Any]:
     load.append(os.getloadavg()[0])
     ratios = [c[0] / a[0] for a, c in zip(rounds["alone"], rounds["chronica"], strict=True)]
     return {
+        "reader": reader,
+        "source": type(source).__name__,
         "workers": WORKERS,
         "load": load,
         "added_alone": _added_alone(source, samples, repeats),
@@ -309,24 +312,26 @@ def _added_alone(source: Any, samples: int, repeats: int) -> dict[str, float]:
     microseconds per sample, medians of ``repeats``): in the main process, planning over
     the lengths (an engine with ``decode=False``) and pickling the plans; in a worker,
     unpickling the plans and reading each micro-batch's records by id (``read_ids``),
-    against reading every shard in order."""
+    against reading every shard in order. Each part reads its own copy of the source, as a
+    worker does (nothing cached: parquet's decoded row groups)."""
     config = ScheduleConfig(
         num_replicas=1, batch_size=BATCH, seed=SEED, packing=Packing(max_tokens=CAP)
     )
     options, offsets = StreamOptions(buffer_size=BUFFER), shard_offsets(source)
     parts: dict[str, list[float]] = {k: [] for k in ("planning", "pickling", "by_id", "order")}
     for _ in range(repeats):
-        engine = StreamingEngine(source, config, LocalGroup(1).rank(0), options, decode=False)
+        planned, by_ids, ordered = (pickle.loads(pickle.dumps(source)) for _ in range(3))
+        engine = StreamingEngine(planned, config, LocalGroup(1).rank(0), options, decode=False)
         cpu = time.process_time()
         plans = list(engine.micro_batches())
         middle = time.process_time()
         sent = [pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL) for plan in plans]
         pickled = time.process_time()
         for data in sent:
-            read_ids(source, offsets, pickle.loads(data).ids.tolist())
+            read_ids(by_ids, offsets, pickle.loads(data).ids.tolist())
         by_id = time.process_time()
-        for shard in range(source.num_shards):
-            for _ in source.read(shard):
+        for shard in range(ordered.num_shards):
+            for _ in ordered.read(shard):
                 pass
         done = time.process_time()
         times = (middle - cpu, pickled - middle, by_id - pickled, done - by_id)
@@ -356,7 +361,8 @@ def measure(samples: int, repeats: int) -> dict[str, Any]:
     rows = []
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as folder:
-        for name, source in _sources(Path(folder), docs).items():
+        sources = _sources(Path(folder), docs)
+        for name, source in sources.items():
             alone, through, held, pickled, parts = [], [], [], [], []
             before = os.getloadavg()[0]
             for repeat in range(repeats + 1):
@@ -394,7 +400,7 @@ def measure(samples: int, repeats: int) -> dict[str, Any]:
                 }
             )
         by_id = _by_id(Path(folder) / "mds", samples, repeats)
-        in_workers = _in_workers(Path(folder) / "mds", samples, repeats)
+        in_workers = [_in_workers(n, sources[n], samples, repeats) for n in WORKER_READERS]
     load.append(os.getloadavg()[0])
     return {
         "samples": samples,
@@ -538,19 +544,19 @@ def markdown_lines(t: dict[str, Any]) -> list[str]:
             "sample planned on another rank than the lane that read it is decoded again there).",
         ]
     if "in_workers" in t:
-        lines += ["", *_worker_lines(t["in_workers"], t["samples"], t["repeats"])]
+        lines += ["", *_worker_lines(t["in_workers"], t["samples"])]
     return lines
 
 
-def _worker_lines(w: dict[str, Any], samples: int, repeats: int) -> list[str]:
-    """The rows of the ``DataLoader`` worker comparison (MDS)."""
-    a, c = w["alone"], w["chronica"]
-    main = c["main_cpu_us"] - a["main_cpu_us"]
-    worker = c["worker_cpu_us"] - a["worker_cpu_us"]
-    low, high = w["overhead_range"]
-    e = w["added_alone"]
-    return [
-        f"With DataLoader workers, MDS, one rank, the same {samples:,} documents, "
+def _worker_lines(rows: list[dict[str, Any]] | dict[str, Any], samples: int) -> list[str]:
+    """The rows of the ``DataLoader`` worker comparison, one per reader (a result written
+    before parquet had a row holds MDS's alone, as a dictionary)."""
+    if isinstance(rows, dict):
+        rows = [{"reader": "MDS", "source": "MDSSource", **rows}]
+    w = rows[0]
+    lines = [
+        f"With DataLoader workers, {' and '.join(r['reader'] for r in rows)}, one rank, the "
+        f"same {samples:,} documents, "
         f"`num_workers={w['workers']}` on both sides (2 cores: the main process and one "
         "worker is the honest configuration here): the reader alone is its own iterable "
         "(every shard in order) in the worker, cut into micro-batches of the sizes "
@@ -559,8 +565,11 @@ def _worker_lines(w: dict[str, Any], samples: int, repeats: int) -> list[str]:
         "over the lengths alone, the worker reads each planned micro-batch by id and "
         "collates it. Persistent workers, one warm pass each, then "
         f"{w['rounds']} passes each in turn, the order swapped every round, medians (the "
-        "overhead's range over the rounds beside it); load "
-        f"average {w['load'][0]:.1f} before, {w['load'][-1]:.1f} after. CPU µs per sample "
+        "overhead's range over the rounds beside it); load average "
+        + ", ".join(
+            f"{r['load'][0]:.1f} before and {r['load'][-1]:.1f} after {r['reader']}" for r in rows
+        )
+        + ". CPU µs per sample "
         "of the main process (the loop, the planning thread, receiving the collated "
         "micro-batches) and of the worker (reading, collating, handing the tensors over "
         "in shared memory). These rows compare chronica with the reader as a torch job "
@@ -569,15 +578,34 @@ def _worker_lines(w: dict[str, Any], samples: int, repeats: int) -> list[str]:
         "| reader | loader | samples/s | overhead (target ≤ 5%) | CPU µs/sample main "
         "process | worker |",
         "|---|---|---:|---:|---:|---:|",
-        f"| MDS (`MDSSource`) | reader alone, `DataLoader(num_workers={w['workers']})` | "
-        f"{a['samples_s']:,.0f} | | {a['main_cpu_us']:.2f} | {a['worker_cpu_us']:.2f} |",
-        f"| MDS (`MDSSource`) | chronica, `loader(num_workers={w['workers']})` | "
-        f"{c['samples_s']:,.0f} | {_verdict(w['overhead'])}, rounds "
-        f"{100 * low:+.1f}% to {100 * high:+.1f}% | {c['main_cpu_us']:.2f} | "
-        f"{c['worker_cpu_us']:.2f} |",
-        "",
-        f"Through workers chronica adds {main:+.2f} µs of CPU a sample in the main process "
-        f"and {worker:+.2f} µs in the worker; the overhead in samples/s is "
+    ]
+    for r in rows:
+        a, c = r["alone"], r["chronica"]
+        low, high = r["overhead_range"]
+        lines += [
+            f"| {r['reader']} (`{r['source']}`) | reader alone, "
+            f"`DataLoader(num_workers={r['workers']})` | {a['samples_s']:,.0f} | | "
+            f"{a['main_cpu_us']:.2f} | {a['worker_cpu_us']:.2f} |",
+            f"| {r['reader']} (`{r['source']}`) | chronica, "
+            f"`loader(num_workers={r['workers']})` | {c['samples_s']:,.0f} | "
+            f"{_verdict(r['overhead'])}, rounds {100 * low:+.1f}% to {100 * high:+.1f}% | "
+            f"{c['main_cpu_us']:.2f} | {c['worker_cpu_us']:.2f} |",
+        ]
+    for r in rows:
+        lines += ["", _worker_paragraph(r)]
+    return lines
+
+
+def _worker_paragraph(w: dict[str, Any]) -> str:
+    """What chronica adds through the workers over one reader."""
+    a, c = w["alone"], w["chronica"]
+    main = c["main_cpu_us"] - a["main_cpu_us"]
+    worker = c["worker_cpu_us"] - a["worker_cpu_us"]
+    low, high = w["overhead_range"]
+    e = w["added_alone"]
+    return (
+        f"{w['reader']}: through workers chronica adds {main:+.2f} µs of CPU a sample in the "
+        f"main process and {worker:+.2f} µs in the worker; the overhead in samples/s is "
         f"{100 * w['overhead']:.1f}%, "
         f"{'within' if w['overhead'] <= TARGET else 'over'} the 5% target in the median, "
         f"{100 * low:+.1f}% to {100 * high:+.1f}% from round to round (the machine's other "
@@ -592,5 +620,5 @@ def _worker_lines(w: dict[str, Any], samples: int, repeats: int) -> list[str]:
         "process's CPU per sample and "
         f"{100 * (e['by_id'] - e['order']) / a['worker_cpu_us']:.1f}% of the worker's "
         f"(the differences through the loaders, {main:+.2f} and {worker:+.2f} µs, carry "
-        "the rounds' variation of each process's CPU per sample).",
-    ]
+        "the rounds' variation of each process's CPU per sample)."
+    )

@@ -51,9 +51,27 @@ from chronica.runtime.streaming_lane import ReadingLane
 from chronica.runtime.streaming_records import RecordTable
 from chronica.runtime.streaming_speeds import StreamSpeeds
 
-__all__ = ["CPU_PARTS", "StreamMicroBatch", "StreamStats", "StreamingEngine"]
+__all__ = ["CPU_PARTS", "StreamMicroBatch", "StreamStats", "StreamingEngine", "reads_by_id"]
 
 _END = object()
+
+
+def reads_by_id(source: Any) -> bool:
+    """Whether the engine can plan over ``source``'s lengths alone and read each planned
+    sample by id: it has random access and reads lengths without records
+    (``random_access`` and ``lengths_without_records``: ``MDSSource`` or ``ParquetSource``
+    over a length column). What ``decode=False`` needs, and what a face that plans in one
+    process and reads in others asks.
+
+    Args:
+        source: a ``ShardedSource``.
+
+    Example::
+
+        >>> reads_by_id(MDSSource(folder, length="input_ids"))
+        True
+    """
+    return bool(source.random_access) and bool(getattr(source, "lengths_without_records", False))
 
 
 @dataclass
@@ -101,8 +119,10 @@ class StreamingEngine:
         state: a ``state_dict()`` to resume from (any world size), or ``None``.
         decode: ``False``: plan only; the micro-batches carry no records (``records``
             empty) for another process to read by id (``StreamMicroBatch.with_records``);
-            the source must read by id (``random_access`` and
-            ``lengths_without_records``, as ``MDSSource`` over a length column).
+            the source must read by id (``reads_by_id``). ``True``: the records are read
+            here, by id where the source reads by id and its ``read_rows`` decodes the
+            rows asked alone (``reads_rows_alone``, true unless the source says false, as
+            ``ParquetSource`` does), else through the lanes.
 
     Example::
 
@@ -142,15 +162,16 @@ class StreamingEngine:
         self.rank, self.world_size = int(collectives.rank), int(collectives.world_size)
         self.stats = StreamStats()
         self._offsets = shard_offsets(source)
-        # A source with random access that reads lengths without records: the lanes hold
-        # ids and lengths only, and each planned sample is read by id once, when gathered
-        # (public: a face that plans here and reads elsewhere asks it).
-        self.reads_by_id = bool(source.random_access) and bool(
-            getattr(source, "lengths_without_records", False)
-        )
         if not isinstance(decode, bool):
             raise TypeError(f"decode must be a bool, got {type(decode).__name__}")
-        if not (decode or self.reads_by_id):
+        # Read by id (reads_by_id): the lanes hold ids and lengths only, and each planned
+        # sample is read by id once, when gathered. Decoding here, a source whose read_rows
+        # decodes more than the rows asked (reads_rows_alone false: parquet's whole row
+        # groups) is read by its lanes instead, each row group once and in order: by id, the
+        # ranks would decode as many row groups and read the length column besides.
+        by_id = reads_by_id(source)
+        self.reads_by_id = by_id and not (decode and not getattr(source, "reads_rows_alone", True))
+        if not (decode or by_id):
             raise ValueError(
                 f"decode=False plans without reading records, which needs a source that "
                 f"reads by id (random_access and lengths_without_records); {source!r} does "

@@ -7,8 +7,9 @@ to another shard or row), each block's lengths taken once, and the block offered
 buffer at once: ids and lengths as ``int64`` arrays, records as an object array, so the
 reading costs what reading the source alone does plus one list per block. A lane given
 ``read_lengths`` (a source with random access that reads lengths without building records,
-such as ``MDSSource``) reads no records at all: its buffer holds ids and lengths, and the
-engine reads each planned sample by id once, when it gathers the window.
+such as ``MDSSource`` and ``ParquetSource`` over a length column) reads no records at all:
+its buffer holds ids and lengths, and the engine reads each planned sample by id once,
+when it gathers the window.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The streaming benchmark's throughput part: every reader, alone and through the engine,
 reads the same documents (what its side-by-side timing assumes), and the page section
 reports every reader with its overhead and CPU per sample, reading MDS by id at four
-ranks against buffering its records, and MDS through DataLoader workers on both sides."""
+ranks against buffering its records, and MDS and parquet through DataLoader workers on
+both sides."""
 
 from __future__ import annotations
 
@@ -30,15 +31,23 @@ def test_every_reader_alone_and_through_the_engine_reads_every_sample():
     assert by_id["by_id"]["decoded"] == 1.0 and by_id["buffered"]["decoded"] > 1.0
     assert by_id["by_id"]["cpu_us"] > 0 and by_id["buffered"]["cpu_us"] > 0
     assert any(line.startswith("Reading by id, MDS at W = 4") for line in lines)
-    # Through DataLoader workers: the reader alone against chronica's loader, both sides.
-    workers = result["in_workers"]
-    assert workers["workers"] == stream_throughput.WORKERS and len(workers["load"]) == 2
-    low, high = workers["overhead_range"]
-    assert workers["rounds"] == 2 and low <= workers["overhead"] <= high
-    assert set(workers["added_alone"]) == {"planning", "pickling", "by_id", "order"}
-    assert all(v > 0 for v in workers["added_alone"].values())
-    for side in ("alone", "chronica"):
-        assert workers[side]["samples_s"] > 0 and workers[side]["main_cpu_us"] > 0
-        assert workers[side]["worker_cpu_us"] > 0
-    assert any(line.startswith("With DataLoader workers, MDS") for line in lines)
-    assert sum("num_workers=1)` |" in line for line in lines) == 2
+    # Through DataLoader workers: the reader alone against chronica's loader, both sides,
+    # one row per reader that reads by id.
+    rows = result["in_workers"]
+    assert [w["reader"] for w in rows] == list(stream_throughput.WORKER_READERS)
+    assert [w["source"] for w in rows] == ["MDSSource", "ParquetSource"]
+    for workers in rows:
+        assert workers["workers"] == stream_throughput.WORKERS and len(workers["load"]) == 2
+        low, high = workers["overhead_range"]
+        assert workers["rounds"] == 2 and low <= workers["overhead"] <= high
+        assert set(workers["added_alone"]) == {"planning", "pickling", "by_id", "order"}
+        assert all(v > 0 for v in workers["added_alone"].values())
+        for side in ("alone", "chronica"):
+            assert workers[side]["samples_s"] > 0 and workers[side]["main_cpu_us"] > 0
+            assert workers[side]["worker_cpu_us"] > 0
+    assert any(line.startswith("With DataLoader workers, MDS and parquet") for line in lines)
+    assert sum("num_workers=1)` |" in line for line in lines) == 2 * len(rows)
+    assert any(line.startswith("parquet: through workers chronica adds") for line in lines)
+    # A result written before parquet had a row (MDS's alone, a dictionary) still renders.
+    old = {**result, "in_workers": {k: v for k, v in rows[0].items() if k != "reader"}}
+    assert sum("num_workers=1)` |" in line for line in streaming._throughput_lines(old)) == 2

@@ -1,8 +1,9 @@
-"""One rank of a real gloo job over MDS shards read by ``DataLoader`` workers
-(``chronica.torch.StreamingDataset.loader``), started by
+"""One rank of a real gloo job over MDS shards or parquet files read by ``DataLoader``
+workers (``chronica.torch.StreamingDataset.loader``), started by
 tests/adapters/torch/test_streaming_workers_dist.py.
 
-argv: data_dir, out_dir, mode, cut, workers. Modes:
+argv: kind (``stream_formats``: ``mds`` or ``parquet``), data_dir, out_dir, mode, cut,
+workers. Modes:
 ``full``   one whole pass through ``loader(num_workers=workers)`` (an all-reduce after every
            micro-batch: unequal counts would hang) and one through the single-process
            ``DataLoader(dataset, batch_size=None)``; then a fresh dataset's loader run for
@@ -20,11 +21,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
+from stream_formats import open_source
 from stream_worker import consume
 from torch.utils.data import DataLoader
 
 from chronica.core.packing import Packing
-from chronica.runtime.sources import MDSSource
 from chronica.torch import StreamingDataset
 
 PACKING = Packing(max_tokens=1024, row_length=512)
@@ -46,10 +47,10 @@ def signature(batch: dict) -> dict:
     }
 
 
-def main(data: str, out_dir: str, mode: str, cut: str, workers: str) -> None:
+def main(kind: str, data: str, out_dir: str, mode: str, cut: str, workers: str) -> None:
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=300))
     world, rank, out = dist.get_world_size(), dist.get_rank(), Path(out_dir)
-    source = MDSSource(data, length="input_ids")
+    source, _ = open_source(kind, Path(data))
     result = {"num_samples": sum(source.shard_size(s) for s in range(source.num_shards))}
     if mode == "full":
         result["full"] = consume(

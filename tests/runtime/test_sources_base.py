@@ -244,6 +244,24 @@ def test_recently_used_keeps_the_last_values_and_copies_empty():
         RecentlyUsed(0)
 
 
+def test_recently_used_by_weight_keeps_the_last_values_under_the_capacity():
+    from chronica.runtime.sources.base import RecentlyUsed
+
+    rows: RecentlyUsed[list[int]] = RecentlyUsed(5, weight=len)
+    for key, size in (("a", 2), ("b", 2), ("a", 2), ("c", 1), ("d", 9)):
+        rows.get(key, lambda n=size: [0] * n)
+        if key == "c":
+            assert sorted(rows._items) == ["a", "b", "c"]  # 5 rows
+    assert list(rows._items) == ["d"]  # over the capacity alone: still kept
+    copy = pickle.loads(pickle.dumps(rows))
+    assert len(copy) == 0 and repr(copy) == "RecentlyUsed(capacity=5, weight=len, kept=0)"
+    copy.get("e", lambda: [1, 2, 3])
+    copy.get("f", lambda: [1, 2, 3])
+    assert list(copy._items) == ["f"]
+    with pytest.raises(TypeError, match="weight=3"):
+        RecentlyUsed(5, weight=3)
+
+
 def test_read_ids_reads_by_global_id_in_the_order_asked():
     from chronica.runtime.sources import read_ids
 

@@ -66,19 +66,23 @@ def test_random_access_equals_the_sequential_read(tmp_path):
     assert set(whole[0]) == {"tokens", "n"}
 
 
-def test_the_row_group_cache_is_bounded_and_left_out_of_a_pickle(tmp_path):
+def test_the_row_group_cache_is_bounded_by_rows_and_left_out_of_a_pickle(tmp_path):
     import pickle
 
-    from chronica.runtime.sources.parquet import CACHED_ROW_GROUPS
-
     _write(tmp_path / "data", sizes=(40,), row_group_size=2)
-    source = ParquetSource(tmp_path / "data", length="tokens")
+    source = ParquetSource(tmp_path / "data", length="tokens", cached_rows=5)
     whole = [_plain(r) for r in source.read(0)]
     rows = list(range(39, -1, -3))
     assert [_plain(r) for r in source.read_rows(0, rows)] == [whole[r] for r in rows]
-    assert len(source._cache) == CACHED_ROW_GROUPS
+    assert len(source._cache) == 2  # two row groups of 2 rows: 4 rows <= 5 < 6
     copy = pickle.loads(pickle.dumps(source))
     assert not copy._cache and [_plain(r) for r in copy.read_rows(0, [5])] == [whole[5]]
+    assert "cached_rows=5" in repr(copy)
+    small = ParquetSource(tmp_path / "data", length="tokens", cached_rows=1)
+    assert [_plain(r) for r in small.read_rows(0, [3, 0])] == [whole[3], whole[0]]
+    assert len(small._cache) == 1  # the row group used last stays, whatever its rows
+    with pytest.raises(ValueError, match="cached_rows=0"):
+        ParquetSource(tmp_path / "data", length="tokens", cached_rows=0)
 
 
 def test_records_equal_what_hf_datasets_streams(tmp_path):
@@ -121,3 +125,67 @@ def test_errors_name_the_argument_and_the_fix(tmp_path):
     with pytest.raises(ValueError, match="shard=3"):
         source.shard_size(3)
     assert "num_shards=3" in repr(source)
+
+
+@pytest.mark.parametrize("length", ["tokens", "n", "text"])
+def test_lengths_read_without_records_equal_the_records_lengths(tmp_path, length):
+    # Row groups of 3 rows: files of 7 and 12 rows end with a partial one (and one is empty).
+    _write(tmp_path / "data")
+    source = ParquetSource(tmp_path / "data", length=length)
+    assert source.lengths_without_records == (length in ("tokens", "n"))
+    for shard in range(source.num_shards):
+        want = [source.length(r) for r in source.read(shard)]
+        for start in range(len(want) + 1):
+            for count in range(len(want) - start + 1):
+                got = source.read_lengths(shard, start, count)
+                assert got.dtype == np.int64 and got.tolist() == want[start : start + count]
+    with pytest.raises(ValueError, match=r"rows 5 \.\. 7 are not rows of shard 0 \(7 rows\)"):
+        source.read_lengths(0, 5, 3)
+    with pytest.raises(ValueError, match="not rows of shard 2"):
+        source.read_lengths(2, -1, 2)
+
+
+def test_a_lanes_consecutive_reads_read_each_row_groups_column_once(tmp_path, monkeypatch):
+    from chronica.runtime.sources import parquet
+
+    _write(tmp_path / "data", sizes=(40,), row_group_size=6)
+    source = ParquetSource(tmp_path / "data", length="tokens")
+    read, real = [], parquet.column_lengths
+    monkeypatch.setattr(parquet, "column_lengths", lambda c: read.append(c) or real(c))
+    got = [source.read_lengths(0, row, min(4, 40 - row)) for row in range(0, 40, 4)]
+    assert np.concatenate(got).tolist() == [source.length(r) for r in source.read(0)]
+    assert len(read) == 7  # the 7 row groups, each once
+    assert all(c.type == pa.list_(pa.int32()) for c in read)  # the length column alone
+
+
+def test_column_lengths_are_what_the_records_give():
+    from chronica.runtime.sources.parquet import column_lengths
+
+    columns = [
+        pa.array([[1], [2, 3], None, [4, 5, 6]], pa.list_(pa.int32())).slice(1),
+        pa.array([[1, 2], None, []], pa.large_list(pa.int64())),
+        pa.array([[1, 2], [3, 4]], pa.list_(pa.int8(), 2)),
+        pa.array([b"ab", b"", b"xyz"]),
+        pa.array([b"ab"], pa.large_binary()),
+        pa.array([3, 0, 9], pa.uint16()),
+    ]
+    for column in columns:
+        records = batch_records(pa.record_batch({"c": column}))
+        got = column_lengths(pa.chunked_array([column, column]))
+        assert got.dtype == np.int64
+        assert got.tolist() == [len(r["c"]) if not isinstance(r["c"], int) else r["c"]
+                                for r in records * 2]  # fmt: skip
+    # Only the records can say: text (its len counts characters) and nulls but a list's.
+    for column in (pa.array(["é"]), pa.array([1, None]), pa.array([b"a", None])):
+        assert column_lengths(column) is None
+
+
+def test_a_null_length_is_the_records_error(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    pq.write_table(pa.table({"n": pa.array([1, None, 3], pa.int64())}), folder / "a.parquet")
+    source = ParquetSource(folder, length="n")
+    assert source.lengths_without_records  # the type says so; the null is found on reading
+    assert source.read_lengths(0, 2, 1).tolist() == [3]  # its row group holds the null
+    with pytest.raises(TypeError, match="column 'n' holds NoneType"):
+        source.read_lengths(0, 0, 2)

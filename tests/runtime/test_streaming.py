@@ -13,8 +13,8 @@ from chronica.core import ScheduleConfig
 from chronica.core.packing import Packing
 from chronica.core.streaming import StreamOptions
 from chronica.runtime.sources import ListSource as BlockLengthsSource
-from chronica.runtime.sources import MDSSource, write_mds
-from chronica.runtime.streaming import StreamingEngine
+from chronica.runtime.sources import MDSSource, ParquetSource, read_ids, shard_offsets, write_mds
+from chronica.runtime.streaming import StreamingEngine, reads_by_id
 from chronica.runtime.streaming_exchange import LocalGroup
 
 PACKING = Packing(max_tokens=1024, row_length=512)
@@ -79,15 +79,25 @@ def test_a_source_attribute_named_lengths_is_left_alone():
     assert got_states == states
 
 
-def _mds(folder, length):
+def _written(kind, folder, length):
+    """Shards of uneven sizes (one empty) as MDS or as parquet files of 8-row row groups."""
     rng = np.random.default_rng(11)
-    shards = [
-        [{"input_ids": np.arange(int(n), dtype=np.int32)} for n in rng.integers(1, 400, size)]
-        for size in (30, 0, 45, 17, 52)
-    ]
-    if not (folder / "index.json").exists():
-        write_mds(folder, shards, {"input_ids": "ndarray:int32"})
-    return MDSSource(folder, length=length)
+    sizes = (30, 0, 45, 17, 52)
+    shards = [[np.arange(int(n), dtype=np.int32) for n in rng.integers(1, 400, k)] for k in sizes]
+    if kind == "mds":
+        if not (folder / "index.json").exists():
+            write_mds(folder, [[{"input_ids": t} for t in s] for s in shards],
+                      {"input_ids": "ndarray:int32"})  # fmt: skip
+        return MDSSource(folder, length=length)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = [folder / f"{s}.parquet" for s in range(len(shards))]
+    for file, shard in zip(files, shards, strict=True):
+        if not file.exists():
+            column = pa.array([t.tolist() for t in shard], pa.list_(pa.int32()))
+            pq.write_table(pa.table({"input_ids": column}), file, row_group_size=8)
+    return ParquetSource(files, length=length)
 
 
 @pytest.mark.parametrize("world", [1, 2])
@@ -95,8 +105,8 @@ def test_samples_read_by_id_stream_what_buffered_records_stream(tmp_path, world)
     # MDSSource reads lengths from the shards' headers: the lanes hold no records and each
     # planned sample is read by id once; the same micro-batches and states as a source
     # whose lanes read and buffer the records (a length function needs the record).
-    by_id = _mds(tmp_path, "input_ids")
-    buffered = _mds(tmp_path, lambda record: len(record["input_ids"]))
+    by_id = _written("mds", tmp_path, "input_ids")
+    buffered = _written("mds", tmp_path, lambda record: len(record["input_ids"]))
     assert by_id.lengths_without_records and not buffered.lengths_without_records
     expected, states, _ = run_ranks(buffered, world, PACKING, **OPTIONS)
     got, got_states, engines = run_ranks(by_id, world, PACKING, **OPTIONS)
@@ -106,8 +116,26 @@ def test_samples_read_by_id_stream_what_buffered_records_stream(tmp_path, world)
     assert sum(e.stats.rows_fetched for e in engines) == engines[0].num_samples
 
 
+def test_parquet_is_read_by_its_lanes_here_and_planned_alone_for_reading_by_id(tmp_path):
+    # ParquetSource reads by id (its length column alone), but its read_rows decodes whole
+    # row groups: decoding in one process, the lanes read it (each row group once, in
+    # order); planning alone (decode=False), the micro-batches are the same, read by id.
+    source = _written("parquet", tmp_path, "input_ids")
+    decoding = make_engine(source, PACKING, LocalGroup(1).rank(0), **OPTIONS)
+    planning = StreamingEngine(source, decoding.config, LocalGroup(1).rank(0),
+                               decoding.options, decode=False)  # fmt: skip
+    assert reads_by_id(source) and not decoding.reads_by_id and planning.reads_by_id
+    offsets = shard_offsets(source)
+    expected = [_signature(b) for b in decoding.micro_batches()]
+    read = [
+        b.with_records(read_ids(source, offsets, b.ids.tolist())) for b in planning.micro_batches()
+    ]
+    assert [_signature(b) for b in read] == expected
+    assert planning.stats.rows_fetched == 0 and planning.state_dict() == decoding.state_dict()
+
+
 def test_resume_mid_window_reading_by_id_is_bitwise_the_uninterrupted_run(tmp_path):
-    source = _mds(tmp_path, "input_ids")
+    source = _written("mds", tmp_path, "input_ids")
     full, _, _ = run_ranks(source, 2, PACKING, **OPTIONS)
     part, states, _ = run_ranks(source, 2, PACKING, limit=4, **OPTIONS)
     rest, _, _ = run_ranks(source, 2, PACKING, states=states, **OPTIONS)

@@ -11,10 +11,11 @@ the same number of items per step. The planning (``chronica.runtime.streaming``)
 thread of its own over a dedicated gloo group, so the trainer's collectives never interleave
 with it. Use ``DataLoader(dataset, batch_size=None, num_workers=0)``: the engine reads
 ahead in its own thread, and worker processes would each read the whole stream. Over a
-source that reads by id (``MDSSource``), ``dataset.loader(num_workers=N)`` is a
-``DataLoader`` whose main process plans and whose workers read and collate each planned
-micro-batch (``chronica.adapters.torch.streaming_workers``): the same micro-batches, the
-reading off the planning process.
+source that reads by id (``MDSSource``, ``ParquetSource`` over a length column),
+``dataset.loader(num_workers=N)`` is a ``DataLoader`` whose main process plans and whose
+workers read and collate each planned micro-batch
+(``chronica.adapters.torch.streaming_workers``): the same micro-batches, the reading off
+the planning process.
 
 A trainer that reads ahead of what it trained (Lightning reads one micro-batch ahead of a
 loader without a length) tells the stream what it trained: after ``track_trained()`` the
@@ -45,7 +46,7 @@ from chronica.adapters.torch.streaming_workers import (
 from chronica.core import ScheduleConfig
 from chronica.core.packing import Packing
 from chronica.core.streaming import StreamOptions
-from chronica.runtime.streaming import StreamingEngine
+from chronica.runtime.streaming import StreamingEngine, reads_by_id
 from chronica.runtime.streaming_exchange import Collectives, LocalGroup
 from chronica.runtime.streaming_request import stream_face, stream_request
 
@@ -171,7 +172,8 @@ class StreamingDataset(IterableDataset):
             raise ValueError(
                 "StreamingDataset reads ahead in a thread of its own: use num_workers=0 "
                 "(DataLoader(dataset, batch_size=None)), or, over a source that reads by id "
-                "(MDSSource), dataset.loader(num_workers=N): workers that read and collate"
+                "(MDSSource, ParquetSource), dataset.loader(num_workers=N): workers that read "
+                "and collate"
             )
         if self._sampler is not None:
             raise ValueError(
@@ -192,8 +194,10 @@ class StreamingDataset(IterableDataset):
         ``DataLoader(dataset, batch_size=None)``, with exactly-once, equal counts, caps and
         resume kept; ``state_dict()`` is then the state after the last micro-batch the loop
         received (the workers fetch ahead of it). Needs a source that reads by id
-        (``random_access`` and ``lengths_without_records``: ``MDSSource`` over a length
-        column); the dataset is from then on iterated through the loader only.
+        (``random_access`` and ``lengths_without_records``: ``MDSSource`` or
+        ``ParquetSource`` over a length column); ``ValueError`` otherwise, naming why
+        (WebDataset tars: their lengths are inside the records) and what to use instead.
+        The dataset is from then on iterated through the loader only.
 
         Args:
             num_workers: worker processes, ``>= 0`` (0: read in this process).
@@ -208,13 +212,21 @@ class StreamingDataset(IterableDataset):
                 ...
         """
         source = self.engine.source
-        if not self.engine.reads_by_id:
+        if not reads_by_id(source):
+            why = (
+                "has no random access: its records reach their planned rank by the "
+                "all-to-all, so no worker can read one by id"
+                if not source.random_access
+                else "cannot read lengths without records (a length function, or a length "
+                "kept inside each record, as a tar's fields are): planning here would read "
+                "every record in this process"
+            )
             raise ValueError(
-                f"dataset.loader() plans in this process and reads by id in the workers, "
-                f"which needs a source that reads lengths without records and rows by id "
-                f"(MDSSource over a length column); {source!r} does not: iterate "
+                f"dataset.loader() plans in this process over the lengths alone and reads "
+                f"each planned sample by id in the workers; {source!r} {why}. Iterate "
                 "DataLoader(dataset, batch_size=None, num_workers=0) instead (the engine "
-                "reads in a thread of its own)"
+                "reads in a thread of its own), or keep the data as MDS (MDSSource) or "
+                "parquet (ParquetSource) with length naming a column of lengths or tokens"
             )
         if self.engine.decode:
             self.engine.close()

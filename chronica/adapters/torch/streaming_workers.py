@@ -1,14 +1,15 @@
 """A stream read by ``DataLoader`` workers: the main process plans, the workers decode.
 
 What torch users do with map-style data (the main process samples, worker processes read
-and collate), for a stream over a source that reads by id (``MDSSource`` over a length
-column: ``random_access`` and ``lengths_without_records``):
+and collate), for a stream over a source that reads by id (``MDSSource`` or
+``ParquetSource`` over a length column: ``random_access`` and ``lengths_without_records``):
 
 * the main process runs the streaming engine over the lengths alone
-  (``StreamingEngine(..., decode=False)``: the lanes read lengths from the shards' headers,
-  the windows are exchanged and planned as always) and ``StreamPlanSampler``, the loader's
-  batch sampler, yields each planned micro-batch without records (its ids, lengths, rows,
-  step, micro, loss weight: a few arrays and numbers);
+  (``StreamingEngine(..., decode=False)``: the lanes read lengths from the MDS shards'
+  headers or the parquet length column, the windows are exchanged and planned as always)
+  and ``StreamPlanSampler``, the loader's batch sampler, yields each planned micro-batch
+  without records (its ids, lengths, rows, step, micro, loss weight: a few arrays and
+  numbers);
 * a worker receives it, and ``StreamDecoder.__getitems__`` reads its records by id
   (``read_ids``) and collates them (``collate_stream``, the function the single-process
   path uses), so a micro-batch is the same bytes whatever ``num_workers``.

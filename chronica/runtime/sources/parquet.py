@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
-from itertools import pairwise
+from itertools import islice, pairwise
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from chronica.core.checks import check_int
 from chronica.runtime.sources.base import (
     RecentlyUsed,
     check_length,
@@ -34,10 +35,18 @@ from chronica.runtime.sources.base import (
     shard_paths,
 )
 
-__all__ = ["ParquetSource", "batch_records"]
+__all__ = ["ParquetSource", "batch_records", "column_lengths", "counted_without_records"]
 
-# Decoded row groups kept for the next reads (random access touches a row group many times).
-CACHED_ROW_GROUPS = 8
+# Rows of decoded row groups kept for the next reads (``ParquetSource``'s cached_rows): a
+# rank reading by id decodes each row group about once while the cache holds the row groups
+# its window still draws from, about W x (buffer_size x ln(buffer_size) + 2 x rows per row
+# group) rows (the shuffle buffer's stragglers keep a lane's old row groups in use): with
+# the default buffer of 1,024 and row groups of 1,000 rows, W <= 4 (1.14 decodes at W = 4).
+CACHED_ROWS = 32768
+# Row groups' length columns kept for ``read_lengths`` (int64 arrays, 8 bytes a row): a
+# lane reads consecutive blocks, so the row group it stands in and the next are what it
+# asks again; more for ranks that share one source (threads of one process).
+CACHED_LENGTH_GROUPS = 8
 
 
 def batch_records(batch: Any) -> list[dict[str, Any]]:
@@ -70,6 +79,64 @@ def batch_records(batch: Any) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
 
 
+def counted_without_records(kind: Any) -> bool:
+    """Whether ``column_lengths`` reads a column of arrow type ``kind``: an integer (the
+    lengths), a list, large list or fixed-size list (the tokens), or a binary or large
+    binary value (the bytes). Text is left to the records (its ``len`` counts characters).
+
+    Args:
+        kind: a ``pyarrow.DataType``.
+    """
+    import pyarrow as pa
+
+    checks = (
+        pa.types.is_integer,
+        pa.types.is_list,
+        pa.types.is_large_list,
+        pa.types.is_fixed_size_list,
+        pa.types.is_binary,
+        pa.types.is_large_binary,
+    )
+    return any(check(kind) for check in checks)
+
+
+def column_lengths(column: Any) -> np.ndarray | None:
+    """The lengths ``column_length`` gives the records of a length column, as ``int64``,
+    from the arrow arrays alone (no record is built): an integer column's values, a list
+    column's offsets' differences (a null list is empty, as in ``batch_records``), a
+    fixed-size list's or binary value's length. ``None`` where only the records can say:
+    a type ``counted_without_records`` rejects, or a null in a column other than a list
+    (the records' own error is then raised by the record path).
+
+    Args:
+        column: a ``pyarrow.ChunkedArray`` or ``Array`` (e.g. one column of a row group).
+
+    Example::
+
+        >>> import pyarrow as pa
+        >>> column_lengths(pa.chunked_array([[[1, 2], [], None], [[3]]])).tolist()
+        [2, 0, 0, 1]
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = column.type
+    if not counted_without_records(kind):
+        return None
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        parts = [np.diff(c.offsets.to_numpy()) for c in chunks]
+    elif column.null_count:
+        return None
+    elif pa.types.is_integer(kind):
+        parts = [c.to_numpy() for c in chunks]
+    elif pa.types.is_fixed_size_list(kind):
+        parts = [pc.list_value_length(c).to_numpy() for c in chunks]
+    else:
+        parts = [pc.binary_length(c).to_numpy() for c in chunks]
+    return np.concatenate([np.zeros(0, np.int64), *parts]).astype(np.int64, copy=False)
+
+
 class ParquetSource:
     """Local parquet files, one shard each, as a ``ShardedSource`` with random access by
     row group.
@@ -78,9 +145,19 @@ class ParquetSource:
     on first use); ``read(s, start)`` yields the rows from ``start`` in file order, reading
     one row group at a time; ``read_rows`` reads each row group its rows fall in once and
     equals ``read`` at those rows. Records are ``{column: value}`` (``batch_records``).
-    The last ``CACHED_ROW_GROUPS`` (8) row groups read stay decoded, so ``read_rows`` calls
-    that fall in the same row groups read the file once. Memory: those row groups of the
-    columns read, plus one per ``read`` in progress.
+    Decoded row groups stay cached, the last used up to ``cached_rows`` rows, so
+    ``read_rows`` calls that fall in the same row groups read the file once. With
+    ``length`` a column (``lengths_without_records``), ``read_lengths`` reads that column
+    alone, so a streaming engine that plans without decoding (``decode=False``, as
+    ``StreamingDataset.loader``'s) plans over the lengths and ``DataLoader`` workers read
+    each planned sample by id; a sample read so decodes its whole row group, once per
+    process while the cache holds the row groups the window draws from (about
+    ``W x (buffer_size x ln(buffer_size) + 2 x rows per row group)`` rows; fewer, and row
+    groups are decoded again and again). An engine that decodes in its own process reads
+    through its lanes instead (``reads_rows_alone`` is false), which decode each row group
+    once, in order. Memory: ``cached_rows`` rows of the columns read, plus one row group
+    per ``read`` in progress, plus the lengths of ``CACHED_LENGTH_GROUPS`` (8) row groups
+    (8 bytes a row).
 
     Args:
         files: the folder holding the ``.parquet`` files (sorted by name), or a list of
@@ -88,6 +165,8 @@ class ParquetSource:
         length: a record's size in tokens: the name of a column holding the tokens (a list:
             its ``len``) or the length (an integer), or a function of the record.
         columns: the columns read (``None``: all).
+        cached_rows: rows of decoded row groups kept for the next reads (``>= 1``; the row
+            group used last is kept whatever its rows).
 
     Example::
 
@@ -99,19 +178,24 @@ class ParquetSource:
     """
 
     random_access = True
+    # read_rows decodes the whole row groups of the rows asked: a streaming engine that
+    # decodes in its own process reads this source through its lanes, not by id.
+    reads_rows_alone = False
 
     def __init__(
         self,
         files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         length: str | Callable[[Any], int],
         columns: Sequence[str] | None = None,
+        cached_rows: int = CACHED_ROWS,
     ) -> None:
         import pyarrow.parquet as pq
 
         self.files = shard_paths(files, (".parquet",))
         self._length = check_length(length)
         self.columns = check_names("columns", columns)
-        names = pq.read_schema(self.files[0]).names
+        schema = pq.read_schema(self.files[0])
+        names = schema.names
         wanted = names if self.columns is None else self.columns
         missing = [c for c in wanted if c not in names]
         if missing:
@@ -122,8 +206,14 @@ class ParquetSource:
         check_length_kept(
             self._length, wanted, "columns" if self.columns is not None else "its columns"
         )
+        self._by_column = isinstance(self._length, str) and counted_without_records(
+            schema.field(self._length).type
+        )
         self._starts: dict[int, np.ndarray] = {}
-        self._cache: RecentlyUsed[list[dict[str, Any]]] = RecentlyUsed(CACHED_ROW_GROUPS)
+        self._cache: RecentlyUsed[list[dict[str, Any]]] = RecentlyUsed(
+            check_int("cached_rows", cached_rows, 1), weight=len
+        )
+        self._lengths: RecentlyUsed[np.ndarray | None] = RecentlyUsed(CACHED_LENGTH_GROUPS)
 
     @property
     def num_shards(self) -> int:
@@ -197,6 +287,54 @@ class ParquetSource:
         """
         return record_length(record, self._length)
 
+    @property
+    def lengths_without_records(self) -> bool:
+        """Whether ``read_lengths`` reads the lengths from the ``length`` column alone,
+        without decoding records: ``length`` names a column of a type
+        ``counted_without_records`` accepts (an integer, a list or a binary column) in the
+        first file. A later file of another type, or a null in a column other than a
+        list, is read through its records (the same values)."""
+        return self._by_column
+
+    def read_lengths(self, shard: int, start: int, count: int) -> np.ndarray:
+        """``length`` of the records of rows ``start .. start + count - 1`` of ``shard``, as
+        ``int64``: from the ``length`` column of the row groups those rows fall in, read
+        alone and kept for the next call (``column_lengths``), where
+        ``lengths_without_records`` holds; else from the decoded records; the same values
+        either way.
+
+        Args:
+            shard: a shard in ``[0, num_shards)``.
+            start: the first row.
+            count: the rows, ``start + count <= shard_size(shard)``.
+        """
+        size = self.shard_size(shard)
+        if not (0 <= start and count >= 0 and start + count <= size):
+            raise ValueError(
+                f"rows {start} .. {start + count - 1} are not rows of shard {shard} ({size} rows)"
+            )
+        if count and self._by_column:
+            starts = self._row_group_starts(shard)
+            first = int(np.searchsorted(starts, start, side="right")) - 1
+            last = int(np.searchsorted(starts, start + count - 1, side="right")) - 1
+            kept = [(int(starts[g]), self._group_lengths(shard, g)) for g in range(first, last + 1)]
+            parts = [v[max(0, start - s) : start + count - s] for s, v in kept if v is not None]
+            if len(parts) == len(kept):  # the rows' part of every row group
+                return np.concatenate(parts)
+        rows = islice(self.read(shard, start), count)
+        return record_lengths(list(rows), self._length)
+
+    def _group_lengths(self, shard: int, group: int) -> np.ndarray | None:
+        def read() -> np.ndarray | None:
+            import pyarrow.parquet as pq
+
+            assert isinstance(self._length, str)
+            with pq.ParquetFile(self.files[shard]) as file:
+                column = file.read_row_group(group, columns=[self._length]).column(0)
+            return column_lengths(column)
+
+        return self._lengths.get((shard, group), read)
+
     def block_lengths(self, records: Sequence[Any]) -> np.ndarray:
         """``length`` of every record of a block, as ``int64`` (``record_lengths``).
 
@@ -210,5 +348,5 @@ class ParquetSource:
         return (
             f"ParquetSource({first!r}, num_shards={self.num_shards}, "
             f"length={length_label(self._length)!r}, "
-            f"columns={self.columns!r})"
+            f"columns={self.columns!r}, cached_rows={self._cache.capacity})"
         )

@@ -1,7 +1,10 @@
 """StreamingDataset.loader(): the main process plans, DataLoader workers read by id and
-collate. The micro-batches are byte-identical to the single-process path's at 0, 1 and 2
-workers; the state is the loop's (not the workers' fetching position) and resumes bitwise
-in a fresh dataset; sources that do not read by id are refused naming the fix."""
+collate, over MDS shards and parquet row groups. The micro-batches are byte-identical to
+the single-process path's at 0, 1 and 2 workers (parquet: 2); the state is the loop's (not
+the workers' fetching position) and resumes bitwise in a fresh dataset (parquet's: the
+2-process job, test_streaming_workers_dist.py); sources that do not read by id
+(WebDataset tars, sources without random access, a length function) are refused naming
+why and the fix."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from chronica.adapters.torch.streaming_workers import (  # noqa: E402
     StreamPlanSampler,
 )
 from chronica.core.packing import Packing  # noqa: E402
+from chronica.runtime.sources import ParquetSource  # noqa: E402
 from chronica.runtime.streaming import StreamingEngine  # noqa: E402
 from chronica.torch import StreamingDataset  # noqa: E402
 
@@ -31,10 +35,24 @@ FIELDS = ("indices", "input_ids", "position_ids", "segment_ids", "cu_seqlens", "
 
 
 @pytest.fixture(scope="module")
-def mds(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("mds") / "data"
-    write_dataset("mds", folder)
-    return open_source("mds", folder)
+def datasets(tmp_path_factory):
+    """The test stream in a format (``stream_formats``): its source and token key, written
+    once per module."""
+    written = {}
+
+    def get(kind):
+        if kind not in written:
+            folder = tmp_path_factory.mktemp(kind) / "data"
+            write_dataset(kind, folder)
+            written[kind] = open_source(kind, folder)
+        return written[kind]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def mds(datasets):
+    return datasets("mds")
 
 
 def _signature(batch):
@@ -51,9 +69,11 @@ def _single_process(source, key, **extra):
     return [_signature(b) for b in DataLoader(_dataset(source, key, **extra), batch_size=None)]
 
 
-@pytest.mark.parametrize("workers", [0, 1, 2])
-def test_micro_batches_are_the_single_process_ones_byte_for_byte(mds, workers):
-    source, key = mds
+# Parquet at 2 workers only (its resume: the 2-process job): the loader's machinery is the
+# same whatever the format.
+@pytest.mark.parametrize(("kind", "workers"), [("mds", 0), ("mds", 1), ("mds", 2), ("parquet", 2)])
+def test_micro_batches_are_the_single_process_ones_byte_for_byte(datasets, kind, workers):
+    source, key = datasets(kind)
     expected = _single_process(source, key)
     dataset = _dataset(source, key)
     assert [_signature(b) for b in dataset.loader(num_workers=workers)] == expected
@@ -125,12 +145,29 @@ def test_a_resumed_loader_keeps_its_sampler(mds):
     assert part + [_signature(b) for b in loader] == full
 
 
-def test_sources_that_do_not_read_by_id_are_refused_naming_the_fix():
-    dataset = StreamingDataset(make_source(), PACKING, **OPTIONS)
-    with pytest.raises(ValueError, match="reads lengths without records"):
+@pytest.mark.parametrize(
+    ("kind", "why"),
+    [
+        ("tar", "cannot read lengths without records"),  # a length inside every sample
+        ("no random access", "has no random access"),  # records travel by the all-to-all
+        ("length function", "cannot read lengths without records"),
+    ],
+)
+def test_sources_that_do_not_read_by_id_are_refused_naming_why_and_the_fix(datasets, kind, why):
+    if kind == "tar":
+        source, _ = datasets("tar")
+    elif kind == "no random access":
+        source = make_source(random_access=False)
+    else:
+        files = datasets("parquet")[0].files
+        source = ParquetSource(files, length=lambda record: len(record["input_ids"]))
+    dataset = StreamingDataset(source, PACKING, **OPTIONS)
+    with pytest.raises(ValueError, match=why) as error:
         dataset.loader(num_workers=1)
+    assert "DataLoader(dataset, batch_size=None, num_workers=0)" in str(error.value)
+    assert "ParquetSource" in str(error.value)
     with pytest.raises(ValueError, match="decode=False"):
-        StreamingEngine(make_source(), dataset.engine.config, dataset.engine.collectives,
+        StreamingEngine(source, dataset.engine.config, dataset.engine.collectives,
                         decode=False)  # fmt: skip
 
 

@@ -1,8 +1,9 @@
-"""A real 2-process gloo job over MDS shards read by DataLoader workers
-(``StreamingDataset.loader``, tests/helpers/stream_workers_job.py): every sample once per
-pass, equal micro-batch counts, caps held, the micro-batches byte-identical to the
-single-process path's, a mid-window resume in fresh processes bitwise equal to the
-uninterrupted run, and a resume at one rank with exactly-once."""
+"""A real 2-process gloo job over MDS shards, and one over parquet files, read by
+DataLoader workers (``StreamingDataset.loader``, tests/helpers/stream_workers_job.py):
+every sample once per pass, equal micro-batch counts, caps held, the micro-batches
+byte-identical to the single-process path's, a mid-window resume in fresh processes
+bitwise equal to the uninterrupted run, and (over MDS: the engine's, whatever the format)
+a resume at one rank with exactly-once."""
 
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ pytest.importorskip("chronica.runtime.sources")
 from workers import HELPERS, ROOT, base_env, run_workers, torch_rendezvous
 
 WORLD, CUT, WORKERS = 2, 7, 1  # micro-batch 7 is mid-window; the workers fetch ahead of it
+# The worlds each format's job resumes at (parquet: the same world alone, to keep it short).
+RESUMED = {"mds": (WORLD, 1), "parquet": (WORLD,)}
 
 
-def _launch(data, out, world, mode):
-    arguments = [str(data), str(out), mode, str(CUT), str(WORKERS)]
+def _launch(kind, data, out, world, mode):
+    arguments = [kind, str(data), str(out), mode, str(CUT), str(WORKERS)]
     with torch_rendezvous(world) as meeting:
         run_workers(
             [[sys.executable, str(HELPERS / "stream_workers_job.py"), *arguments]] * world,
@@ -33,15 +36,17 @@ def _launch(data, out, world, mode):
     return [json.loads((out / f"{mode}-{world}-{r}.json").read_text()) for r in range(world)]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+@pytest.fixture(scope="module", params=sorted(RESUMED))
+def runs(request, tmp_path_factory):
+    """The full job's ranks, and the resumed job's ranks by world size."""
     from stream_formats import write_dataset
 
-    root = tmp_path_factory.mktemp("workers")
-    write_dataset("mds", root / "data")
+    kind = request.param
+    root = tmp_path_factory.mktemp(f"workers-{kind}")
+    write_dataset(kind, root / "data")
     data = root / "data"
-    first = _launch(data, root, WORLD, "full")
-    return first, _launch(data, root, WORLD, "resume"), _launch(data, root, 1, "resume")
+    first = _launch(kind, data, root, WORLD, "full")
+    return first, {w: _launch(kind, data, root, w, "resume") for w in RESUMED[kind]}
 
 
 def _ids(parts):
@@ -50,7 +55,7 @@ def _ids(parts):
 
 @pytest.mark.multiprocess
 def test_workers_pass_is_exactly_once_and_the_single_process_one(runs):
-    first, _, _ = runs
+    first, _ = runs
     n = first[0]["num_samples"]
     parts = [r["full"] for r in first]
     assert _ids(parts) == list(range(n))
@@ -64,8 +69,9 @@ def test_workers_pass_is_exactly_once_and_the_single_process_one(runs):
 
 @pytest.mark.multiprocess
 def test_workers_resume_bitwise_and_at_another_world_exactly_once(runs):
-    first, same, one = runs
+    first, resumed = runs
     n = first[0]["num_samples"]
     for r in range(WORLD):
-        assert first[r]["part"] + same[r]["rest"] == first[r]["full"]
-    assert _ids([r["part"] for r in first] + [one[0]["rest"]]) == list(range(n))
+        assert first[r]["part"] + resumed[WORLD][r]["rest"] == first[r]["full"]
+    for ranks in resumed.values():
+        assert _ids([r["part"] for r in first] + [r["rest"] for r in ranks]) == list(range(n))
