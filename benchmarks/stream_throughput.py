@@ -93,6 +93,9 @@ READERS = ("MDS", "parquet", "WebDataset", "list")
 PARTS = (*CPU_PARTS, "other")
 RANKS = 4  # the ranks of the reading-by-id comparison
 WORKERS = 1  # DataLoader workers in the worker comparison (2 cores: main process + 1)
+# Rounds of the worker comparison per repeat: a pass is short and its pace moves with the
+# machine's load by more than the difference measured, so the median needs many.
+WORKER_ROUNDS = 3
 WORKER_READERS = ("MDS", "parquet")  # the readers of the worker comparison (read by id)
 
 
@@ -270,13 +273,13 @@ def _worker_loaders(source: Any) -> dict[str, Any]:
 def _in_workers(reader: str, source: Any, samples: int, repeats: int) -> dict[str, Any]:
     """Reader ``reader`` (``source``) through ``DataLoader(num_workers=WORKERS)``: the reader
     alone against chronica (``_worker_loaders``), one pass each to warm up, then
-    ``2 * repeats`` rounds (a pass is short and the load of a shared machine moves), the
-    order swapped every round: medians of samples/s, of the paired ratio (and its range)
-    and of CPU per sample (main process, workers)."""
+    ``WORKER_ROUNDS * repeats`` rounds (a pass is short and the load of a shared machine
+    moves), the order swapped every round: medians of samples/s, of the paired ratio (and
+    its range) and of CPU per sample (main process, workers)."""
     loaders = _worker_loaders(source)
     rounds: dict[str, list[tuple[float, float, float]]] = {name: [] for name in loaders}
     load = [os.getloadavg()[0]]
-    for repeat in range(2 * repeats + 1):
+    for repeat in range(WORKER_ROUNDS * repeats + 1):
         for name in sorted(loaders, reverse=bool(repeat % 2)):
             wall, cpu, children = time.perf_counter(), time.process_time(), _children_cpu()
             count = sum(len(batch["indices"]) for batch in loaders[name])
@@ -312,13 +315,17 @@ def _added_alone(source: Any, samples: int, repeats: int) -> dict[str, float]:
     microseconds per sample, medians of ``repeats``): in the main process, planning over
     the lengths (an engine with ``decode=False``) and pickling the plans; in a worker,
     unpickling the plans and reading each micro-batch's records by id (``read_ids``),
-    against reading every shard in order. Each part reads its own copy of the source, as a
+    against reading every shard in order; and what both sides' workers do alike, collating
+    the micro-batches (``collate_stream``). Each part reads its own copy of the source, as a
     worker does (nothing cached: parquet's decoded row groups)."""
     config = ScheduleConfig(
         num_replicas=1, batch_size=BATCH, seed=SEED, packing=Packing(max_tokens=CAP)
     )
     options, offsets = StreamOptions(buffer_size=BUFFER), shard_offsets(source)
-    parts: dict[str, list[float]] = {k: [] for k in ("planning", "pickling", "by_id", "order")}
+    from chronica.adapters.torch.streaming_workers import collate_stream
+
+    kinds = ("planning", "pickling", "by_id", "order", "collate")
+    parts: dict[str, list[float]] = {k: [] for k in kinds}
     for _ in range(repeats):
         planned, by_ids, ordered = (pickle.loads(pickle.dumps(source)) for _ in range(3))
         engine = StreamingEngine(planned, config, LocalGroup(1).rank(0), options, decode=False)
@@ -327,14 +334,16 @@ def _added_alone(source: Any, samples: int, repeats: int) -> dict[str, float]:
         middle = time.process_time()
         sent = [pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL) for plan in plans]
         pickled = time.process_time()
-        for data in sent:
-            read_ids(by_ids, offsets, pickle.loads(data).ids.tolist())
+        read = [read_ids(by_ids, offsets, pickle.loads(data).ids.tolist()) for data in sent]
         by_id = time.process_time()
         for shard in range(ordered.num_shards):
             for _ in ordered.read(shard):
                 pass
         done = time.process_time()
-        times = (middle - cpu, pickled - middle, by_id - pickled, done - by_id)
+        for plan, records in zip(plans, read, strict=True):
+            collate_stream(plan.with_records(records), "tokens", None)
+        collated = time.process_time()
+        times = (middle - cpu, pickled - middle, by_id - pickled, done - by_id, collated - done)
         for key, seconds in zip(parts, times, strict=True):
             parts[key].append(1e6 * seconds / samples)
     return {key: median(values) for key, values in parts.items()}
@@ -609,9 +618,10 @@ def _worker_paragraph(w: dict[str, Any]) -> str:
         f"{100 * w['overhead']:.1f}%, "
         f"{'within' if w['overhead'] <= TARGET else 'over'} the 5% target in the median, "
         f"{100 * low:+.1f}% to {100 * high:+.1f}% from round to round (the machine's other "
-        "jobs move a pass's pace by more than the difference measured). Collating a "
-        "micro-batch and handing its tensors to the main process cost most of both sides' "
-        "CPU, the same on both. The work chronica adds, each part measured alone in one "
+        "jobs move a pass's pace by more than the difference measured). Both sides' "
+        f"workers collate alike ({e.get('collate', float('nan')):.2f} µs a sample measured "
+        "alone) and hand each micro-batch to the main process as one shared-memory block, "
+        "most of both processes' CPU. The work chronica adds, each part measured alone in one "
         f"process: in the main process planning {e['planning']:.2f} µs a sample and "
         f"pickling the plans {e['pickling']:.2f}; in the worker unpickling the plans and "
         f"reading by id {e['by_id']:.2f} µs a sample against {e['order']:.2f} reading in "
