@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from stream_source import make_source
 
-__all__ = ["FORMATS", "open_source", "write_dataset"]
+__all__ = ["FORMATS", "assert_lengths_match_records", "open_source", "write_dataset"]
 
 FORMATS = ("mds", "tar", "hf", "parquet")
 KEYS = {"mds": "input_ids", "tar": "input_ids.npy", "hf": "input_ids", "parquet": "input_ids"}
@@ -67,3 +67,14 @@ def open_source(kind: str, folder: Path) -> tuple[Any, str]:
     if kind == "hf":
         return sources.HFStreamingSource(files, length=key), key
     return sources.ParquetSource(files, length=key), key
+
+
+def assert_lengths_match_records(source: Any) -> None:
+    """``source.read_lengths`` of every span of every shard (every start, every count)
+    equals the lengths of the records ``read`` yields there, as ``int64``."""
+    for shard in range(source.num_shards):
+        want = [source.length(r) for r in source.read(shard)]
+        for start in range(len(want) + 1):
+            for count in range(len(want) - start + 1):
+                got = source.read_lengths(shard, start, count)
+                assert got.dtype == np.int64 and got.tolist() == want[start : start + count]

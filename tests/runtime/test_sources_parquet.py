@@ -7,6 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from stream_formats import assert_lengths_match_records
 
 from chronica.runtime.sources import ShardedSource, shard_offsets
 from chronica.runtime.sources.parquet import ParquetSource, batch_records
@@ -133,12 +134,7 @@ def test_lengths_read_without_records_equal_the_records_lengths(tmp_path, length
     _write(tmp_path / "data")
     source = ParquetSource(tmp_path / "data", length=length)
     assert source.lengths_without_records == (length in ("tokens", "n"))
-    for shard in range(source.num_shards):
-        want = [source.length(r) for r in source.read(shard)]
-        for start in range(len(want) + 1):
-            for count in range(len(want) - start + 1):
-                got = source.read_lengths(shard, start, count)
-                assert got.dtype == np.int64 and got.tolist() == want[start : start + count]
+    assert_lengths_match_records(source)
     with pytest.raises(ValueError, match=r"rows 5 \.\. 7 are not rows of shard 0 \(7 rows\)"):
         source.read_lengths(0, 5, 3)
     with pytest.raises(ValueError, match="not rows of shard 2"):

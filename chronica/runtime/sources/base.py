@@ -39,6 +39,7 @@ __all__ = [
     "check_names",
     "check_rows",
     "check_shard",
+    "check_span",
     "check_start",
     "column_length",
     "length_label",
@@ -309,6 +310,22 @@ def check_start(start: Any, size: int) -> int:
         size: the shard's size.
     """
     return check_int("start", start, 0, size, f" (the shard has {size} rows)")
+
+
+def check_span(shard: int, start: int, count: int, size: int) -> None:
+    """``ValueError`` naming the rows unless rows ``start .. start + count - 1`` are rows of
+    ``shard`` (``size`` rows); an empty span at ``0 .. size`` is.
+
+    Args:
+        shard: the shard, for the message.
+        start: the first row.
+        count: the rows.
+        size: the shard's size.
+    """
+    if not (0 <= start and count >= 0 and start + count <= size):
+        raise ValueError(
+            f"rows {start} .. {start + count - 1} are not rows of shard {shard} ({size} rows)"
+        )
 
 
 def check_rows(rows: Any, size: int) -> list[int]:

@@ -29,6 +29,7 @@ from chronica.runtime.sources.base import (
     check_names,
     check_rows,
     check_shard,
+    check_span,
     check_start,
     length_label,
     record_length,
@@ -251,11 +252,7 @@ class MDSSource:
             start: the first row.
             count: the rows, ``start + count <= shard_size(shard)``.
         """
-        size = self.shard_size(shard)
-        if not (0 <= start and count >= 0 and start + count <= size):
-            raise ValueError(
-                f"rows {start} .. {start + count - 1} are not rows of shard {shard} ({size} rows)"
-            )
+        check_span(shard, start, count, self.shard_size(shard))
         column = self._length_columns[shard]
         if count and column is not None:
             opened = self._shard(shard)

@@ -28,6 +28,7 @@ from chronica.runtime.sources.base import (
     check_names,
     check_rows,
     check_shard,
+    check_span,
     check_start,
     length_label,
     record_length,
@@ -308,11 +309,7 @@ class ParquetSource:
             start: the first row.
             count: the rows, ``start + count <= shard_size(shard)``.
         """
-        size = self.shard_size(shard)
-        if not (0 <= start and count >= 0 and start + count <= size):
-            raise ValueError(
-                f"rows {start} .. {start + count - 1} are not rows of shard {shard} ({size} rows)"
-            )
+        check_span(shard, start, count, self.shard_size(shard))
         if count and self._by_column:
             starts = self._row_group_starts(shard)
             first = int(np.searchsorted(starts, start, side="right")) - 1
