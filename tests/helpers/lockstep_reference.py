@@ -17,7 +17,7 @@ REBUILD_LOOKS = 1 << 19  # lockstep._REBUILD_LOOKS
 REBUILD_LEVELS = (1, 2, 4, 8)  # lockstep._REBUILD_LEVELS
 SPREAD_LEVELS = 8  # lockstep._SPREAD_LEVELS
 SPREAD_LOOKS = 1 << 16  # lockstep._SPREAD_LOOKS
-LONG_GAIN = 1e-3  # lockstep._LONG_GAIN
+LONG_GAIN = 0.01  # lockstep._LONG_GAIN
 
 
 def lockstep_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row_docs):

@@ -38,7 +38,13 @@ micro-batches; at most ``_REBUILD_TRIES`` such plans, the first shorter one kept
 Then, under the same gap at any size, every micro-batch in turn (by descending idle time)
 sheds the same way and only the shed units move to the other micro-batches, each where it
 raises a maximum least (``lockstep_rebuild.spread_column``), within ``_SPREAD_LOOKS``
-units × cells in all.
+units × cells in all. Last, under the same gap, where the step has units longer than half
+the cap, the long-first construction (``chronica.core.packing.lockstep_long``): the long
+units fill the first ``q = ceil(long / ranks)`` micro-batches costliest first, each of those
+micro-batches' other cells is filled with short units toward its maximum, and the other
+units are planned, by all of the above, into the other micro-batches; the whole replaces the
+plan where its step is shorter. The rest is planned (about one more plan of the step) only
+where the filled maxima plus the rest's mean are ``_LONG_GAIN`` below the plan.
 
 The cells of ranks of one speed are kept, per micro-batch, sorted by cost (a "ladder",
 ``chronica.core.packing.ladder``), so the fullest cell a document fits under the maximum is
@@ -95,7 +101,7 @@ _SPREAD_LEVELS = 8
 _SPREAD_LOOKS = 1 << 16
 # The long-first construction plans the rest only where its bound is this far (relative)
 # below the plan.
-_LONG_GAIN = 1e-3
+_LONG_GAIN = 0.01
 # The constructions ``_instead`` tries.
 _RANKED, _LPT, _KK = 0, 1, 2
 
@@ -399,7 +405,7 @@ def _long_first(
         return
     # No plan of the units left into the other micro-batches is shorter than their mean
     # rank sum: where that bound is not ``_LONG_GAIN`` below the plan, the rest is not
-    # planned (the construction's plans come within a hair of it: little to gain there).
+    # planned (what it could gain would not pay for one more plan of the step).
     rest = 0.0
     for i in range(n):
         rest += 0.0 if used[i] else costs[i]
