@@ -17,22 +17,38 @@ REBUILD_LOOKS = 1 << 19  # lockstep._REBUILD_LOOKS
 REBUILD_LEVELS = (1, 2, 4, 8)  # lockstep._REBUILD_LEVELS
 SPREAD_LEVELS = 8  # lockstep._SPREAD_LEVELS
 SPREAD_LOOKS = 1 << 16  # lockstep._SPREAD_LOOKS
+LONG_GAIN = 0.01  # lockstep._LONG_GAIN
 
 
 def lockstep_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row_docs):
     """``lockstep_attempt``: ``(rank, micro, row, cells)`` lists, or ``None`` if a unit fits
-    no cell: ``constructions_pack``, then on ranks of one speed where units × cells is at
-    most ``REBUILD_STEP``, ``rebuild``."""
+    no cell: ``planned``, then ``long_first``."""
     order = [int(i) for i in reference.descending_order(np.asarray(costs))]
+    best = planned(lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs)
+    if best is not None and gap(costs, speeds, best[3]):
+        long_first(lengths, costs, docs, order, speeds, rows, row_length, row_docs, *best)
+    return best
+
+
+def gap(costs, speeds, cells):
+    """``lockstep._gap``: ranks of one speed and a step more than ``REBUILD_GAP`` above
+    ``max(mean, costliest unit)``."""
+    n, w, num_micro = len(costs), len(speeds), len(cells[0])
+    if not n or w < 2 or num_micro < 2 or len(set(speeds)) > 1:
+        return False
+    return step(cells, speeds) > max(sum(costs) / w, max(costs)) / speeds[0] * (1 + REBUILD_GAP)
+
+
+def planned(lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs):
+    """``lockstep._planned``: ``constructions_pack``, then where ``gap`` holds, on steps of
+    at most ``REBUILD_STEP`` units × cells ``rebuild``, and ``spread_column``."""
     best = constructions_pack(
         lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs
     )
     n, w = len(lengths), len(speeds)
     if best is None:
         return None
-    if not n or w < 2 or num_micro < 2 or len(set(speeds)) > 1:
-        return best[2:]
-    if step(best[5], speeds) <= max(sum(costs) / w, max(costs)) / speeds[0] * (1 + REBUILD_GAP):
+    if not gap(costs, speeds, best[5]):
         return best[2:]
     rank, micro, row, cells = best[2:]
     if n * w * num_micro <= REBUILD_STEP:
@@ -49,6 +65,96 @@ def lockstep_pack(lengths, costs, docs, speeds, num_micro, rows, row_length, row
         looks += spread_column(lengths, costs, docs, order, free, slots, rank, micro, row,
                                cells, k, SPREAD_LEVELS, SPREAD_LOOKS - looks)  # fmt: skip
     return best[2:]
+
+
+def long_first(lengths, costs, docs, order, speeds, rows, row_length, row_docs, rank, micro,
+               row, cells):  # fmt: skip
+    """``lockstep._long_first`` on lists (mutated in place where the construction is kept):
+    ``fill_long`` of the long units' micro-batches, ``planned`` of the other units into the
+    other micro-batches (unless their mean plus the filled maxima is not ``LONG_GAIN``
+    below the step), kept where shorter and, with a unit for every cell, none empty."""
+    w, num_micro, n, cap = len(cells), len(cells[0]), len(lengths), rows * row_length
+    q = -(-sum(2 * length > cap for length in lengths) // w)
+    if q == 0 or q >= num_micro:
+        return
+    free = [[[row_length] * rows for _ in range(num_micro)] for _ in range(w)]
+    slots = [[[row_docs] * rows for _ in range(num_micro)] for _ in range(w)]
+    other_rank, other_micro, other_row = [-1] * n, [-1] * n, [-1] * n
+    other = [[0.0] * num_micro for _ in range(w)]
+    used = [False] * n
+    if not fill_long(lengths, costs, docs, order, cap, q, free, slots, other_rank, other_micro,
+                     other_row, other, used):  # fmt: skip
+        return
+    rest = 0.0
+    for i in range(n):
+        rest += 0.0 if used[i] else costs[i]
+    bound = rest / w
+    for k in range(q):
+        bound += max(other[r][k] for r in range(w))
+    if bound / speeds[0] >= step(cells, speeds) * (1 - LONG_GAIN):
+        return
+    units = [i for i in range(n) if not used[i]]
+    if not units:
+        return
+    where = {i: t for t, i in enumerate(units)}
+    sub = planned(
+        [lengths[i] for i in units], [costs[i] for i in units], [docs[i] for i in units],
+        [where[i] for i in order if not used[i]], speeds, num_micro - q, rows, row_length,
+        row_docs,
+    )  # fmt: skip
+    if sub is None:
+        return
+    for t, i in enumerate(units):
+        other_rank[i], other_micro[i], other_row[i] = sub[0][t], sub[1][t] + q, sub[2][t]
+    for r in range(w):
+        other[r][q:] = sub[3][r]
+    if step(other, speeds) >= step(cells, speeds):
+        return
+    if n >= w * num_micro and len(set(zip(other_rank, other_micro, strict=True))) < w * num_micro:
+        return
+    rank[:], micro[:], row[:] = other_rank, other_micro, other_row
+    for r in range(w):
+        cells[r][:] = other[r]
+
+
+def fill_long(lengths, costs, docs, order, cap, q, free, slots, rank, micro, row, cells, used):
+    """``lockstep_long.fill_long`` on lists (mutated in place), without its skips: the long
+    units (``2 · length > cap``) by ``order``, the ``t``-th to rank ``t % w`` of micro-batch
+    ``t // w`` (``False`` if one fits no row there); then in each of those micro-batches the
+    short units by ``order``, each to the cheapest cell (ties: the lower rank) below the
+    micro-batch's costliest whose cost stays at most that one's and with a row for it."""
+    w = len(cells)
+
+    def place(i, r, k, x):
+        rank[i], micro[i], row[i] = r, k, x
+        free[r][k][x] -= lengths[i]
+        slots[r][k][x] -= docs[i]
+        cells[r][k] += costs[i]
+        used[i] = True
+
+    long = [i for i in order if 2 * lengths[i] > cap]
+    for t, i in enumerate(long):
+        r, k = t % w, t // w
+        x = reference.fit_row(free[r][k], lengths[i], slots[r][k], docs[i])
+        if x < 0:
+            return False
+        place(i, r, k, x)
+    for k in range(q):
+        target = max(cells[r][k] for r in range(w))
+        for i in order:
+            if used[i]:
+                continue
+            fits = [
+                (cells[r][k], r, x)
+                for r in range(w)
+                if cells[r][k] < target and cells[r][k] + costs[i] <= target
+                for x in [reference.fit_row(free[r][k], lengths[i], slots[r][k], docs[i])]
+                if x >= 0
+            ]
+            if fits:
+                _, r, x = min(fits)
+                place(i, r, k, x)
+    return True
 
 
 def spread_column(lengths, costs, docs, order, free, slots, rank, micro, row, cells, k,

@@ -38,7 +38,13 @@ micro-batches; at most ``_REBUILD_TRIES`` such plans, the first shorter one kept
 Then, under the same gap at any size, every micro-batch in turn (by descending idle time)
 sheds the same way and only the shed units move to the other micro-batches, each where it
 raises a maximum least (``lockstep_rebuild.spread_column``), within ``_SPREAD_LOOKS``
-units × cells in all.
+units × cells in all. Last, under the same gap, where the step has units longer than half
+the cap, the long-first construction (``chronica.core.packing.lockstep_long``): the long
+units fill the first ``q = ceil(long / ranks)`` micro-batches costliest first, each of those
+micro-batches' other cells is filled with short units toward its maximum, and the other
+units are planned, by all of the above, into the other micro-batches; the whole replaces the
+plan where its step is shorter. The rest is planned (about one more plan of the step) only
+where the filled maxima plus the rest's mean are ``_LONG_GAIN`` below the plan.
 
 The cells of ranks of one speed are kept, per micro-batch, sorted by cost (a "ladder",
 ``chronica.core.packing.ladder``), so the fullest cell a document fits under the maximum is
@@ -62,6 +68,7 @@ from chronica.core.packing.kernels import fit_row, largest_room
 from chronica.core.packing.ladder import cell_before, climb, rung, speed_classes
 from chronica.core.packing.lockstep_kk import kk_cells
 from chronica.core.packing.lockstep_level import level_steps
+from chronica.core.packing.lockstep_long import fill_long, long_micro_batches
 from chronica.core.packing.lockstep_lpt import lpt_cells
 from chronica.core.packing.lockstep_ranked import ranked_cells
 from chronica.core.packing.lockstep_rebuild import (
@@ -92,6 +99,9 @@ _REBUILD_LEVELS = (1, 2, 4, 8)
 # lowering up to ``_SPREAD_LEVELS`` cells, within ``_SPREAD_LOOKS`` units × cells in all.
 _SPREAD_LEVELS = 8
 _SPREAD_LOOKS = 1 << 16
+# The long-first construction plans the rest only where its bound is this far (relative)
+# below the plan.
+_LONG_GAIN = 0.01
 # The constructions ``_instead`` tries.
 _RANKED, _LPT, _KK = 0, 1, 2
 
@@ -142,16 +152,52 @@ def lockstep_attempt(
         >>> cells.tolist()
         [[4.0, 2.0], [3.0, 1.0]]
     """
+    fits = _planned(
+        lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs, rank, micro,
+        row, cells,
+    )  # fmt: skip
+    if fits and _gap(costs, speeds, cells):
+        _long_first(lengths, costs, docs, order, speeds, rows, row_length, row_docs, rank,
+                    micro, row, cells)  # fmt: skip
+    return fits
+
+
+@njit(cache=True)
+def _gap(costs: np.ndarray, speeds: np.ndarray, cells: np.ndarray) -> bool:
+    # Ranks of one speed and a plan more than ``_REBUILD_GAP`` above ``max(mean, costliest
+    # unit)``: where the rebuild, the spread and the long-first construction run.
+    w, num_micro = cells.shape
+    if not costs.shape[0] or w < 2 or num_micro < 2 or not (speeds == speeds[0]).all():
+        return False
+    floor = max(costs.sum() / w, costs.max()) / speeds[0]
+    return _step(cells, speeds) > floor * (1 + _REBUILD_GAP)
+
+
+@njit(cache=True)
+def _planned(
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    docs: np.ndarray,
+    order: np.ndarray,
+    speeds: np.ndarray,
+    num_micro: int,
+    rows: int,
+    row_length: int,
+    row_docs: int,
+    rank: np.ndarray,
+    micro: np.ndarray,
+    row: np.ndarray,
+    cells: np.ndarray,
+) -> bool:
+    # ``lockstep_attempt`` before the long-first construction: the constructions, then the
+    # rebuild and the spread.
     fits = _attempt(
         lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs, rank, micro,
         row, cells,
     )  # fmt: skip
+    if not fits or not _gap(costs, speeds, cells):
+        return fits
     w, n = speeds.shape[0], lengths.shape[0]
-    if not fits or not n or w < 2 or num_micro < 2 or not (speeds == speeds[0]).all():
-        return fits
-    floor = max(costs.sum() / w, costs.max()) / speeds[0]
-    if _step(cells, speeds) <= floor * (1 + _REBUILD_GAP):
-        return fits
     if n * w * num_micro <= _REBUILD_STEP:
         _rebuild(lengths, costs, docs, order, speeds, rows, row_length, row_docs, rank, micro,
                  row, cells)  # fmt: skip
@@ -321,6 +367,79 @@ def _rebuild(
                 improved = True
             if improved:
                 break
+
+
+@njit(cache=True)
+def _long_first(
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    docs: np.ndarray,
+    order: np.ndarray,
+    speeds: np.ndarray,
+    rows: int,
+    row_length: int,
+    row_docs: int,
+    rank: np.ndarray,
+    micro: np.ndarray,
+    row: np.ndarray,
+    cells: np.ndarray,
+) -> None:
+    # The long-first construction (``chronica.core.packing.lockstep_long``): the long units'
+    # ``q`` micro-batches filled, the other units planned (``_planned``) into the other
+    # micro-batches; it replaces the outputs where its lockstep step is shorter and, where
+    # the step has a unit for every cell, it leaves none empty.
+    w, num_micro = cells.shape
+    n = lengths.shape[0]
+    q = long_micro_batches(lengths, rows * row_length, w)
+    if q == 0 or q >= num_micro:
+        return
+    free = np.full((w, num_micro, rows), row_length, np.int64)
+    slots = np.full((w, num_micro, rows), row_docs, np.int64)
+    other_rank = np.empty(n, np.int64)
+    other_micro = np.empty(n, np.int64)
+    other_row = np.empty(n, np.int64)
+    other = np.zeros((w, num_micro))
+    used = np.zeros(n, np.bool_)
+    if not fill_long(lengths, costs, docs, order, rows * row_length, q, free, slots, other_rank,
+                     other_micro, other_row, other, used):  # fmt: skip
+        return
+    # No plan of the units left into the other micro-batches is shorter than their mean
+    # rank sum: where that bound is not ``_LONG_GAIN`` below the plan, the rest is not
+    # planned (what it could gain would not pay for one more plan of the step).
+    rest = 0.0
+    for i in range(n):
+        rest += 0.0 if used[i] else costs[i]
+    bound = rest / w
+    for k in range(q):
+        bound += other[:, k].max()
+    if bound / speeds[0] >= _step(cells, speeds) * (1 - _LONG_GAIN):
+        return
+    units, sub_order = moving_units(order, used)
+    m = units.shape[0]
+    if not m:
+        return
+    sub_rank = np.empty(m, np.int64)
+    sub_micro = np.empty(m, np.int64)
+    sub_row = np.empty(m, np.int64)
+    sub_cells = np.empty((w, num_micro - q))
+    if not _planned(
+        lengths[units], costs[units], docs[units], sub_order, speeds, num_micro - q, rows,
+        row_length, row_docs, sub_rank, sub_micro, sub_row, sub_cells,
+    ):  # fmt: skip
+        return
+    for t in range(m):
+        i = units[t]
+        other_rank[i], other_micro[i], other_row[i] = sub_rank[t], sub_micro[t] + q, sub_row[t]
+    other[:, q:] = sub_cells
+    if _step(other, speeds) >= _step(cells, speeds):
+        return
+    if n >= w * num_micro:
+        count = np.zeros((w, num_micro), np.int64)
+        for i in range(n):
+            count[other_rank[i], other_micro[i]] += 1
+        if count.min() == 0:
+            return
+    rank[:], micro[:], row[:], cells[:, :] = other_rank, other_micro, other_row, other
 
 
 @njit(cache=True)
