@@ -55,10 +55,14 @@ FORMATS = ("mds", "parquet", "jsonl", "tar")
 
 
 def _write_all(
-    folder: Path, shards: list[list[np.ndarray]], formats: tuple[str, ...] = FORMATS
+    folder: Path,
+    shards: list[list[np.ndarray]],
+    formats: tuple[str, ...] = FORMATS,
+    parquet_lengths: str | None = None,
 ) -> dict[str, list[Path]]:
     """The documents as every format of ``formats`` (MDS in ``folder / "mds"``), the
-    ``tokens`` column holding each; the files of parquet, jsonl and tar by format."""
+    ``tokens`` column holding each (and, in parquet, the column ``parquet_lengths`` their
+    lengths, where given); the files of parquet, jsonl and tar by format."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -72,7 +76,10 @@ def _write_all(
         if "parquet" in formats:
             parquet = folder / f"part-{i:03d}.parquet"
             column = pa.array([d.tolist() for d in docs], pa.list_(pa.int32()))
-            pq.write_table(pa.table({"tokens": column}), parquet, row_group_size=ROW_GROUP)
+            table = {"tokens": column}
+            if parquet_lengths is not None:
+                table[parquet_lengths] = pa.array([d.shape[0] for d in docs], pa.int64())
+            pq.write_table(pa.table(table), parquet, row_group_size=ROW_GROUP)
             files["parquet"].append(parquet)
         if "jsonl" in formats:
             jsonl = folder / f"part-{i:03d}.jsonl"

@@ -41,8 +41,9 @@ first batch's wait included), the main process's CPU (``time.process_time``) and
 workers' (``/proc/<pid>/task/*/schedstat``, nanoseconds on a CPU), per sample.
 
 Per reader, ``repeats`` rounds each run the reader alone and through the engine, one
-after the other, the order swapped every round (after one warm round that is not
-counted), so both see the same load: medians of samples/s
+after the other, each on a fresh copy of the source (nothing cached, as a first pass),
+the order swapped every round (after one warm round that is not counted), so both see
+the same load: medians of samples/s
 (wall clock), of CPU seconds per sample (``time.process_time``, every thread of the
 process, which other jobs on a shared machine do not inflate) and of the paired ratio
 (the overhead). The engine's own accounts (``StreamStats.cpu``: the planning thread's CPU
@@ -96,6 +97,12 @@ WORKERS = 1  # DataLoader workers in the worker comparison (2 cores: main proces
 # Rounds of the worker comparison per repeat: a pass is short and its pace moves with the
 # machine's load by more than the difference measured, so the median needs many.
 WORKER_ROUNDS = 3
+# Parquet: an integer length column (what the docs recommend for planning over lengths),
+# and a cache of decoded rows below the stream's rows, so that every pass decodes its row
+# groups as a pass over a corpus larger than the cache does (a cache holding every row
+# would time a list of decoded dicts), above what the window draws from (about
+# buffer x ln(buffer) + 2 row groups for one rank: ``ParquetSource``).
+PARQUET_CACHE = 4096
 WORKER_READERS = ("MDS", "parquet")  # the readers of the worker comparison (read by id)
 
 
@@ -110,13 +117,19 @@ def _sources(folder: Path, docs: list[np.ndarray]) -> dict[str, Any]:
     """The same documents as every reader of ``READERS``, shard ``s`` holding the
     documents ``s, s + SHARDS, ...`` in order."""
     shards = [docs[s::SHARDS] for s in range(SHARDS)]
-    files = _write_all(folder, shards, ("mds", "parquet", "tar"))
+    files = _write_all(folder, shards, ("mds", "parquet", "tar"), parquet_lengths="n")
     return {
         "MDS": MDSSource(folder / "mds", length="tokens"),
-        "parquet": ParquetSource(files["parquet"], length="tokens"),
+        "parquet": ParquetSource(files["parquet"], length="n", cached_rows=PARQUET_CACHE),
         "WebDataset": WebDatasetSource(files["tar"], length="tokens.npy"),
         "list": ListSource([[{"tokens": d} for d in shard] for shard in shards], "tokens"),
     }
+
+
+def _fresh(source: Any) -> Any:
+    """A copy of ``source`` with nothing cached (a pickled source starts empty: no open
+    shard, no decoded row group), so that a timed run reads as a first pass does."""
+    return pickle.loads(pickle.dumps(source))
 
 
 def _alone(source: Any) -> tuple[int, StreamingEngine | None]:
@@ -327,7 +340,7 @@ def _added_alone(source: Any, samples: int, repeats: int) -> dict[str, float]:
     kinds = ("planning", "pickling", "by_id", "order", "collate")
     parts: dict[str, list[float]] = {k: [] for k in kinds}
     for _ in range(repeats):
-        planned, by_ids, ordered = (pickle.loads(pickle.dumps(source)) for _ in range(3))
+        planned, by_ids, ordered = (_fresh(source) for _ in range(3))
         engine = StreamingEngine(planned, config, LocalGroup(1).rank(0), options, decode=False)
         cpu = time.process_time()
         plans = list(engine.micro_batches())
@@ -378,11 +391,11 @@ def measure(samples: int, repeats: int) -> dict[str, Any]:
                 # Alone and through the engine in turn, the order swapped every round, so
                 # that a change of the machine's load falls on both alike.
                 first, second = (_alone, _through) if repeat % 2 else (_through, _alone)
-                a, c = _timed(first, source), _timed(second, source)
+                a, c = _timed(first, _fresh(source)), _timed(second, _fresh(source))
                 if first is _through:
                     a, c = c, a
-                h = _timed(_held, source)
-                p = _timed(_pickled, source)
+                h = _timed(_held, _fresh(source))
+                p = _timed(_pickled, _fresh(source))
                 assert a[3] == c[3] == h[3] == p[3] == samples, (name, a[3], c[3], h[3], p[3])
                 if repeat:  # the first round compiles and warms caches
                     alone.append(a[:2])
@@ -448,7 +461,9 @@ def markdown_lines(t: dict[str, Any]) -> list[str]:
         f"tokens, {SHARDS} shards, steps of {t['batch']} documents, K = 2, a {BUFFER}-sample "
         "shuffle buffer): each reader alone (every shard in order, each record's length "
         "taken) and through the engine (lane, shuffle buffer, planning thread, packed "
-        "micro-batches), run one after the other, the order swapped every round, medians "
+        "micro-batches), each on a fresh copy of the source (parquet: an integer length "
+        f"column, {PARQUET_CACHE:,} decoded rows cached), run one after the other, the order "
+        "swapped every round, medians "
         f"of {t['repeats']} rounds; the machine's load average was {load[0]:.1f} before and "
         f"{load[-1]:.1f} after (2 cores, shared; per reader in the *load* column). "
         "*Overhead* is 1 − the median of the paired ratios of samples/s (through chronica "
