@@ -29,6 +29,23 @@ def test_a_plan_without_records_gets_them_back_and_pickles_whole():
         full.step = 7  # frozen
 
 
+@pytest.mark.parametrize("records", [[], ["a", {"tokens": [1, 2]}]])
+def test_a_pickled_batch_equals_the_batch(records):
+    """Every field back, its arrays ``int64`` and writable (a worker may sort or edit them),
+    records too where it holds them; an empty micro-batch as well."""
+    empty = dict.fromkeys(("ids", "lengths", "rows"), np.zeros(0, np.int64))
+    for batch in (_batch(records), StreamMicroBatch.of(**(_batch([]).__dict__ | empty))):
+        back = pickle.loads(pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL))
+        assert back.__dict__.keys() == batch.__dict__.keys()
+        for name, value in batch.__dict__.items():
+            got = getattr(back, name)
+            if isinstance(value, np.ndarray):
+                assert got.dtype == np.int64 and got.flags.writeable
+                assert got.tolist() == value.tolist(), name
+            else:
+                assert got == value, name
+
+
 def test_stats_count_every_cpu_part():
     stats = StreamStats()
     assert set(stats.cpu) == set(CPU_PARTS) and not any(stats.cpu.values())
