@@ -37,6 +37,7 @@ __all__ = [
     "largest_room",
     "lpt_place",
     "pack_attempt",
+    "place_unit",
     "refine",
     "work_budget",
 ]
@@ -84,6 +85,47 @@ def fit_row(free: np.ndarray, slots: np.ndarray, length: int, docs: int) -> int:
         if free[k] >= length and slots[k] >= docs and (best < 0 or free[k] < free[best]):
             best = k
     return best
+
+
+@njit(cache=True)
+def place_unit(
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    docs: np.ndarray,
+    i: int,
+    r: int,
+    k: int,
+    x: int,
+    free: np.ndarray,
+    slots: np.ndarray,
+    rank: np.ndarray,
+    micro: np.ndarray,
+    row: np.ndarray,
+    cells: np.ndarray,
+) -> None:
+    """Unit ``i`` into row ``x`` of cell ``(r, k)``: its place in ``rank``, ``micro`` and
+    ``row``, its tokens off ``free[r, k, x]``, its documents off ``slots[r, k, x]``, its
+    cost onto ``cells[r, k]``.
+
+    Args:
+        lengths: ``int64`` tokens per unit.
+        costs: ``float64`` cost per unit.
+        docs: ``int64`` documents per unit.
+        i: the unit.
+        r: its rank.
+        k: its micro-batch.
+        x: its row.
+        free: ``int64`` ``(ranks, micro-batches, rows)`` free tokens, updated.
+        slots: ``int64`` same shape, documents every row can still take, updated.
+        rank: ``int64`` the units' ranks, updated.
+        micro: ``int64`` the units' micro-batches, updated.
+        row: ``int64`` the units' rows, updated.
+        cells: ``float64`` ``(ranks, micro-batches)`` cost per cell, updated.
+    """
+    rank[i], micro[i], row[i] = r, k, x
+    free[r, k, x] -= lengths[i]
+    slots[r, k, x] -= docs[i]
+    cells[r, k] += costs[i]
 
 
 @njit(cache=True)

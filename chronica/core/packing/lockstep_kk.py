@@ -41,7 +41,7 @@ import heapq
 import numpy as np
 from numba import njit
 
-from chronica.core.packing.kernels import fit_row
+from chronica.core.packing.kernels import fit_row, place_unit
 from chronica.core.packing.lockstep_ranked import sort_micro_batches
 
 __all__ = ["kk_cells"]
@@ -166,8 +166,9 @@ def kk_cells(
                 best_r, best_k, best_q = r, k, q
         if best_r < 0:
             return False
-        _put(lengths, costs, docs, i, best_r, best_k, best_q, free, slots, rank, micro, row,
-             cells, count)  # fmt: skip
+        place_unit(lengths, costs, docs, i, best_r, best_k, best_q, free, slots, rank, micro,
+                   row, cells)  # fmt: skip
+        count[best_r, best_k] += 1
     if n >= w * num_micro and count.min() == 0:
         return False
     sort_micro_batches(lengths, costs, docs, row_length, row_docs, free, slots, rank, micro, row,
@@ -212,7 +213,8 @@ def _fill(
             if q < 0:
                 micro[i] = -1
                 continue
-            _put(lengths, costs, docs, i, r, k, q, free, slots, rank, micro, row, cells, count)
+            place_unit(lengths, costs, docs, i, r, k, q, free, slots, rank, micro, row, cells)
+            count[r, k] += 1
             placed += 1
             late += sweep
     if placed < mine.shape[0]:
@@ -220,31 +222,6 @@ def _fill(
     if how == _TIGHT or mine.shape[0] < cells.shape[1] or count[r].min() > 0:
         return late
     return -1
-
-
-@njit(cache=True)
-def _put(
-    lengths: np.ndarray,
-    costs: np.ndarray,
-    docs: np.ndarray,
-    i: int,
-    r: int,
-    k: int,
-    q: int,
-    free: np.ndarray,
-    slots: np.ndarray,
-    rank: np.ndarray,
-    micro: np.ndarray,
-    row: np.ndarray,
-    cells: np.ndarray,
-    count: np.ndarray,
-) -> None:
-    # Unit i into row q of cell (r, k).
-    rank[i], micro[i], row[i] = r, k, q
-    free[r, k, q] -= lengths[i]
-    slots[r, k, q] -= docs[i]
-    cells[r, k] += costs[i]
-    count[r, k] += 1
 
 
 @njit(cache=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from chronica.core.packing.kernels import fit_row
+from chronica.core.packing.kernels import fit_row, place_unit
 
 __all__ = ["fill_long", "long_micro_batches"]
 
@@ -103,7 +103,8 @@ def fill_long(
         x = fit_row(free[r, k], slots[r, k], lengths[i], docs[i])
         if x < 0:
             return False
-        _place(lengths, costs, docs, i, r, k, x, free, slots, rank, micro, row, cells, used)
+        place_unit(lengths, costs, docs, i, r, k, x, free, slots, rank, micro, row, cells)
+        used[i] = True
         t += 1
     for k in range(q):
         target = cells[:, k].max()
@@ -128,34 +129,11 @@ def fill_long(
             if best < 0:
                 miss_cost, miss_length, miss_docs = costs[i], lengths[i], docs[i]
                 continue
-            _place(lengths, costs, docs, i, best, k, best_row, free, slots, rank, micro, row,
-                   cells, used)  # fmt: skip
+            place_unit(lengths, costs, docs, i, best, k, best_row, free, slots, rank, micro,
+                       row, cells)  # fmt: skip
+            used[i] = True
             low, room = _open(free, slots, cells, k, target)
     return True
-
-
-@njit(cache=True)
-def _place(
-    lengths: np.ndarray,
-    costs: np.ndarray,
-    docs: np.ndarray,
-    i: int,
-    r: int,
-    k: int,
-    x: int,
-    free: np.ndarray,
-    slots: np.ndarray,
-    rank: np.ndarray,
-    micro: np.ndarray,
-    row: np.ndarray,
-    cells: np.ndarray,
-    used: np.ndarray,
-) -> None:
-    rank[i], micro[i], row[i] = r, k, x
-    free[r, k, x] -= lengths[i]
-    slots[r, k, x] -= docs[i]
-    cells[r, k] += costs[i]
-    used[i] = True
 
 
 @njit(cache=True)
