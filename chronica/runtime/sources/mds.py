@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from chronica.runtime.sources.base import (
-    RecentlyUsed,
     check_length,
     check_length_kept,
     check_names,
@@ -43,6 +42,7 @@ from chronica.runtime.sources.mds_format import (
     length_column,
     shard_header,
 )
+from chronica.runtime.sources.recent import RecentlyUsed
 
 __all__ = ["MDSSource", "write_mds"]
 

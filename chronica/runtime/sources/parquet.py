@@ -22,7 +22,6 @@ import numpy as np
 
 from chronica.core.checks import check_int
 from chronica.runtime.sources.base import (
-    RecentlyUsed,
     check_length,
     check_length_kept,
     check_names,
@@ -35,6 +34,7 @@ from chronica.runtime.sources.base import (
     record_lengths,
     shard_paths,
 )
+from chronica.runtime.sources.recent import RecentlyUsed
 
 __all__ = ["ParquetSource", "batch_records", "column_lengths", "counted_without_records"]
 
