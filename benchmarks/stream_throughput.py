@@ -634,7 +634,7 @@ def _worker_paragraph(w: dict[str, Any]) -> str:
         f"{'within' if w['overhead'] <= TARGET else 'over'} the 5% target in the median, "
         f"{100 * low:+.1f}% to {100 * high:+.1f}% from round to round (the machine's other "
         "jobs move a pass's pace by more than the difference measured). Both sides' "
-        f"workers collate alike ({e.get('collate', float('nan')):.2f} µs a sample measured "
+        f"workers collate alike ({e['collate']:.2f} µs a sample measured "
         "alone) and hand each micro-batch to the main process as one shared-memory block, "
         "most of both processes' CPU. The work chronica adds, each part measured alone in one "
         f"process: in the main process planning {e['planning']:.2f} µs a sample and "
