@@ -287,8 +287,12 @@ def test_cli_reads_measured_layers(tmp_path, capsys: pytest.CaptureFixture[str])
 
 
 def _validation_module():
-    sys.path.append(str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import grad_sim_validation
+    # The repository's root, not its benchmarks folder: that folder's ``streaming.py`` would
+    # shadow the ``streaming`` package for every later test of this worker.
+    root = str(Path(__file__).resolve().parents[2])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from benchmarks import grad_sim_validation
 
     return grad_sim_validation
 
