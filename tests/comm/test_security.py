@@ -482,7 +482,9 @@ def test_the_coordinator_command_serves_with_curve_from_a_key_folder(tmp_path):
         assert f"CHRONICA_COORDINATOR=127.0.0.1:{port}" in line
         scheduler = _scheduler(2)  # the same sizes and arguments as the command's
         curve = CurveClient.from_env({"CHRONICA_CURVE_DIR": str(folder)})
-        client = PlanClient(1, 2, scheduler.digest, "127.0.0.1", port, timeout=5.0, curve=curve)
+        client = PlanClient(
+            1, 2, scheduler.digest, "127.0.0.1", port, timeout=scaled(10.0), curve=curve
+        )
         try:
             assert client.connect() and client.plan(0, 0) is not None
         finally:
