@@ -70,9 +70,11 @@ def planned(lengths, costs, docs, order, speeds, num_micro, rows, row_length, ro
 def long_first(lengths, costs, docs, order, speeds, rows, row_length, row_docs, rank, micro,
                row, cells):  # fmt: skip
     """``lockstep._long_first`` on lists (mutated in place where the construction is kept):
-    ``fill_long`` of the long units' micro-batches, ``planned`` of the other units into the
-    other micro-batches (unless their mean plus the filled maxima is not ``LONG_GAIN``
-    below the step), kept where shorter and, with a unit for every cell, none empty."""
+    ``fill_long`` of the long units' micro-batches, then, where their mean plus the filled
+    maxima is below the step, the other units into the other micro-batches: ``planned``
+    where it is ``LONG_GAIN`` below, else ``kk_pack`` refined (where the costliest of them
+    costs at most their mean cell and they times the cells are at most ``LPT_LOOKS``); kept
+    where shorter and, with a unit for every cell, none empty."""
     w, num_micro, n, cap = len(cells), len(cells[0]), len(lengths), rows * row_length
     q = -(-sum(2 * length > cap for length in lengths) // w)
     if q == 0 or q >= num_micro:
@@ -91,17 +93,29 @@ def long_first(lengths, costs, docs, order, speeds, rows, row_length, row_docs, 
     bound = rest / w
     for k in range(q):
         bound += max(other[r][k] for r in range(w))
-    if bound / speeds[0] >= step(cells, speeds) * (1 - LONG_GAIN):
+    plan = step(cells, speeds)
+    if bound / speeds[0] >= plan:
         return
     units = [i for i in range(n) if not used[i]]
     if not units:
         return
     where = {i: t for t, i in enumerate(units)}
-    sub = planned(
-        [lengths[i] for i in units], [costs[i] for i in units], [docs[i] for i in units],
-        [where[i] for i in order if not used[i]], speeds, num_micro - q, rows, row_length,
-        row_docs,
-    )  # fmt: skip
+    sub_lengths, sub_costs = [lengths[i] for i in units], [costs[i] for i in units]
+    sub_docs, sub_order = [docs[i] for i in units], [where[i] for i in order if not used[i]]
+    if bound / speeds[0] >= plan * (1 - LONG_GAIN):
+        if len(units) * w * (num_micro - q) > LPT_LOOKS:
+            return
+        if max(sub_costs) * (w * (num_micro - q)) > sum(sub_costs):
+            return
+        built = kk_pack(sub_lengths, sub_costs, sub_docs, sub_order, speeds, num_micro - q,
+                        rows, row_length, row_docs)  # fmt: skip
+        if built is None:
+            return
+        refine(sub_lengths, sub_costs, sub_docs, sub_order, speeds, *built)
+        sub = built[2:]
+    else:
+        sub = planned(sub_lengths, sub_costs, sub_docs, sub_order, speeds, num_micro - q, rows,
+                      row_length, row_docs)  # fmt: skip
     if sub is None:
         return
     for t, i in enumerate(units):

@@ -42,9 +42,13 @@ units × cells in all. Last, under the same gap, where the step has units longer
 the cap, the long-first construction (``chronica.core.packing.lockstep_long``): the long
 units fill the first ``q = ceil(long / ranks)`` micro-batches costliest first, each of those
 micro-batches' other cells is filled with short units toward its maximum, and the other
-units are planned, by all of the above, into the other micro-batches; the whole replaces the
-plan where its step is shorter. The rest is planned (about one more plan of the step) only
-where the filled maxima plus the rest's mean are ``_LONG_GAIN`` below the plan.
+units are planned into the other micro-batches; the whole replaces the plan where its step
+is shorter. Where the filled maxima plus the rest's mean are
+``_LONG_GAIN`` below the plan, the rest is planned by all of the above (about one more plan
+of the step); where they are below it by less, by the differencing construction alone,
+refined (a fraction of that time; where its units are small against a cell and, as for the
+LPT, its units × cells are at most ``_LPT_LOOKS``), and not at all where they are not below
+it.
 
 The cells of ranks of one speed are kept, per micro-batch, sorted by cost (a "ladder",
 ``chronica.core.packing.ladder``), so the fullest cell a document fits under the maximum is
@@ -100,8 +104,8 @@ _REBUILD_LEVELS = (1, 2, 4, 8)
 # lowering up to ``_SPREAD_LEVELS`` cells, within ``_SPREAD_LOOKS`` units × cells in all.
 _SPREAD_LEVELS = 8
 _SPREAD_LOOKS = 1 << 16
-# The long-first construction plans the rest only where its bound is this far (relative)
-# below the plan.
+# The long-first construction plans the rest by every construction where its bound is this
+# far (relative) below the plan, else by the differencing alone.
 _LONG_GAIN = 0.01
 # The constructions ``_instead`` tries.
 _RANKED, _LPT, _KK = 0, 1, 2
@@ -405,26 +409,38 @@ def _long_first(
                      other_micro, other_row, other, used):  # fmt: skip
         return
     # No plan of the units left into the other micro-batches is shorter than their mean
-    # rank sum: where that bound is not ``_LONG_GAIN`` below the plan, the rest is not
-    # planned (what it could gain would not pay for one more plan of the step).
+    # rank sum: where that bound is not ``_LONG_GAIN`` below the plan, what the rest could
+    # gain would not pay for one more plan of the step, only for the differencing.
     rest = 0.0
     for i in range(n):
         rest += 0.0 if used[i] else costs[i]
     bound = rest / w
     for k in range(q):
         bound += other[:, k].max()
-    if bound / speeds[0] >= _step(cells, speeds) * (1 - _LONG_GAIN):
+    plan = _step(cells, speeds)
+    if bound / speeds[0] >= plan:
         return
     units, sub_order = moving_units(order, used)
     m = units.shape[0]
     if not m:
         return
+    sub_costs = costs[units]
     sub_rank = np.empty(m, np.int64)
     sub_micro = np.empty(m, np.int64)
     sub_row = np.empty(m, np.int64)
     sub_cells = np.empty((w, num_micro - q))
-    if not _planned(
-        lengths[units], costs[units], docs[units], sub_order, speeds, num_micro - q, rows,
+    if bound / speeds[0] >= plan * (1 - _LONG_GAIN):
+        # Little to gain: the differencing alone (a fraction of a plan's time), where the
+        # units are small against a cell; on large steps it can take a plan's time to fail.
+        if m * w * (num_micro - q) > _LPT_LOOKS:
+            return
+        if sub_costs.max() * (w * (num_micro - q)) > sub_costs.sum() or not _instead(
+            _KK, lengths[units], sub_costs, docs[units], sub_order, speeds, rows, row_length,
+            row_docs, sub_rank, sub_micro, sub_row, sub_cells, False,
+        ):  # fmt: skip
+            return
+    elif not _planned(
+        lengths[units], sub_costs, docs[units], sub_order, speeds, num_micro - q, rows,
         row_length, row_docs, sub_rank, sub_micro, sub_row, sub_cells,
     ):  # fmt: skip
         return
