@@ -10,6 +10,7 @@ arrays and numbers to send to the process that reads them by id and gives them b
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,8 @@ __all__ = ["CPU_PARTS", "StreamMicroBatch", "StreamStats"]
 
 # The parts of the planning thread's CPU time (``StreamStats.cpu``).
 CPU_PARTS = ("reading", "shuffling", "exchanging", "planning", "assembling")
+# A pickled micro-batch's place: epoch, step, micro, num_micro, loss_weight.
+_PLACE = struct.Struct("<4qd")
 
 
 @dataclass(frozen=True, repr=False)
@@ -79,11 +82,12 @@ class StreamMicroBatch:
         return StreamMicroBatch.of(**(self.__dict__ | {"records": list(records)}))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # ids, lengths and rows travel as one buffer: a plan sent to a DataLoader worker
-        # per micro-batch pickles in a third of the time three arrays take.
-        columns = np.concatenate((self.ids, self.lengths, self.rows)).astype(np.int64)
-        place = (self.epoch, self.step, self.micro, self.num_micro, self.loss_weight)
-        return (_unpickled, (self.records, columns.tobytes(), *place))
+        # A plan sent to a DataLoader worker per micro-batch: its place and its ids, lengths
+        # and rows travel as one buffer, in a fraction of the time separate objects take
+        # (multiprocessing's pickler looks every object up in its reducer tables).
+        place = _PLACE.pack(self.epoch, self.step, self.micro, self.num_micro, self.loss_weight)
+        columns = np.concatenate((self.ids, self.lengths, self.rows), dtype=np.int64)
+        return (_unpickled, (self.records, place + columns.tobytes()))
 
     def __repr__(self) -> str:
         return (
@@ -92,17 +96,11 @@ class StreamMicroBatch:
         )
 
 
-def _unpickled(
-    records: list[Any],
-    columns: bytes,
-    epoch: int,
-    step: int,
-    micro: int,
-    num_micro: int,
-    loss_weight: float,
-) -> StreamMicroBatch:
+def _unpickled(records: list[Any], data: bytes) -> StreamMicroBatch:
     """``StreamMicroBatch.__reduce__``'s inverse."""
-    ids, lengths, rows = np.frombuffer(bytearray(columns), np.int64).reshape(3, -1)
+    epoch, step, micro, num_micro, loss_weight = _PLACE.unpack_from(data)
+    columns = np.frombuffer(bytearray(data), np.int64, offset=_PLACE.size)
+    ids, lengths, rows = columns.reshape(3, -1)
     return StreamMicroBatch.of(
         records=records, ids=ids, lengths=lengths, rows=rows, epoch=epoch, step=step,
         micro=micro, num_micro=num_micro, loss_weight=loss_weight,
