@@ -79,7 +79,7 @@ from benchmarks.sources import _write_all
 from chronica import Packing, ScheduleConfig, StreamOptions
 from chronica.runtime.sources import ListSource, MDSSource, ParquetSource, WebDatasetSource
 from chronica.runtime.sources.base import read_ids, shard_offsets
-from chronica.runtime.streaming import CPU_PARTS, StreamingEngine
+from chronica.runtime.streaming import CPU_PARTS, StreamingEngine, StreamMicroBatch
 from chronica.runtime.streaming_exchange import LocalGroup
 
 __all__ = ["READERS", "markdown_lines", "measure"]
@@ -249,7 +249,6 @@ def _worker_loaders(source: Any) -> dict[str, Any]:
     from torch.utils.data import DataLoader, IterableDataset
 
     from chronica.adapters.torch.streaming_workers import collate_stream
-    from chronica.runtime.streaming import StreamMicroBatch
     from chronica.torch import StreamingDataset
 
     def stream() -> Any:
@@ -327,7 +326,8 @@ def _added_alone(source: Any, samples: int, repeats: int) -> dict[str, float]:
     """The work the worker path adds, each part measured alone in this process (CPU
     microseconds per sample, medians of ``repeats``), as the loaders run it: in the main
     process, planning over the lengths (an engine with ``decode=False``) and pickling the
-    plans (``ForkingPickler``, the pickler of a ``DataLoader``'s index queue); in a worker,
+    plans as the sampler sends them (``plan_bytes``, pickled by ``ForkingPickler``, the
+    pickler of a ``DataLoader``'s index queue); in a worker,
     unpickling the plans and reading each micro-batch's records by id (``read_ids``),
     against reading every shard in order, each record dropped once read on both sides (a
     worker drops a micro-batch's records once it is collated); and what both sides' workers
@@ -349,10 +349,11 @@ def _added_alone(source: Any, samples: int, repeats: int) -> dict[str, float]:
         cpu = time.process_time()
         plans = list(engine.micro_batches())
         middle = time.process_time()
-        sent = [ForkingPickler.dumps(plan) for plan in plans]
+        sent = [ForkingPickler.dumps(plan.plan_bytes()) for plan in plans]
         pickled = time.process_time()
         for data in sent:
-            read_ids(by_ids, offsets, pickle.loads(data).ids.tolist())
+            plan = StreamMicroBatch.from_plan_bytes(pickle.loads(data))
+            read_ids(by_ids, offsets, plan.ids.tolist())
         by_id = time.process_time()
         for shard in range(ordered.num_shards):
             for _ in ordered.read(shard):
