@@ -79,7 +79,7 @@ from benchmarks.sources import _write_all
 from chronica import Packing, ScheduleConfig, StreamOptions
 from chronica.runtime.sources import ListSource, MDSSource, ParquetSource, WebDatasetSource
 from chronica.runtime.sources.base import read_ids, shard_offsets
-from chronica.runtime.streaming import CPU_PARTS, StreamingEngine
+from chronica.runtime.streaming import CPU_PARTS, StreamingEngine, StreamMicroBatch
 from chronica.runtime.streaming_exchange import LocalGroup
 
 __all__ = ["READERS", "markdown_lines", "measure"]
@@ -249,7 +249,6 @@ def _worker_loaders(source: Any) -> dict[str, Any]:
     from torch.utils.data import DataLoader, IterableDataset
 
     from chronica.adapters.torch.streaming_workers import collate_stream
-    from chronica.runtime.streaming import StreamMicroBatch
     from chronica.torch import StreamingDataset
 
     def stream() -> Any:
@@ -325,12 +324,17 @@ def _in_workers(reader: str, source: Any, samples: int, repeats: int) -> dict[st
 
 def _added_alone(source: Any, samples: int, repeats: int) -> dict[str, float]:
     """The work the worker path adds, each part measured alone in this process (CPU
-    microseconds per sample, medians of ``repeats``): in the main process, planning over
-    the lengths (an engine with ``decode=False``) and pickling the plans; in a worker,
+    microseconds per sample, medians of ``repeats``), as the loaders run it: in the main
+    process, planning over the lengths (an engine with ``decode=False``) and pickling the
+    plans as the sampler sends them (``plan_bytes``, pickled by ``ForkingPickler``, the
+    pickler of a ``DataLoader``'s index queue); in a worker,
     unpickling the plans and reading each micro-batch's records by id (``read_ids``),
-    against reading every shard in order; and what both sides' workers do alike, collating
-    the micro-batches (``collate_stream``). Each part reads its own copy of the source, as a
-    worker does (nothing cached: parquet's decoded row groups)."""
+    against reading every shard in order, each record dropped once read on both sides (a
+    worker drops a micro-batch's records once it is collated); and what both sides' workers
+    do alike, collating the micro-batches (``collate_stream``). Each part reads its own copy
+    of the source, as a worker does (nothing cached: parquet's decoded row groups)."""
+    from multiprocessing.reduction import ForkingPickler
+
     config = ScheduleConfig(
         num_replicas=1, batch_size=BATCH, seed=SEED, packing=Packing(max_tokens=CAP)
     )
@@ -340,23 +344,28 @@ def _added_alone(source: Any, samples: int, repeats: int) -> dict[str, float]:
     kinds = ("planning", "pickling", "by_id", "order", "collate")
     parts: dict[str, list[float]] = {k: [] for k in kinds}
     for _ in range(repeats):
-        planned, by_ids, ordered = (_fresh(source) for _ in range(3))
+        planned, by_ids, ordered, collated = (_fresh(source) for _ in range(4))
         engine = StreamingEngine(planned, config, LocalGroup(1).rank(0), options, decode=False)
         cpu = time.process_time()
         plans = list(engine.micro_batches())
         middle = time.process_time()
-        sent = [pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL) for plan in plans]
+        sent = [ForkingPickler.dumps(plan.plan_bytes()) for plan in plans]
         pickled = time.process_time()
-        read = [read_ids(by_ids, offsets, pickle.loads(data).ids.tolist()) for data in sent]
+        for data in sent:
+            plan = StreamMicroBatch.from_plan_bytes(pickle.loads(data))
+            read_ids(by_ids, offsets, plan.ids.tolist())
         by_id = time.process_time()
         for shard in range(ordered.num_shards):
             for _ in ordered.read(shard):
                 pass
         done = time.process_time()
-        for plan, records in zip(plans, read, strict=True):
-            collate_stream(plan.with_records(records), "tokens", None)
-        collated = time.process_time()
-        times = (middle - cpu, pickled - middle, by_id - pickled, done - by_id, collated - done)
+        collating = 0.0
+        for plan in plans:
+            batch = plan.with_records(read_ids(collated, offsets, plan.ids.tolist()))
+            start = time.process_time()
+            collate_stream(batch, "tokens", None)
+            collating += time.process_time() - start
+        times = (middle - cpu, pickled - middle, by_id - pickled, done - by_id, collating)
         for key, seconds in zip(parts, times, strict=True):
             parts[key].append(1e6 * seconds / samples)
     return {key: median(values) for key, values in parts.items()}

@@ -10,6 +10,7 @@ arrays and numbers to send to the process that reads them by id and gives them b
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,8 @@ __all__ = ["CPU_PARTS", "StreamMicroBatch", "StreamStats"]
 
 # The parts of the planning thread's CPU time (``StreamStats.cpu``).
 CPU_PARTS = ("reading", "shuffling", "exchanging", "planning", "assembling")
+# A pickled micro-batch's place: epoch, step, micro, num_micro, loss_weight.
+_PLACE = struct.Struct("<4qd")
 
 
 @dataclass(frozen=True, repr=False)
@@ -78,12 +81,45 @@ class StreamMicroBatch:
             )
         return StreamMicroBatch.of(**(self.__dict__ | {"records": list(records)}))
 
+    def plan_bytes(self) -> bytes:
+        """The micro-batch without its records, as bytes (``from_plan_bytes`` gives it
+        back): its place, then its ids, lengths and rows as ``int64``. What a planning
+        process sends a ``DataLoader`` worker per micro-batch: multiprocessing's pickler
+        sends bytes in a fraction of the time an object takes (it looks the object's
+        reconstructor up, by import, for every object it sends).
+
+        Example::
+
+            >>> back = StreamMicroBatch.from_plan_bytes(batch.plan_bytes())
+            >>> back.ids.tolist() == batch.ids.tolist()
+            True
+        """
+        place = _PLACE.pack(self.epoch, self.step, self.micro, self.num_micro, self.loss_weight)
+        columns = np.concatenate((self.ids, self.lengths, self.rows), dtype=np.int64)
+        return place + columns.tobytes()
+
+    @classmethod
+    def from_plan_bytes(cls, data: bytes, records: list[Any] | None = None) -> StreamMicroBatch:
+        """The micro-batch ``plan_bytes`` gave, holding ``records`` (none: empty); its
+        arrays ``int64`` and writable.
+
+        Args:
+            data: ``plan_bytes()``'s output.
+            records: the records of its ids, in their order, or ``None``.
+        """
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"data must be the bytes plan_bytes() gave, got {type(data).__name__}")
+        epoch, step, micro, num_micro, loss_weight = _PLACE.unpack_from(data)
+        columns = np.frombuffer(bytearray(data), np.int64, offset=_PLACE.size)
+        ids, lengths, rows = columns.reshape(3, -1)
+        return cls.of(
+            records=[] if records is None else records, ids=ids, lengths=lengths, rows=rows,
+            epoch=epoch, step=step, micro=micro, num_micro=num_micro, loss_weight=loss_weight,
+        )  # fmt: skip
+
     def __reduce__(self) -> tuple[Any, ...]:
-        # ids, lengths and rows travel as one buffer: a plan sent to a DataLoader worker
-        # per micro-batch pickles in a third of the time three arrays take.
-        columns = np.concatenate((self.ids, self.lengths, self.rows)).astype(np.int64)
-        place = (self.epoch, self.step, self.micro, self.num_micro, self.loss_weight)
-        return (_unpickled, (self.records, columns.tobytes(), *place))
+        # Its place and its columns travel as one buffer (plan_bytes), the records beside.
+        return (_unpickled, (self.records, self.plan_bytes()))
 
     def __repr__(self) -> str:
         return (
@@ -92,21 +128,9 @@ class StreamMicroBatch:
         )
 
 
-def _unpickled(
-    records: list[Any],
-    columns: bytes,
-    epoch: int,
-    step: int,
-    micro: int,
-    num_micro: int,
-    loss_weight: float,
-) -> StreamMicroBatch:
+def _unpickled(records: list[Any], data: bytes) -> StreamMicroBatch:
     """``StreamMicroBatch.__reduce__``'s inverse."""
-    ids, lengths, rows = np.frombuffer(bytearray(columns), np.int64).reshape(3, -1)
-    return StreamMicroBatch.of(
-        records=records, ids=ids, lengths=lengths, rows=rows, epoch=epoch, step=step,
-        micro=micro, num_micro=num_micro, loss_weight=loss_weight,
-    )  # fmt: skip
+    return StreamMicroBatch.from_plan_bytes(data, records)
 
 
 @dataclass

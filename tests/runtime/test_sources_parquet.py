@@ -67,6 +67,22 @@ def test_random_access_equals_the_sequential_read(tmp_path):
     assert set(whole[0]) == {"tokens", "n"}
 
 
+@pytest.mark.parametrize("rows", [[4, 3, 5, 3], [11, 0, 5, 5, 3, 9], [2, 1, 0], []])
+def test_read_rows_decodes_each_row_group_touched_once_in_ascending_order(
+    tmp_path, monkeypatch, rows
+):
+    _write(tmp_path / "data")
+    source = ParquetSource(tmp_path / "data", length="tokens", cached_rows=1)
+    whole = [_plain(r) for r in ParquetSource(tmp_path / "data", length="tokens").read(2)]
+    decoded = []
+    decode = ParquetSource._decode
+    monkeypatch.setattr(
+        ParquetSource, "_decode", lambda self, s, g: decoded.append(g) or decode(self, s, g)
+    )
+    assert [_plain(r) for r in source.read_rows(2, rows)] == [whole[r] for r in rows]
+    assert decoded == sorted({r // 3 for r in rows})  # row groups of 3 rows
+
+
 def test_the_row_group_cache_is_bounded_by_rows_and_left_out_of_a_pickle(tmp_path):
     import pickle
 

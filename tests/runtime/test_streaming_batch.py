@@ -46,6 +46,33 @@ def test_a_pickled_batch_equals_the_batch(records):
                 assert got == value, name
 
 
+def test_a_batch_sent_through_a_multiprocessing_queue_keeps_its_place_exactly():
+    """The DataLoader's index queue pickles with ``ForkingPickler``; a place given as numpy
+    scalars (a plan's counts) comes back equal, the loss weight to the bit."""
+    from multiprocessing.reduction import ForkingPickler
+
+    weight = np.float64(1) / 3
+    place = {"epoch": 2**40, "step": np.int64(7), "num_micro": np.int64(3), "loss_weight": weight}
+    batch = StreamMicroBatch.of(**(_batch([]).__dict__ | place))
+    back = pickle.loads(ForkingPickler.dumps(batch))
+    assert (back.epoch, back.step, back.micro, back.num_micro) == (2**40, 7, 0, 3)
+    assert back.loss_weight == weight and back.ids.tolist() == [4, 9]
+
+
+def test_a_plan_as_bytes_comes_back_whole_and_takes_its_records():
+    batch = _batch(["a", "b"])
+    data = batch.plan_bytes()
+    assert type(data) is bytes
+    plan = StreamMicroBatch.from_plan_bytes(data)
+    assert plan.records == [] and plan.ids.flags.writeable and plan.ids.dtype == np.int64
+    full = StreamMicroBatch.from_plan_bytes(data, ["a", "b"])
+    for name, value in batch.__dict__.items():
+        got = getattr(full, name)
+        assert (got.tolist() == value.tolist()) if isinstance(value, np.ndarray) else got == value
+    with pytest.raises(TypeError, match="bytes plan_bytes"):
+        StreamMicroBatch.from_plan_bytes(batch)
+
+
 def test_stats_count_every_cpu_part():
     stats = StreamStats()
     assert set(stats.cpu) == set(CPU_PARTS) and not any(stats.cpu.values())

@@ -8,8 +8,9 @@ and collate), for a stream over a source that reads by id (``MDSSource`` or
   (``StreamingEngine(..., decode=False)``: the lanes read lengths from the MDS shards'
   headers or the parquet length column, the windows are exchanged and planned as always)
   and ``StreamPlanSampler``, the loader's batch sampler, yields each planned micro-batch
-  without records (its ids, lengths, rows, step, micro, loss weight: a few arrays and
-  numbers);
+  without records (its ids, lengths, rows, step, micro, loss weight) as bytes
+  (``StreamMicroBatch.plan_bytes``: the index queue's pickler sends bytes in a fraction
+  of the time an object takes);
 * a worker receives it, and ``StreamDecoder.__getitems__`` reads its records by id
   (``read_ids``) and collates them (``collate_stream``, the function the single-process
   path uses), so a micro-batch is the same bytes whatever ``num_workers``.
@@ -80,8 +81,9 @@ def _collated(batch: dict[str, Any]) -> dict[str, Any]:
 
 class StreamDecoder(Dataset):
     """The map-style side of a stream read by workers: ``__getitems__`` takes one planned
-    micro-batch (a ``StreamMicroBatch`` without records, from ``StreamPlanSampler``),
-    reads its records from ``source`` by id and returns it collated (``collate_stream``).
+    micro-batch (a ``StreamMicroBatch`` without records, or its ``plan_bytes()``, from
+    ``StreamPlanSampler``), reads its records from ``source`` by id and returns it
+    collated (``collate_stream``).
     Holds the source alone (no engine, thread or process group), so it pickles to workers.
 
     Args:
@@ -91,7 +93,8 @@ class StreamDecoder(Dataset):
 
     Example::
 
-        >>> StreamDecoder(source, "input_ids", None).__getitems__(planned)["step"]
+        >>> decoder = StreamDecoder(source, "input_ids", None)
+        >>> decoder.__getitems__(planned.plan_bytes())["step"]
         0
     """
 
@@ -102,9 +105,12 @@ class StreamDecoder(Dataset):
     def __repr__(self) -> str:
         return f"StreamDecoder({self.source!r}, key={self.key!r}, pad_to={self.pad_to})"
 
-    def __getitems__(self, batch: StreamMicroBatch) -> dict[str, Any]:
+    def __getitems__(self, plan: StreamMicroBatch | bytes) -> dict[str, Any]:
         if self._offsets is None:
             self._offsets = shard_offsets(self.source)
+        batch = (
+            plan if isinstance(plan, StreamMicroBatch) else StreamMicroBatch.from_plan_bytes(plan)
+        )
         records = read_ids(self.source, self._offsets, batch.ids.tolist())
         return collate_stream(batch.with_records(records), self.key, self.pad_to)
 
@@ -117,9 +123,10 @@ class StreamDecoder(Dataset):
 
 class StreamPlanSampler:
     """The batch sampler of a stream read by workers: yields ``engine``'s micro-batches
-    (planned without records) and keeps the engine's position after each of them until the
-    training loop has received it, so that ``state_dict()`` is the state after the last
-    micro-batch the loop received (not the last one the loader fetched).
+    (planned without records) as bytes (``StreamMicroBatch.plan_bytes``) and keeps the
+    engine's position after each of them until the training loop has received it, so that
+    ``state_dict()`` is the state after the last micro-batch the loop received (not the
+    last one the loader fetched).
 
     Args:
         engine: a ``StreamingEngine`` built with ``decode=False``.
@@ -139,14 +146,14 @@ class StreamPlanSampler:
     def __repr__(self) -> str:
         return f"StreamPlanSampler({self.engine!r})"
 
-    def __iter__(self) -> Iterator[StreamMicroBatch]:
+    def __iter__(self) -> Iterator[bytes]:
         self._positions, self._first, self.received = [self.engine.position()], 0, 0
         for batch in self.engine.micro_batches():
             self._positions.append(self.engine.position())
             if self.received > self._first:  # the loop is past these: drop their positions
                 del self._positions[: self.received - self._first]
                 self._first = self.received
-            yield batch
+            yield batch.plan_bytes()
 
     def restart(self, engine: StreamingEngine) -> None:
         """Yield ``engine``'s micro-batches from now on (a resumed engine: the positions

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import itertools
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -176,8 +177,12 @@ def read_ids(source: ShardedSource, offsets: np.ndarray, ids: Sequence[int]) -> 
         >>> read_ids(source, shard_offsets(source), [2, 0])
         [b'c', b'a']
     """
+    groups = _by_shard(offsets, ids)
+    if len(groups) == 1:  # the rows of one shard, in the order of ids
+        shard, (_, rows) = groups[0]
+        return list(source.read_rows(shard, rows))
     records: list[Any] = [None] * len(ids)
-    for shard, (at, rows) in _by_shard(offsets, ids):
+    for shard, (at, rows) in groups:
         for i, record in zip(at, source.read_rows(shard, rows), strict=True):
             records[i] = record
     return records
@@ -200,21 +205,25 @@ def _by_shard(offsets: np.ndarray, ids: Sequence[int]) -> list[tuple[int, Group]
         found = np.searchsorted(offsets, wanted, side="right") - 1
         ats = [(s, np.flatnonzero(found == s)) for s in np.unique(found).tolist()]
         return [(s, (at.tolist(), (wanted[at] - offsets[s]).tolist())) for s, at in ats]
+    if not ids:
+        return []
     bounds = offsets.tolist()
-    if ids and (min(ids) < 0 or max(ids) >= bounds[-1]):
+    low, high = min(ids), max(ids)
+    if low < 0 or high >= bounds[-1]:
         raise ValueError(f"ids must be global ids in [0, {bounds[-1]}); got {ids}")
+    first = bisect.bisect_right(bounds, low) - 1
+    if high < bounds[first + 1]:  # every id in one shard
+        start = bounds[first]
+        return [(first, (list(range(len(ids))), [sample - start for sample in ids]))]
     shards = [bisect.bisect_right(bounds, sample) - 1 for sample in ids]
-    if ids and shards.count(shards[0]) == len(shards):  # the common micro-batch: one shard
-        start = bounds[shards[0]]
-        return [(shards[0], (list(range(len(ids))), [sample - start for sample in ids]))]
-    groups: dict[int, Group] = {}
-    for i, (shard, sample) in enumerate(zip(shards, ids, strict=True)):
-        group = groups.get(shard)
-        if group is None:
-            group = groups[shard] = ([], [])
-        group[0].append(i)
-        group[1].append(sample - bounds[shard])
-    return sorted(groups.items())
+    # The positions sorted by shard (stable: in order within a shard), cut into runs: C
+    # loops, no Python step per id but the rows.
+    by_shard = sorted(range(len(ids)), key=shards.__getitem__)
+    groups = []
+    for shard, run in itertools.groupby(by_shard, key=shards.__getitem__):
+        at, start = list(run), bounds[shard]
+        groups.append((shard, (at, [ids[i] - start for i in at])))
+    return groups
 
 
 def check_shard(shard: Any, num_shards: int) -> int:

@@ -12,9 +12,10 @@ through ``datasets`` itself.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import os
 from collections.abc import Callable, Iterator, Sequence
-from itertools import islice, pairwise
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,7 @@ def batch_records(batch: Any) -> list[dict[str, Any]]:
                 array = pa.concat_arrays([array])
             bounds = array.offsets.to_numpy()
             values = array.values.to_numpy(zero_copy_only=False)
-            columns.append([values[a:b] for a, b in pairwise(bounds)])
+            columns.append([values[a:b] for a, b in itertools.pairwise(bounds)])
         else:
             columns.append(array.to_pylist())
     names = batch.schema.names
@@ -210,7 +211,7 @@ class ParquetSource:
         self._by_column = isinstance(self._length, str) and counted_without_records(
             schema.field(self._length).type
         )
-        self._starts: dict[int, np.ndarray] = {}
+        self._starts: dict[int, list[int]] = {}
         self._cache: RecentlyUsed[list[dict[str, Any]]] = RecentlyUsed(
             check_int("cached_rows", cached_rows, 1), weight=len
         )
@@ -221,14 +222,15 @@ class ParquetSource:
         """How many parquet files the source reads."""
         return len(self.files)
 
-    def _row_group_starts(self, shard: int) -> np.ndarray:
-        """The first row of every row group of the shard, and its row count last."""
+    def _row_group_starts(self, shard: int) -> list[int]:
+        """The first row of every row group of the shard, and its row count last (Python
+        ints: a read by id looks its rows up with ``bisect``, no numpy scalar per row)."""
         if shard not in self._starts:
             import pyarrow.parquet as pq
 
             meta = pq.read_metadata(self.files[shard])
             sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
-            self._starts[shard] = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+            self._starts[shard] = [0, *itertools.accumulate(sizes)]
         return self._starts[shard]
 
     def shard_size(self, shard: int) -> int:
@@ -237,7 +239,7 @@ class ParquetSource:
         Args:
             shard: a shard in ``[0, num_shards)``.
         """
-        return int(self._row_group_starts(check_shard(shard, self.num_shards))[-1])
+        return self._row_group_starts(check_shard(shard, self.num_shards))[-1]
 
     def read(self, shard: int, start: int = 0) -> Iterator[dict[str, Any]]:
         """The rows of file ``shard`` in order from row ``start``.
@@ -248,8 +250,8 @@ class ParquetSource:
         """
         start = check_start(start, self.shard_size(shard))
         starts = self._row_group_starts(shard)
-        first = int(np.searchsorted(starts, start, side="right")) - 1
-        return self._rows_from(shard, first, start - int(starts[first]))
+        first = bisect.bisect_right(starts, start) - 1
+        return self._rows_from(shard, first, start - starts[first])
 
     def _rows_from(self, shard: int, group: int, skip: int) -> Iterator[dict[str, Any]]:
         for g in range(group, len(self._row_group_starts(shard)) - 1):
@@ -276,9 +278,15 @@ class ParquetSource:
         """
         rows = check_rows(rows, self.shard_size(shard))
         starts = self._row_group_starts(shard)
-        groups = np.searchsorted(starts, rows, side="right") - 1
-        read = {int(g): self._group(shard, int(g)) for g in np.unique(groups)}
-        return [read[int(g)][r - int(starts[g])] for r, g in zip(rows, groups, strict=True)]
+        if not rows:
+            return []
+        first = bisect.bisect_right(starts, min(rows)) - 1
+        if max(rows) < starts[first + 1]:  # the rows of one row group: the common read
+            group, at = self._group(shard, first), starts[first]
+            return [group[r - at] for r in rows]
+        groups = [bisect.bisect_right(starts, r) - 1 for r in rows]
+        read = {g: self._group(shard, g) for g in sorted(set(groups))}
+        return [read[g][r - starts[g]] for r, g in zip(rows, groups, strict=True)]
 
     def length(self, record: Any) -> int:
         """The size of ``record`` in tokens (the ``length`` column or function).
@@ -312,13 +320,13 @@ class ParquetSource:
         check_span(shard, start, count, self.shard_size(shard))
         if count and self._by_column:
             starts = self._row_group_starts(shard)
-            first = int(np.searchsorted(starts, start, side="right")) - 1
-            last = int(np.searchsorted(starts, start + count - 1, side="right")) - 1
-            kept = [(int(starts[g]), self._group_lengths(shard, g)) for g in range(first, last + 1)]
+            first = bisect.bisect_right(starts, start) - 1
+            last = bisect.bisect_right(starts, start + count - 1) - 1
+            kept = [(starts[g], self._group_lengths(shard, g)) for g in range(first, last + 1)]
             parts = [v[max(0, start - s) : start + count - s] for s, v in kept if v is not None]
             if len(parts) == len(kept):  # the rows' part of every row group
                 return np.concatenate(parts)
-        rows = islice(self.read(shard, start), count)
+        rows = itertools.islice(self.read(shard, start), count)
         return record_lengths(list(rows), self._length)
 
     def _group_lengths(self, shard: int, group: int) -> np.ndarray | None:

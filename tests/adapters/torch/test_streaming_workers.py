@@ -190,3 +190,26 @@ def test_loader_arguments_and_the_planning_dataset_guard(mds):
         next(iter(dataset))
     with pytest.raises(TypeError, match="__getitems__"):
         loader.dataset[0]
+
+
+def test_the_sampler_sends_each_plan_as_bytes_that_decode_to_the_engines_micro_batch(mds):
+    """What the index queue carries: bytes (a fraction of an object's pickling time), each
+    the engine's planned micro-batch whole; the decoder collates a plan given either way
+    to the same micro-batch."""
+    source, key = mds
+    config = _dataset(source, key).engine.config
+    planned = StreamingEngine(source, config, _dataset(source, key).engine.collectives,
+                              decode=False)  # fmt: skip
+    expected = list(planned.micro_batches())
+    engine = StreamingEngine(source, config, planned.collectives, decode=False)
+    sent = list(StreamPlanSampler(engine))
+    assert sent and all(type(plan) is bytes for plan in sent)
+    decoder = StreamDecoder(source, key, None)
+    for plan, batch in zip(sent, expected, strict=True):
+        back = type(batch).from_plan_bytes(plan)
+        assert back.__dict__.keys() == batch.__dict__.keys() and back.records == []
+        assert back.ids.tolist() == batch.ids.tolist() and back.rows.tolist() == batch.rows.tolist()
+        assert (back.step, back.micro, back.num_micro, back.loss_weight, back.epoch) == (
+            batch.step, batch.micro, batch.num_micro, batch.loss_weight, batch.epoch)  # fmt: skip
+        by_bytes, by_object = decoder.__getitems__(plan), decoder.__getitems__(batch)
+        assert [by_bytes[f].tolist() for f in FIELDS] == [by_object[f].tolist() for f in FIELDS]
