@@ -105,8 +105,9 @@ def test_long_documents_first_shorten_a_lognormal_step():
 
 def test_where_little_is_to_gain_the_differencing_plans_the_rest():
     # A step whose filled micro-batch plus the rest's mean is within ``_LONG_GAIN`` (1%) of
-    # the plan: the rest is planned by the differencing alone, refined, and that plan is kept
-    # (0.46% shorter here), the same as the pure-Python twin's.
+    # the plan, where one more plan by every construction would not pay: the differencing
+    # plans the rest, refined, and that plan is kept (0.46% shorter here), the same as the
+    # pure-Python twin's.
     w, cap, num_micro = 8, 32768, 4
     lengths = np.random.default_rng(6).lognormal(7, 1.5, 40 * w)
     lengths = np.minimum(np.ceil(lengths), cap).astype(np.int64)

@@ -8,7 +8,7 @@ import heapq
 import numpy as np
 import reference
 
-LPT_LOOKS = 1 << 24  # lockstep._LPT_LOOKS
+LPT_LOOKS = 1 << 23  # lockstep._LPT_LOOKS
 RANKED_LOOKS = 1 << 19  # lockstep._RANKED_LOOKS
 REBUILD_STEP = 1 << 16  # lockstep._REBUILD_STEP
 REBUILD_GAP = 0.01  # lockstep._REBUILD_GAP
@@ -70,11 +70,13 @@ def planned(lengths, costs, docs, order, speeds, num_micro, rows, row_length, ro
 def long_first(lengths, costs, docs, order, speeds, rows, row_length, row_docs, rank, micro,
                row, cells):  # fmt: skip
     """``lockstep._long_first`` on lists (mutated in place where the construction is kept):
-    ``fill_long`` of the long units' micro-batches, then, where their mean plus the filled
-    maxima is below the step, the other units into the other micro-batches: ``planned``
-    where it is ``LONG_GAIN`` below, else ``kk_pack`` refined (where the costliest of them
-    costs at most their mean cell and they times the cells are at most ``LPT_LOOKS``); kept
-    where shorter and, with a unit for every cell, none empty."""
+    ``fill_long`` of the long units' micro-batches, then, where the other micro-batches have
+    room for the other units' tokens and their mean plus the filled maxima is below the step,
+    the other units into the other micro-batches: ``kk_pack``
+    refined where the costliest of them costs at most their mean cell and they times the
+    cells are at most ``LPT_LOOKS``; where that fails or does not apply, ``planned``, only
+    where the bound is ``LONG_GAIN`` below the step; kept where shorter and, with a unit for
+    every cell, none empty."""
     w, num_micro, n, cap = len(cells), len(cells[0]), len(lengths), rows * row_length
     q = -(-sum(2 * length > cap for length in lengths) // w)
     if q == 0 or q >= num_micro:
@@ -90,6 +92,8 @@ def long_first(lengths, costs, docs, order, speeds, rows, row_length, row_docs, 
     rest = 0.0
     for i in range(n):
         rest += 0.0 if used[i] else costs[i]
+    if sum(length for i, length in enumerate(lengths) if not used[i]) > w * (num_micro - q) * cap:
+        return
     bound = rest / w
     for k in range(q):
         bound += max(other[r][k] for r in range(w))
@@ -102,19 +106,18 @@ def long_first(lengths, costs, docs, order, speeds, rows, row_length, row_docs, 
     where = {i: t for t, i in enumerate(units)}
     sub_lengths, sub_costs = [lengths[i] for i in units], [costs[i] for i in units]
     sub_docs, sub_order = [docs[i] for i in units], [where[i] for i in order if not used[i]]
-    if bound / speeds[0] >= plan * (1 - LONG_GAIN):
-        if len(units) * w * (num_micro - q) > LPT_LOOKS:
+    sub = None
+    spare = num_micro - q
+    if len(units) * w * spare <= LPT_LOOKS and max(sub_costs) * (w * spare) <= sum(sub_costs):
+        built = kk_pack(sub_lengths, sub_costs, sub_docs, sub_order, speeds, spare, rows,
+                        row_length, row_docs)  # fmt: skip
+        if built is not None:
+            refine(sub_lengths, sub_costs, sub_docs, sub_order, speeds, *built)
+            sub = built[2:]
+    if sub is None:
+        if bound / speeds[0] >= plan * (1 - LONG_GAIN):
             return
-        if max(sub_costs) * (w * (num_micro - q)) > sum(sub_costs):
-            return
-        built = kk_pack(sub_lengths, sub_costs, sub_docs, sub_order, speeds, num_micro - q,
-                        rows, row_length, row_docs)  # fmt: skip
-        if built is None:
-            return
-        refine(sub_lengths, sub_costs, sub_docs, sub_order, speeds, *built)
-        sub = built[2:]
-    else:
-        sub = planned(sub_lengths, sub_costs, sub_docs, sub_order, speeds, num_micro - q, rows,
+        sub = planned(sub_lengths, sub_costs, sub_docs, sub_order, speeds, spare, rows,
                       row_length, row_docs)  # fmt: skip
     if sub is None:
         return

@@ -43,12 +43,12 @@ the cap, the long-first construction (``chronica.core.packing.lockstep_long``): 
 units fill the first ``q = ceil(long / ranks)`` micro-batches costliest first, each of those
 micro-batches' other cells is filled with short units toward its maximum, and the other
 units are planned into the other micro-batches; the whole replaces the plan where its step
-is shorter. Where the filled maxima plus the rest's mean are
-``_LONG_GAIN`` below the plan, the rest is planned by all of the above (about one more plan
-of the step); where they are below it by less, by the differencing construction alone,
-refined (a fraction of that time; where its units are small against a cell and, as for the
-LPT, its units × cells are at most ``_LPT_LOOKS``), and not at all where they are not below
-it.
+is shorter. The rest is planned by the differencing construction, refined (a fraction of a
+plan's time), where its units are small against a cell and its units × cells are at most
+``_LPT_LOOKS``; where that fails or does not apply, by all of the above (about one more plan
+of the step), only where the filled maxima plus the rest's mean are ``_LONG_GAIN`` below the
+plan; and not at all where they are not below it, or where the rest holds more tokens than
+the other micro-batches.
 
 The cells of ranks of one speed are kept, per micro-batch, sorted by cost (a "ladder",
 ``chronica.core.packing.ladder``), so the fullest cell a document fits under the maximum is
@@ -88,8 +88,9 @@ __all__ = ["level_steps", "lockstep_attempt", "speed_classes"]
 
 # The relief pass looks at as many candidate units as the step has, and at least this many.
 _RELIEF_LOOKS = 8192
-# The LPT construction runs where units × cells is at most this (it may look at every cell).
-_LPT_LOOKS = 1 << 24
+# The LPT construction runs where units × cells is at most this (it may look at every cell;
+# above it, it took a third of a 16,384-unit step's time at 256 ranks and rarely won).
+_LPT_LOOKS = 1 << 23
 # The sorted rank plan runs where units × cells is at most this.
 _RANKED_LOOKS = 1 << 19
 # The rebuild pass runs on ranks of one speed where units × cells is at most this; it tries
@@ -104,8 +105,8 @@ _REBUILD_LEVELS = (1, 2, 4, 8)
 # lowering up to ``_SPREAD_LEVELS`` cells, within ``_SPREAD_LOOKS`` units × cells in all.
 _SPREAD_LEVELS = 8
 _SPREAD_LOOKS = 1 << 16
-# The long-first construction plans the rest by every construction where its bound is this
-# far (relative) below the plan, else by the differencing alone.
+# Where the differencing does not plan the rest of the long-first construction, every
+# construction does, only where its bound is this far (relative) below the plan.
 _LONG_GAIN = 0.01
 # The constructions ``_instead`` tries.
 _RANKED, _LPT, _KK = 0, 1, 2
@@ -409,11 +410,14 @@ def _long_first(
                      other_micro, other_row, other, used):  # fmt: skip
         return
     # No plan of the units left into the other micro-batches is shorter than their mean
-    # rank sum: where that bound is not ``_LONG_GAIN`` below the plan, what the rest could
-    # gain would not pay for one more plan of the step, only for the differencing.
-    rest = 0.0
+    # rank sum, and none fits where they hold more tokens than those micro-batches.
+    rest, tokens = 0.0, 0
     for i in range(n):
-        rest += 0.0 if used[i] else costs[i]
+        if not used[i]:
+            rest += costs[i]
+            tokens += lengths[i]
+    if tokens > w * (num_micro - q) * rows * row_length:
+        return
     bound = rest / w
     for k in range(q):
         bound += other[:, k].max()
@@ -429,21 +433,23 @@ def _long_first(
     sub_micro = np.empty(m, np.int64)
     sub_row = np.empty(m, np.int64)
     sub_cells = np.empty((w, num_micro - q))
-    if bound / speeds[0] >= plan * (1 - _LONG_GAIN):
-        # Little to gain: the differencing alone (a fraction of a plan's time), where the
-        # units are small against a cell; on large steps it can take a plan's time to fail.
-        if m * w * (num_micro - q) > _LPT_LOOKS:
-            return
-        if sub_costs.max() * (w * (num_micro - q)) > sub_costs.sum() or not _instead(
-            _KK, lengths[units], sub_costs, docs[units], sub_order, speeds, rows, row_length,
-            row_docs, sub_rank, sub_micro, sub_row, sub_cells, False,
+    # The rest by the differencing (a fraction of a plan's time) where its units are small
+    # against a cell and the step is not large (there it can take a plan's time to fail);
+    # where that fails or does not apply, by every construction, only where the bound is
+    # ``_LONG_GAIN`` below the plan (what less could gain would not pay for one more plan).
+    differencing = (
+        m * w * (num_micro - q) <= _LPT_LOOKS
+        and sub_costs.max() * (w * (num_micro - q)) <= sub_costs.sum()
+    )
+    if not (differencing and _instead(
+        _KK, lengths[units], sub_costs, docs[units], sub_order, speeds, rows, row_length,
+        row_docs, sub_rank, sub_micro, sub_row, sub_cells, False,
+    )):  # fmt: skip
+        if bound / speeds[0] >= plan * (1 - _LONG_GAIN) or not _planned(
+            lengths[units], sub_costs, docs[units], sub_order, speeds, num_micro - q, rows,
+            row_length, row_docs, sub_rank, sub_micro, sub_row, sub_cells,
         ):  # fmt: skip
             return
-    elif not _planned(
-        lengths[units], sub_costs, docs[units], sub_order, speeds, num_micro - q, rows,
-        row_length, row_docs, sub_rank, sub_micro, sub_row, sub_cells,
-    ):  # fmt: skip
-        return
     for t in range(m):
         i = units[t]
         other_rank[i], other_micro[i], other_row[i] = sub_rank[t], sub_micro[t] + q, sub_row[t]
