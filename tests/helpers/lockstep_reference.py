@@ -108,7 +108,7 @@ def long_first(lengths, costs, docs, order, speeds, rows, row_length, row_docs, 
     sub_docs, sub_order = [docs[i] for i in units], [where[i] for i in order if not used[i]]
     sub = None
     spare = num_micro - q
-    if len(units) * w * spare <= LPT_LOOKS and max(sub_costs) * (w * spare) <= sum(sub_costs):
+    if len(units) * w * spare <= LPT_LOOKS and small_units(sub_costs, w * spare):
         built = kk_pack(sub_lengths, sub_costs, sub_docs, sub_order, speeds, spare, rows,
                         row_length, row_docs)  # fmt: skip
         if built is not None:
@@ -329,14 +329,20 @@ def constructions_pack(lengths, costs, docs, order, speeds, num_micro, rows, row
             refine(lengths, costs, docs, order, speeds, *other)
             if best is None or step(other[5], speeds) < step(best[5], speeds):
                 best = other
-    # Numba sums an array in order from 0.0, as ``sum`` does.
-    if n and max(costs) * (w * num_micro) <= sum(costs):
+    if small_units(costs, w * num_micro):
         other = kk_pack(lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs)
         if other is not None:
             refine(lengths, costs, docs, order, speeds, *other)
             if best is None or step(other[5], speeds) < step(best[5], speeds):
                 best = other
     return best
+
+
+def small_units(costs, cells):
+    """``lockstep._small_units``: units, and none costlier than the mean of ``cells``
+    cells (where the differencing construction applies)."""
+    # Numba sums an array in order from 0.0, as ``sum`` does.
+    return bool(costs) and max(costs) * cells <= sum(costs)
 
 
 def kk_pack(lengths, costs, docs, order, speeds, num_micro, rows, row_length, row_docs):

@@ -304,7 +304,7 @@ def _attempt(
             _LPT, lengths, costs, docs, order, speeds, rows, row_length, row_docs, rank,
             micro, row, cells, fits,
         ) or fits  # fmt: skip
-    if n and costs.max() * (w * num_micro) <= costs.sum():
+    if _small_units(costs, w * num_micro):
         fits = _instead(
             _KK, lengths, costs, docs, order, speeds, rows, row_length, row_docs, rank, micro,
             row, cells, fits,
@@ -437,10 +437,8 @@ def _long_first(
     # against a cell and the step is not large (there it can take a plan's time to fail);
     # where that fails or does not apply, by every construction, only where the bound is
     # ``_LONG_GAIN`` below the plan (what less could gain would not pay for one more plan).
-    differencing = (
-        m * w * (num_micro - q) <= _LPT_LOOKS
-        and sub_costs.max() * (w * (num_micro - q)) <= sub_costs.sum()
-    )
+    spare = w * (num_micro - q)
+    differencing = m * spare <= _LPT_LOOKS and _small_units(sub_costs, spare)
     if not (differencing and _instead(
         _KK, lengths[units], sub_costs, docs[units], sub_order, speeds, rows, row_length,
         row_docs, sub_rank, sub_micro, sub_row, sub_cells, False,
@@ -539,6 +537,13 @@ def _instead(
         return False
     rank[:], micro[:], row[:], cells[:, :] = other_rank, other_micro, other_row, other
     return True
+
+
+@njit(cache=True)
+def _small_units(costs: np.ndarray, cells: int) -> bool:
+    # Where the differencing construction applies: units, and none costlier than the mean
+    # of ``cells`` cells.
+    return costs.shape[0] > 0 and costs.max() * cells <= costs.sum()
 
 
 @njit(cache=True)
